@@ -1,0 +1,15 @@
+//! `colo bench …`: one subcommand per measured component.
+
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub enum Bench {
+    /// Pause/resume bandwidth of the memory layer against plain copies.
+    Mem(super::bench_mem::Args),
+}
+
+pub fn run(b: Bench) -> anyhow::Result<()> {
+    match b {
+        Bench::Mem(a) => super::bench_mem::run(a),
+    }
+}

@@ -1,0 +1,29 @@
+//! `colo`: colocated reinforcement-learning post-training on one device.
+//!
+//! Each subcommand lives in its own module under `cmd/`; this file only
+//! parses the command line and dispatches.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "colo", version, about = "Colocated RL post-training: trainer and rollout engine on one device")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Measure colo's building blocks and print ratios against baselines measured in the same run.
+    #[command(subcommand)]
+    Bench(cmd::bench::Bench),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Bench(b) => cmd::bench::run(b),
+    }
+}
