@@ -1,0 +1,1 @@
+//! colo-algo (being written)

@@ -1,0 +1,1 @@
+//! colo-model (being written)

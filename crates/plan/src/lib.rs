@@ -1,0 +1,1 @@
+//! colo-plan (being written)
