@@ -1,0 +1,394 @@
+//! Model configuration: the raw `config.json` ([`HfConfig`]) and the validated
+//! form the model is built from ([`ModelConfig`]).
+//!
+//! Hugging Face configs drift between transformers versions (transformers 5
+//! moved `rope_theta` into `rope_parameters`) and between families (Qwen2
+//! always has q/k/v biases, Llama has an `attention_bias` switch). All of that
+//! is resolved once, in [`HfConfig::into_config`]; the model code only sees
+//! plain numbers.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::{Error, Result};
+
+/// The architectures this crate implements, as `config.json` names them.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["qwen2", "llama"];
+
+/// A model family. Both are the same pre-norm decoder; they differ in
+/// defaults, which [`HfConfig::into_config`] resolves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// Qwen2 / Qwen2.5: biases on q, k and v projections.
+    Qwen2,
+    /// Llama 2/3 style (also Mistral-like checkpoints saved as `llama`).
+    Llama,
+}
+
+impl Arch {
+    /// The `model_type` string of `config.json`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Arch::Qwen2 => "qwen2",
+            Arch::Llama => "llama",
+        }
+    }
+
+    /// The transformers class that loads this family.
+    pub fn hf_architecture(self) -> &'static str {
+        match self {
+            Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Llama => "LlamaForCausalLM",
+        }
+    }
+}
+
+/// `rope_parameters` as transformers 5 writes it (older `rope_scaling` has
+/// the same shape).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct RopeParameters {
+    pub rope_theta: Option<f64>,
+    #[serde(alias = "type")]
+    pub rope_type: Option<String>,
+}
+
+/// A token id field that is either one id or a list (`eos_token_id`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum TokenIds {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl TokenIds {
+    fn to_vec(&self) -> Vec<u32> {
+        match self {
+            TokenIds::One(id) => vec![*id],
+            TokenIds::Many(ids) => ids.clone(),
+        }
+    }
+}
+
+/// `config.json` as Hugging Face writes it, fields optional where some
+/// versions or families omit them. Turn it into a [`ModelConfig`] with
+/// [`HfConfig::into_config`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct HfConfig {
+    pub model_type: Option<String>,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub rms_norm_eps: f64,
+    pub rope_theta: Option<f64>,
+    pub rope_parameters: Option<RopeParameters>,
+    pub rope_scaling: Option<RopeParameters>,
+    pub max_position_embeddings: Option<usize>,
+    pub tie_word_embeddings: Option<bool>,
+    pub attention_bias: Option<bool>,
+    pub mlp_bias: Option<bool>,
+    pub hidden_act: Option<String>,
+    pub use_sliding_window: Option<bool>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_id: Option<TokenIds>,
+    pub pad_token_id: Option<u32>,
+}
+
+/// The validated configuration the model is built from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// Biases on the q, k and v projections (always for Qwen2; Llama's
+    /// `attention_bias`, which also puts one on the output projection).
+    pub qkv_bias: bool,
+    /// A bias on the attention output projection (Llama `attention_bias`).
+    pub o_bias: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    pub pad_token_id: Option<u32>,
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::Config(msg.into())
+}
+
+impl HfConfig {
+    /// Parses `config.json` at `path`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        serde_json::from_str(&text).map_err(|source| Error::Json {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// Resolves family defaults and version differences, and checks that the
+    /// numbers fit together.
+    pub fn into_config(self) -> Result<ModelConfig> {
+        let model_type = self.model_type.as_deref().unwrap_or("<absent>");
+        let arch = match model_type {
+            "qwen2" => Arch::Qwen2,
+            "llama" => Arch::Llama,
+            other => {
+                return Err(Error::UnsupportedModelType {
+                    found: other.to_owned(),
+                    supported: SUPPORTED_MODEL_TYPES,
+                })
+            }
+        };
+        if let Some(act) = self.hidden_act.as_deref().filter(|a| *a != "silu") {
+            return Err(invalid(format!(
+                "hidden_act `{act}` is not supported (only silu)"
+            )));
+        }
+        if self.mlp_bias == Some(true) {
+            return Err(invalid("mlp_bias = true is not supported"));
+        }
+        if self.use_sliding_window == Some(true) {
+            return Err(invalid("use_sliding_window = true is not supported"));
+        }
+        let rope_theta = self.resolve_rope_theta()?;
+        let num_heads = self.num_attention_heads;
+        let num_kv_heads = self.num_key_value_heads.unwrap_or(num_heads);
+        if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(invalid(format!(
+                "num_attention_heads ({num_heads}) must be a positive multiple of num_key_value_heads ({num_kv_heads})"
+            )));
+        }
+        let head_dim = match self.head_dim {
+            Some(d) => d,
+            None if self.hidden_size % num_heads == 0 => self.hidden_size / num_heads,
+            None => {
+                return Err(invalid(format!(
+                    "hidden_size ({}) is not divisible by num_attention_heads ({num_heads}) and head_dim is absent",
+                    self.hidden_size
+                )))
+            }
+        };
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(invalid(format!(
+                "head_dim ({head_dim}) must be even and positive"
+            )));
+        }
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+        ] {
+            if v == 0 {
+                return Err(invalid(format!("{name} must be positive")));
+            }
+        }
+        let attention_bias = self.attention_bias.unwrap_or(false);
+        Ok(ModelConfig {
+            arch,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_layers: self.num_hidden_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta,
+            max_position_embeddings: self.max_position_embeddings.unwrap_or(4096),
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
+            qkv_bias: arch == Arch::Qwen2 || attention_bias,
+            o_bias: arch == Arch::Llama && attention_bias,
+            bos_token_id: self.bos_token_id,
+            eos_token_ids: self
+                .eos_token_id
+                .as_ref()
+                .map(TokenIds::to_vec)
+                .unwrap_or_default(),
+            pad_token_id: self.pad_token_id,
+        })
+    }
+
+    /// `rope_theta` lives at the top level before transformers 5 and in
+    /// `rope_parameters` from 5 on. Scaled RoPE variants (llama3, yarn, …)
+    /// change the frequencies and are refused rather than silently ignored.
+    fn resolve_rope_theta(&self) -> Result<f64> {
+        for p in [&self.rope_parameters, &self.rope_scaling]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(t) = p.rope_type.as_deref().filter(|t| *t != "default") {
+                return Err(invalid(format!(
+                    "rope type `{t}` is not supported (only default)"
+                )));
+            }
+        }
+        let nested = self.rope_parameters.as_ref().and_then(|p| p.rope_theta);
+        let theta = nested.or(self.rope_theta).unwrap_or(10_000.0);
+        if theta <= 0.0 {
+            return Err(invalid(format!("rope_theta ({theta}) must be positive")));
+        }
+        Ok(theta)
+    }
+}
+
+impl ModelConfig {
+    /// Reads and validates `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        HfConfig::from_file(path)?.into_config()
+    }
+
+    /// Query heads per key/value head.
+    pub fn group_size(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+
+    /// The number of parameters (tied embeddings counted once).
+    pub fn num_parameters(&self) -> usize {
+        let (h, q, kv) = (
+            self.hidden_size,
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        );
+        let attn = h * q
+            + 2 * h * kv
+            + q * h
+            + if self.qkv_bias { q + 2 * kv } else { 0 }
+            + if self.o_bias { h } else { 0 };
+        let mlp = 3 * h * self.intermediate_size;
+        let layer = attn + mlp + 2 * h;
+        let embed = self.vocab_size * h;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        self.num_layers * layer + embed + head + h
+    }
+
+    /// `config.json` content that transformers (4.x and 5.x) loads: the RoPE
+    /// base is written both at the top level and in `rope_parameters`.
+    pub fn to_hf_json(&self, dtype: candle_core::DType) -> Value {
+        let eos: Value = match self.eos_token_ids.as_slice() {
+            [] => Value::Null,
+            [one] => json!(one),
+            many => json!(many),
+        };
+        let mut v = json!({
+            "architectures": [self.arch.hf_architecture()],
+            "model_type": self.arch.model_type(),
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": eos,
+            "pad_token_id": self.pad_token_id,
+            "torch_dtype": dtype_name(dtype),
+            "dtype": dtype_name(dtype),
+        });
+        if self.arch == Arch::Llama {
+            v["attention_bias"] = json!(self.qkv_bias);
+            v["mlp_bias"] = json!(false);
+        } else {
+            v["use_sliding_window"] = json!(false);
+        }
+        v
+    }
+}
+
+fn dtype_name(dtype: candle_core::DType) -> &'static str {
+    use candle_core::DType;
+    match dtype {
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        DType::F64 => "float64",
+        _ => "float32",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Value {
+        json!({
+            "model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "rms_norm_eps": 1e-5
+        })
+    }
+
+    fn parse(v: Value) -> Result<ModelConfig> {
+        serde_json::from_value::<HfConfig>(v).unwrap().into_config()
+    }
+
+    #[test]
+    fn rope_theta_top_level_and_nested() {
+        let mut v = base();
+        v["rope_theta"] = json!(123.0);
+        assert_eq!(parse(v.clone()).unwrap().rope_theta, 123.0);
+        v["rope_parameters"] = json!({"rope_theta": 456.0, "rope_type": "default"});
+        assert_eq!(parse(v).unwrap().rope_theta, 456.0);
+    }
+
+    #[test]
+    fn defaults_resolve() {
+        let c = parse(base()).unwrap();
+        assert_eq!(
+            (
+                c.num_kv_heads,
+                c.head_dim,
+                c.qkv_bias,
+                c.tie_word_embeddings
+            ),
+            (2, 4, false, false)
+        );
+    }
+
+    #[test]
+    fn unsupported_model_type_lists_supported() {
+        let mut v = base();
+        v["model_type"] = json!("gpt2");
+        let e = parse(v).unwrap_err();
+        assert!(matches!(e, Error::UnsupportedModelType { ref found, .. } if found == "gpt2"));
+        assert!(e.to_string().contains("qwen2, llama"), "{e}");
+    }
+
+    #[test]
+    fn inconsistent_heads_and_scaled_rope_are_refused() {
+        let mut v = base();
+        v["num_key_value_heads"] = json!(3);
+        assert!(matches!(parse(v), Err(Error::Config(_))));
+        let mut v = base();
+        v["rope_scaling"] = json!({"rope_type": "llama3"});
+        assert!(parse(v).unwrap_err().to_string().contains("llama3"));
+    }
+
+    #[test]
+    fn hf_json_round_trips() {
+        let mut v = base();
+        v["model_type"] = json!("qwen2");
+        v["eos_token_id"] = json!([2, 3]);
+        let c = parse(v).unwrap();
+        let back = parse(c.to_hf_json(candle_core::DType::F32)).unwrap();
+        assert_eq!(c, back);
+    }
+}

@@ -1,0 +1,78 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while loading, running or saving a model.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `config.json` names an architecture this crate does not implement.
+    #[error("unsupported model_type `{found}`: supported are {}", supported.join(", "))]
+    UnsupportedModelType {
+        found: String,
+        supported: &'static [&'static str],
+    },
+
+    /// A configuration value is missing or inconsistent.
+    #[error("invalid config: {0}")]
+    Config(String),
+
+    /// The checkpoint has no tensor of this name.
+    #[error("missing tensor `{name}` in the checkpoint")]
+    MissingTensor { name: String },
+
+    /// The checkpoint has the tensor, but not with the shape the config implies.
+    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    ShapeMismatch {
+        name: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+
+    /// A file the checkpoint directory must hold is absent.
+    #[error("missing file {}", path.display())]
+    MissingFile { path: PathBuf },
+
+    /// Reading or writing a file failed.
+    #[error("i/o error on {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    /// A JSON file could not be parsed.
+    #[error("cannot parse {}: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+
+    /// The `tokenizers` crate refused a tokenizer file or an input.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+
+    /// An argument to a forward call is out of contract (shapes, dtypes).
+    #[error("{0}")]
+    Input(String),
+
+    /// An error from the tensor library.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+
+    /// An error from the safetensors format library.
+    #[error("safetensors: {0}")]
+    Safetensors(#[from] safetensors::SafeTensorError),
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        let path = path.into();
+        if source.kind() == std::io::ErrorKind::NotFound {
+            Error::MissingFile { path }
+        } else {
+            Error::Io { path, source }
+        }
+    }
+}

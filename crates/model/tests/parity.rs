@@ -1,0 +1,89 @@
+//! Parity with Hugging Face transformers / PyTorch on the fixture
+//! checkpoints: logits, loss and the gradient of every parameter.
+
+mod common;
+
+use colo_model::loss;
+use common::*;
+
+#[test]
+fn logits_match_transformers() {
+    for name in MODELS {
+        let r = reference(name);
+        let logits = load(name).forward(&r.input_ids).unwrap();
+        let diff = max_abs_diff(&logits, &r.logits);
+        eprintln!("{name}: max |logits - reference| = {diff:.3e}");
+        assert!(diff <= 1e-4, "{name}: logits differ by {diff}");
+    }
+}
+
+#[test]
+fn loss_matches_transformers() {
+    for name in MODELS {
+        let r = reference(name);
+        let logits = load(name).forward(&r.input_ids).unwrap();
+        let ce = loss::next_token_cross_entropy(&logits, &r.input_ids).unwrap();
+        let ce = ce.to_scalar::<f32>().unwrap() as f64;
+        eprintln!("{name}: loss {ce:.7} reference {:.7}", r.loss);
+        assert!(
+            (ce - r.loss).abs() <= 1e-5 * r.loss.abs().max(1.0),
+            "{name}: loss {ce} vs {}",
+            r.loss
+        );
+    }
+}
+
+/// The fused ops' backward is what this guards: a kernel without one would
+/// leave the norms' weights (or everything below a softmax) without a
+/// gradient.
+#[test]
+fn every_parameter_gets_the_reference_gradient() {
+    for name in MODELS {
+        let r = reference(name);
+        let model = load_trainable(name);
+        let vars = model.vars().unwrap();
+        let logits = model.forward(&r.input_ids).unwrap();
+        let grads = loss::next_token_cross_entropy(&logits, &r.input_ids)
+            .unwrap()
+            .backward()
+            .unwrap();
+
+        let mut names: Vec<&str> = vars.iter().map(|(n, _)| n.as_str()).collect();
+        let mut expected: Vec<&str> = r.grads.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(
+            names, expected,
+            "{name}: parameter set differs from transformers'"
+        );
+
+        let mut worst = (0f64, String::new());
+        for (pname, var) in &vars {
+            let g = grads
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("{name}: `{pname}` got no gradient"));
+            let gnorm = norm(g);
+            assert!(gnorm > 0.0, "{name}: `{pname}` got a zero gradient");
+            let reference = &r.grads[pname];
+            let rel = norm(&(g - reference).unwrap()) / norm(reference);
+            assert!(
+                rel <= 1e-4,
+                "{name}: `{pname}` gradient relative error {rel:.3e}"
+            );
+            if rel > worst.0 {
+                worst = (rel, pname.clone());
+            }
+        }
+        eprintln!(
+            "{name}: {} parameters, worst gradient relative error {:.3e} ({})",
+            vars.len(),
+            worst.0,
+            worst.1
+        );
+    }
+}
+
+#[test]
+fn inference_model_refuses_to_hand_out_vars() {
+    assert!(load("tiny-qwen2").vars().is_err());
+}
