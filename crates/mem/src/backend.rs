@@ -1,0 +1,88 @@
+//! The `Backend` trait: the shape of CUDA's virtual-memory API.
+//!
+//! A pool drives a backend through these steps, for each allocation:
+//! reserve an address range (once per pool), create physical memory,
+//! map it at an address inside the range, and, when the pool pauses, unmap
+//! it again (the range stays reserved). Physical handles may be released
+//! right after mapping: as with `cuMemRelease`, the memory lives until the
+//! last mapping of it goes away, so a pool holds no handle (and no file
+//! descriptor on the host backend) per allocation.
+
+use crate::Result;
+
+/// An address in a backend's address space (a device pointer for CUDA, a
+/// process address for the host backend).
+pub type DevicePtr = u64;
+
+/// An opaque handle to physical memory (`CUmemGenericAllocationHandle`, or
+/// a memfd on the host backend).
+#[derive(Debug, PartialEq, Eq)]
+pub struct PhysHandle(pub(crate) u64);
+
+/// Device memory through a virtual-memory API.
+///
+/// Methods that take addresses are `unsafe`: the backend cannot tell whether
+/// an address range belongs to the caller, and mapping over or copying from
+/// a range it does not own corrupts memory.
+pub trait Backend: Send + Sync {
+    /// Short name for messages: `"host"`, `"cuda"`.
+    fn name(&self) -> &'static str;
+
+    /// The size and alignment unit of reservations, physical memory and
+    /// mappings (`cuMemGetAllocationGranularity`; the page size on the host).
+    fn granularity(&self) -> usize;
+
+    /// Whether `copy_to_host`/`copy_from_host` may run on several threads
+    /// at once over disjoint ranges (true for the host backend).
+    fn parallel_copies(&self) -> bool {
+        false
+    }
+
+    /// Reserves `size` bytes of address space with nothing behind it
+    /// (`cuMemAddressReserve`; `mmap(PROT_NONE)`).
+    fn reserve(&self, size: usize) -> Result<DevicePtr>;
+
+    /// Returns a reserved range (`cuMemAddressFree`; `munmap`).
+    ///
+    /// # Safety
+    /// `addr..addr+size` must be a whole range returned by `reserve` of this
+    /// backend, with nothing mapped in it that anyone still uses.
+    unsafe fn free_reserved(&self, addr: DevicePtr, size: usize) -> Result<()>;
+
+    /// Creates `size` bytes of physical memory (`cuMemCreate`; a memfd).
+    fn create(&self, size: usize) -> Result<PhysHandle>;
+
+    /// Releases a handle (`cuMemRelease`; `close`). Memory still mapped
+    /// stays alive until unmapped.
+    fn release(&self, handle: PhysHandle) -> Result<()>;
+
+    /// Maps `handle` read-write at `addr` (`cuMemMap` + `cuMemSetAccess`;
+    /// `mmap(MAP_FIXED|MAP_SHARED)`), providing the physical pages now
+    /// rather than at first touch where the backend can.
+    ///
+    /// # Safety
+    /// `addr..addr+size` must lie inside a range reserved by this backend,
+    /// be granularity-aligned, and hold no mapping anyone still uses.
+    unsafe fn map(&self, addr: DevicePtr, size: usize, handle: &PhysHandle) -> Result<()>;
+
+    /// Unmaps `addr..addr+size`, leaving it reserved and inaccessible
+    /// (`cuMemUnmap`; `mmap(PROT_NONE)` over it). Touching it afterwards
+    /// faults.
+    ///
+    /// # Safety
+    /// The range must be mapped by `map` of this backend and no one may use
+    /// it any more.
+    unsafe fn unmap(&self, addr: DevicePtr, size: usize) -> Result<()>;
+
+    /// Copies `dst.len()` bytes from device address `src` into `dst`.
+    ///
+    /// # Safety
+    /// `src..src+dst.len()` must be mapped and not written concurrently.
+    unsafe fn copy_to_host(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()>;
+
+    /// Copies `src` to device address `dst`.
+    ///
+    /// # Safety
+    /// `dst..dst+src.len()` must be mapped and not accessed concurrently.
+    unsafe fn copy_from_host(&self, dst: DevicePtr, src: &[u8]) -> Result<()>;
+}

@@ -1,0 +1,76 @@
+//! What the operating system says about this process's memory, for
+//! checking the pool's own bookkeeping (`/proc/self/status`, `smaps`,
+//! `maps`). Linux only.
+
+use crate::{Error, Result};
+
+fn read(path: &str) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.into(), source })
+}
+
+/// A `kB` field of `/proc/self/status` (`VmRSS`, `RssShmem`, …), in bytes.
+pub fn status_bytes(field: &str) -> Result<u64> {
+    let text = read("/proc/self/status")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':').map(str::trim))
+        .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| Error::Invalid(format!("no field `{field}` in /proc/self/status")))
+}
+
+/// The process's resident set size (`VmRSS`).
+pub fn resident_bytes() -> Result<u64> {
+    status_bytes("VmRSS")
+}
+
+/// Resident bytes of the mappings that lie inside `start..start+len`, summed
+/// from `/proc/self/smaps`. This isolates one pool's memory from the rest of
+/// the process.
+pub fn resident_in_range(start: u64, len: u64) -> Result<u64> {
+    let text = read("/proc/self/smaps")?;
+    let end = start + len;
+    let mut inside = false;
+    let mut total = 0;
+    for line in text.lines() {
+        if let Some((lo, hi)) = mapping_range(line) {
+            inside = lo >= start && hi <= end;
+        } else if inside {
+            if let Some(v) = line.strip_prefix("Rss:") {
+                total += v.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0) * 1024;
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// Number of mappings of the process (lines of `/proc/self/maps`).
+pub fn mapping_count() -> Result<usize> {
+    Ok(read("/proc/self/maps")?.lines().count())
+}
+
+/// `lo-hi` at the start of a maps/smaps header line.
+fn mapping_range(line: &str) -> Option<(u64, u64)> {
+    let first = line.split_whitespace().next()?;
+    let (lo, hi) = first.split_once('-')?;
+    Some((u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_header_lines_only() {
+        assert_eq!(mapping_range("7f00-7f10 rw-s 00000000 00:01 5 /memfd:colo"), Some((0x7f00, 0x7f10)));
+        assert_eq!(mapping_range("Rss:                 4 kB"), None);
+    }
+
+    #[test]
+    fn rss_grows_when_pages_are_touched() {
+        let before = resident_bytes().unwrap();
+        let v = vec![1u8; 64 << 20];
+        let after = resident_bytes().unwrap();
+        assert!(after >= before + (60 << 20), "rss {before} -> {after}");
+        drop(v);
+    }
+}

@@ -1,0 +1,620 @@
+//! `Pool`: tagged allocations over one backend, with a device capacity and a
+//! per-tag cache of freed blocks. Pausing and resuming live in
+//! `transition.rs`; this file holds the state and the allocation path.
+//!
+//! Locking: one mutex guards the bookkeeping. It is held for lookups,
+//! accounting and the map/unmap calls of single allocations, never across a
+//! bulk copy: `pause`/`resume` move a tag into a transitional state, drop the
+//! lock to copy, and take it again to finish (see `transition.rs`).
+
+use crate::backend::{Backend, DevicePtr, PhysHandle};
+use crate::error::{TagBytes, TagState};
+use crate::host::HostBackend;
+use crate::region::heap_only;
+use crate::stats::{PoolStats, TagStats};
+use crate::timeline::{Event, EventKind};
+use crate::va::AddressSpace;
+use crate::{Error, Result};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// What happens to a tag's contents across a pause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Contents are not kept: after `resume` the memory is fresh (zeros on
+    /// the host backend, undefined on CUDA). For KV caches, and for weights
+    /// that will be overwritten by a weight update anyway.
+    #[default]
+    Discard,
+    /// Contents are copied to a host buffer on `pause` and restored
+    /// bit-exactly on `resume`. The host buffer is kept and reused by later
+    /// cycles, so steady-state pauses allocate nothing.
+    Backup,
+}
+
+/// How a pool is set up.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Device capacity in bytes, enforced on every map (`u64::MAX`: none).
+    pub capacity: u64,
+    /// Address space reserved up front. Address space is cheap (nothing is
+    /// behind it until mapped); it bounds the sum of live and cached
+    /// allocations.
+    pub address_space: u64,
+    /// Allocations inside `region(tag)` of at least this many bytes go to
+    /// the pool; smaller ones stay on the ordinary heap.
+    pub region_threshold: usize,
+    /// Threads used for bulk backup copies (on backends that allow it).
+    pub copy_threads: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        PoolConfig {
+            capacity: u64::MAX,
+            address_space: 256 << 30,
+            region_threshold: 16 << 10,
+            copy_threads: cores.min(4),
+        }
+    }
+}
+
+impl PoolConfig {
+    /// The default configuration with a device capacity.
+    pub fn with_capacity(capacity: u64) -> Self {
+        PoolConfig { capacity, ..Self::default() }
+    }
+}
+
+/// Tagged, pausable device memory. See the crate docs.
+pub struct Pool {
+    pub(crate) backend: Box<dyn Backend>,
+    pub(crate) gran: u64,
+    pub(crate) base: u64,
+    pub(crate) span: u64,
+    pub(crate) cfg: PoolConfig,
+    pub(crate) epoch: Instant,
+    pub(crate) state: Mutex<State>,
+    /// Slot in the allocator's registry, once this pool has served a region.
+    pub(crate) region_slot: OnceLock<usize>,
+}
+
+pub(crate) type TagId = usize;
+
+pub(crate) struct State {
+    pub(crate) tags: Vec<Tag>,
+    /// Live allocations by address.
+    pub(crate) allocs: BTreeMap<u64, Alloc>,
+    pub(crate) va: AddressSpace,
+    /// Bytes mapped over all tags (including mappings a resume is making).
+    pub(crate) resident: u64,
+    pub(crate) peak: u64,
+    pub(crate) phase: String,
+    pub(crate) timeline: Vec<Event>,
+    /// Failures of region allocations, by guard id, for `RegionGuard::finish`.
+    pub(crate) region_failures: Vec<(u64, Error)>,
+}
+
+pub(crate) struct Tag {
+    pub(crate) name: String,
+    pub(crate) policy: Policy,
+    pub(crate) state: TagState,
+    pub(crate) resident: u64,
+    /// Freed blocks kept mapped: (size, address).
+    pub(crate) cache: BTreeSet<(u64, u64)>,
+    pub(crate) cached_bytes: u64,
+    pub(crate) backup_bytes: u64,
+    /// Frees that arrived while the tag was in a transition.
+    pub(crate) deferred_frees: Vec<u64>,
+    pub(crate) pauses: u64,
+    pub(crate) resumes: u64,
+    pub(crate) last_pause: Option<Duration>,
+    pub(crate) last_resume: Option<Duration>,
+    pub(crate) region_fallback_bytes: u64,
+}
+
+pub(crate) struct Alloc {
+    pub(crate) tag: TagId,
+    /// Mapped size (a multiple of the granularity).
+    pub(crate) size: u64,
+    pub(crate) requested: u64,
+    pub(crate) backup: Option<Vec<u8>>,
+}
+
+impl Pool {
+    /// A pool over the host backend.
+    pub fn host(cfg: PoolConfig) -> Result<std::sync::Arc<Pool>> {
+        Pool::new(Box::new(HostBackend::new()), cfg)
+    }
+
+    /// A pool over any backend; reserves `cfg.address_space` up front.
+    pub fn new(backend: Box<dyn Backend>, cfg: PoolConfig) -> Result<std::sync::Arc<Pool>> {
+        let _h = heap_only();
+        let gran = backend.granularity() as u64;
+        if gran == 0 || !gran.is_power_of_two() {
+            return Err(Error::Invalid(format!("backend granularity {gran} is not a power of two")));
+        }
+        if cfg.copy_threads == 0 {
+            return Err(Error::Invalid("copy_threads must be at least 1".into()));
+        }
+        let span = cfg.address_space.div_ceil(gran) * gran;
+        let base = backend.reserve(span as usize)?;
+        let state = State {
+            tags: Vec::new(),
+            allocs: BTreeMap::new(),
+            va: AddressSpace::new(base, span),
+            resident: 0,
+            peak: 0,
+            phase: "init".into(),
+            timeline: Vec::new(),
+            region_failures: Vec::new(),
+        };
+        Ok(std::sync::Arc::new(Pool {
+            backend,
+            gran,
+            base,
+            span,
+            cfg,
+            epoch: Instant::now(),
+            state: Mutex::new(state),
+            region_slot: OnceLock::new(),
+        }))
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while the lock was held (a bug) leaves the bookkeeping as
+        // it was at the panic; keep serving rather than poisoning every
+        // later call, which would turn one bug into a crash of the process.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    pub fn granularity(&self) -> usize {
+        self.gran as usize
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.cfg.capacity
+    }
+
+    /// The reserved address range: `(start, length)`.
+    pub fn address_range(&self) -> (u64, u64) {
+        (self.base, self.span)
+    }
+
+    /// Whether `addr` lies in this pool's reserved address range.
+    pub fn contains(&self, addr: u64) -> bool {
+        addr >= self.base && addr < self.base + self.span
+    }
+
+    /// Sets the content policy of `tag`, creating the tag if needed. Not
+    /// allowed while the tag is paused or in a transition, because the
+    /// backups a paused tag needs would appear or vanish under it.
+    pub fn set_policy(&self, tag: &str, policy: Policy) -> Result<()> {
+        let _h = heap_only();
+        let mut st = self.lock();
+        let id = st.tag_id_or_create(tag);
+        let t = &mut st.tags[id];
+        if t.state != TagState::Active {
+            return Err(Error::PolicyChange { tag: tag.into(), state: t.state });
+        }
+        t.policy = policy;
+        if policy == Policy::Discard {
+            // Backups kept from earlier cycles are of no use any more.
+            let State { allocs, tags, .. } = &mut *st;
+            for a in allocs.values_mut().filter(|a| a.tag == id) {
+                if let Some(b) = a.backup.take() {
+                    tags[id].backup_bytes -= b.len() as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocates `bytes` under `tag` (created with `Policy::Discard` if
+    /// new). The address stays the same for the allocation's whole life,
+    /// across any number of pause/resume cycles.
+    pub fn alloc(&self, tag: &str, bytes: usize) -> Result<DevicePtr> {
+        let _h = heap_only();
+        let mut st = self.lock();
+        let id = st.tag_id_or_create(tag);
+        self.alloc_locked(&mut st, id, bytes).map(|(p, _)| p)
+    }
+
+    /// Allocation by tag id; returns the address and whether the memory is
+    /// freshly mapped (zeroed on the host backend) rather than reused.
+    pub(crate) fn alloc_locked(&self, st: &mut State, id: TagId, bytes: usize) -> Result<(DevicePtr, bool)> {
+        let t = &st.tags[id];
+        if t.state != TagState::Active {
+            return Err(Error::TagState { op: "allocate in", tag: t.name.clone(), state: t.state });
+        }
+        if bytes == 0 {
+            return Err(Error::Invalid(format!("zero-byte allocation in tag `{}`", t.name)));
+        }
+        let size = (bytes as u64).div_ceil(self.gran) * self.gran;
+        // Reuse the smallest cached block that fits without wasting more
+        // than half of it.
+        let hit = t.cache.range((size, 0)..).next().copied().filter(|&(s, _)| s <= 2 * size);
+        let (addr, size, fresh) = match hit {
+            Some((s, a)) => {
+                let t = &mut st.tags[id];
+                t.cache.remove(&(s, a));
+                t.cached_bytes -= s;
+                (a, s, false)
+            }
+            None => (self.map_fresh(st, id, size, "allocation")?, size, true),
+        };
+        st.allocs.insert(addr, Alloc { tag: id, size, requested: bytes as u64, backup: None });
+        Ok((addr, fresh))
+    }
+
+    /// Maps `size` fresh bytes for tag `id` at a new address, charging the
+    /// capacity.
+    fn map_fresh(&self, st: &mut State, id: TagId, size: u64, op: &'static str) -> Result<DevicePtr> {
+        self.charge(st, id, size, op)?;
+        let result = st
+            .va
+            .take(size)
+            .ok_or(Error::AddressSpace { requested: size, reserved: self.span })
+            .and_then(|addr| match self.map_at(addr, size) {
+                Ok(()) => Ok(addr),
+                Err(e) => {
+                    st.va.give(addr, size);
+                    Err(e)
+                }
+            });
+        if result.is_err() {
+            st.uncharge(id, size);
+        }
+        result
+    }
+
+    /// Creates physical memory and maps it at `addr`; the handle is released
+    /// at once (the mapping keeps the memory alive).
+    pub(crate) fn map_at(&self, addr: DevicePtr, size: u64) -> Result<()> {
+        let handle: PhysHandle = self.backend.create(size as usize)?;
+        // SAFETY: `addr..addr+size` was taken from this pool's reserved range
+        // (address space allocator, or a live allocation whose tag is being
+        // resumed, i.e. currently unmapped), so nothing else is mapped there.
+        let mapped = unsafe { self.backend.map(addr, size as usize, &handle) };
+        let released = self.backend.release(handle);
+        if let Err(e) = mapped {
+            return Err(e);
+        }
+        if let Err(e) = released {
+            // SAFETY: we just mapped this range and nobody has seen it.
+            let _ = unsafe { self.backend.unmap(addr, size as usize) };
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Adds `size` to the resident bytes of tag `id`, first dropping cached
+    /// blocks if the capacity would be exceeded (like PyTorch's caching
+    /// allocator on an out-of-memory).
+    pub(crate) fn charge(&self, st: &mut State, id: TagId, size: u64, op: &'static str) -> Result<()> {
+        if st.resident.saturating_add(size) > self.cfg.capacity {
+            self.drop_caches(st, None);
+        }
+        if st.resident.saturating_add(size) > self.cfg.capacity {
+            let err = Error::OutOfMemory {
+                phase: st.phase.clone(),
+                op,
+                tag: st.tags[id].name.clone(),
+                requested: size,
+                capacity: self.cfg.capacity,
+                resident: st.resident,
+                per_tag: st.per_tag_bytes(),
+            };
+            let tags = vec![st.tags[id].name.clone()];
+            self.record(st, EventKind::OutOfMemory, tags, Duration::ZERO);
+            return Err(err);
+        }
+        st.resident += size;
+        st.tags[id].resident += size;
+        st.peak = st.peak.max(st.resident);
+        Ok(())
+    }
+
+    /// Unmaps the cached blocks of active tags (`only`: of one tag) and
+    /// returns their addresses; returns the bytes released.
+    pub(crate) fn drop_caches(&self, st: &mut State, only: Option<TagId>) -> u64 {
+        let mut released = 0;
+        for id in 0..st.tags.len() {
+            if only.is_some_and(|o| o != id) || st.tags[id].state != TagState::Active {
+                continue;
+            }
+            let blocks = std::mem::take(&mut st.tags[id].cache);
+            for (size, addr) in blocks {
+                // SAFETY: cached blocks are mapped, belong to no live
+                // allocation, and are handed to nobody while cached.
+                match unsafe { self.backend.unmap(addr, size as usize) } {
+                    Ok(()) => {
+                        st.va.give(addr, size);
+                        st.tags[id].cached_bytes -= size;
+                        st.uncharge(id, size);
+                        released += size;
+                    }
+                    Err(_) => {
+                        st.tags[id].cache.insert((size, addr));
+                    }
+                }
+            }
+        }
+        released
+    }
+
+    /// Frees an allocation. In an active tag its block stays mapped in the
+    /// tag's cache for reuse; in a paused tag its address range is returned
+    /// and its backup dropped. During another thread's pause or resume of
+    /// the tag the free is carried out when that transition finishes.
+    pub fn free(&self, addr: DevicePtr) -> Result<()> {
+        let _h = heap_only();
+        let mut st = self.lock();
+        let Some(a) = st.allocs.get(&addr) else {
+            return Err(Error::UnknownAddress { op: "free", addr });
+        };
+        let id = a.tag;
+        match st.tags[id].state {
+            TagState::Pausing | TagState::Resuming => {
+                st.tags[id].deferred_frees.push(addr);
+                Ok(())
+            }
+            _ => {
+                st.free_now(addr);
+                Ok(())
+            }
+        }
+    }
+
+    /// Returns every cached block of every active tag to the device.
+    pub fn empty_cache(&self) -> u64 {
+        let _h = heap_only();
+        let start = Instant::now();
+        let mut st = self.lock();
+        let released = self.drop_caches(&mut st, None);
+        self.record(&mut st, EventKind::EmptyCache, Vec::new(), start.elapsed());
+        released
+    }
+
+    /// Copies `data` into allocation `addr` at `offset`. For small copies
+    /// (tests, metadata): the pool lock is held during the copy so the tag
+    /// cannot be paused under it.
+    pub fn write(&self, addr: DevicePtr, offset: usize, data: &[u8]) -> Result<()> {
+        let _h = heap_only();
+        let st = self.lock();
+        st.check_access("write", addr, offset, data.len())?;
+        // SAFETY: the range lies inside a live allocation of an active tag
+        // (checked above) and the lock keeps it mapped during the copy.
+        unsafe { self.backend.copy_from_host(addr + offset as u64, data) }
+    }
+
+    /// Copies from allocation `addr` at `offset` into `out`; see `write`.
+    pub fn read(&self, addr: DevicePtr, offset: usize, out: &mut [u8]) -> Result<()> {
+        let _h = heap_only();
+        let st = self.lock();
+        st.check_access("read", addr, offset, out.len())?;
+        // SAFETY: as in `write`.
+        unsafe { self.backend.copy_to_host(addr + offset as u64, out) }
+    }
+
+    /// Sets the phase label recorded with later timeline events, and records
+    /// the change.
+    pub fn set_phase(&self, phase: &str) {
+        let _h = heap_only();
+        let mut st = self.lock();
+        st.phase = phase.to_string();
+        self.record(&mut st, EventKind::Phase, Vec::new(), Duration::ZERO);
+    }
+
+    /// Records a snapshot of the resident bytes in the timeline.
+    pub fn mark(&self) {
+        let _h = heap_only();
+        let mut st = self.lock();
+        self.record(&mut st, EventKind::Mark, Vec::new(), Duration::ZERO);
+    }
+
+    pub fn phase(&self) -> String {
+        let _h = heap_only();
+        self.lock().phase.clone()
+    }
+
+    /// The timeline so far.
+    pub fn timeline(&self) -> Vec<Event> {
+        let _h = heap_only();
+        self.lock().timeline.clone()
+    }
+
+    /// Writes the timeline as JSON lines to `path`.
+    pub fn write_timeline(&self, path: &std::path::Path) -> Result<()> {
+        let events = self.timeline();
+        let _h = heap_only();
+        let io = |source| Error::Io { path: path.display().to_string(), source };
+        let f = std::fs::File::create(path).map_err(io)?;
+        crate::timeline::write_jsonl(&events, std::io::BufWriter::new(f)).map_err(io)
+    }
+
+    /// Forgets the peak so far (e.g. at the start of a training step).
+    pub fn reset_peak(&self) {
+        let _h = heap_only();
+        let mut st = self.lock();
+        st.peak = st.resident;
+    }
+
+    /// The state of `tag`, or `None` if the pool does not know it.
+    pub fn tag_state(&self, tag: &str) -> Option<TagState> {
+        let _h = heap_only();
+        let st = self.lock();
+        st.tag_id(tag).map(|id| st.tags[id].state)
+    }
+
+    /// The tag of the live allocation at `addr`.
+    pub fn tag_of(&self, addr: DevicePtr) -> Option<String> {
+        let _h = heap_only();
+        let st = self.lock();
+        st.allocs.get(&addr).map(|a| st.tags[a.tag].name.clone())
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let _h = heap_only();
+        let st = self.lock();
+        let mut tags: Vec<TagStats> = st
+            .tags
+            .iter()
+            .map(|t| TagStats {
+                tag: t.name.clone(),
+                policy: t.policy,
+                state: t.state,
+                allocations: 0,
+                allocated_bytes: 0,
+                resident_bytes: t.resident,
+                paused_bytes: 0,
+                cached_bytes: t.cached_bytes,
+                backup_bytes: t.backup_bytes,
+                pauses: t.pauses,
+                resumes: t.resumes,
+                last_pause_s: t.last_pause.map(|d| d.as_secs_f64()),
+                last_resume_s: t.last_resume.map(|d| d.as_secs_f64()),
+                region_fallback_bytes: t.region_fallback_bytes,
+            })
+            .collect();
+        for a in st.allocs.values() {
+            let ts = &mut tags[a.tag];
+            ts.allocations += 1;
+            ts.allocated_bytes += a.requested;
+            if ts.state == TagState::Paused {
+                ts.paused_bytes += a.size;
+            }
+        }
+        PoolStats {
+            backend: self.backend.name(),
+            capacity_bytes: self.cfg.capacity,
+            resident_bytes: st.resident,
+            peak_resident_bytes: st.peak,
+            tags,
+        }
+    }
+
+    /// Appends a timeline event for the state as it is now.
+    pub(crate) fn record(&self, st: &mut State, kind: EventKind, tags: Vec<String>, took: Duration) {
+        let event = Event {
+            t_s: self.epoch.elapsed().as_secs_f64(),
+            phase: st.phase.clone(),
+            kind,
+            tags,
+            duration_s: took.as_secs_f64(),
+            resident_bytes: st.resident,
+            per_tag: st.tags.iter().map(|t| (t.name.clone(), t.resident)).collect(),
+        };
+        st.timeline.push(event);
+    }
+}
+
+impl State {
+    pub(crate) fn tag_id(&self, tag: &str) -> Option<TagId> {
+        self.tags.iter().position(|t| t.name == tag)
+    }
+
+    pub(crate) fn tag_id_or_create(&mut self, tag: &str) -> TagId {
+        if let Some(id) = self.tag_id(tag) {
+            return id;
+        }
+        self.tags.push(Tag {
+            name: tag.to_string(),
+            policy: Policy::Discard,
+            state: TagState::Active,
+            resident: 0,
+            cache: BTreeSet::new(),
+            cached_bytes: 0,
+            backup_bytes: 0,
+            deferred_frees: Vec::new(),
+            pauses: 0,
+            resumes: 0,
+            last_pause: None,
+            last_resume: None,
+            region_fallback_bytes: 0,
+        });
+        self.tags.len() - 1
+    }
+
+    /// The id of a known tag, or an error listing the known ones.
+    pub(crate) fn known_tag(&self, op: &'static str, tag: &str) -> Result<TagId> {
+        self.tag_id(tag).ok_or_else(|| Error::UnknownTag {
+            op,
+            tag: tag.to_string(),
+            known: self.tags.iter().map(|t| format!("`{}`", t.name)).collect::<Vec<_>>().join(", "),
+        })
+    }
+
+    pub(crate) fn uncharge(&mut self, id: TagId, size: u64) {
+        self.resident -= size;
+        self.tags[id].resident -= size;
+    }
+
+    pub(crate) fn per_tag_bytes(&self) -> Vec<TagBytes> {
+        self.tags.iter().map(|t| TagBytes { tag: t.name.clone(), bytes: t.resident }).collect()
+    }
+
+    /// Frees a live allocation whose tag is active or paused.
+    pub(crate) fn free_now(&mut self, addr: u64) {
+        let Some(a) = self.allocs.remove(&addr) else { return };
+        let t = &mut self.tags[a.tag];
+        if let Some(b) = &a.backup {
+            t.backup_bytes -= b.len() as u64;
+        }
+        match t.state {
+            TagState::Active => {
+                t.cache.insert((a.size, addr));
+                t.cached_bytes += a.size;
+            }
+            _ => self.va.give(addr, a.size),
+        }
+    }
+
+    fn check_access(&self, op: &'static str, addr: u64, offset: usize, len: usize) -> Result<()> {
+        let a = self.allocs.get(&addr).ok_or(Error::UnknownAddress { op, addr })?;
+        let t = &self.tags[a.tag];
+        if t.state != TagState::Active {
+            return Err(Error::TagState { op, tag: t.name.clone(), state: t.state });
+        }
+        if offset as u64 + len as u64 > a.requested {
+            return Err(Error::Invalid(format!(
+                "{op} of {len} bytes at offset {offset} overruns the allocation at {addr:#x} of {} bytes",
+                a.requested
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let _h = heap_only();
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let mut mapped: Vec<(u64, u64)> = Vec::new();
+        for (&addr, a) in &st.allocs {
+            if st.tags[a.tag].state == TagState::Active {
+                mapped.push((addr, a.size));
+            }
+        }
+        for t in &st.tags {
+            mapped.extend(t.cache.iter().map(|&(size, addr)| (addr, size)));
+        }
+        for (addr, size) in mapped {
+            // SAFETY: `&mut self` means no one else uses the pool; a pool
+            // that served a region is held by the allocator's registry for
+            // the life of the process and never dropped, so no Rust value
+            // still points into it.
+            let _ = unsafe { self.backend.unmap(addr, size as usize) };
+        }
+        // SAFETY: as above; everything inside the range is unmapped now.
+        let _ = unsafe { self.backend.free_reserved(self.base, self.span as usize) };
+    }
+}

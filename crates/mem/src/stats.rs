@@ -1,0 +1,56 @@
+//! Statistics of a pool, per tag, as read from its bookkeeping.
+
+use crate::error::TagState;
+use crate::Policy;
+use serde::Serialize;
+
+/// What one tag holds right now.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TagStats {
+    pub tag: String,
+    pub policy: Policy,
+    pub state: TagState,
+    /// Live allocations (not freed).
+    pub allocations: usize,
+    /// Bytes asked for by the live allocations.
+    pub allocated_bytes: u64,
+    /// Bytes mapped for this tag: live allocations (rounded up to the
+    /// granularity) plus freed blocks kept in the cache.
+    pub resident_bytes: u64,
+    /// Bytes of live allocations that are not mapped (the tag is paused).
+    pub paused_bytes: u64,
+    /// Freed blocks kept mapped for reuse.
+    pub cached_bytes: u64,
+    /// Host bytes held as backups of this tag's allocations (kept across
+    /// cycles).
+    pub backup_bytes: u64,
+    pub pauses: u64,
+    pub resumes: u64,
+    /// Duration of the last `pause` / `resume` call that covered this tag.
+    pub last_pause_s: Option<f64>,
+    pub last_resume_s: Option<f64>,
+    /// Bytes of allocations made inside `region(tag)` that could not come
+    /// from the pool (tag paused, out of memory) and went to the ordinary
+    /// heap instead; see `RegionGuard::finish`.
+    pub region_fallback_bytes: u64,
+}
+
+/// What a whole pool holds right now.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PoolStats {
+    pub backend: &'static str,
+    /// The device capacity enforced on every map (`u64::MAX`: none).
+    pub capacity_bytes: u64,
+    /// Bytes mapped over all tags.
+    pub resident_bytes: u64,
+    /// Highest `resident_bytes` since the pool was made or `reset_peak`.
+    pub peak_resident_bytes: u64,
+    pub tags: Vec<TagStats>,
+}
+
+impl PoolStats {
+    /// The statistics of `tag`, if the pool knows it.
+    pub fn tag(&self, tag: &str) -> Option<&TagStats> {
+        self.tags.iter().find(|t| t.tag == tag)
+    }
+}
