@@ -1,0 +1,477 @@
+//! Policy-gradient losses: PPO's clipped surrogate (with DAPO's decoupled clip
+//! ranges and dual clip) and GSPO's sequence-level variant.
+//!
+//! All inputs are (batch, response_len) tensors of one float dtype:
+//! `log_prob` (the current policy, the one differentiated), `old_log_prob` (the
+//! policy that the advantages refer to, computed by the trainer before the
+//! update), `advantages`, `response_mask` (1.0 on response tokens, 0.0 on
+//! padding) and optional truncated-IS weights from [`crate::mismatch`]. Only
+//! `log_prob` receives gradient: the others are detached here, so a caller
+//! cannot accidentally differentiate through advantages or weights.
+//!
+//! Padding positions are replaced by zeros before any arithmetic, so NaN or
+//! ±inf there (e.g. a rollout engine's −inf log-prob for padding) changes
+//! neither the loss nor any gradient.
+
+use candle_core::{Tensor, D};
+use serde::{Deserialize, Serialize};
+
+use crate::agg::{agg_loss, AggScale, LossAgg, LossAggMode};
+use crate::error::{Error, Result};
+use crate::masked::{check_all, masked_mean, masked_sum_rows, scalar};
+
+/// Bound on log(π/π_old) before the exponential in PPO (verl's value).
+pub const LOG_RATIO_CLAMP: f64 = 20.0;
+/// Upper bound on GSPO's log sequence ratio before the exponential (verl's value).
+pub const GSPO_LOG_RATIO_MAX: f64 = 10.0;
+
+/// Which policy loss. Config name: verl's `policy_loss.loss_mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyLossMode {
+    /// PPO clip with clip-higher and dual clip: [`ppo_clip_loss`].
+    #[default]
+    Vanilla,
+    /// Group Sequence Policy Optimization: [`gspo_loss`].
+    Gspo,
+}
+
+/// The actor's policy-loss settings as written in the config (verl's names).
+///
+/// Unknown keys are not rejected here, so that the run's config can
+/// `#[serde(flatten)]` this into its actor section; that section owns the check.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PolicyLossConfig {
+    /// Which loss.
+    pub loss_mode: PolicyLossMode,
+    /// ε of PPO; the default for both clip ranges.
+    pub clip_ratio: f64,
+    /// ε_low (ratio floor 1 − ε_low); `None` means `clip_ratio`.
+    pub clip_ratio_low: Option<f64>,
+    /// ε_high (ratio ceiling 1 + ε_high); `None` means `clip_ratio`. DAPO uses 0.28 with ε_low 0.2.
+    pub clip_ratio_high: Option<f64>,
+    /// Dual-clip bound c (> 1): for A < 0 the loss is at most −c·A.
+    pub clip_ratio_c: f64,
+    /// How per-token losses become a scalar (ignored by GSPO, see [`gspo_loss`]).
+    pub loss_agg_mode: LossAggMode,
+}
+
+impl Default for PolicyLossConfig {
+    /// verl's defaults: vanilla PPO, ε = 0.2, c = 3, token-mean.
+    fn default() -> Self {
+        PolicyLossConfig {
+            loss_mode: PolicyLossMode::Vanilla,
+            clip_ratio: 0.2,
+            clip_ratio_low: None,
+            clip_ratio_high: None,
+            clip_ratio_c: 3.0,
+            loss_agg_mode: LossAggMode::TokenMean,
+        }
+    }
+}
+
+/// Validated clip ranges: the ratio is clipped to [1 − low, 1 + high], and for
+/// negative advantages the PPO loss is capped at −c·A.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClipRange {
+    /// ε_low, in [0, 1).
+    pub low: f64,
+    /// ε_high, ≥ 0.
+    pub high: f64,
+    /// Dual-clip c, > 1.
+    pub dual_clip_c: f64,
+}
+
+impl ClipRange {
+    /// Checks the ranges (ε_low in [0, 1), ε_high ≥ 0, c > 1, all finite).
+    pub fn new(low: f64, high: f64, dual_clip_c: f64) -> Result<Self> {
+        let bad = |field, value: f64, reason| Error::InvalidConfig {
+            field,
+            value: value.to_string(),
+            reason,
+        };
+        if !(0.0..1.0).contains(&low) {
+            return Err(bad("clip_ratio_low", low, "must be in [0, 1)"));
+        }
+        if !(high.is_finite() && high >= 0.0) {
+            return Err(bad("clip_ratio_high", high, "must be ≥ 0"));
+        }
+        if !(dual_clip_c.is_finite() && dual_clip_c > 1.0) {
+            return Err(bad(
+                "clip_ratio_c",
+                dual_clip_c,
+                "must be > 1 (dual-clip PPO)",
+            ));
+        }
+        Ok(ClipRange {
+            low,
+            high,
+            dual_clip_c,
+        })
+    }
+}
+
+impl PolicyLossConfig {
+    /// The validated clip ranges, with `clip_ratio` filling unset bounds.
+    pub fn clip_range(&self) -> Result<ClipRange> {
+        ClipRange::new(
+            self.clip_ratio_low.unwrap_or(self.clip_ratio),
+            self.clip_ratio_high.unwrap_or(self.clip_ratio),
+            self.clip_ratio_c,
+        )
+    }
+}
+
+/// Inputs of a policy loss; every tensor is (batch, response_len).
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyInputs<'a> {
+    /// log π_old(y_t), constant.
+    pub old_log_prob: &'a Tensor,
+    /// log π_θ(y_t), differentiated.
+    pub log_prob: &'a Tensor,
+    /// Â_t, constant.
+    pub advantages: &'a Tensor,
+    /// 1.0 for response tokens, 0.0 for padding.
+    pub response_mask: &'a Tensor,
+    /// Truncated importance-sampling weights for the rollout/train mismatch
+    /// ([`crate::mismatch::truncated_is_weights`]), multiplied into the per-token loss.
+    pub is_weights: Option<&'a Tensor>,
+}
+
+/// Diagnostics of one policy-loss evaluation (verl's `actor/…` metric names).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PolicyLossMetrics {
+    /// Fraction of response tokens where the clipped term was the larger loss.
+    pub pg_clipfrac: f64,
+    /// Fraction of response tokens where the dual clip (A < 0) was active.
+    pub pg_clipfrac_lower: f64,
+    /// Masked mean of log π_old − log π_θ (k1 estimate of KL(π_old‖π_θ)).
+    pub ppo_kl: f64,
+}
+
+/// A scalar loss to differentiate, and its metrics.
+#[derive(Clone, Debug)]
+pub struct PolicyLoss {
+    /// Scalar tensor; gradients flow to `log_prob` only.
+    pub loss: Tensor,
+    /// Detached diagnostics.
+    pub metrics: PolicyLossMetrics,
+}
+
+/// The checked, padding-sanitised, detached-where-needed inputs.
+struct Prepared {
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    is_weights: Option<Tensor>,
+}
+
+fn prepare(x: &PolicyInputs) -> Result<Prepared> {
+    let mut others = vec![
+        ("old_log_prob", x.old_log_prob),
+        ("advantages", x.advantages),
+        ("response_mask", x.response_mask),
+    ];
+    if let Some(w) = x.is_weights {
+        others.push(("is_weights", w));
+    }
+    check_all(("log_prob", x.log_prob), &others)?;
+    let keep = x.response_mask.ne(0.0)?;
+    let zeros = x.log_prob.zeros_like()?;
+    let clean = |t: &Tensor| -> Result<Tensor> { Ok(keep.where_cond(t, &zeros)?) };
+    Ok(Prepared {
+        log_prob: clean(x.log_prob)?,
+        old_log_prob: clean(&x.old_log_prob.detach())?,
+        advantages: clean(&x.advantages.detach())?,
+        mask: x.response_mask.detach(),
+        is_weights: x.is_weights.map(|w| clean(&w.detach())).transpose()?,
+    })
+}
+
+/// Masked mean of a comparison result (u8) as a fraction.
+fn frac(cond: &Tensor, mask: &Tensor) -> Result<f64> {
+    scalar(&masked_mean(&cond.to_dtype(mask.dtype())?, mask)?)
+}
+
+/// PPO's clipped surrogate with decoupled clip ranges and dual clip; verl's
+/// `compute_policy_loss_vanilla`.
+///
+/// Papers: PPO, Schulman et al. 2017, arXiv:1707.06347 (the clip);
+/// DAPO, Yu et al. 2025, arXiv:2503.14476 ("clip-higher": ε_high > ε_low);
+/// dual-clip PPO, Ye et al. 2020, arXiv:1912.09729 (the bound c for A < 0).
+///
+/// Per token, with r = exp(clamp(log π_θ − log π_old, ±20)):
+///
+/// ```text
+/// l_clip = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high))
+/// l      = min(l_clip, −c·A)   if A < 0
+///          l_clip              otherwise
+/// ```
+///
+/// times the IS weight if given, then aggregated with `agg`.
+/// Metrics: `pg_clipfrac` = frac(−A·clip(r) > −A·r), `pg_clipfrac_lower` =
+/// frac(l_clip > −c·A and A < 0), `ppo_kl` = mean(log π_old − log π_θ), all over
+/// the response mask.
+pub fn ppo_clip_loss(x: &PolicyInputs, clip: &ClipRange, agg: LossAgg) -> Result<PolicyLoss> {
+    let p = prepare(x)?;
+    let neg_kl = p
+        .log_prob
+        .sub(&p.old_log_prob)?
+        .clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)?;
+    let ratio = neg_kl.exp()?;
+    let neg_adv = p.advantages.neg()?;
+    let l1 = neg_adv.mul(&ratio)?;
+    let l2 = neg_adv.mul(&ratio.clamp(1.0 - clip.low, 1.0 + clip.high)?)?;
+    let clipped = l1.maximum(&l2)?;
+    let l3 = neg_adv.affine(clip.dual_clip_c, 0.0)?;
+    let dual = clipped.minimum(&l3)?;
+    let negative = p.advantages.lt(0.0)?;
+    let mut pg = negative.where_cond(&dual, &clipped)?;
+    if let Some(w) = &p.is_weights {
+        pg = pg.mul(w)?;
+    }
+    let loss = agg_loss(&pg, &p.mask, agg)?;
+
+    let (l1, l2, l3, clipped) = (l1.detach(), l2.detach(), l3.detach(), clipped.detach());
+    let dt = p.mask.dtype();
+    let lower = clipped
+        .gt(&l3)?
+        .to_dtype(dt)?
+        .mul(&negative.to_dtype(dt)?)?;
+    let metrics = PolicyLossMetrics {
+        pg_clipfrac: frac(&l2.gt(&l1)?, &p.mask)?,
+        pg_clipfrac_lower: frac(&lower, &p.mask)?,
+        ppo_kl: scalar(&masked_mean(&neg_kl.detach().neg()?, &p.mask)?)?,
+    };
+    Ok(PolicyLoss { loss, metrics })
+}
+
+/// GSPO's clipped objective with a sequence-level ratio; verl's `compute_policy_loss_gspo`.
+///
+/// Paper: Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071.
+/// The sequence ratio is the geometric mean of the token ratios,
+/// s_i = exp((1/|y_i|) Σ_t (log π_θ − log π_old)), and the loss uses the paper's
+/// "GSPO-token" form so that per-token advantages are allowed:
+///
+/// ```text
+/// log s_it = sg[log s_i] + log π_θ(y_it) − sg[log π_θ(y_it)]     (clamped ≤ 10)
+/// l_it     = max(−A_it·s_it, −A_it·clip(s_it, 1 − ε_low, 1 + ε_high))
+/// ```
+///
+/// s_it equals s_i in value, but its gradient is s_i·∇log π_θ(y_it), which,
+/// averaged over the sequence, is the gradient of s_i itself when the
+/// advantage is constant over the sequence (the outcome-reward case).
+///
+/// As in verl the loss is always aggregated with seq-mean-token-mean (the
+/// paper's objective is a mean over sequences; any `loss_agg_mode` in the
+/// config is ignored), using `scale.global_batch_size` if set. There is no dual
+/// clip; `pg_clipfrac_lower` is 0. The clip ranges the paper uses are far
+/// smaller than PPO's (3e-4 / 4e-4), since they bound a per-token geometric mean.
+pub fn gspo_loss(x: &PolicyInputs, clip: &ClipRange, scale: AggScale) -> Result<PolicyLoss> {
+    let p = prepare(x)?;
+    let neg_kl = p.log_prob.sub(&p.old_log_prob)?;
+    let seq_len = p.mask.sum(D::Minus1)?.maximum(1.0)?; // (batch,)
+    let seq_log_ratio = masked_sum_rows(&neg_kl, &p.mask)?.div(&seq_len)?; // (batch,)
+    let log_s = p
+        .log_prob
+        .sub(&p.log_prob.detach())?
+        .broadcast_add(&seq_log_ratio.detach().unsqueeze(1)?)?
+        .minimum(GSPO_LOG_RATIO_MAX)?;
+    let s = log_s.exp()?;
+    let neg_adv = p.advantages.neg()?;
+    let l1 = neg_adv.mul(&s)?;
+    let l2 = neg_adv.mul(&s.clamp(1.0 - clip.low, 1.0 + clip.high)?)?;
+    let mut pg = l1.maximum(&l2)?;
+    if let Some(w) = &p.is_weights {
+        pg = pg.mul(w)?;
+    }
+    let agg = LossAgg {
+        mode: LossAggMode::SeqMeanTokenMean,
+        scale,
+    };
+    let loss = agg_loss(&pg, &p.mask, agg)?;
+    let metrics = PolicyLossMetrics {
+        pg_clipfrac: frac(&l2.detach().gt(&l1.detach())?, &p.mask)?,
+        pg_clipfrac_lower: 0.0,
+        ppo_kl: scalar(&masked_mean(&neg_kl.detach().neg()?, &p.mask)?)?,
+    };
+    Ok(PolicyLoss { loss, metrics })
+}
+
+/// The configured policy loss: validates the clip ranges and dispatches on
+/// `cfg.loss_mode`. `scale` carries global denominators for micro-batching.
+pub fn policy_loss(
+    cfg: &PolicyLossConfig,
+    x: &PolicyInputs,
+    scale: AggScale,
+) -> Result<PolicyLoss> {
+    let clip = cfg.clip_range()?;
+    match cfg.loss_mode {
+        PolicyLossMode::Vanilla => ppo_clip_loss(
+            x,
+            &clip,
+            LossAgg {
+                mode: cfg.loss_agg_mode,
+                scale,
+            },
+        ),
+        PolicyLossMode::Gspo => gspo_loss(x, &clip, scale),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::masked::rows;
+    use candle_core::{Device, Var};
+
+    fn t2(data: &[&[f32]]) -> Tensor {
+        let rows: Vec<Vec<f32>> = data.iter().map(|r| r.to_vec()).collect();
+        Tensor::new(rows, &Device::Cpu).unwrap()
+    }
+
+    /// Loss value and d loss / d log_prob.
+    fn run(
+        f: impl Fn(&PolicyInputs) -> Result<PolicyLoss>,
+        old: &Tensor,
+        lp: &Tensor,
+        adv: &Tensor,
+        mask: &Tensor,
+    ) -> (f64, Vec<Vec<f32>>, PolicyLossMetrics) {
+        let v = Var::from_tensor(lp).unwrap();
+        let out = f(&PolicyInputs {
+            old_log_prob: old,
+            log_prob: v.as_tensor(),
+            advantages: adv,
+            response_mask: mask,
+            is_weights: None,
+        })
+        .unwrap();
+        let g = out.loss.backward().unwrap();
+        let g = rows(g.get(v.as_tensor()).unwrap()).unwrap();
+        (scalar(&out.loss).unwrap(), g, out.metrics)
+    }
+
+    // Four tokens, old log-prob 0, ε_low 0.2, ε_high 0.28, c 3, token-mean over 4:
+    //  t0: log r = ln 1.5, A = +1 → r clipped at 1.28: l = −1.28, no gradient, clipped.
+    //  t1: log r = ln 0.5, A = +1 → l = max(−0.5, −0.8) = −0.5, grad −A·r = −0.5.
+    //  t2: log r = ln 5,   A = −1 → l_clip = max(5, 1.28) = 5 > c·1 = 3 → l = 3, no grad, dual.
+    //  t3: log r = ln 0.5, A = −1 → l_clip = max(0.5, 0.8) = 0.8 (clipped), no grad.
+    // loss = (−1.28 − 0.5 + 3 + 0.8) / 4 = 0.505; d/d lp_1 = −0.5 / 4 = −0.125.
+    // clipfrac: t0, t3 (and t2: 1.28 > 5? no) → 2/4; clipfrac_lower: t2 → 1/4;
+    // ppo_kl = −mean(ln 1.5 + ln 0.5 + ln 5 + ln 0.5) = −ln(1.875)/4 = −0.157152.
+    #[test]
+    fn ppo_clip_hand_case() {
+        let old = t2(&[&[0.0, 0.0, 0.0, 0.0]]);
+        let lp = t2(&[&[1.5f32.ln(), 0.5f32.ln(), 5f32.ln(), 0.5f32.ln()]]);
+        let adv = t2(&[&[1.0, 1.0, -1.0, -1.0]]);
+        let mask = t2(&[&[1.0, 1.0, 1.0, 1.0]]);
+        let clip = ClipRange::new(0.2, 0.28, 3.0).unwrap();
+        let f = |x: &PolicyInputs| ppo_clip_loss(x, &clip, LossAggMode::TokenMean.into());
+        let (loss, g, m) = run(f, &old, &lp, &adv, &mask);
+        assert!((loss - 0.505).abs() < 1e-6, "{loss}");
+        assert!((g[0][1] + 0.125).abs() < 1e-6, "{g:?}");
+        assert_eq!([g[0][0], g[0][2], g[0][3]], [0.0, 0.0, 0.0], "{g:?}");
+        assert!((m.pg_clipfrac - 0.5).abs() < 1e-6, "{m:?}");
+        assert!((m.pg_clipfrac_lower - 0.25).abs() < 1e-6, "{m:?}");
+        assert!((m.ppo_kl + 0.157_152).abs() < 1e-5, "{m:?}");
+    }
+
+    #[test]
+    fn on_policy_gradient_is_minus_advantage() {
+        // r = 1 everywhere: l = −A·r, so d loss / d lp_t = −A_t / n (token-mean over n = 2).
+        let old = t2(&[&[-1.0, -2.0, -3.0]]);
+        let adv = t2(&[&[2.0, -0.5, 7.0]]);
+        let mask = t2(&[&[1.0, 1.0, 0.0]]);
+        let clip = ClipRange::new(0.2, 0.2, 3.0).unwrap();
+        let f = |x: &PolicyInputs| ppo_clip_loss(x, &clip, LossAggMode::TokenMean.into());
+        let (loss, g, m) = run(f, &old, &old.copy().unwrap(), &adv, &mask);
+        assert!((loss + 0.75).abs() < 1e-6, "{loss}"); // −(2 − 0.5)/2
+        assert!(
+            (g[0][0] + 1.0).abs() < 1e-6 && (g[0][1] - 0.25).abs() < 1e-6,
+            "{g:?}"
+        );
+        assert_eq!(g[0][2], 0.0);
+        assert_eq!(m, PolicyLossMetrics::default());
+    }
+
+    // GSPO, one sequence of 2 tokens + padding, A = 1, ε = 0.2:
+    // log-ratios 0.1 and 0.3 → log s = 0.2, s = e^0.2 = 1.221403 > 1.2 → clipped: l = −1.2,
+    // no gradient, clipfrac 1. With A = −1 the max picks −A·s = 1.221403 (unclipped), and
+    // d loss / d lp_t = −A·s / (n·N) = 1.221403 / 2 = 0.610701 for both tokens.
+    #[test]
+    fn gspo_hand_case() {
+        let old = t2(&[&[-1.0, -1.0, 0.0]]);
+        let lp = t2(&[&[-0.9, -0.7, 5.0]]);
+        let mask = t2(&[&[1.0, 1.0, 0.0]]);
+        let clip = ClipRange::new(0.2, 0.2, 3.0).unwrap();
+        let f = |x: &PolicyInputs| gspo_loss(x, &clip, AggScale::default());
+        let (loss, g, m) = run(f, &old, &lp, &t2(&[&[1.0, 1.0, 1.0]]), &mask);
+        assert!((loss + 1.2).abs() < 1e-6, "{loss}");
+        assert_eq!(g[0], vec![0.0; 3]);
+        assert!((m.pg_clipfrac - 1.0).abs() < 1e-6);
+        assert!((m.ppo_kl + 0.2).abs() < 1e-6, "{m:?}");
+        let (loss, g, m) = run(f, &old, &lp, &t2(&[&[-1.0, -1.0, -1.0]]), &mask);
+        assert!((loss - 1.221_403).abs() < 1e-5, "{loss}");
+        assert!((g[0][0] - 0.610_701).abs() < 1e-5 && (g[0][1] - 0.610_701).abs() < 1e-5);
+        assert_eq!(g[0][2], 0.0);
+        assert_eq!(m.pg_clipfrac, 0.0);
+    }
+
+    #[test]
+    fn is_weights_scale_the_loss_and_are_not_differentiated() {
+        let old = t2(&[&[0.0, 0.0]]);
+        let adv = t2(&[&[1.0, 1.0]]);
+        let mask = t2(&[&[1.0, 1.0]]);
+        let w = Var::from_tensor(&t2(&[&[0.5, 2.0]])).unwrap();
+        let lp = Var::from_tensor(&old).unwrap();
+        let clip = ClipRange::new(0.2, 0.2, 3.0).unwrap();
+        let out = ppo_clip_loss(
+            &PolicyInputs {
+                old_log_prob: &old,
+                log_prob: lp.as_tensor(),
+                advantages: &adv,
+                response_mask: &mask,
+                is_weights: Some(w.as_tensor()),
+            },
+            &clip,
+            LossAggMode::TokenMean.into(),
+        )
+        .unwrap();
+        // loss = −(0.5 + 2)/2 = −1.25; d/d lp = −w/2
+        assert!((scalar(&out.loss).unwrap() + 1.25).abs() < 1e-6);
+        let g = out.loss.backward().unwrap();
+        assert!(g.get(w.as_tensor()).is_none());
+        let glp = rows(g.get(lp.as_tensor()).unwrap()).unwrap();
+        assert!((glp[0][0] + 0.25).abs() < 1e-6 && (glp[0][1] + 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn config_validation_and_names() {
+        let cfg: PolicyLossConfig = serde_json::from_str(
+            r#"{"loss_mode": "gspo", "clip_ratio_high": 0.28, "loss_agg_mode": "seq-mean-token-mean"}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.loss_mode, PolicyLossMode::Gspo);
+        let c = cfg.clip_range().unwrap();
+        assert_eq!((c.low, c.high, c.dual_clip_c), (0.2, 0.28, 3.0));
+        let bad = PolicyLossConfig {
+            clip_ratio_c: 1.0,
+            ..Default::default()
+        };
+        let err = bad.clip_range().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidConfig {
+                    field: "clip_ratio_c",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(serde_json::from_str::<PolicyLossConfig>(r#"{"loss_mode": "ppo"}"#).is_err());
+    }
+}
