@@ -19,11 +19,14 @@ enum Command {
     /// Measure colo's building blocks and print ratios against baselines measured in the same run.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
+    /// Log-probability of each next token of a sequence under a checkpoint (teacher forcing).
+    Score(cmd::score::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Bench(b) => cmd::bench::run(b),
+        Command::Score(a) => cmd::score::run(a),
     }
 }

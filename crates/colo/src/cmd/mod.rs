@@ -2,3 +2,4 @@
 
 pub mod bench;
 pub mod bench_mem;
+pub mod score;

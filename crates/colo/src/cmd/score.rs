@@ -1,0 +1,80 @@
+//! `colo score`: teacher-forced log-probabilities of a token sequence under a
+//! Hugging Face checkpoint.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use candle_core::{DType, Device, Tensor};
+use colo_model::{loss, Checkpoint};
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["ids", "text"])))]
+pub struct Args {
+    /// Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// Token ids, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    ids: Option<Vec<u32>>,
+    /// Text, tokenized with the checkpoint's tokenizer (special tokens added as it specifies).
+    #[arg(long)]
+    text: Option<String>,
+    /// Print `{"logprobs": [...]}` only.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let ckpt = Checkpoint::from_dir(&a.model, DType::F32, &Device::Cpu)
+        .with_context(|| format!("loading {}", a.model.display()))?;
+    let ids = match (a.ids, &a.text) {
+        (Some(ids), _) => ids,
+        (None, Some(text)) => match &ckpt.tokenizer {
+            Some(tok) => tok.encode(text, true)?,
+            None => bail!("{} has no tokenizer.json; pass --ids", a.model.display()),
+        },
+        (None, None) => unreachable!("clap requires --ids or --text"),
+    };
+    let logprobs = score(&ckpt, &ids)?;
+    if a.json {
+        // Serialised as f32 (shortest representation that reads back to the
+        // same float), not widened to f64 first as `json!` would.
+        #[derive(serde::Serialize)]
+        struct Out<'a> {
+            logprobs: &'a [f32],
+        }
+        println!(
+            "{}",
+            serde_json::to_string(&Out {
+                logprobs: &logprobs
+            })?
+        );
+    } else {
+        println!("{:>6} {:>8} {:>12}", "pos", "next", "logprob");
+        for (i, lp) in logprobs.iter().enumerate() {
+            println!("{i:>6} {:>8} {lp:>12.6}", ids[i + 1]);
+        }
+        println!(
+            "total {:.6} over {} tokens",
+            logprobs.iter().map(|&v| v as f64).sum::<f64>(),
+            logprobs.len()
+        );
+    }
+    Ok(())
+}
+
+/// For each position `i`, `log p(ids[i+1] | ids[..=i])`, float32.
+pub fn score(ckpt: &Checkpoint, ids: &[u32]) -> anyhow::Result<Vec<f32>> {
+    if ids.len() < 2 {
+        bail!("scoring needs at least two tokens, got {}", ids.len());
+    }
+    let vocab = ckpt.model.config().vocab_size;
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        bail!("token id {bad} is outside the vocabulary (size {vocab})");
+    }
+    let input = Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?; // (1, seq)
+    let logits = ckpt.model.forward(&input)?; // (1, seq, vocab)
+    Ok(loss::next_token_logprobs(&logits, &input)?
+        .squeeze(0)?
+        .to_vec1()?)
+}
