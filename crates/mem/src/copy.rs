@@ -34,9 +34,18 @@ unsafe impl Send for Piece {}
 /// Every device range must be mapped and not accessed by anyone else during
 /// the call; every host range must be valid for the direction's access and
 /// not aliased elsewhere.
-pub(crate) unsafe fn copy_pieces(backend: &dyn Backend, pieces: Vec<Piece>, dir: Dir, threads: usize) -> Result<()> {
+pub(crate) unsafe fn copy_pieces(
+    backend: &dyn Backend,
+    pieces: Vec<Piece>,
+    dir: Dir,
+    threads: usize,
+) -> Result<()> {
     let total: usize = pieces.iter().map(|p| p.len).sum();
-    let threads = if backend.parallel_copies() && total >= PARALLEL_MIN { threads.max(1) } else { 1 };
+    let threads = if backend.parallel_copies() && total >= PARALLEL_MIN {
+        threads.max(1)
+    } else {
+        1
+    };
     let chunks = split(pieces, CHUNK);
     if threads == 1 {
         // SAFETY: forwarded from the caller.
@@ -57,7 +66,9 @@ pub(crate) unsafe fn copy_pieces(backend: &dyn Backend, pieces: Vec<Piece>, dir:
             // contract.
             .map(|g| s.spawn(move || unsafe { copy_serial(backend, &g, dir) }))
             .collect();
-        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
     })
 }
 
@@ -68,8 +79,12 @@ unsafe fn copy_serial(backend: &dyn Backend, pieces: &[Piece], dir: Dir) -> Resu
         // SAFETY: the caller guarantees both ranges are valid and exclusive.
         unsafe {
             match dir {
-                Dir::ToHost => backend.copy_to_host(p.dev, std::slice::from_raw_parts_mut(p.host, p.len))?,
-                Dir::FromHost => backend.copy_from_host(p.dev, std::slice::from_raw_parts(p.host, p.len))?,
+                Dir::ToHost => {
+                    backend.copy_to_host(p.dev, std::slice::from_raw_parts_mut(p.host, p.len))?
+                }
+                Dir::FromHost => {
+                    backend.copy_from_host(p.dev, std::slice::from_raw_parts(p.host, p.len))?
+                }
             }
         }
     }
@@ -82,7 +97,11 @@ fn split(pieces: Vec<Piece>, chunk: usize) -> Vec<Piece> {
         let mut off = 0;
         while off < p.len {
             let len = chunk.min(p.len - off);
-            out.push(Piece { dev: p.dev + off as u64, host: p.host.wrapping_add(off), len });
+            out.push(Piece {
+                dev: p.dev + off as u64,
+                host: p.host.wrapping_add(off),
+                len,
+            });
             off += len;
         }
     }

@@ -70,10 +70,18 @@ pub enum Error {
     },
 
     #[error("cannot {op} tag `{tag}`: it is {state}")]
-    TagState { op: &'static str, tag: String, state: TagState },
+    TagState {
+        op: &'static str,
+        tag: String,
+        state: TagState,
+    },
 
     #[error("cannot {op} tag `{tag}`: no such tag in this pool (known tags: {known})")]
-    UnknownTag { op: &'static str, tag: String, known: String },
+    UnknownTag {
+        op: &'static str,
+        tag: String,
+        known: String,
+    },
 
     #[error("cannot {op} address {addr:#x}: it is not a live allocation of this pool")]
     UnknownAddress { op: &'static str, addr: u64 },
@@ -97,10 +105,17 @@ pub enum Error {
     TooManyRegionPools(usize),
 
     #[error("{backend} backend: {call} failed: {msg}")]
-    Backend { backend: &'static str, call: &'static str, msg: String },
+    Backend {
+        backend: &'static str,
+        call: &'static str,
+        msg: String,
+    },
 
     #[error("i/o error on {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -108,6 +123,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     /// A backend error from the last OS error (`errno`).
     pub(crate) fn os(backend: &'static str, call: &'static str) -> Self {
-        Error::Backend { backend, call, msg: std::io::Error::last_os_error().to_string() }
+        Error::Backend {
+            backend,
+            call,
+            msg: std::io::Error::last_os_error().to_string(),
+        }
     }
 }

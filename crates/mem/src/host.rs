@@ -29,7 +29,9 @@ impl HostBackend {
     pub fn new() -> Self {
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        HostBackend { page: if page > 0 { page as usize } else { 4096 } }
+        HostBackend {
+            page: if page > 0 { page as usize } else { 4096 },
+        }
     }
 }
 

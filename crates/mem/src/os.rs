@@ -5,7 +5,10 @@
 use crate::{Error, Result};
 
 fn read(path: &str) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.into(), source })
+    std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.into(),
+        source,
+    })
 }
 
 /// A `kB` field of `/proc/self/status` (`VmRSS`, `RssShmem`, …), in bytes.
@@ -36,7 +39,13 @@ pub fn resident_in_range(start: u64, len: u64) -> Result<u64> {
             inside = lo >= start && hi <= end;
         } else if inside {
             if let Some(v) = line.strip_prefix("Rss:") {
-                total += v.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0) * 1024;
+                total += v
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap_or(0)
+                    * 1024;
             }
         }
     }
@@ -52,7 +61,10 @@ pub fn mapping_count() -> Result<usize> {
 fn mapping_range(line: &str) -> Option<(u64, u64)> {
     let first = line.split_whitespace().next()?;
     let (lo, hi) = first.split_once('-')?;
-    Some((u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?))
+    Some((
+        u64::from_str_radix(lo, 16).ok()?,
+        u64::from_str_radix(hi, 16).ok()?,
+    ))
 }
 
 #[cfg(test)]
@@ -61,7 +73,10 @@ mod tests {
 
     #[test]
     fn parses_header_lines_only() {
-        assert_eq!(mapping_range("7f00-7f10 rw-s 00000000 00:01 5 /memfd:colo"), Some((0x7f00, 0x7f10)));
+        assert_eq!(
+            mapping_range("7f00-7f10 rw-s 00000000 00:01 5 /memfd:colo"),
+            Some((0x7f00, 0x7f10))
+        );
         assert_eq!(mapping_range("Rss:                 4 kB"), None);
     }
 

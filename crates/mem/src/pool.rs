@@ -66,7 +66,10 @@ impl Default for PoolConfig {
 impl PoolConfig {
     /// The default configuration with a device capacity.
     pub fn with_capacity(capacity: u64) -> Self {
-        PoolConfig { capacity, ..Self::default() }
+        PoolConfig {
+            capacity,
+            ..Self::default()
+        }
     }
 }
 
@@ -136,7 +139,9 @@ impl Pool {
         let _h = heap_only();
         let gran = backend.granularity() as u64;
         if gran == 0 || !gran.is_power_of_two() {
-            return Err(Error::Invalid(format!("backend granularity {gran} is not a power of two")));
+            return Err(Error::Invalid(format!(
+                "backend granularity {gran} is not a power of two"
+            )));
         }
         if cfg.copy_threads == 0 {
             return Err(Error::Invalid("copy_threads must be at least 1".into()));
@@ -203,7 +208,10 @@ impl Pool {
         let id = st.tag_id_or_create(tag);
         let t = &mut st.tags[id];
         if t.state != TagState::Active {
-            return Err(Error::PolicyChange { tag: tag.into(), state: t.state });
+            return Err(Error::PolicyChange {
+                tag: tag.into(),
+                state: t.state,
+            });
         }
         t.policy = policy;
         if policy == Policy::Discard {
@@ -230,18 +238,35 @@ impl Pool {
 
     /// Allocation by tag id; returns the address and whether the memory is
     /// freshly mapped (zeroed on the host backend) rather than reused.
-    pub(crate) fn alloc_locked(&self, st: &mut State, id: TagId, bytes: usize) -> Result<(DevicePtr, bool)> {
+    pub(crate) fn alloc_locked(
+        &self,
+        st: &mut State,
+        id: TagId,
+        bytes: usize,
+    ) -> Result<(DevicePtr, bool)> {
         let t = &st.tags[id];
         if t.state != TagState::Active {
-            return Err(Error::TagState { op: "allocate in", tag: t.name.clone(), state: t.state });
+            return Err(Error::TagState {
+                op: "allocate in",
+                tag: t.name.clone(),
+                state: t.state,
+            });
         }
         if bytes == 0 {
-            return Err(Error::Invalid(format!("zero-byte allocation in tag `{}`", t.name)));
+            return Err(Error::Invalid(format!(
+                "zero-byte allocation in tag `{}`",
+                t.name
+            )));
         }
         let size = (bytes as u64).div_ceil(self.gran) * self.gran;
         // Reuse the smallest cached block that fits without wasting more
         // than half of it.
-        let hit = t.cache.range((size, 0)..).next().copied().filter(|&(s, _)| s <= 2 * size);
+        let hit = t
+            .cache
+            .range((size, 0)..)
+            .next()
+            .copied()
+            .filter(|&(s, _)| s <= 2 * size);
         let (addr, size, fresh) = match hit {
             Some((s, a)) => {
                 let t = &mut st.tags[id];
@@ -251,18 +276,35 @@ impl Pool {
             }
             None => (self.map_fresh(st, id, size, "allocation")?, size, true),
         };
-        st.allocs.insert(addr, Alloc { tag: id, size, requested: bytes as u64, backup: None });
+        st.allocs.insert(
+            addr,
+            Alloc {
+                tag: id,
+                size,
+                requested: bytes as u64,
+                backup: None,
+            },
+        );
         Ok((addr, fresh))
     }
 
     /// Maps `size` fresh bytes for tag `id` at a new address, charging the
     /// capacity.
-    fn map_fresh(&self, st: &mut State, id: TagId, size: u64, op: &'static str) -> Result<DevicePtr> {
+    fn map_fresh(
+        &self,
+        st: &mut State,
+        id: TagId,
+        size: u64,
+        op: &'static str,
+    ) -> Result<DevicePtr> {
         self.charge(st, id, size, op)?;
         let result = st
             .va
             .take(size)
-            .ok_or(Error::AddressSpace { requested: size, reserved: self.span })
+            .ok_or(Error::AddressSpace {
+                requested: size,
+                reserved: self.span,
+            })
             .and_then(|addr| match self.map_at(addr, size) {
                 Ok(()) => Ok(addr),
                 Err(e) => {
@@ -285,9 +327,7 @@ impl Pool {
         // resumed, i.e. currently unmapped), so nothing else is mapped there.
         let mapped = unsafe { self.backend.map(addr, size as usize, &handle) };
         let released = self.backend.release(handle);
-        if let Err(e) = mapped {
-            return Err(e);
-        }
+        mapped?;
         if let Err(e) = released {
             // SAFETY: we just mapped this range and nobody has seen it.
             let _ = unsafe { self.backend.unmap(addr, size as usize) };
@@ -299,7 +339,13 @@ impl Pool {
     /// Adds `size` to the resident bytes of tag `id`, first dropping cached
     /// blocks if the capacity would be exceeded (like PyTorch's caching
     /// allocator on an out-of-memory).
-    pub(crate) fn charge(&self, st: &mut State, id: TagId, size: u64, op: &'static str) -> Result<()> {
+    pub(crate) fn charge(
+        &self,
+        st: &mut State,
+        id: TagId,
+        size: u64,
+        op: &'static str,
+    ) -> Result<()> {
         if st.resident.saturating_add(size) > self.cfg.capacity {
             self.drop_caches(st, None);
         }
@@ -436,7 +482,10 @@ impl Pool {
     pub fn write_timeline(&self, path: &std::path::Path) -> Result<()> {
         let events = self.timeline();
         let _h = heap_only();
-        let io = |source| Error::Io { path: path.display().to_string(), source };
+        let io = |source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        };
         let f = std::fs::File::create(path).map_err(io)?;
         crate::timeline::write_jsonl(&events, std::io::BufWriter::new(f)).map_err(io)
     }
@@ -503,7 +552,13 @@ impl Pool {
     }
 
     /// Appends a timeline event for the state as it is now.
-    pub(crate) fn record(&self, st: &mut State, kind: EventKind, tags: Vec<String>, took: Duration) {
+    pub(crate) fn record(
+        &self,
+        st: &mut State,
+        kind: EventKind,
+        tags: Vec<String>,
+        took: Duration,
+    ) {
         let event = Event {
             t_s: self.epoch.elapsed().as_secs_f64(),
             phase: st.phase.clone(),
@@ -511,7 +566,11 @@ impl Pool {
             tags,
             duration_s: took.as_secs_f64(),
             resident_bytes: st.resident,
-            per_tag: st.tags.iter().map(|t| (t.name.clone(), t.resident)).collect(),
+            per_tag: st
+                .tags
+                .iter()
+                .map(|t| (t.name.clone(), t.resident))
+                .collect(),
         };
         st.timeline.push(event);
     }
@@ -549,7 +608,12 @@ impl State {
         self.tag_id(tag).ok_or_else(|| Error::UnknownTag {
             op,
             tag: tag.to_string(),
-            known: self.tags.iter().map(|t| format!("`{}`", t.name)).collect::<Vec<_>>().join(", "),
+            known: self
+                .tags
+                .iter()
+                .map(|t| format!("`{}`", t.name))
+                .collect::<Vec<_>>()
+                .join(", "),
         })
     }
 
@@ -559,12 +623,20 @@ impl State {
     }
 
     pub(crate) fn per_tag_bytes(&self) -> Vec<TagBytes> {
-        self.tags.iter().map(|t| TagBytes { tag: t.name.clone(), bytes: t.resident }).collect()
+        self.tags
+            .iter()
+            .map(|t| TagBytes {
+                tag: t.name.clone(),
+                bytes: t.resident,
+            })
+            .collect()
     }
 
     /// Frees a live allocation whose tag is active or paused.
     pub(crate) fn free_now(&mut self, addr: u64) {
-        let Some(a) = self.allocs.remove(&addr) else { return };
+        let Some(a) = self.allocs.remove(&addr) else {
+            return;
+        };
         let t = &mut self.tags[a.tag];
         if let Some(b) = &a.backup {
             t.backup_bytes -= b.len() as u64;
@@ -579,10 +651,17 @@ impl State {
     }
 
     fn check_access(&self, op: &'static str, addr: u64, offset: usize, len: usize) -> Result<()> {
-        let a = self.allocs.get(&addr).ok_or(Error::UnknownAddress { op, addr })?;
+        let a = self
+            .allocs
+            .get(&addr)
+            .ok_or(Error::UnknownAddress { op, addr })?;
         let t = &self.tags[a.tag];
         if t.state != TagState::Active {
-            return Err(Error::TagState { op, tag: t.name.clone(), state: t.state });
+            return Err(Error::TagState {
+                op,
+                tag: t.name.clone(),
+                state: t.state,
+            });
         }
         if offset as u64 + len as u64 > a.requested {
             return Err(Error::Invalid(format!(

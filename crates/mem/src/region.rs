@@ -51,7 +51,14 @@ struct Slot {
 }
 
 impl Slot {
-    const EMPTY: Slot = Slot { base: AtomicU64::new(0), end: AtomicU64::new(0), pool: AtomicPtr::new(std::ptr::null_mut()) };
+    // Only used to initialise the static array, where a fresh copy per
+    // element is exactly what is wanted.
+    #[allow(clippy::declare_interior_mutable_const)]
+    const EMPTY: Slot = Slot {
+        base: AtomicU64::new(0),
+        end: AtomicU64::new(0),
+        pool: AtomicPtr::new(std::ptr::null_mut()),
+    };
 }
 
 /// The region active on this thread.
@@ -94,7 +101,10 @@ fn registered(slot: usize) -> &'static Pool {
 fn owner(addr: u64) -> Option<&'static Pool> {
     let n = SLOT_COUNT.load(Ordering::Acquire);
     (0..n)
-        .find(|&i| addr >= SLOTS[i].base.load(Ordering::Relaxed) && addr < SLOTS[i].end.load(Ordering::Relaxed))
+        .find(|&i| {
+            addr >= SLOTS[i].base.load(Ordering::Relaxed)
+                && addr < SLOTS[i].end.load(Ordering::Relaxed)
+        })
         .map(registered)
 }
 
@@ -113,7 +123,10 @@ fn register(pool: &Arc<Pool>) -> Result<usize> {
     let s = &SLOTS[slot];
     s.base.store(pool.base, Ordering::Relaxed);
     s.end.store(pool.base + pool.span, Ordering::Relaxed);
-    s.pool.store(Arc::into_raw(Arc::clone(pool)) as *mut Pool, Ordering::Release);
+    s.pool.store(
+        Arc::into_raw(Arc::clone(pool)) as *mut Pool,
+        Ordering::Release,
+    );
     SLOT_COUNT.store(slot + 1, Ordering::Release);
     let _ = pool.region_slot.set(slot);
     Ok(slot)
@@ -128,7 +141,11 @@ impl Pool {
     }
 
     /// As `region`, with an explicit size threshold.
-    pub fn region_with_threshold(self: &Arc<Self>, tag: &str, threshold: usize) -> Result<RegionGuard> {
+    pub fn region_with_threshold(
+        self: &Arc<Self>,
+        tag: &str,
+        threshold: usize,
+    ) -> Result<RegionGuard> {
         let _h = heap_only();
         if !cfg!(feature = "global-allocator") {
             return Err(Error::AllocatorNotInstalled);
@@ -138,15 +155,29 @@ impl Pool {
             let id = st.tag_id_or_create(tag);
             let state = st.tags[id].state;
             if state != crate::TagState::Active {
-                return Err(Error::TagState { op: "open a region in", tag: tag.into(), state });
+                return Err(Error::TagState {
+                    op: "open a region in",
+                    tag: tag.into(),
+                    state,
+                });
             }
             id
         };
         let slot = register(self)?;
         let guard = NEXT_GUARD.fetch_add(1, Ordering::Relaxed);
-        let active = Active { slot, tag: tag_id, threshold: threshold.max(1), guard };
+        let active = Active {
+            slot,
+            tag: tag_id,
+            threshold: threshold.max(1),
+            guard,
+        };
         let prev = ACTIVE.with(|a| a.replace(Some(active)));
-        Ok(RegionGuard { pool: Arc::clone(self), prev, guard, _not_send: PhantomData })
+        Ok(RegionGuard {
+            pool: Arc::clone(self),
+            prev,
+            guard,
+            _not_send: PhantomData,
+        })
     }
 
     fn note_region_failure(&self, tag: TagId, bytes: usize, guard: u64, err: Error) {
@@ -175,7 +206,11 @@ impl RegionGuard {
     pub fn finish(self) -> Result<()> {
         let _h = heap_only();
         let mut st = self.pool.lock();
-        match st.region_failures.iter().position(|(g, _)| *g == self.guard) {
+        match st
+            .region_failures
+            .iter()
+            .position(|(g, _)| *g == self.guard)
+        {
             Some(i) => Err(st.region_failures.swap_remove(i).1),
             None => Ok(()),
         }
@@ -259,7 +294,11 @@ unsafe impl GlobalAlloc for ColoAlloc {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let into_region = ACTIVE.try_with(|a| a.get()).ok().flatten().is_some_and(|a| new_size >= a.threshold);
+        let into_region = ACTIVE
+            .try_with(|a| a.get())
+            .ok()
+            .flatten()
+            .is_some_and(|a| new_size >= a.threshold);
         if owner(ptr as u64).is_none() && !into_region {
             // SAFETY: forwarded contract; the block is from `System`.
             return unsafe { System.realloc(ptr, layout, new_size) };

@@ -44,7 +44,11 @@ impl Pool {
             let jobs = take_jobs(&mut st, &ids);
             let mut cached = Vec::new();
             for &id in &ids {
-                cached.extend(std::mem::take(&mut st.tags[id].cache).into_iter().map(|(s, a)| (id, a, s)));
+                cached.extend(
+                    std::mem::take(&mut st.tags[id].cache)
+                        .into_iter()
+                        .map(|(s, a)| (id, a, s)),
+                );
             }
             (ids, jobs, cached)
         };
@@ -68,8 +72,10 @@ impl Pool {
 
         let mut unmap_error = None;
         let mut unmapped: Vec<(TagId, u64, u64, bool)> = Vec::new();
-        for (tag, addr, size, is_cached) in
-            jobs.iter().map(|j| (j.tag, j.addr, j.size, false)).chain(cached.iter().map(|&(t, a, s)| (t, a, s, true)))
+        for (tag, addr, size, is_cached) in jobs
+            .iter()
+            .map(|j| (j.tag, j.addr, j.size, false))
+            .chain(cached.iter().map(|&(t, a, s)| (t, a, s, true)))
         {
             // SAFETY: the range is mapped (the tag was active) and no one
             // uses it: the tag is `Pausing`, so the pool hands it to nobody,
@@ -111,7 +117,13 @@ impl Pool {
         let start = Instant::now();
         let (ids, mut jobs) = {
             let mut st = self.lock();
-            let ids = begin(&mut st, "resume", tags, TagState::Paused, TagState::Resuming)?;
+            let ids = begin(
+                &mut st,
+                "resume",
+                tags,
+                TagState::Paused,
+                TagState::Resuming,
+            )?;
             let jobs = take_jobs(&mut st, &ids);
             (ids, jobs)
         };
@@ -145,7 +157,7 @@ impl Pool {
             }
             finish(&mut st, &ids, jobs, TagState::Paused);
             let tags = names(&st, &ids);
-        self.record(&mut st, EventKind::ResumeFailed, tags, start.elapsed());
+            self.record(&mut st, EventKind::ResumeFailed, tags, start.elapsed());
             return Err(e);
         }
 
@@ -166,7 +178,13 @@ impl Pool {
     fn copy_backups(&self, jobs: &mut [Job], dir: Dir) -> Result<()> {
         let pieces: Vec<Piece> = jobs
             .iter_mut()
-            .filter_map(|j| j.backup.as_mut().map(|b| Piece { dev: j.addr, host: b.as_mut_ptr(), len: b.len() }))
+            .filter_map(|j| {
+                j.backup.as_mut().map(|b| Piece {
+                    dev: j.addr,
+                    host: b.as_mut_ptr(),
+                    len: b.len(),
+                })
+            })
             .collect();
         // SAFETY: every job's range is mapped (pause: the tag was active;
         // resume: mapped just before) and reserved to this call by the tag's
@@ -179,16 +197,29 @@ impl Pool {
 
 /// Checks that every tag is known, named once and in state `from`, then
 /// moves them all to `to`. On error nothing changes.
-fn begin(st: &mut State, op: &'static str, tags: &[&str], from: TagState, to: TagState) -> Result<Vec<TagId>> {
+fn begin(
+    st: &mut State,
+    op: &'static str,
+    tags: &[&str],
+    from: TagState,
+    to: TagState,
+) -> Result<Vec<TagId>> {
     let mut ids = Vec::with_capacity(tags.len());
     for &tag in tags {
         let id = st.known_tag(op, tag)?;
         if ids.contains(&id) {
-            return Err(Error::DuplicateTag { op, tag: tag.to_string() });
+            return Err(Error::DuplicateTag {
+                op,
+                tag: tag.to_string(),
+            });
         }
         let state = st.tags[id].state;
         if state != from {
-            return Err(Error::TagState { op, tag: tag.to_string(), state });
+            return Err(Error::TagState {
+                op,
+                tag: tag.to_string(),
+                state,
+            });
         }
         ids.push(id);
     }
@@ -215,7 +246,13 @@ fn take_jobs(st: &mut State, ids: &[TagId]) -> Vec<Job> {
             }
             Policy::Discard => None,
         };
-        jobs.push(Job { addr, size: a.size, requested: a.requested, tag: a.tag, backup });
+        jobs.push(Job {
+            addr,
+            size: a.size,
+            requested: a.requested,
+            tag: a.tag,
+            backup,
+        });
     }
     jobs
 }
@@ -240,4 +277,3 @@ fn finish(st: &mut State, ids: &[TagId], jobs: Vec<Job>, state: TagState) {
 fn names(st: &State, ids: &[TagId]) -> Vec<String> {
     ids.iter().map(|&id| st.tags[id].name.clone()).collect()
 }
-

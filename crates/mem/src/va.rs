@@ -33,7 +33,10 @@ impl AddressSpace {
     pub(crate) fn give(&mut self, start: u64, size: u64) {
         let (mut start, mut size) = (start, size);
         if let Some((&prev, &plen)) = self.free.range(..start).next_back() {
-            debug_assert!(prev + plen <= start, "double free of address range {start:#x}");
+            debug_assert!(
+                prev + plen <= start,
+                "double free of address range {start:#x}"
+            );
             if prev + plen == start {
                 self.free.remove(&prev);
                 start = prev;

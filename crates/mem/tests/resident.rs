@@ -1,0 +1,101 @@
+//! Memory claims checked against the operating system, not only against the
+//! pool's own bookkeeping.
+
+use colo_mem::{os, Policy, Pool, PoolConfig};
+use std::process::Command;
+
+const MIB: usize = 1 << 20;
+
+/// Resident bytes inside the pool's reserved range, per `/proc/self/smaps`.
+fn os_resident(p: &Pool) -> u64 {
+    let (base, len) = p.address_range();
+    os::resident_in_range(base, len).unwrap()
+}
+
+#[test]
+fn pause_returns_pages_to_the_os_and_resume_brings_them_back() {
+    let p = Pool::host(PoolConfig::default()).unwrap();
+    p.set_policy("weights", Policy::Backup).unwrap();
+    let mut addrs = Vec::new();
+    for (tag, n) in [
+        ("weights", 24 * MIB),
+        ("kv_cache", 40 * MIB),
+        ("weights", 8 * MIB),
+    ] {
+        let a = p.alloc(tag, n).unwrap();
+        p.write(a, 0, &vec![0xAB; n]).unwrap();
+        addrs.push(a);
+    }
+    let total = 72 * MIB as u64;
+    assert_eq!(p.stats().resident_bytes, total);
+    let before = os_resident(&p);
+    assert!(before >= total, "os sees {before} of {total}");
+
+    p.pause(&["weights", "kv_cache"]).unwrap();
+    let during = os_resident(&p);
+    assert_eq!(p.stats().resident_bytes, 0);
+    let released = before - during;
+    assert!(
+        released as f64 >= 0.95 * total as f64,
+        "released {released} of {total} by smaps"
+    );
+
+    p.resume(&["weights", "kv_cache"]).unwrap();
+    let after = os_resident(&p);
+    assert!(after >= total, "os sees {after} after resume");
+    let mut b = vec![0u8; 8 * MIB];
+    p.read(addrs[2], 0, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0xAB));
+}
+
+#[test]
+fn freed_cache_is_resident_until_empty_cache() {
+    let p = Pool::host(PoolConfig::default()).unwrap();
+    let a = p.alloc("kv", 16 * MIB).unwrap();
+    p.write(a, 0, &vec![1; 16 * MIB]).unwrap();
+    p.free(a).unwrap();
+    assert!(os_resident(&p) >= 16 * MIB as u64);
+    p.empty_cache();
+    assert!(os_resident(&p) < MIB as u64);
+}
+
+/// The body run in a child process: touches a paused buffer, which must
+/// fault. Does nothing in the ordinary test run.
+#[test]
+fn child_touch_paused_buffer() {
+    if std::env::var_os("COLO_MEM_TOUCH_PAUSED").is_none() {
+        return;
+    }
+    let p = Pool::host(PoolConfig::default()).unwrap();
+    p.set_policy("w", Policy::Backup).unwrap();
+    let a = p.alloc("w", MIB).unwrap();
+    p.write(a, 0, &[42; 64]).unwrap();
+    p.pause(&["w"]).unwrap();
+    // SAFETY: deliberately not: this read must be stopped by the kernel.
+    let v = unsafe { std::ptr::read_volatile(a as *const u8) };
+    println!("read {v} from paused memory without a fault");
+    std::process::exit(0);
+}
+
+#[test]
+fn touching_paused_memory_faults() {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args([
+            "--exact",
+            "child_touch_paused_buffer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("COLO_MEM_TOUCH_PAUSED", "1")
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGSEGV),
+        "child should die of SIGSEGV; status {:?}, stdout {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
