@@ -17,12 +17,12 @@
 //! Ziegler et al. 2019 ("Fine-Tuning Language Models from Human Preferences",
 //! arXiv:1909.08593), as verl's `kl_ctrl`.
 
-use candle_core::Tensor;
+use candle_core::{Tensor, D};
 use serde::{Deserialize, Serialize};
 
 use crate::agg::{agg_loss, LossAgg};
 use crate::error::{Error, Result};
-use crate::masked::{check_all, masked_mean_rows, scalar};
+use crate::masked::{check_all, masked_mean, masked_mean_rows, scalar};
 
 /// Bound on log r before the exponential in k3 (verl's value).
 pub const K3_LOG_RATIO_CLAMP: f64 = 20.0;
@@ -92,8 +92,9 @@ pub fn kl_loss(
 pub struct KlPenalty {
     /// token_level_scores − β · kl · mask, shape (batch, response_len), detached.
     pub token_level_rewards: Tensor,
-    /// Mean over sequences of the per-sequence masked-mean KL
-    /// (verl's `actor/reward_kl_penalty`); feed it to [`KlController::update`].
+    /// Mean over non-empty sequences of the per-sequence masked-mean KL
+    /// (verl's `actor/reward_kl_penalty`; verl also counts empty rows, as 0,
+    /// so padding rows would dilute it); feed it to [`KlController::update`].
     pub kl: f64,
     /// The β that was applied (verl's `actor/reward_kl_penalty_coeff`).
     pub beta: f64,
@@ -128,8 +129,12 @@ pub fn apply_kl_penalty(
         .where_cond(&kl, &kl.zeros_like()?)?
         .mul(response_mask)?;
     let token_level_rewards = token_level_scores.detach().sub(&kl.affine(beta, 0.0)?)?;
-    let per_seq = masked_mean_rows(&kl, response_mask)?;
-    let current = scalar(&per_seq.mean_all()?)?;
+    let per_seq = masked_mean_rows(&kl, response_mask)?; // (batch,)
+    let non_empty = response_mask
+        .sum(D::Minus1)?
+        .gt(0.0)?
+        .to_dtype(per_seq.dtype())?;
+    let current = scalar(&masked_mean(&per_seq, &non_empty)?)?;
     Ok(KlPenalty {
         token_level_rewards,
         kl: current,
