@@ -258,21 +258,49 @@ impl ModelConfig {
 
     /// The number of parameters (tied embeddings counted once).
     pub fn num_parameters(&self) -> usize {
-        let (h, q, kv) = (
-            self.hidden_size,
+        self.parameter_shapes()
+            .iter()
+            .map(|(_, shape)| shape.iter().product::<usize>())
+            .sum()
+    }
+
+    /// Every parameter's Hugging Face name and shape, in the order of
+    /// [`crate::Model::named_parameters`] (a tied head is not listed).
+    pub fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let (h, i) = (self.hidden_size, self.intermediate_size);
+        let (q, kv) = (
             self.num_heads * self.head_dim,
             self.num_kv_heads * self.head_dim,
         );
-        let attn = h * q
-            + 2 * h * kv
-            + q * h
-            + if self.qkv_bias { q + 2 * kv } else { 0 }
-            + if self.o_bias { h } else { 0 };
-        let mlp = 3 * h * self.intermediate_size;
-        let layer = attn + mlp + 2 * h;
-        let embed = self.vocab_size * h;
-        let head = if self.tie_word_embeddings { 0 } else { embed };
-        self.num_layers * layer + embed + head + h
+        let mut out = vec![(
+            "model.embed_tokens.weight".to_owned(),
+            vec![self.vocab_size, h],
+        )];
+        for l in 0..self.num_layers {
+            let p = format!("model.layers.{l}");
+            out.push((format!("{p}.input_layernorm.weight"), vec![h]));
+            for (name, rows, cols, bias) in [
+                ("q_proj", q, h, self.qkv_bias),
+                ("k_proj", kv, h, self.qkv_bias),
+                ("v_proj", kv, h, self.qkv_bias),
+                ("o_proj", h, q, self.o_bias),
+            ] {
+                out.push((format!("{p}.self_attn.{name}.weight"), vec![rows, cols]));
+                if bias {
+                    out.push((format!("{p}.self_attn.{name}.bias"), vec![rows]));
+                }
+            }
+            out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+            for (name, rows, cols) in [("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)]
+            {
+                out.push((format!("{p}.mlp.{name}.weight"), vec![rows, cols]));
+            }
+        }
+        out.push(("model.norm.weight".to_owned(), vec![h]));
+        if !self.tie_word_embeddings {
+            out.push(("lm_head.weight".to_owned(), vec![self.vocab_size, h]));
+        }
+        out
     }
 
     /// `config.json` content that transformers (4.x and 5.x) loads: the RoPE

@@ -9,17 +9,27 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::rope::mask_rows;
-use crate::Result;
+use crate::{Error, Result};
 
 /// The masked value.
 pub const MASKED: f32 = f32::MIN;
 
+/// The masked value representable in `dtype` (float16's range ends at
+/// 65504; `f32::MIN` would become `-inf` there).
+fn masked(dtype: DType) -> f32 {
+    match dtype {
+        DType::F16 => -65504.0,
+        _ => MASKED,
+    }
+}
+
 /// Causal mask for `q_len` new queries after `k_len - q_len` cached keys:
 /// query `i` sees keys `0..=k_len - q_len + i`. Shape (1, q_len, k_len).
 pub fn causal(q_len: usize, k_len: usize, dtype: DType, device: &Device) -> Result<Tensor> {
-    let past = k_len - q_len;
+    check_lengths(q_len, k_len)?;
+    let (past, fill) = (k_len - q_len, masked(dtype));
     let data: Vec<f32> = (0..q_len)
-        .flat_map(|i| (0..k_len).map(move |j| if j <= past + i { 0.0 } else { MASKED }))
+        .flat_map(|i| (0..k_len).map(move |j| if j <= past + i { 0.0 } else { fill }))
         .collect();
     Ok(Tensor::from_vec(data, (1, q_len, k_len), device)?.to_dtype(dtype)?)
 }
@@ -30,20 +40,32 @@ pub fn causal(q_len: usize, k_len: usize, dtype: DType, device: &Device) -> Resu
 pub fn causal_padded(key_mask: &Tensor, q_len: usize, dtype: DType) -> Result<Tensor> {
     let rows = mask_rows(key_mask)?;
     let k_len = rows.first().map_or(0, Vec::len);
-    let past = k_len - q_len;
+    check_lengths(q_len, k_len)?;
+    let (past, fill) = (k_len - q_len, masked(dtype));
     let mut data = Vec::with_capacity(rows.len() * q_len * k_len);
     for row in &rows {
         for i in 0..q_len {
-            data.extend(row.iter().enumerate().map(|(j, &real)| {
-                if real && j <= past + i {
-                    0.0
-                } else {
-                    MASKED
-                }
-            }));
+            data.extend(row.iter().enumerate().map(
+                |(j, &real)| {
+                    if real && j <= past + i {
+                        0.0
+                    } else {
+                        fill
+                    }
+                },
+            ));
         }
     }
     Ok(Tensor::from_vec(data, (rows.len(), q_len, k_len), key_mask.device())?.to_dtype(dtype)?)
+}
+
+fn check_lengths(q_len: usize, k_len: usize) -> Result<()> {
+    if q_len > k_len {
+        return Err(Error::Input(format!(
+            "mask: {q_len} queries but only {k_len} keys"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::{Error, Result};
+use crate::{Error, ModelConfig, Result};
 
 /// The weights file of a single-file checkpoint.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
@@ -51,6 +51,24 @@ impl Weights {
                 };
                 tensors.insert(name, t);
             }
+        }
+        Ok(Weights { tensors })
+    }
+
+    /// Freshly initialised weights for `cfg` (for tests, benchmarks and
+    /// built-in toy models): matrices normal with standard deviation `std`
+    /// as transformers' `initializer_range`, norms one, biases zero.
+    pub fn random(cfg: &ModelConfig, std: f64, dtype: DType, device: &Device) -> Result<Self> {
+        let mut tensors = HashMap::new();
+        for (name, shape) in cfg.parameter_shapes() {
+            let t = if name.ends_with("norm.weight") {
+                Tensor::ones(shape, dtype, device)?
+            } else if name.ends_with(".bias") {
+                Tensor::zeros(shape, dtype, device)?
+            } else {
+                Tensor::randn(0f32, std as f32, shape, device)?.to_dtype(dtype)?
+            };
+            tensors.insert(name, t);
         }
         Ok(Weights { tensors })
     }

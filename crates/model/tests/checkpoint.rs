@@ -258,3 +258,26 @@ fn missing_files_are_named() {
     }
     std::fs::remove_dir_all(dst).unwrap();
 }
+
+#[test]
+fn parameter_shapes_describe_the_checkpoint() {
+    for name in MODELS {
+        let (cfg, tensors) = fixture_weights(name);
+        let listed: BTreeMap<String, Vec<usize>> = cfg.parameter_shapes().into_iter().collect();
+        let found: BTreeMap<String, Vec<usize>> = tensors
+            .iter()
+            .map(|(k, v)| (k.clone(), v.dims().to_vec()))
+            .collect();
+        assert_eq!(listed, found, "{name}");
+        let count: usize = tensors.values().map(|t| t.elem_count()).sum();
+        assert_eq!(cfg.num_parameters(), count, "{name}");
+        // A randomly initialised model of the same config loads and runs.
+        let model = Model::load(
+            &cfg,
+            &Weights::random(&cfg, 0.02, DType::F32, &Device::Cpu).unwrap(),
+        )
+        .unwrap();
+        let logits = model.forward(&reference(name).input_ids).unwrap();
+        assert_eq!(logits.dims(), &[3, 10, cfg.vocab_size]);
+    }
+}

@@ -87,3 +87,38 @@ fn every_parameter_gets_the_reference_gradient() {
 fn inference_model_refuses_to_hand_out_vars() {
     assert!(load("tiny-qwen2").vars().is_err());
 }
+
+/// float64 takes the tensor-op compositions instead of the float32 kernels:
+/// the fallback path must compute the same model, gradients included.
+#[test]
+fn float64_fallback_path_matches_too() {
+    use candle_core::{DType, Device};
+    use colo_model::{Model, ModelConfig, Weights};
+    for name in MODELS {
+        let r = reference(name);
+        let dir = fixture_dir(name);
+        let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        let w = Weights::from_dir(&dir, DType::F64, &Device::Cpu).unwrap();
+        let model = Model::load_trainable(&cfg, &w).unwrap();
+        let logits = model.forward(&r.input_ids).unwrap();
+        assert_eq!(logits.dtype(), DType::F64);
+        let diff = max_abs_diff(&logits.to_dtype(DType::F32).unwrap(), &r.logits);
+        assert!(diff <= 1e-4, "{name}: float64 logits differ by {diff}");
+        let grads = loss::next_token_cross_entropy(&logits, &r.input_ids)
+            .unwrap()
+            .backward()
+            .unwrap();
+        for (pname, var) in model.vars().unwrap() {
+            let g = grads
+                .get(var.as_tensor())
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap();
+            let rel = norm(&(&g - &r.grads[&pname]).unwrap()) / norm(&r.grads[&pname]);
+            assert!(
+                rel <= 1e-4,
+                "{name}: float64 `{pname}` gradient relative error {rel:.3e}"
+            );
+        }
+    }
+}
