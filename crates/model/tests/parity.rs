@@ -122,3 +122,25 @@ fn float64_fallback_path_matches_too() {
         }
     }
 }
+
+/// The trainer's contract: an optimizer that updates the vars updates the
+/// model the next forward runs.
+#[test]
+fn updating_a_var_updates_the_model() {
+    let r = reference("tiny-qwen2");
+    let model = load_trainable("tiny-qwen2");
+    let before = model.forward(&r.input_ids).unwrap();
+    let vars = model.vars().unwrap();
+    let (name, norm_weight) = vars.iter().find(|(n, _)| n == "model.norm.weight").unwrap();
+    norm_weight
+        .set(&(norm_weight.as_tensor() * 2.0).unwrap())
+        .unwrap();
+    let after = model.forward(&r.input_ids).unwrap();
+    assert!(
+        max_abs_diff(&before, &after) > 1e-3,
+        "setting `{name}` did not change the logits"
+    );
+    // A clone of the model shares the parameters too.
+    let again = model.clone().forward(&r.input_ids).unwrap();
+    assert_eq!(max_abs_diff(&after, &again), 0.0);
+}
