@@ -8,7 +8,11 @@ mod cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "colo", version, about = "Colocated RL post-training: trainer and rollout engine on one device")]
+#[command(
+    name = "colo",
+    version,
+    about = "Colocated RL post-training: trainer and rollout engine on one device"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -21,6 +25,8 @@ enum Command {
     Bench(cmd::bench::Bench),
     /// Log-probability of each next token of a sequence under a checkpoint (teacher forcing).
     Score(cmd::score::Args),
+    /// Plan memory per phase, device mapping and resharding (arithmetic only, no devices needed).
+    Plan(cmd::plan::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -28,5 +34,6 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Bench(b) => cmd::bench::run(b),
         Command::Score(a) => cmd::score::run(a),
+        Command::Plan(a) => cmd::plan::run(a),
     }
 }

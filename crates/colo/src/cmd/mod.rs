@@ -2,4 +2,5 @@
 
 pub mod bench;
 pub mod bench_mem;
+pub mod plan;
 pub mod score;

@@ -1,0 +1,389 @@
+//! `colo plan`: per-phase memory of a colocated RL step (default),
+//! `colo plan map`: HybridFlow's auto device mapping,
+//! `colo plan reshard`: a 3D-HybridEngine resharding plan.
+//!
+//! All arithmetic lives in `colo-plan`; this file turns flags into its
+//! input types and prints its answers.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args as ClapArgs, Subcommand};
+use colo_plan::config::{ModelSource, Offload, PlanInput, TrainLayout, WeightSync, GIB};
+use colo_plan::cost::{Hardware, Role, Workload};
+use colo_plan::mapping::{auto_map, MappingProblem};
+use colo_plan::memory::estimate;
+use colo_plan::presets::preset;
+use colo_plan::reshard::plan_reshard;
+
+#[derive(ClapArgs)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    sub: Option<Sub>,
+    #[command(flatten)]
+    memory: MemoryArgs,
+}
+
+#[derive(Subcommand)]
+enum Sub {
+    /// HybridFlow auto device mapping: placements, device counts and layouts of actor, critic, reference and reward.
+    Map(MapArgs),
+    /// 3D-HybridEngine resharding from a training p-t-d to a generation pg-tg layout.
+    Reshard(ReshardArgs),
+}
+
+/// Flags of the per-phase memory estimate.
+#[derive(ClapArgs)]
+struct MemoryArgs {
+    /// Model preset (see the error of an unknown one for the list).
+    #[arg(long, default_value = "qwen2.5-7b", conflicts_with = "config")]
+    preset: String,
+    /// A Hugging Face config.json instead of a preset.
+    #[arg(long)]
+    config: Option<String>,
+    /// Weights' dtype.
+    #[arg(long, default_value = "bf16")]
+    param_dtype: String,
+    /// KV-cache dtype.
+    #[arg(long, default_value = "bf16")]
+    kv_dtype: String,
+    /// Devices in the job.
+    #[arg(long, default_value_t = 8)]
+    devices: u64,
+    /// Memory per device, GiB.
+    #[arg(long, default_value_t = 80.0)]
+    device_gib: f64,
+    /// Always-resident runtime (CUDA context, NCCL, CUDA graphs), GiB.
+    #[arg(long, default_value_t = 6.0)]
+    overhead_gib: f64,
+    /// Training: FSDP shard count (default: all devices, unless --tp/--pp/--dp).
+    #[arg(long, conflicts_with_all = ["tp", "pp"])]
+    fsdp: Option<u64>,
+    /// Training tensor parallel (Megatron layout).
+    #[arg(long)]
+    tp: Option<u64>,
+    /// Training pipeline parallel (Megatron layout).
+    #[arg(long)]
+    pp: Option<u64>,
+    /// Training data parallel (Megatron layout; default fills the devices).
+    #[arg(long)]
+    dp: Option<u64>,
+    /// Megatron without the distributed optimizer (optimizer states not sharded over dp).
+    #[arg(long)]
+    no_distributed_optimizer: bool,
+    /// adamw-mixed (2+2+12 bytes/param) or adamw-fp32 (4+4+8).
+    #[arg(long, default_value = "adamw-mixed")]
+    optimizer: String,
+    /// Turn activation checkpointing off.
+    #[arg(long)]
+    no_checkpointing: bool,
+    /// Tokens per training micro-batch per data-parallel rank.
+    #[arg(long, default_value_t = 8192)]
+    tokens: u64,
+    /// Tokens per log-prob micro-batch (default: --tokens).
+    #[arg(long)]
+    logprob_tokens: Option<u64>,
+    /// Generation tensor parallel.
+    #[arg(long, default_value_t = 1)]
+    gen_tp: u64,
+    /// Generation pipeline parallel.
+    #[arg(long, default_value_t = 1)]
+    gen_pp: u64,
+    /// Engine memory fraction (SGLang mem_fraction_static), in (0, 1]; default 0.9.
+    #[arg(long, conflicts_with = "kv_tokens")]
+    mem_fraction: Option<f64>,
+    /// Explicit KV-cache budget, tokens per generation replica.
+    #[arg(long)]
+    kv_tokens: Option<u64>,
+    /// Colocation mode: naive, sleep or staged.
+    #[arg(long, default_value = "staged")]
+    mode: String,
+    /// What is offloaded to the host while the engine runs: a comma list of
+    /// param, grad, optimizer, ref; or none.
+    #[arg(long, default_value = "param,grad,optimizer,ref")]
+    offload: String,
+    /// Weight sync: full (trainer materialises the whole model), in-place
+    /// (gather straight into the engine), or a bucket size in MiB.
+    #[arg(long, default_value = "full")]
+    weight_sync: String,
+    /// A reference model is colocated (for a KL term).
+    #[arg(long)]
+    reference: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(ClapArgs)]
+struct MapArgs {
+    /// Preset of every model (override per role below).
+    #[arg(long, default_value = "qwen2.5-7b")]
+    preset: String,
+    #[arg(long)]
+    critic: Option<String>,
+    #[arg(long)]
+    reward: Option<String>,
+    /// Models in the dataflow: a comma list of actor, critic, reference, reward.
+    #[arg(long, default_value = "actor,critic,reference,reward")]
+    roles: String,
+    #[arg(long, default_value_t = 8)]
+    devices: u64,
+    /// h100 or h200.
+    #[arg(long, default_value = "h100")]
+    gpu: String,
+    /// Override the device memory, GiB.
+    #[arg(long)]
+    device_gib: Option<f64>,
+    #[arg(long, default_value_t = 1024)]
+    prompts: u64,
+    #[arg(long, default_value_t = 1)]
+    samples: u64,
+    #[arg(long, default_value_t = 1024)]
+    prompt_len: u64,
+    #[arg(long, default_value_t = 1024)]
+    response_len: u64,
+    /// How many mappings to print.
+    #[arg(long, default_value_t = 5)]
+    top: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(ClapArgs)]
+struct ReshardArgs {
+    #[arg(long, default_value_t = 8)]
+    devices: u64,
+    /// Training layout p-t-d, e.g. 1-4-2.
+    #[arg(long)]
+    train: String,
+    /// Generation layout pg-tg, e.g. 1-2.
+    #[arg(long)]
+    gen: String,
+    /// Model preset, for the bytes moved.
+    #[arg(long, default_value = "qwen2.5-7b")]
+    preset: String,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    match args.sub {
+        None => memory(args.memory),
+        Some(Sub::Map(a)) => map(a),
+        Some(Sub::Reshard(a)) => reshard(a),
+    }
+}
+
+fn parse_offload(s: &str) -> Result<Offload> {
+    let mut o = Offload {
+        train_param: false,
+        train_grad: false,
+        optimizer: false,
+        ref_param: false,
+    };
+    for item in s
+        .split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty() && *x != "none")
+    {
+        match item {
+            "param" => o.train_param = true,
+            "grad" => o.train_grad = true,
+            "optimizer" => o.optimizer = true,
+            "ref" => o.ref_param = true,
+            other => {
+                bail!("unknown --offload item `{other}`; valid: param, grad, optimizer, ref, none")
+            }
+        }
+    }
+    Ok(o)
+}
+
+fn parse_sync(s: &str) -> Result<WeightSync> {
+    Ok(match s {
+        "full" => WeightSync::Full,
+        "in-place" | "inplace" => WeightSync::InPlace,
+        mib => {
+            let mib: f64 = mib.parse().with_context(|| {
+                format!("--weight-sync `{mib}`: valid are full, in-place, or a bucket size in MiB")
+            })?;
+            WeightSync::Bucket((mib * (1u64 << 20) as f64) as u64)
+        }
+    })
+}
+
+fn memory(a: MemoryArgs) -> Result<()> {
+    let input = PlanInput {
+        model: match a.config {
+            Some(path) => ModelSource::ConfigPath(path),
+            None => ModelSource::Preset(a.preset),
+        },
+        param_dtype: a.param_dtype,
+        kv_dtype: a.kv_dtype,
+        devices: a.devices,
+        device_memory_gib: a.device_gib,
+        runtime_overhead_gib: a.overhead_gib,
+        fsdp: a.fsdp,
+        pp: a.pp,
+        tp: a.tp,
+        dp: a.dp,
+        distributed_optimizer: !a.no_distributed_optimizer,
+        optimizer: a.optimizer,
+        activation_checkpointing: !a.no_checkpointing,
+        tokens_per_micro_batch: a.tokens,
+        logprob_tokens_per_micro_batch: a.logprob_tokens,
+        gen_pp: a.gen_pp,
+        gen_tp: a.gen_tp,
+        mem_fraction: a.mem_fraction,
+        kv_tokens: a.kv_tokens,
+        mode: a.mode,
+        offload: parse_offload(&a.offload)?,
+        weight_sync: parse_sync(&a.weight_sync)?,
+        reference: a.reference,
+    };
+    let plan = input.validate()?;
+    let report = estimate(&plan)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let m = &plan.model;
+        println!(
+            "{}: {:.2}B params, {:.2} GiB weights, {} KV bytes/token; {} devices × {:.0} GiB; train {}; gen pp{}-tp{}; mode {}\n",
+            m.name,
+            m.params() as f64 / 1e9,
+            m.weight_bytes(plan.param_dtype) as f64 / GIB as f64,
+            m.kv_bytes_per_token(plan.kv_dtype),
+            plan.devices,
+            plan.device_bytes as f64 / GIB as f64,
+            match plan.train {
+                TrainLayout::Fsdp { shards } => format!("fsdp over {shards}"),
+                TrainLayout::Megatron { p, t, d, .. } => format!("p-t-d {p}-{t}-{d}"),
+            },
+            plan.gen_pp,
+            plan.gen_tp,
+            format!("{:?}", plan.mode).to_lowercase()
+        );
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+fn map(a: MapArgs) -> Result<()> {
+    let mut hardware = match a.gpu.to_ascii_lowercase().as_str() {
+        "h100" => Hardware::h100(),
+        "h200" => Hardware::h200(),
+        other => bail!("unknown --gpu `{other}`; valid: h100, h200"),
+    };
+    if let Some(g) = a.device_gib {
+        if !(g > 0.0) {
+            bail!("--device-gib must be > 0, got {g}");
+        }
+        hardware.device_bytes = (g * GIB as f64) as u64;
+    }
+    let mut models = Vec::new();
+    for name in a.roles.split(',').map(str::trim) {
+        let role = match name {
+            "actor" => Role::Actor,
+            "critic" => Role::Critic,
+            "reference" | "ref" => Role::Reference,
+            "reward" => Role::Reward,
+            other => bail!("unknown role `{other}`; valid: actor, critic, reference, reward"),
+        };
+        let p = match role {
+            Role::Critic => a.critic.as_deref().unwrap_or(&a.preset),
+            Role::Reward => a.reward.as_deref().unwrap_or(&a.preset),
+            _ => &a.preset,
+        };
+        models.push((role, preset(p)?));
+    }
+    let pb = MappingProblem {
+        models,
+        devices: a.devices,
+        hardware,
+        workload: Workload {
+            prompts: a.prompts,
+            samples_per_prompt: a.samples,
+            prompt_len: a.prompt_len,
+            response_len: a.response_len,
+            ..Workload::default()
+        },
+        top: a.top,
+    };
+    let maps = auto_map(&pb)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&maps)?);
+        return Ok(());
+    }
+    println!(
+        "{:>4}  {:>8}  {:>6} {:>6} {:>6} {:>6}  placement / layouts",
+        "rank", "iter s", "gen", "trans", "prep", "train"
+    );
+    for (i, m) in maps.iter().enumerate() {
+        let sets: Vec<String> = m
+            .allocation
+            .iter()
+            .zip(&m.set_peak_bytes)
+            .enumerate()
+            .map(|(s, (n, peak))| {
+                let layouts: Vec<String> = m
+                    .models
+                    .iter()
+                    .filter(|x| x.set == s)
+                    .map(|x| {
+                        let l = x.layout;
+                        let gen = l
+                            .gen
+                            .map(|(pg, tg)| format!(" gen {pg}-{tg}"))
+                            .unwrap_or_default();
+                        format!("{} {}-{}-{}{gen}", x.role.name(), l.p, l.t, l.d)
+                    })
+                    .collect();
+                format!(
+                    "[{}] on {n} ({:.1} GiB)",
+                    layouts.join(", "),
+                    *peak as f64 / GIB as f64
+                )
+            })
+            .collect();
+        println!(
+            "{:>4}  {:>8.2}  {:>6.2} {:>6.2} {:>6.2} {:>6.2}  {}",
+            i + 1,
+            m.iteration_s,
+            m.generation_s,
+            m.transition_s,
+            m.prepare_s,
+            m.train_s,
+            sets.join("  ")
+        );
+    }
+    Ok(())
+}
+
+fn parse_dims<const N: usize>(s: &str, what: &str) -> Result<[u64; N]> {
+    let parts: Vec<u64> = s
+        .split('-')
+        .map(|x| x.trim().parse::<u64>())
+        .collect::<std::result::Result<_, _>>()
+        .with_context(|| format!("{what} `{s}`: expected {N} numbers joined by '-'"))?;
+    parts
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("{what} `{s}`: expected {N} numbers joined by '-'"))
+}
+
+fn reshard(a: ReshardArgs) -> Result<()> {
+    let [p, t, d] = parse_dims::<3>(&a.train, "--train p-t-d")?;
+    let [pg, tg] = parse_dims::<2>(&a.gen, "--gen pg-tg")?;
+    let m = preset(&a.preset)?;
+    let plan = plan_reshard(
+        a.devices,
+        (p, t, d),
+        (pg, tg),
+        m.weight_bytes(colo_plan::model::DType::Bf16),
+    )?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+    } else {
+        println!("model {} (bf16 weights)", m.name);
+        print!("{}", plan.describe());
+    }
+    Ok(())
+}

@@ -1,0 +1,542 @@
+//! What the memory planner is asked: a raw, serde-friendly [`PlanInput`]
+//! (what a user types as flags, or a future `colo train` TOML run config
+//! deserialises into) turned once by [`PlanInput::validate`] into a [`Plan`]
+//! whose numbers are known to be consistent.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{out_of_range, PlanError, Result};
+use crate::model::{DType, HfConfig, ModelSpec};
+use crate::presets::preset;
+
+/// 2^30 bytes.
+pub const GIB: u64 = 1 << 30;
+/// 10^9 bytes.
+pub const GB: u64 = 1_000_000_000;
+
+/// Where the model's dimensions come from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelSource {
+    /// A name from [`crate::presets`].
+    Preset(String),
+    /// A path to a Hugging Face `config.json`.
+    ConfigPath(String),
+    /// The config itself (e.g. embedded in a run config).
+    Config(HfConfig),
+}
+
+/// Colocation mode: what happens to the rollout engine's memory while the
+/// trainer runs, and in what order it comes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The engine's weights and KV cache stay resident the whole step.
+    Naive,
+    /// Weights and KV cache are released together after generation and
+    /// woken together before the weight sync (single-stage awake).
+    Sleep,
+    /// Released together, woken in stages: weights, sync, free the
+    /// trainer's copy, then the KV cache (SGLang's multi-stage awake).
+    Staged,
+}
+
+impl Mode {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "naive" => Ok(Mode::Naive),
+            "sleep" | "single" | "single-stage" => Ok(Mode::Sleep),
+            "staged" | "multi-stage" => Ok(Mode::Staged),
+            _ => Err(PlanError::UnknownKeyword {
+                what: "colocation mode",
+                value: s.into(),
+                valid: "naive, sleep, staged".into(),
+            }),
+        }
+    }
+}
+
+/// Optimizer state layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Optimizer {
+    /// Mixed-precision AdamW: parameters and gradients in the parameter
+    /// dtype, fp32 master weights and both moments (2 + 2 + 12 bytes per
+    /// parameter in bf16).
+    AdamwMixed,
+    /// Everything in fp32: 4 + 4 + 8 bytes per parameter.
+    AdamwFp32,
+}
+
+impl Optimizer {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "adamw-mixed" | "mixed" => Ok(Optimizer::AdamwMixed),
+            "adamw-fp32" | "fp32" => Ok(Optimizer::AdamwFp32),
+            _ => Err(PlanError::UnknownKeyword {
+                what: "optimizer",
+                value: s.into(),
+                valid: "adamw-mixed, adamw-fp32".into(),
+            }),
+        }
+    }
+}
+
+/// How the trainer's weights reach the rollout engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WeightSync {
+    /// The trainer materialises the full model in the parameter dtype on
+    /// every device and the engine copies its slice from it (verl's FSDP →
+    /// SGLang path, whose "unsharded training copy" the RFC measures; also
+    /// the peak `M` of DeepSpeed-Chat and HybridFlow-V in HybridFlow's
+    /// Table 2).
+    Full,
+    /// The all-gather writes straight into the engine's weights; nothing
+    /// extra is resident (HybridFlow's zero-redundancy 3D-HybridEngine, and
+    /// colo's single-device in-memory hand-over).
+    InPlace,
+    /// The full model is streamed through a staging bucket of this many
+    /// bytes.
+    Bucket(u64),
+}
+
+/// What is moved to host memory while the engine runs (MindSpeed-RL's
+/// `offload_train_*` switches), plus the reference model's parameters
+/// outside their log-prob pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Offload {
+    pub train_param: bool,
+    pub train_grad: bool,
+    pub optimizer: bool,
+    pub ref_param: bool,
+}
+
+impl Default for Offload {
+    fn default() -> Self {
+        Offload {
+            train_param: true,
+            train_grad: true,
+            optimizer: true,
+            ref_param: true,
+        }
+    }
+}
+
+/// The user-facing input, every field optional where a default makes sense.
+/// It derives `Deserialize` so that a `[plan]` table of a run config, or a
+/// run config's own sections mapped onto it, can be read without a second
+/// type.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PlanInput {
+    pub model: ModelSource,
+    /// Weights' dtype (trainer's parameters under mixed precision, the
+    /// engine's weights and the sync copy).
+    pub param_dtype: String,
+    pub kv_dtype: String,
+    pub devices: u64,
+    pub device_memory_gib: f64,
+    /// Resident on every device whatever the phase: CUDA context, NCCL
+    /// buffers, CUDA graphs, allocator slack. See the crate docs for the
+    /// 6 GiB default.
+    pub runtime_overhead_gib: f64,
+    /// FSDP shard count (full sharding over this many ranks, replicated
+    /// over the rest). Exclusive with `tp`/`pp`.
+    pub fsdp: Option<u64>,
+    /// Megatron-style training layout; `dp` defaults to what fills `devices`.
+    pub pp: Option<u64>,
+    pub tp: Option<u64>,
+    pub dp: Option<u64>,
+    /// Megatron's distributed optimizer (ZeRO-1 over `dp`).
+    pub distributed_optimizer: bool,
+    pub optimizer: String,
+    pub activation_checkpointing: bool,
+    /// Tokens per training micro-batch on one data-parallel rank.
+    pub tokens_per_micro_batch: u64,
+    /// Tokens per log-prob micro-batch; defaults to the training one.
+    pub logprob_tokens_per_micro_batch: Option<u64>,
+    /// Generation layout.
+    pub gen_pp: u64,
+    pub gen_tp: u64,
+    /// SGLang's `mem_fraction_static`. Exclusive with `kv_tokens`; 0.9 if
+    /// neither is given.
+    pub mem_fraction: Option<f64>,
+    /// An explicit KV-cache budget in tokens per generation replica.
+    pub kv_tokens: Option<u64>,
+    pub mode: String,
+    pub offload: Offload,
+    pub weight_sync: WeightSync,
+    /// Whether a reference model (for a KL term) is colocated.
+    pub reference: bool,
+}
+
+impl Default for PlanInput {
+    fn default() -> Self {
+        PlanInput {
+            model: ModelSource::Preset("qwen2.5-7b".into()),
+            param_dtype: "bf16".into(),
+            kv_dtype: "bf16".into(),
+            devices: 8,
+            device_memory_gib: 80.0,
+            runtime_overhead_gib: 6.0,
+            fsdp: None,
+            pp: None,
+            tp: None,
+            dp: None,
+            distributed_optimizer: true,
+            optimizer: "adamw-mixed".into(),
+            activation_checkpointing: true,
+            tokens_per_micro_batch: 8192,
+            logprob_tokens_per_micro_batch: None,
+            gen_pp: 1,
+            gen_tp: 1,
+            mem_fraction: None,
+            kv_tokens: None,
+            mode: "staged".into(),
+            offload: Offload::default(),
+            weight_sync: WeightSync::Full,
+            reference: false,
+        }
+    }
+}
+
+/// The training layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum TrainLayout {
+    /// Parameters, gradients and optimizer states fully sharded over
+    /// `shards` ranks.
+    Fsdp { shards: u64 },
+    /// Pipeline × tensor × data parallel (Megatron-LM).
+    Megatron {
+        p: u64,
+        t: u64,
+        d: u64,
+        distributed_optimizer: bool,
+    },
+}
+
+/// How big the engine's KV cache is.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum KvBudget {
+    /// SGLang `mem_fraction_static`: the engine takes `fraction × device
+    /// memory` for its weights and KV cache; the KV cache is what is left.
+    Fraction(f64),
+    /// Tokens per generation replica.
+    Tokens(u64),
+}
+
+/// A validated plan request. Built only by [`PlanInput::validate`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub model: ModelSpec,
+    pub param_dtype: DType,
+    pub kv_dtype: DType,
+    pub devices: u64,
+    pub device_bytes: u64,
+    pub runtime_overhead_bytes: u64,
+    pub train: TrainLayout,
+    pub optimizer: Optimizer,
+    pub activation_checkpointing: bool,
+    pub tokens_per_micro_batch: u64,
+    pub logprob_tokens_per_micro_batch: u64,
+    pub gen_pp: u64,
+    pub gen_tp: u64,
+    pub kv_budget: KvBudget,
+    pub mode: Mode,
+    pub offload: Offload,
+    pub weight_sync: WeightSync,
+    pub reference: bool,
+}
+
+fn layout_err(layout: String, devices: u64, reason: String) -> PlanError {
+    PlanError::InvalidLayout {
+        layout,
+        devices,
+        reason,
+    }
+}
+
+/// The divisors of `n`, ascending: what a layout factor may be.
+pub fn divisors(n: u64) -> Vec<u64> {
+    (1..=n).filter(|k| n % k == 0).collect()
+}
+
+impl PlanInput {
+    /// Resolve the model source into a [`ModelSpec`].
+    pub fn model_spec(&self) -> Result<ModelSpec> {
+        match &self.model {
+            ModelSource::Preset(name) => preset(name),
+            ModelSource::ConfigPath(path) => {
+                let name = std::path::Path::new(path)
+                    .parent()
+                    .and_then(|p| p.file_name())
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| path.clone());
+                HfConfig::from_file(path)?.into_spec(&name)
+            }
+            ModelSource::Config(c) => c.clone().into_spec("inline"),
+        }
+    }
+
+    /// The training layout from the `fsdp` / `pp` / `tp` / `dp` fields.
+    fn train_layout(&self, model: &ModelSpec, n: u64) -> Result<TrainLayout> {
+        let divs = || format!("{:?}", divisors(n));
+        let train = match (self.fsdp, self.pp, self.tp) {
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+                return Err(layout_err(
+                    "fsdp + pp/tp".into(),
+                    n,
+                    "give either an FSDP shard count or a pp × tp × dp layout, not both".into(),
+                ))
+            }
+            (Some(s), None, None) => {
+                if s == 0 || n % s != 0 {
+                    return Err(layout_err(
+                        format!("fsdp={s}"),
+                        n,
+                        format!(
+                            "the shard count must divide the device count: one of {}",
+                            divs()
+                        ),
+                    ));
+                }
+                TrainLayout::Fsdp { shards: s }
+            }
+            (None, None, None) if self.dp.is_none() => TrainLayout::Fsdp { shards: n },
+            (None, p, t) => {
+                let (p, t) = (p.unwrap_or(1), t.unwrap_or(1));
+                let name = format!(
+                    "p{p}-t{t}-d{}",
+                    self.dp.map_or("?".into(), |d| d.to_string())
+                );
+                if p == 0 || t == 0 || n % (p * t) != 0 {
+                    return Err(layout_err(
+                        name,
+                        n,
+                        format!("pp × tp must divide the device count: one of {}", divs()),
+                    ));
+                }
+                let d = self.dp.unwrap_or(n / (p * t));
+                if p * t * d != n {
+                    return Err(layout_err(
+                        name,
+                        n,
+                        format!(
+                            "pp × tp × dp = {} but there are {n} devices; dp = {}",
+                            p * t * d,
+                            n / (p * t)
+                        ),
+                    ));
+                }
+                if model.heads % t != 0 {
+                    return Err(layout_err(
+                        name,
+                        n,
+                        format!("tp must divide the {} attention heads", model.heads),
+                    ));
+                }
+                if p > model.layers {
+                    return Err(layout_err(
+                        name,
+                        n,
+                        format!("pp exceeds the {} layers", model.layers),
+                    ));
+                }
+                TrainLayout::Megatron {
+                    p,
+                    t,
+                    d,
+                    distributed_optimizer: self.distributed_optimizer,
+                }
+            }
+        };
+        Ok(train)
+    }
+
+    /// Check every number once and resolve defaults.
+    pub fn validate(&self) -> Result<Plan> {
+        let model = self.model_spec()?;
+        let n = self.devices;
+        if n == 0 {
+            return Err(out_of_range("devices", n, ">= 1"));
+        }
+        if !(self.device_memory_gib > 0.0 && self.device_memory_gib.is_finite()) {
+            return Err(out_of_range(
+                "device_memory_gib",
+                self.device_memory_gib,
+                "> 0",
+            ));
+        }
+        if !(self.runtime_overhead_gib >= 0.0 && self.runtime_overhead_gib < self.device_memory_gib)
+        {
+            return Err(out_of_range(
+                "runtime_overhead_gib",
+                self.runtime_overhead_gib,
+                format!("in [0, {}) (the device memory)", self.device_memory_gib),
+            ));
+        }
+        let train = self.train_layout(&model, n)?;
+        let divs = || format!("{:?}", divisors(n));
+        let (pg, tg) = (self.gen_pp, self.gen_tp);
+        if pg == 0 || tg == 0 || n % (pg * tg) != 0 {
+            return Err(layout_err(
+                format!("gen pp{pg}-tp{tg}"),
+                n,
+                format!(
+                    "gen_pp × gen_tp must divide the device count: one of {}",
+                    divs()
+                ),
+            ));
+        }
+        if model.heads % tg != 0 || pg > model.layers {
+            return Err(layout_err(
+                format!("gen pp{pg}-tp{tg}"),
+                n,
+                format!(
+                    "gen_tp must divide the {} attention heads and gen_pp be at most the {} layers",
+                    model.heads, model.layers
+                ),
+            ));
+        }
+        let kv_budget = match (self.mem_fraction, self.kv_tokens) {
+            (Some(_), Some(_)) => {
+                return Err(out_of_range(
+                    "mem_fraction",
+                    "given with kv_tokens",
+                    "given alone: a fraction or a KV token budget, not both",
+                ))
+            }
+            (Some(f), None) => {
+                if !(f > 0.0 && f <= 1.0) {
+                    return Err(out_of_range("mem_fraction", f, "in (0, 1]"));
+                }
+                KvBudget::Fraction(f)
+            }
+            (None, Some(0)) => return Err(out_of_range("kv_tokens", 0, ">= 1")),
+            (None, Some(t)) => KvBudget::Tokens(t),
+            (None, None) => KvBudget::Fraction(0.9),
+        };
+        if self.tokens_per_micro_batch == 0 {
+            return Err(out_of_range("tokens_per_micro_batch", 0, ">= 1"));
+        }
+        if let WeightSync::Bucket(0) = self.weight_sync {
+            return Err(out_of_range("weight_sync bucket bytes", 0, ">= 1"));
+        }
+        Ok(Plan {
+            param_dtype: DType::parse(&self.param_dtype)?,
+            kv_dtype: DType::parse(&self.kv_dtype)?,
+            devices: n,
+            device_bytes: (self.device_memory_gib * GIB as f64).round() as u64,
+            runtime_overhead_bytes: (self.runtime_overhead_gib * GIB as f64).round() as u64,
+            train,
+            optimizer: Optimizer::parse(&self.optimizer)?,
+            activation_checkpointing: self.activation_checkpointing,
+            tokens_per_micro_batch: self.tokens_per_micro_batch,
+            logprob_tokens_per_micro_batch: self
+                .logprob_tokens_per_micro_batch
+                .unwrap_or(self.tokens_per_micro_batch)
+                .max(1),
+            gen_pp: pg,
+            gen_tp: tg,
+            kv_budget,
+            mode: Mode::parse(&self.mode)?,
+            offload: self.offload,
+            weight_sync: self.weight_sync,
+            reference: self.reference,
+            model,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_to_fsdp_over_all_devices() {
+        let plan = PlanInput::default().validate().unwrap();
+        assert_eq!(plan.train, TrainLayout::Fsdp { shards: 8 });
+        assert_eq!(plan.kv_budget, KvBudget::Fraction(0.9));
+        assert_eq!(plan.mode, Mode::Staged);
+    }
+
+    #[test]
+    fn layout_not_dividing_devices_lists_the_divisors() {
+        let input = PlanInput {
+            tp: Some(3),
+            ..Default::default()
+        };
+        let err = input.validate().unwrap_err().to_string();
+        assert!(err.contains("[1, 2, 4, 8]"), "{err}");
+        let input = PlanInput {
+            fsdp: Some(5),
+            ..Default::default()
+        };
+        assert!(input
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("[1, 2, 4, 8]"));
+        let input = PlanInput {
+            gen_tp: 16,
+            ..Default::default()
+        };
+        assert!(input
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("gen_pp × gen_tp"));
+    }
+
+    #[test]
+    fn dp_is_inferred_and_checked() {
+        let input = PlanInput {
+            tp: Some(4),
+            ..Default::default()
+        };
+        let plan = input.validate().unwrap();
+        assert!(matches!(
+            plan.train,
+            TrainLayout::Megatron {
+                p: 1,
+                t: 4,
+                d: 2,
+                ..
+            }
+        ));
+        let input = PlanInput {
+            tp: Some(4),
+            dp: Some(4),
+            ..Default::default()
+        };
+        assert!(input.validate().unwrap_err().to_string().contains("dp = 2"));
+    }
+
+    #[test]
+    fn fraction_must_lie_in_zero_one() {
+        for f in [0.0, -0.1, 1.01, f64::NAN] {
+            let input = PlanInput {
+                mem_fraction: Some(f),
+                ..Default::default()
+            };
+            let err = input.validate().unwrap_err().to_string();
+            assert!(err.contains("(0, 1]"), "{f}: {err}");
+        }
+        let input = PlanInput {
+            mem_fraction: Some(1.0),
+            ..Default::default()
+        };
+        assert!(input.validate().is_ok());
+    }
+
+    #[test]
+    fn input_round_trips_through_json_with_defaults() {
+        let input: PlanInput =
+            serde_json::from_str(r#"{"model":{"preset":"llama-3-8b"},"gen_tp":2,"mode":"sleep"}"#)
+                .unwrap();
+        let plan = input.validate().unwrap();
+        assert_eq!(plan.model.name, "llama-3-8b");
+        assert_eq!((plan.gen_tp, plan.mode), (2, Mode::Sleep));
+    }
+}

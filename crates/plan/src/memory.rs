@@ -1,0 +1,395 @@
+//! The per-phase memory model of a colocated RL step on one device.
+//!
+//! [`estimate`] walks the step as the memory layer would see it — the same
+//! transitions that colo's timeline records — and snapshots the resident
+//! bytes per [`Component`] after each. The modelling assumptions are listed
+//! in the crate docs; each size below says which one it uses.
+
+use std::collections::BTreeMap;
+
+use crate::config::{KvBudget, Mode, Optimizer, Plan, TrainLayout, WeightSync};
+use crate::error::{out_of_range, Result};
+use crate::report::{Component, MemoryReport, PhaseKind, PhaseMemory};
+
+/// Bytes of each component on one device, before any choreography.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComponentSizes {
+    pub train_params: u64,
+    pub train_grads: u64,
+    pub optimizer: u64,
+    pub fsdp_gathered: u64,
+    /// Activations kept for backward over one training micro-batch.
+    pub train_activations: u64,
+    /// Logits and their gradient for one training micro-batch.
+    pub train_logits: u64,
+    /// One layer's working set in a forward-only log-prob pass.
+    pub forward_activations: u64,
+    pub forward_logits: u64,
+    pub ref_params: u64,
+    pub rollout_weights: u64,
+    /// KV-cache bytes per token on one device.
+    pub kv_bytes_per_token: u64,
+    pub sync_buffer: u64,
+}
+
+/// Training-state sizes on one device.
+///
+/// Mixed-precision AdamW keeps parameters and gradients in the parameter
+/// dtype and 12 bytes of fp32 state (master weights, first and second
+/// moments) per parameter — ZeRO's 2 + 2 + 12 (Rajbhandari et al., *ZeRO*,
+/// 2020, §3.1); fp32 training keeps 4 + 4 + 8. FSDP shards all three over
+/// its shard group; Megatron shards parameters and gradients over `p · t`
+/// and, with the distributed optimizer, the optimizer states over `p · t · d`.
+pub fn component_sizes(plan: &Plan) -> ComponentSizes {
+    let m = &plan.model;
+    let params = m.params();
+    let (pb, gb, ob) = match plan.optimizer {
+        Optimizer::AdamwMixed => (plan.param_dtype.bytes(), plan.param_dtype.bytes(), 12),
+        Optimizer::AdamwFp32 => (4, 4, 8),
+    };
+    let (state_shards, opt_shards, t) = match plan.train {
+        TrainLayout::Fsdp { shards } => (shards, shards, 1),
+        TrainLayout::Megatron {
+            p,
+            t,
+            d,
+            distributed_optimizer,
+        } => (
+            p * t,
+            if distributed_optimizer {
+                p * t * d
+            } else {
+                p * t
+            },
+            t,
+        ),
+    };
+    let fsdp_gathered = match plan.train {
+        TrainLayout::Fsdp { shards } if shards > 1 => {
+            (m.non_layer_params() + 2 * m.layer_params()) * pb
+        }
+        _ => 0,
+    };
+    // Activations: with checkpointing, every layer's input (h elements per
+    // token) plus one layer recomputed in full; without, every layer in
+    // full. Tensor parallelism (with sequence parallelism) divides both; the
+    // first pipeline stage holds `p` micro-batches of `L / p` layers under
+    // 1F1B, i.e. the same `L` layers' worth, so `p` does not.
+    let per_layer = m.activation_elems_per_token_layer();
+    let tokens = plan.tokens_per_micro_batch;
+    let act_elems = if plan.activation_checkpointing {
+        m.layers * m.hidden + per_layer
+    } else {
+        m.layers * per_layer
+    };
+    let lp_tokens = plan.logprob_tokens_per_micro_batch;
+    // fp32 logits over the (vocab-parallel) vocabulary; training also holds
+    // their gradient at the start of backward.
+    let logits = |tok: u64| tok * m.vocab * 4 / t;
+    let full_weights = params * plan.param_dtype.bytes();
+    let (pg, tg) = (plan.gen_pp, plan.gen_tp);
+    ComponentSizes {
+        train_params: (params * pb).div_ceil(state_shards),
+        train_grads: (params * gb).div_ceil(state_shards),
+        optimizer: (params * ob).div_ceil(opt_shards),
+        fsdp_gathered,
+        train_activations: tokens * act_elems * pb / t,
+        train_logits: 2 * logits(tokens),
+        forward_activations: lp_tokens * per_layer * pb / t,
+        forward_logits: logits(lp_tokens),
+        ref_params: full_weights.div_ceil(state_shards),
+        rollout_weights: full_weights.div_ceil(pg * tg),
+        kv_bytes_per_token: m.kv_bytes_per_token_sharded(plan.kv_dtype, pg, tg),
+        sync_buffer: match plan.weight_sync {
+            WeightSync::Full => full_weights,
+            WeightSync::InPlace => 0,
+            WeightSync::Bucket(b) => b.min(full_weights),
+        },
+    }
+}
+
+/// The resident set as the step proceeds, and the snapshots taken of it.
+struct Timeline {
+    resident: BTreeMap<Component, u64>,
+    phases: Vec<PhaseMemory>,
+}
+
+impl Timeline {
+    fn set(&mut self, c: Component, bytes: u64) {
+        if bytes == 0 {
+            self.resident.remove(&c);
+        } else {
+            self.resident.insert(c, bytes);
+        }
+    }
+
+    fn release(&mut self, c: Component) {
+        self.resident.remove(&c);
+    }
+
+    fn snap(&mut self, name: &str, kind: PhaseKind) {
+        self.phases.push(PhaseMemory {
+            name: name.into(),
+            kind,
+            total_bytes: self.resident.values().sum(),
+            components: self.resident.clone(),
+        });
+    }
+}
+
+/// Estimate per-device resident bytes over one colocated RL step.
+///
+/// The step starts right after the previous step's actor update, when the
+/// offload switches have moved training state to the host:
+///
+/// ```text
+/// idle → [wake_weights | wake] → sync → free_train → [wake_kv] → generation
+///      → sleep → [ref_logprob] → old_logprob → training
+/// ```
+///
+/// `staged` wakes the engine's weights, syncs, frees the trainer's copy and
+/// only then wakes the KV cache (SGLang RFC #7009, "multi-stage awake");
+/// `sleep` wakes both before the sync; `naive` never releases the engine.
+pub fn estimate(plan: &Plan) -> Result<MemoryReport> {
+    use Component::*;
+    let s = component_sizes(plan);
+    let device = plan.device_bytes;
+    let (kv_bytes, fraction) = match plan.kv_budget {
+        KvBudget::Fraction(f) => {
+            let engine = (f * device as f64) as u64;
+            if engine <= s.rollout_weights {
+                return Err(out_of_range(
+                    "mem_fraction",
+                    f,
+                    format!(
+                        "in ({:.4}, 1]: the engine's weights alone take that share of the device",
+                        s.rollout_weights as f64 / device as f64
+                    ),
+                ));
+            }
+            (engine - s.rollout_weights, f)
+        }
+        KvBudget::Tokens(t) => {
+            let kv = t * s.kv_bytes_per_token;
+            (kv, (kv + s.rollout_weights) as f64 / device as f64)
+        }
+    };
+    let off = plan.offload;
+    let naive = plan.mode == Mode::Naive;
+    let mut tl = Timeline {
+        resident: BTreeMap::new(),
+        phases: Vec::new(),
+    };
+
+    // After the previous update: what the offload switches leave behind.
+    tl.set(Runtime, plan.runtime_overhead_bytes);
+    tl.set(
+        TrainParams,
+        if off.train_param { 0 } else { s.train_params },
+    );
+    tl.set(TrainGrads, if off.train_grad { 0 } else { s.train_grads });
+    tl.set(Optimizer, if off.optimizer { 0 } else { s.optimizer });
+    tl.set(
+        RefParams,
+        if off.ref_param || !plan.reference {
+            0
+        } else {
+            s.ref_params
+        },
+    );
+    if naive {
+        tl.set(RolloutWeights, s.rollout_weights);
+        tl.set(KvCache, kv_bytes);
+    }
+    tl.snap("idle", PhaseKind::Transition);
+
+    // Wake and weight sync. The trainer's copy for the sync streams in from
+    // the host when its parameters were offloaded.
+    match plan.mode {
+        Mode::Staged => {
+            tl.set(RolloutWeights, s.rollout_weights);
+            tl.snap("wake_weights", PhaseKind::Transition);
+        }
+        Mode::Sleep => {
+            tl.set(RolloutWeights, s.rollout_weights);
+            tl.set(KvCache, kv_bytes);
+            tl.snap("wake", PhaseKind::Transition);
+        }
+        Mode::Naive => {}
+    }
+    tl.set(SyncBuffer, s.sync_buffer);
+    tl.snap("sync", PhaseKind::Transition);
+    tl.release(SyncBuffer);
+    tl.snap("free_train", PhaseKind::Transition);
+    if plan.mode == Mode::Staged {
+        tl.set(KvCache, kv_bytes);
+        tl.snap("wake_kv", PhaseKind::Transition);
+    }
+    tl.snap("generation", PhaseKind::Generation);
+
+    if !naive {
+        tl.release(RolloutWeights);
+        tl.release(KvCache);
+        tl.snap("sleep", PhaseKind::Transition);
+    }
+
+    // Forward-only passes: FSDP gathers parameters unit by unit, one
+    // layer's activations live at a time, the logits of one micro-batch.
+    let forward = |tl: &mut Timeline| {
+        tl.set(FsdpGathered, s.fsdp_gathered);
+        tl.set(Activations, s.forward_activations);
+        tl.set(Logits, s.forward_logits);
+    };
+    if plan.reference {
+        tl.set(RefParams, s.ref_params);
+        forward(&mut tl);
+        tl.snap("ref_logprob", PhaseKind::LogProb);
+        if off.ref_param {
+            tl.release(RefParams);
+        }
+    }
+    tl.set(TrainParams, s.train_params);
+    forward(&mut tl);
+    tl.snap("old_logprob", PhaseKind::LogProb);
+
+    tl.set(TrainGrads, s.train_grads);
+    tl.set(Optimizer, s.optimizer);
+    tl.set(Activations, s.train_activations);
+    tl.set(Logits, s.train_logits);
+    tl.snap("training", PhaseKind::Training);
+
+    let phases = tl.phases;
+    // The first phase to reach the peak: where it starts.
+    let peak = phases.iter().fold(&phases[0], |best, p| {
+        if p.total_bytes > best.total_bytes {
+            p
+        } else {
+            best
+        }
+    });
+    let (peak_bytes, peak_phase) = (peak.total_bytes, peak.name.clone());
+    // Weights + KV equal `fraction × device` wherever the KV cache is
+    // resident, so each such phase bounds the fraction by what the rest of
+    // it leaves; phases without the KV cache must fit on their own.
+    let mut max_fraction = Some(1.0f64);
+    for p in &phases {
+        let has_kv = p.get(KvCache) > 0;
+        let rest = p.total_bytes
+            - if has_kv {
+                p.get(KvCache) + p.get(RolloutWeights)
+            } else {
+                0
+            };
+        let bound = if has_kv {
+            device.saturating_sub(rest) as f64 / device as f64
+        } else if p.total_bytes <= device {
+            1.0
+        } else {
+            0.0
+        };
+        max_fraction = max_fraction.map(|f| f.min(bound));
+    }
+    let weights_share = s.rollout_weights as f64 / device as f64;
+    let max_mem_fraction = max_fraction.filter(|f| *f > weights_share);
+    Ok(MemoryReport {
+        peak_bytes,
+        peak_phase,
+        device_bytes: device,
+        fits: peak_bytes <= device,
+        mem_fraction: fraction,
+        max_mem_fraction,
+        kv_cache_bytes: kv_bytes,
+        kv_tokens: kv_bytes / s.kv_bytes_per_token.max(1),
+        phases,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{PlanInput, GIB};
+
+    fn plan(f: impl FnOnce(&mut PlanInput)) -> Plan {
+        let mut input = PlanInput::default();
+        f(&mut input);
+        input.validate().unwrap()
+    }
+
+    #[test]
+    fn staged_peak_is_below_sleep_peak_by_the_sync_copy() {
+        let staged = estimate(&plan(|_| ())).unwrap();
+        let sleep = estimate(&plan(|i| i.mode = "sleep".into())).unwrap();
+        let sync = component_sizes(&plan(|_| ())).sync_buffer;
+        assert_eq!(
+            sleep.phase("sync").unwrap().total_bytes - sync,
+            staged.phase("wake_kv").unwrap().total_bytes
+        );
+        assert!(staged.peak_bytes < sleep.peak_bytes);
+    }
+
+    #[test]
+    fn naive_keeps_the_engine_through_training() {
+        let r = estimate(&plan(|i| i.mode = "naive".into())).unwrap();
+        let t = r.phase("training").unwrap();
+        assert!(t.get(Component::KvCache) > 0 && t.get(Component::RolloutWeights) > 0);
+        assert!(r.phase("sleep").is_none());
+        let staged = estimate(&plan(|_| ())).unwrap();
+        assert_eq!(staged.phase("training").unwrap().get(Component::KvCache), 0);
+    }
+
+    #[test]
+    fn offload_switches_decide_what_idles_on_the_device() {
+        let r = estimate(&plan(|i| i.offload.optimizer = false)).unwrap();
+        let idle = r.phase("idle").unwrap();
+        assert!(idle.get(Component::Optimizer) > 0);
+        assert_eq!(idle.get(Component::TrainParams), 0);
+        // The optimizer stays through generation: it is in every phase.
+        assert!(r.phases.iter().all(|p| p.get(Component::Optimizer) > 0));
+    }
+
+    #[test]
+    fn max_fraction_is_tight() {
+        let p = plan(|i| i.mode = "sleep".into());
+        let r = estimate(&p).unwrap();
+        let f = r.max_mem_fraction.unwrap();
+        let at = |f: f64| {
+            let mut q = p.clone();
+            q.kv_budget = KvBudget::Fraction(f);
+            estimate(&q).unwrap()
+        };
+        assert!(at(f - 1e-6).fits);
+        assert!(!at(f + 1e-3).fits);
+    }
+
+    #[test]
+    fn explicit_kv_tokens_size_the_cache() {
+        let r = estimate(&plan(|i| i.kv_tokens = Some(100_000))).unwrap();
+        assert_eq!(r.kv_tokens, 100_000);
+        assert_eq!(r.kv_cache_bytes, 100_000 * 57_344);
+    }
+
+    #[test]
+    fn fraction_below_the_weights_is_an_error_naming_the_range() {
+        let p = plan(|i| {
+            i.mem_fraction = Some(0.1);
+            i.device_memory_gib = 16.0;
+        });
+        let err = estimate(&p).unwrap_err().to_string();
+        assert!(
+            err.contains("mem_fraction") && err.contains("weights"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn checkpointing_and_tensor_parallel_shrink_training_activations() {
+        let full = component_sizes(&plan(|i| i.activation_checkpointing = false));
+        let ckpt = component_sizes(&plan(|_| ()));
+        assert!(ckpt.train_activations * 10 < full.train_activations);
+        let tp = component_sizes(&plan(|i| {
+            i.tp = Some(4);
+        }));
+        assert_eq!(tp.train_logits * 4, ckpt.train_logits);
+        assert!(ckpt.train_logits > 8 * GIB);
+    }
+}

@@ -1,0 +1,196 @@
+//! The memory planner's answer: per-phase, per-component resident bytes on
+//! one device, and a plain-text table of it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::config::GIB;
+
+/// What occupies device memory. The order is the table's column order;
+/// the snake-case names are the JSON keys (and, where colo-mem has the same
+/// thing, its tag names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Component {
+    /// CUDA context, communicator buffers, CUDA graphs, allocator slack.
+    Runtime,
+    /// The trainer's (sharded) parameters.
+    TrainParams,
+    /// The trainer's (sharded) gradients.
+    TrainGrads,
+    /// Optimizer states (fp32 master weights and AdamW moments).
+    Optimizer,
+    /// FSDP's unsharded parameters while a unit computes: the root unit
+    /// (embeddings, head, final norm) and two decoder layers (current and
+    /// prefetched).
+    FsdpGathered,
+    /// Activations kept for backward (training) or one layer's working set
+    /// (forward-only passes).
+    Activations,
+    /// fp32 logits of a micro-batch (and in training their gradient).
+    Logits,
+    /// The trainer's weights materialised for the weight sync.
+    SyncBuffer,
+    /// The rollout engine's weights.
+    RolloutWeights,
+    /// The rollout engine's KV-cache pool.
+    KvCache,
+    /// The reference model's (sharded) parameters.
+    RefParams,
+}
+
+impl Component {
+    /// The JSON / table name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Component::Runtime => "runtime",
+            Component::TrainParams => "train_params",
+            Component::TrainGrads => "train_grads",
+            Component::Optimizer => "optimizer",
+            Component::FsdpGathered => "fsdp_gathered",
+            Component::Activations => "activations",
+            Component::Logits => "logits",
+            Component::SyncBuffer => "sync_buffer",
+            Component::RolloutWeights => "rollout_weights",
+            Component::KvCache => "kv_cache",
+            Component::RefParams => "ref_params",
+        }
+    }
+}
+
+/// Which part of the RL step a phase belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PhaseKind {
+    /// Between training and generation (offload, wake, weight sync).
+    Transition,
+    Generation,
+    LogProb,
+    Training,
+}
+
+/// Resident bytes on one device during one phase.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PhaseMemory {
+    pub name: String,
+    pub kind: PhaseKind,
+    pub total_bytes: u64,
+    /// Only the components with non-zero bytes.
+    pub components: BTreeMap<Component, u64>,
+}
+
+impl PhaseMemory {
+    /// Bytes of one component (0 when absent).
+    pub fn get(&self, c: Component) -> u64 {
+        self.components.get(&c).copied().unwrap_or(0)
+    }
+}
+
+/// Per-device memory over one RL step.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemoryReport {
+    pub peak_bytes: u64,
+    pub peak_phase: String,
+    pub device_bytes: u64,
+    /// Whether the peak fits in the device.
+    pub fits: bool,
+    /// Bytes the engine holds for weights + KV, as a fraction of the device
+    /// (SGLang's `mem_fraction_static`).
+    pub mem_fraction: f64,
+    /// The largest `mem_fraction` at which every phase fits; `None` when
+    /// none does (the phases without a KV cache overflow on their own, or
+    /// what is left does not even hold the engine's weights).
+    pub max_mem_fraction: Option<f64>,
+    pub kv_cache_bytes: u64,
+    /// KV-cache capacity of one generation replica, in tokens.
+    pub kv_tokens: u64,
+    /// The step's phases in order, starting after the previous step's
+    /// training.
+    pub phases: Vec<PhaseMemory>,
+}
+
+impl MemoryReport {
+    /// The phase named `name`.
+    pub fn phase(&self, name: &str) -> Option<&PhaseMemory> {
+        self.phases.iter().find(|p| p.name == name)
+    }
+
+    /// The largest total over the phases of one kind.
+    pub fn peak_of(&self, kind: PhaseKind) -> u64 {
+        self.phases
+            .iter()
+            .filter(|p| p.kind == kind)
+            .map(|p| p.total_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// A table with one row per phase and one column per component that is
+    /// non-zero somewhere, in GiB.
+    pub fn table(&self) -> String {
+        let mut cols: Vec<Component> = self
+            .phases
+            .iter()
+            .flat_map(|p| p.components.keys().copied())
+            .collect();
+        cols.sort();
+        cols.dedup();
+        let gib = |b: u64| format!("{:.1}", b as f64 / GIB as f64);
+        let name_w = self
+            .phases
+            .iter()
+            .map(|p| p.name.len())
+            .max()
+            .unwrap_or(5)
+            .max(5);
+        let widths: Vec<usize> = cols.iter().map(|c| c.name().len().max(6)).collect();
+        let mut out = String::new();
+        let _ = write!(out, "{:<name_w$}", "phase");
+        for (c, w) in cols.iter().zip(&widths) {
+            let _ = write!(out, "  {:>w$}", c.name());
+        }
+        let _ = writeln!(out, "  {:>7}", "total");
+        for p in &self.phases {
+            let _ = write!(out, "{:<name_w$}", p.name);
+            for (c, w) in cols.iter().zip(&widths) {
+                let cell = match p.get(*c) {
+                    0 => "-".to_string(),
+                    b => gib(b),
+                };
+                let _ = write!(out, "  {cell:>w$}");
+            }
+            let mark = if p.name == self.peak_phase {
+                "  <- peak"
+            } else {
+                ""
+            };
+            let _ = writeln!(out, "  {:>7}{mark}", gib(p.total_bytes));
+        }
+        let _ = writeln!(
+            out,
+            "\npeak {} GiB in `{}` of {} GiB per device: {}",
+            gib(self.peak_bytes),
+            self.peak_phase,
+            gib(self.device_bytes),
+            if self.fits { "fits" } else { "OUT OF MEMORY" }
+        );
+        let _ = writeln!(
+            out,
+            "engine: mem fraction {:.3}, KV cache {} GiB = {} tokens per replica",
+            self.mem_fraction,
+            gib(self.kv_cache_bytes),
+            self.kv_tokens
+        );
+        match self.max_mem_fraction {
+            Some(f) => {
+                let _ = writeln!(out, "largest mem fraction that fits: {f:.3}");
+            }
+            None => {
+                let _ = writeln!(out, "no mem fraction fits");
+            }
+        }
+        out
+    }
+}
