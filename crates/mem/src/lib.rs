@@ -81,6 +81,7 @@ pub mod os;
 mod pool;
 mod region;
 mod stats;
+pub mod tags;
 pub mod timeline;
 mod transition;
 mod va;
