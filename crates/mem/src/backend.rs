@@ -1,12 +1,16 @@
 //! The `Backend` trait: the shape of CUDA's virtual-memory API.
 //!
 //! A pool drives a backend through these steps, for each allocation:
-//! reserve an address range (once per pool), create physical memory,
-//! map it at an address inside the range, and, when the pool pauses, unmap
-//! it again (the range stays reserved). Physical handles may be released
-//! right after mapping: as with `cuMemRelease`, the memory lives until the
-//! last mapping of it goes away, so a pool holds no handle (and no file
-//! descriptor on the host backend) per allocation.
+//! reserve an address range (once per pool), create physical memory, map it
+//! at an address inside the range and populate it, and, when the pool
+//! pauses, discard its pages, unmap it (the range stays reserved) and
+//! release the handle.
+//!
+//! `populate` and `discard` work on parts of a mapping and may run on
+//! several threads at once: that is how a pause or resume spreads the
+//! kernel's page work (zeroing fresh pages, freeing old ones) over cores
+//! together with the copies. Backends whose memory is provided by
+//! `create` itself (CUDA) leave both as no-ops.
 
 use crate::Result;
 
@@ -20,6 +24,9 @@ pub type DevicePtr = u64;
 pub struct PhysHandle(pub(crate) u64);
 
 /// Device memory through a virtual-memory API.
+///
+/// Handles are released only after their mapping is gone (the pool keeps
+/// them meanwhile), which both CUDA and the host allow at any point.
 ///
 /// Methods that take addresses are `unsafe`: the backend cannot tell whether
 /// an address range belongs to the caller, and mapping over or copying from
@@ -57,8 +64,7 @@ pub trait Backend: Send + Sync {
     fn release(&self, handle: PhysHandle) -> Result<()>;
 
     /// Maps `handle` read-write at `addr` (`cuMemMap` + `cuMemSetAccess`;
-    /// `mmap(MAP_FIXED|MAP_SHARED)`), providing the physical pages now
-    /// rather than at first touch where the backend can.
+    /// `mmap(MAP_FIXED|MAP_SHARED)`).
     ///
     /// # Safety
     /// `addr..addr+size` must lie inside a range reserved by this backend,
@@ -73,6 +79,25 @@ pub trait Backend: Send + Sync {
     /// The range must be mapped by `map` of this backend and no one may use
     /// it any more.
     unsafe fn unmap(&self, addr: DevicePtr, size: usize) -> Result<()>;
+
+    /// Provides physical pages for `addr..addr+len` of a mapping now rather
+    /// than at first touch (`MADV_POPULATE_WRITE` on the host).
+    ///
+    /// # Safety
+    /// The range must lie inside a mapping made by `map` of this backend.
+    unsafe fn populate(&self, _addr: DevicePtr, _len: usize) -> Result<()> {
+        Ok(())
+    }
+
+    /// Gives the pages of bytes `offset..offset+len` of `handle`'s memory
+    /// back now, ahead of `unmap`/`release` (a hole punched in the memfd on
+    /// the host). The contents of that part are lost.
+    ///
+    /// # Safety
+    /// No one may use that part of the memory any more.
+    unsafe fn discard(&self, _handle: &PhysHandle, _offset: usize, _len: usize) -> Result<()> {
+        Ok(())
+    }
 
     /// Copies `dst.len()` bytes from device address `src` into `dst`.
     ///

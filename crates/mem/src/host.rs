@@ -1,14 +1,21 @@
 //! The host backend: "device memory" is memory mapped through a memfd.
 //!
 //! - reserve: `mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE)`;
-//! - create: `memfd_create` + `ftruncate` (+ `fallocate`, so the kernel
-//!   provides all pages in one call instead of one fault per page);
-//! - map: `mmap(MAP_SHARED|MAP_FIXED|MAP_POPULATE)` of the memfd, read-write;
+//! - create: `memfd_create` + `ftruncate` (no pages yet);
+//! - map: `mmap(MAP_SHARED|MAP_FIXED)` of the memfd, read-write;
+//! - populate: `madvise(MADV_POPULATE_WRITE)`, so the kernel provides a
+//!   range's pages in one call instead of one fault per page; several
+//!   threads can populate parts of one mapping at once;
+//! - discard: `fallocate(FALLOC_FL_PUNCH_HOLE)`, freeing a part's pages at
+//!   once, again in parallel over parts;
 //! - unmap: an anonymous `PROT_NONE` mapping over the range, so the range
 //!   stays reserved and touching it faults (SIGSEGV) instead of reading
 //!   stale data;
-//! - release: `close`. The pages go back to the kernel once the fd is closed
-//!   *and* the range is unmapped, exactly like `cuMemRelease`.
+//! - release: `close`. Any pages not yet discarded go back to the kernel
+//!   once the fd is closed *and* the range is unmapped, like `cuMemRelease`.
+//!
+//! The pool keeps one memfd open per mapped block, so `new` raises the
+//! process's soft limit on open files to its hard limit.
 //!
 //! Pausing therefore really lowers the process's resident set size, and every
 //! claim about memory can be checked with `/proc/self/smaps` on a machine
@@ -27,6 +34,7 @@ pub struct HostBackend {
 
 impl HostBackend {
     pub fn new() -> Self {
+        raise_fd_limit();
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         HostBackend {
@@ -38,6 +46,21 @@ impl HostBackend {
 impl Default for HostBackend {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (best effort).
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out-parameter / in-parameter.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
     }
 }
 
@@ -93,12 +116,8 @@ impl Backend for HostBackend {
         }
         let handle = PhysHandle(fd as u64);
         // SAFETY: fd is a memfd we own.
-        let ok = unsafe { libc::ftruncate(fd, size as libc::off_t) } == 0
-            // SAFETY: as above; fallocate provides the pages up front, which
-            // is several times faster than faulting them in one by one.
-            && unsafe { libc::fallocate(fd, 0, 0, size as libc::off_t) } == 0;
-        if !ok {
-            let err = Error::os(NAME, "ftruncate/fallocate of memfd");
+        if unsafe { libc::ftruncate(fd, size as libc::off_t) } != 0 {
+            let err = Error::os(NAME, "ftruncate(memfd)");
             let _ = self.release(handle);
             return Err(err);
         }
@@ -122,7 +141,7 @@ impl Backend for HostBackend {
                 addr as *mut libc::c_void,
                 size,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
                 fd_of(handle),
                 0,
             )
@@ -149,6 +168,44 @@ impl Backend for HostBackend {
         };
         if p == libc::MAP_FAILED {
             return Err(Error::os(NAME, "mmap(PROT_NONE) unmap"));
+        }
+        Ok(())
+    }
+
+    unsafe fn populate(&self, addr: DevicePtr, len: usize) -> Result<()> {
+        // SAFETY: the caller guarantees the range is inside our mapping;
+        // populating only provides pages, it changes no contents.
+        if unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) } == 0
+        {
+            return Ok(());
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            return Err(Error::os(NAME, "madvise(MADV_POPULATE_WRITE)"));
+        }
+        // Kernels before 5.14 lack MADV_POPULATE_WRITE: touch each page,
+        // writing back what is there.
+        for page in (0..len).step_by(self.page) {
+            let p = (addr as usize + page) as *mut u8;
+            // SAFETY: inside the caller's mapping, which no one else uses
+            // during a populate.
+            unsafe { p.write_volatile(p.read_volatile()) };
+        }
+        Ok(())
+    }
+
+    unsafe fn discard(&self, handle: &PhysHandle, offset: usize, len: usize) -> Result<()> {
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: the caller guarantees no one uses this part any more.
+        if unsafe {
+            libc::fallocate(
+                fd_of(handle),
+                mode,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        } != 0
+        {
+            return Err(Error::os(NAME, "fallocate(PUNCH_HOLE)"));
         }
         Ok(())
     }

@@ -72,7 +72,7 @@
 //! - `unsafe` lives in this crate only, each block with a `// SAFETY:` note.
 
 mod backend;
-mod copy;
+mod chunks;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;

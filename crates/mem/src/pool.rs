@@ -16,7 +16,7 @@ use crate::timeline::{Event, EventKind};
 use crate::va::AddressSpace;
 use crate::{Error, Result};
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -92,6 +92,9 @@ pub(crate) struct State {
     pub(crate) tags: Vec<Tag>,
     /// Live allocations by address.
     pub(crate) allocs: BTreeMap<u64, Alloc>,
+    /// Physical handle of every mapped block (live or cached), by address;
+    /// released after the block is unmapped.
+    pub(crate) handles: HashMap<u64, PhysHandle>,
     pub(crate) va: AddressSpace,
     /// Bytes mapped over all tags (including mappings a resume is making).
     pub(crate) resident: u64,
@@ -151,6 +154,7 @@ impl Pool {
         let state = State {
             tags: Vec::new(),
             allocs: BTreeMap::new(),
+            handles: HashMap::new(),
             va: AddressSpace::new(base, span),
             resident: 0,
             peak: 0,
@@ -288,8 +292,8 @@ impl Pool {
         Ok((addr, fresh))
     }
 
-    /// Maps `size` fresh bytes for tag `id` at a new address, charging the
-    /// capacity.
+    /// Maps `size` fresh, populated bytes for tag `id` at a new address,
+    /// charging the capacity.
     fn map_fresh(
         &self,
         st: &mut State,
@@ -298,42 +302,65 @@ impl Pool {
         op: &'static str,
     ) -> Result<DevicePtr> {
         self.charge(st, id, size, op)?;
-        let result = st
-            .va
-            .take(size)
-            .ok_or(Error::AddressSpace {
+        let Some(addr) = st.va.take(size) else {
+            st.uncharge(id, size);
+            return Err(Error::AddressSpace {
                 requested: size,
                 reserved: self.span,
-            })
-            .and_then(|addr| match self.map_at(addr, size) {
-                Ok(()) => Ok(addr),
+            });
+        };
+        let mapped = self.map_at(addr, size).and_then(|h| {
+            // SAFETY: mapped just now by `map_at`.
+            match unsafe { self.backend.populate(addr, size as usize) } {
+                Ok(()) => Ok(h),
                 Err(e) => {
-                    st.va.give(addr, size);
+                    // SAFETY: mapped just now and not handed out yet.
+                    unsafe { self.unmap_block(addr, size, h) };
                     Err(e)
                 }
-            });
-        if result.is_err() {
-            st.uncharge(id, size);
+            }
+        });
+        match mapped {
+            Ok(h) => {
+                st.handles.insert(addr, h);
+                Ok(addr)
+            }
+            Err(e) => {
+                st.va.give(addr, size);
+                st.uncharge(id, size);
+                Err(e)
+            }
         }
-        result
     }
 
-    /// Creates physical memory and maps it at `addr`; the handle is released
-    /// at once (the mapping keeps the memory alive).
-    pub(crate) fn map_at(&self, addr: DevicePtr, size: u64) -> Result<()> {
+    /// Creates physical memory and maps it at `addr` (unpopulated).
+    pub(crate) fn map_at(&self, addr: DevicePtr, size: u64) -> Result<PhysHandle> {
         let handle: PhysHandle = self.backend.create(size as usize)?;
         // SAFETY: `addr..addr+size` was taken from this pool's reserved range
         // (address space allocator, or a live allocation whose tag is being
         // resumed, i.e. currently unmapped), so nothing else is mapped there.
-        let mapped = unsafe { self.backend.map(addr, size as usize, &handle) };
-        let released = self.backend.release(handle);
-        mapped?;
-        if let Err(e) = released {
-            // SAFETY: we just mapped this range and nobody has seen it.
-            let _ = unsafe { self.backend.unmap(addr, size as usize) };
-            return Err(e);
+        match unsafe { self.backend.map(addr, size as usize, &handle) } {
+            Ok(()) => Ok(handle),
+            Err(e) => {
+                let _ = self.backend.release(handle);
+                Err(e)
+            }
         }
-        Ok(())
+    }
+
+    /// Unmaps a block and releases its handle. Failures are reported on
+    /// stderr only: the range is ours either way and will be mapped over.
+    ///
+    /// # Safety
+    /// The block must be mapped by this pool and no one may use it any more
+    /// (a cached block, or one of a tag being paused or rolled back).
+    pub(crate) unsafe fn unmap_block(&self, addr: DevicePtr, size: u64, handle: PhysHandle) {
+        // SAFETY: forwarded from the caller.
+        let unmapped = unsafe { self.backend.unmap(addr, size as usize) };
+        let released = self.backend.release(handle);
+        if let Err(e) = unmapped.and(released) {
+            eprintln!("colo-mem: {e}");
+        }
     }
 
     /// Adds `size` to the resident bytes of tag `id`, first dropping cached
@@ -379,19 +406,15 @@ impl Pool {
             }
             let blocks = std::mem::take(&mut st.tags[id].cache);
             for (size, addr) in blocks {
-                // SAFETY: cached blocks are mapped, belong to no live
-                // allocation, and are handed to nobody while cached.
-                match unsafe { self.backend.unmap(addr, size as usize) } {
-                    Ok(()) => {
-                        st.va.give(addr, size);
-                        st.tags[id].cached_bytes -= size;
-                        st.uncharge(id, size);
-                        released += size;
-                    }
-                    Err(_) => {
-                        st.tags[id].cache.insert((size, addr));
-                    }
+                if let Some(h) = st.handles.remove(&addr) {
+                    // SAFETY: a cached block belongs to no live allocation
+                    // and is handed to nobody while cached.
+                    unsafe { self.unmap_block(addr, size, h) };
                 }
+                st.va.give(addr, size);
+                st.tags[id].cached_bytes -= size;
+                st.uncharge(id, size);
+                released += size;
             }
         }
         released
@@ -677,21 +700,22 @@ impl Drop for Pool {
     fn drop(&mut self) {
         let _h = heap_only();
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        let mut mapped: Vec<(u64, u64)> = Vec::new();
-        for (&addr, a) in &st.allocs {
-            if st.tags[a.tag].state == TagState::Active {
-                mapped.push((addr, a.size));
-            }
-        }
-        for t in &st.tags {
-            mapped.extend(t.cache.iter().map(|&(size, addr)| (addr, size)));
-        }
-        for (addr, size) in mapped {
-            // SAFETY: `&mut self` means no one else uses the pool; a pool
-            // that served a region is held by the allocator's registry for
-            // the life of the process and never dropped, so no Rust value
-            // still points into it.
-            let _ = unsafe { self.backend.unmap(addr, size as usize) };
+        let sizes: HashMap<u64, u64> = st
+            .allocs
+            .iter()
+            .map(|(&a, al)| (a, al.size))
+            .chain(
+                st.tags
+                    .iter()
+                    .flat_map(|t| t.cache.iter().map(|&(s, a)| (a, s))),
+            )
+            .collect();
+        for (addr, handle) in std::mem::take(&mut st.handles) {
+            // SAFETY: `&mut self`: no one else uses the pool. A pool that
+            // served a region is held by the allocator's registry for the
+            // life of the process and never dropped, so no Rust value points
+            // into it.
+            unsafe { self.unmap_block(addr, sizes[&addr], handle) };
         }
         // SAFETY: as above; everything inside the range is unmapped now.
         let _ = unsafe { self.backend.free_reserved(self.base, self.span as usize) };

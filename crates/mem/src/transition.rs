@@ -9,7 +9,8 @@
 //! bookkeeping. A failure undoes the call's own work and leaves every tag
 //! as it was.
 
-use crate::copy::{copy_pieces, Dir, Piece};
+use crate::backend::PhysHandle;
+use crate::chunks::{self, Block, Work};
 use crate::error::TagState;
 use crate::pool::{Pool, State, TagId};
 use crate::region::heap_only;
@@ -17,7 +18,8 @@ use crate::timeline::EventKind;
 use crate::{Error, Policy, Result};
 use std::time::Instant;
 
-/// One allocation moving through a transition.
+/// One block moving through a transition: a live allocation, or (pause
+/// only) a cached free block.
 struct Job {
     addr: u64,
     size: u64,
@@ -26,6 +28,9 @@ struct Job {
     /// The allocation's kept host backup, taken out of the bookkeeping for
     /// the duration of the transition (`Backup` policy only).
     backup: Option<Vec<u8>>,
+    /// The physical handle while the block is mapped.
+    handle: Option<PhysHandle>,
+    cached: bool,
 }
 
 impl Pool {
@@ -38,19 +43,28 @@ impl Pool {
     pub fn pause(&self, tags: &[&str]) -> Result<()> {
         let _h = heap_only();
         let start = Instant::now();
-        let (ids, mut jobs, cached) = {
+        let (ids, mut jobs) = {
             let mut st = self.lock();
             let ids = begin(&mut st, "pause", tags, TagState::Active, TagState::Pausing)?;
-            let jobs = take_jobs(&mut st, &ids);
-            let mut cached = Vec::new();
+            let mut jobs = take_jobs(&mut st, &ids);
             for &id in &ids {
-                cached.extend(
-                    std::mem::take(&mut st.tags[id].cache)
-                        .into_iter()
-                        .map(|(s, a)| (id, a, s)),
-                );
+                for (size, addr) in std::mem::take(&mut st.tags[id].cache) {
+                    let handle = st.handles.remove(&addr);
+                    jobs.push(Job {
+                        addr,
+                        size,
+                        requested: 0,
+                        tag: id,
+                        backup: None,
+                        handle,
+                        cached: true,
+                    });
+                }
             }
-            (ids, jobs, cached)
+            for j in jobs.iter_mut().filter(|j| !j.cached) {
+                j.handle = st.handles.remove(&j.addr);
+            }
+            (ids, jobs)
         };
 
         // Backups are sized to what was asked for, not the padded mapping.
@@ -61,37 +75,37 @@ impl Pool {
                 }
             }
         }
-        if let Err(e) = self.copy_backups(&mut jobs, Dir::ToHost) {
+        if let Err(e) = self.bulk(&mut jobs, Work::Pause) {
+            // Copies failed before any page was given up (the backend's
+            // copy comes before its discard for each chunk, and a failed
+            // copy stops the work): the tags stay active.
             let mut st = self.lock();
-            for &(id, addr, size) in &cached {
-                st.tags[id].cache.insert((size, addr));
+            for j in jobs.iter_mut() {
+                if let Some(h) = j.handle.take() {
+                    st.handles.insert(j.addr, h);
+                }
+                if j.cached {
+                    st.tags[j.tag].cache.insert((j.size, j.addr));
+                }
             }
             finish(&mut st, &ids, jobs, TagState::Active);
             return Err(e);
         }
 
-        let mut unmap_error = None;
-        let mut unmapped: Vec<(TagId, u64, u64, bool)> = Vec::new();
-        for (tag, addr, size, is_cached) in jobs
-            .iter()
-            .map(|j| (j.tag, j.addr, j.size, false))
-            .chain(cached.iter().map(|&(t, a, s)| (t, a, s, true)))
-        {
-            // SAFETY: the range is mapped (the tag was active) and no one
-            // uses it: the tag is `Pausing`, so the pool hands it to nobody,
-            // and its owner asked for the pause.
-            match unsafe { self.backend.unmap(addr, size as usize) } {
-                Ok(()) => unmapped.push((tag, addr, size, is_cached)),
-                Err(e) => unmap_error = unmap_error.or(Some(e)),
+        for j in jobs.iter_mut() {
+            if let Some(h) = j.handle.take() {
+                // SAFETY: the block's tag is `Pausing` (or the block was
+                // taken out of the cache): no one uses it.
+                unsafe { self.unmap_block(j.addr, j.size, h) };
             }
         }
 
         let mut st = self.lock();
-        for &(tag, addr, size, is_cached) in &unmapped {
-            st.uncharge(tag, size);
-            if is_cached {
-                st.tags[tag].cached_bytes -= size;
-                st.va.give(addr, size);
+        for j in &jobs {
+            st.uncharge(j.tag, j.size);
+            if j.cached {
+                st.tags[j.tag].cached_bytes -= j.size;
+                st.va.give(j.addr, j.size);
             }
         }
         let took = start.elapsed();
@@ -102,7 +116,7 @@ impl Pool {
         finish(&mut st, &ids, jobs, TagState::Paused);
         let tags = names(&st, &ids);
         self.record(&mut st, EventKind::Pause, tags, took);
-        unmap_error.map_or(Ok(()), Err)
+        Ok(())
     }
 
     /// Maps fresh physical memory at the addresses of every allocation under
@@ -128,32 +142,37 @@ impl Pool {
             (ids, jobs)
         };
 
-        let mut mapped = 0;
         let mut failure = None;
-        for j in &jobs {
+        for j in jobs.iter_mut() {
             if let Err(e) = self.charge(&mut self.lock(), j.tag, j.size, "resume") {
                 failure = Some(e);
                 break;
             }
-            if let Err(e) = self.map_at(j.addr, j.size) {
-                self.lock().uncharge(j.tag, j.size);
-                failure = Some(e);
-                break;
+            match self.map_at(j.addr, j.size) {
+                Ok(h) => j.handle = Some(h),
+                Err(e) => {
+                    self.lock().uncharge(j.tag, j.size);
+                    failure = Some(e);
+                    break;
+                }
             }
-            mapped += 1;
         }
         if failure.is_none() {
-            failure = self.copy_backups(&mut jobs, Dir::FromHost).err();
+            failure = self.bulk(&mut jobs, Work::Resume).err();
         }
         if let Some(e) = failure {
-            for j in &jobs[..mapped] {
-                // SAFETY: mapped by this call a moment ago; the tag is
-                // `Resuming`, so nobody else has used it.
-                let _ = unsafe { self.backend.unmap(j.addr, j.size as usize) };
+            let mut undone = Vec::new();
+            for j in jobs.iter_mut() {
+                if let Some(h) = j.handle.take() {
+                    // SAFETY: mapped by this call; the tag is `Resuming`, so
+                    // nobody else has used it.
+                    unsafe { self.unmap_block(j.addr, j.size, h) };
+                    undone.push((j.tag, j.size));
+                }
             }
             let mut st = self.lock();
-            for j in &jobs[..mapped] {
-                st.uncharge(j.tag, j.size);
+            for (tag, size) in undone {
+                st.uncharge(tag, size);
             }
             finish(&mut st, &ids, jobs, TagState::Paused);
             let tags = names(&st, &ids);
@@ -162,6 +181,11 @@ impl Pool {
         }
 
         let mut st = self.lock();
+        for j in jobs.iter_mut() {
+            if let Some(h) = j.handle.take() {
+                st.handles.insert(j.addr, h);
+            }
+        }
         let took = start.elapsed();
         for &id in &ids {
             st.tags[id].resumes += 1;
@@ -173,25 +197,31 @@ impl Pool {
         Ok(())
     }
 
-    /// Copies every job's backup in the given direction, over several
+    /// The bulk work of a transition over every mapped job, on several
     /// threads where the backend allows.
-    fn copy_backups(&self, jobs: &mut [Job], dir: Dir) -> Result<()> {
-        let pieces: Vec<Piece> = jobs
+    fn bulk(&self, jobs: &mut [Job], work: Work) -> Result<()> {
+        let blocks: Vec<Block> = jobs
             .iter_mut()
             .filter_map(|j| {
-                j.backup.as_mut().map(|b| Piece {
+                let (host, backup_len) = match &mut j.backup {
+                    Some(b) => (b.as_mut_ptr(), b.len()),
+                    None => (std::ptr::null_mut(), 0),
+                };
+                Some(Block {
                     dev: j.addr,
-                    host: b.as_mut_ptr(),
-                    len: b.len(),
+                    len: j.size as usize,
+                    handle: j.handle.as_ref()?,
+                    host,
+                    backup_len,
                 })
             })
             .collect();
-        // SAFETY: every job's range is mapped (pause: the tag was active;
-        // resume: mapped just before) and reserved to this call by the tag's
-        // transitional state; each backup is a distinct host buffer owned by
-        // its job, as long as the allocation's requested size, which lies
-        // within the mapping.
-        unsafe { copy_pieces(self.backend.as_ref(), pieces, dir, self.cfg.copy_threads) }
+        // SAFETY: every block is mapped (pause: the tag was active; resume:
+        // mapped just before) and reserved to this call by its tag's
+        // transitional state (cached blocks: taken out of the cache); each
+        // backup is a distinct host buffer owned by its job, as long as the
+        // requested size, which lies within the block.
+        unsafe { chunks::run(self.backend.as_ref(), &blocks, work, self.cfg.copy_threads) }
     }
 }
 
@@ -252,6 +282,8 @@ fn take_jobs(st: &mut State, ids: &[TagId]) -> Vec<Job> {
             requested: a.requested,
             tag: a.tag,
             backup,
+            handle: None,
+            cached: false,
         });
     }
     jobs
@@ -260,7 +292,7 @@ fn take_jobs(st: &mut State, ids: &[TagId]) -> Vec<Job> {
 /// Puts the backups back, sets the final state and carries out the frees
 /// that arrived during the transition.
 fn finish(st: &mut State, ids: &[TagId], jobs: Vec<Job>, state: TagState) {
-    for j in jobs {
+    for j in jobs.into_iter().filter(|j| !j.cached) {
         if let (Some(b), Some(a)) = (j.backup, st.allocs.get_mut(&j.addr)) {
             st.tags[j.tag].backup_bytes += b.len() as u64;
             a.backup = Some(b);

@@ -15,7 +15,7 @@ fn a_vec_made_inside_a_region_is_counted_under_its_tag_and_paused_with_it() {
     pool.set_policy("weights", Policy::Backup).unwrap();
     let guard = pool.region("weights").unwrap();
     let v: Vec<f32> = (0..4 * MIB).map(|i| i as f32).collect();
-    let small = vec![1u8; 100]; // below the threshold: ordinary heap
+    let small = Vec::from([1u8; 100]); // below the threshold: ordinary heap
     guard.finish().unwrap();
     let outside = vec![2u8; 8 * MIB]; // after the region: ordinary heap
 
