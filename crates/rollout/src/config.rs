@@ -1,0 +1,128 @@
+//! Engine configuration: the serde form users write, validated once into the
+//! plain numbers the engine runs with.
+
+use colo_mem::Policy;
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// How the engine is set up (`[rollout]` in a run's TOML file).
+///
+/// The KV pool is sized either like SGLang's `mem_fraction_static` — a
+/// fraction of the device capacity left after the weights are loaded — or
+/// by an explicit token count. Exactly one of the two must be set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Fraction of the pool's free capacity (after weights) given to the KV
+    /// cache, in (0, 1].
+    pub mem_fraction: Option<f64>,
+    /// KV cache size in tokens (rounded up to whole blocks).
+    pub max_kv_tokens: Option<usize>,
+    /// Most sequences in one decode step.
+    pub max_batch: usize,
+    /// Bytes of weights converted and copied per bucket in `update_weights`.
+    pub weight_bucket_bytes: usize,
+    /// What `release(["weights"])` does with their contents: `discard` (the
+    /// RL default: `update_weights` overwrites them anyway) or `backup`.
+    pub weights_policy: Policy,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            block_size: 16,
+            mem_fraction: None,
+            max_kv_tokens: None,
+            max_batch: 256,
+            weight_bucket_bytes: 64 << 20,
+            weights_policy: Policy::Discard,
+        }
+    }
+}
+
+/// How big the KV pool is, once validated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvBudget {
+    Fraction(f64),
+    Tokens(usize),
+}
+
+/// The checked configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidConfig {
+    pub block_size: usize,
+    pub budget: KvBudget,
+    pub max_batch: usize,
+    pub weight_bucket_bytes: usize,
+    pub weights_policy: Policy,
+}
+
+impl EngineConfig {
+    /// A configuration with an explicit KV budget in tokens.
+    pub fn with_kv_tokens(tokens: usize) -> Self {
+        EngineConfig {
+            max_kv_tokens: Some(tokens),
+            ..Self::default()
+        }
+    }
+
+    /// Checks every value once.
+    pub fn validate(&self) -> Result<ValidConfig> {
+        let bad = |m: String| Err(Error::Config(m));
+        if self.block_size == 0 {
+            return bad("block_size must be at least 1".into());
+        }
+        if self.max_batch == 0 {
+            return bad("max_batch must be at least 1".into());
+        }
+        if self.weight_bucket_bytes == 0 {
+            return bad("weight_bucket_bytes must be at least 1".into());
+        }
+        let budget = match (self.mem_fraction, self.max_kv_tokens) {
+            (Some(f), None) if f > 0.0 && f <= 1.0 => KvBudget::Fraction(f),
+            (Some(f), None) => return bad(format!("mem_fraction must be in (0, 1], got {f}")),
+            (None, Some(0)) => return bad("max_kv_tokens must be at least 1".into()),
+            (None, Some(t)) => KvBudget::Tokens(t),
+            (Some(_), Some(_)) => {
+                return bad("set one of mem_fraction and max_kv_tokens, not both".into())
+            }
+            (None, None) => return bad("set mem_fraction or max_kv_tokens".into()),
+        };
+        Ok(ValidConfig {
+            block_size: self.block_size,
+            budget,
+            max_batch: self.max_batch,
+            weight_bucket_bytes: self.weight_bucket_bytes,
+            weights_policy: self.weights_policy,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exactly_one_budget() {
+        assert!(EngineConfig::default().validate().is_err());
+        let both = EngineConfig {
+            mem_fraction: Some(0.5),
+            ..EngineConfig::with_kv_tokens(64)
+        };
+        assert!(both
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("not both"));
+        let frac = EngineConfig {
+            mem_fraction: Some(1.5),
+            ..EngineConfig::default()
+        };
+        assert!(frac.validate().unwrap_err().to_string().contains("(0, 1]"));
+        let ok = EngineConfig::with_kv_tokens(64).validate().unwrap();
+        assert_eq!(ok.budget, KvBudget::Tokens(64));
+    }
+}

@@ -1,0 +1,512 @@
+//! The engine: requests in, completions out, over the paged cache; and the
+//! memory operations of the colocated contract (release, resume, weight
+//! update).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::{DType, Device};
+use colo_mem::tags::{KV_CACHE, WEIGHTS};
+use colo_mem::{Policy, Pool, TagState};
+use colo_model::{Model, ModelConfig, Tokenizer, Weights};
+use serde::Serialize;
+
+use crate::block_table::{blocks_for, BlockId};
+use crate::config::{EngineConfig, KvBudget, ValidConfig};
+use crate::forward::{self, with_f32, DecodeRow, OutProj};
+use crate::kv_cache::{KvLayout, PagedKv};
+use crate::request::{Completion, FinishReason, Request, RequestOutput, SamplingParams};
+use crate::sampling::{uniform, Sampler};
+use crate::scheduler::{Scheduler, Sequence, Waiting};
+use crate::weights::PooledWeights;
+use crate::{Error, Result};
+
+/// Counters and KV occupancy, for tests, benchmarks and the RL loop's
+/// metrics.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EngineStats {
+    pub block_size: usize,
+    pub kv_blocks_total: usize,
+    pub kv_blocks_used: usize,
+    /// Most blocks in use at once since the engine was made or
+    /// `reset_stats`.
+    pub kv_blocks_peak: usize,
+    pub kv_bytes_per_block: usize,
+    /// Bytes of the KV buffers (allocated once).
+    pub kv_bytes: usize,
+    pub weights_bytes: usize,
+    /// Prefill forwards and the tokens they ran (a request's prompt counts
+    /// once, whatever its `n`; recomputed sequences count again).
+    pub prefills: u64,
+    pub prefill_tokens: u64,
+    pub decode_steps: u64,
+    pub generated_tokens: u64,
+    pub preemptions: u64,
+    pub cow_copies: u64,
+}
+
+impl EngineStats {
+    /// Peak KV bytes actually holding sequences.
+    pub fn kv_peak_bytes(&self) -> usize {
+        self.kv_blocks_peak * self.kv_bytes_per_block
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Counters {
+    pub prefills: u64,
+    pub prefill_tokens: u64,
+    pub decode_steps: u64,
+    pub generated_tokens: u64,
+}
+
+/// A request being served.
+struct ReqState {
+    params: SamplingParams,
+    prompt_len: usize,
+    done: Vec<Option<Completion>>,
+    remaining: usize,
+}
+
+/// colo's rollout engine. See the crate docs.
+pub struct Engine {
+    model: Model,
+    cfg: ValidConfig,
+    pool: Arc<Pool>,
+    tokenizer: Option<Tokenizer>,
+    weights: PooledWeights,
+    o_proj: Vec<OutProj>,
+    kv: PagedKv,
+    sched: Scheduler,
+    reqs: BTreeMap<u64, ReqState>,
+    next_id: u64,
+    sampler: Sampler,
+    counters: Counters,
+}
+
+impl Engine {
+    /// Copies `weights` into tag `weights` of `pool`, sizes and allocates
+    /// the KV cache in tag `kv_cache`, and sets both tags' policies
+    /// (`weights`: `config.weights_policy`; `kv_cache`: discard).
+    pub fn new(
+        model_cfg: &ModelConfig,
+        weights: &Weights,
+        tokenizer: Option<Tokenizer>,
+        pool: Arc<Pool>,
+        config: &EngineConfig,
+    ) -> Result<Self> {
+        let cfg = config.validate()?;
+        pool.set_policy(WEIGHTS, cfg.weights_policy)?;
+        pool.set_policy(KV_CACHE, Policy::Discard)?;
+        let (model, weights) = PooledWeights::load(&pool, model_cfg, weights)?;
+        let o_proj = OutProj::all(&model, &weights)?;
+        let mut layout = KvLayout {
+            num_layers: model_cfg.num_layers,
+            num_blocks: 0,
+            block_size: cfg.block_size,
+            kv_heads: model_cfg.num_kv_heads,
+            head_dim: model_cfg.head_dim,
+        };
+        layout.num_blocks = match cfg.budget {
+            KvBudget::Tokens(t) => blocks_for(t, cfg.block_size),
+            KvBudget::Fraction(f) => {
+                if pool.capacity() == u64::MAX {
+                    return Err(Error::Config(
+                        "mem_fraction needs a pool with a device capacity; set max_kv_tokens instead"
+                            .into(),
+                    ));
+                }
+                // Each buffer may round up to the allocation granularity.
+                let slack = (2 * layout.num_layers * pool.granularity()) as u64;
+                let free = pool
+                    .capacity()
+                    .saturating_sub(pool.stats().resident_bytes + slack);
+                (f * free as f64) as usize / layout.bytes_per_block()
+            }
+        };
+        if layout.num_blocks == 0 || layout.num_blocks > BlockId::MAX as usize {
+            return Err(Error::Config(format!(
+                "the KV budget gives {} blocks of {} bytes ({} tokens each); need 1 to {}",
+                layout.num_blocks,
+                layout.bytes_per_block(),
+                cfg.block_size,
+                BlockId::MAX
+            )));
+        }
+        let kv = PagedKv::new(&pool, layout)?;
+        Ok(Engine {
+            model,
+            sched: Scheduler::new(layout.num_blocks, cfg.block_size, cfg.max_batch),
+            cfg,
+            pool,
+            tokenizer,
+            weights,
+            o_proj,
+            kv,
+            reqs: BTreeMap::new(),
+            next_id: 0,
+            sampler: Sampler::default(),
+            counters: Counters::default(),
+        })
+    }
+
+    /// Loads a Hugging Face checkpoint directory (float32) and its tokenizer
+    /// if it has one.
+    pub fn from_dir(dir: &Path, pool: Arc<Pool>, config: &EngineConfig) -> Result<Self> {
+        let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+        let weights = Weights::from_dir(dir, DType::F32, &Device::Cpu)?;
+        let tokenizer = match dir.join("tokenizer.json").is_file() {
+            true => Some(Tokenizer::from_dir(dir)?),
+            false => None,
+        };
+        Engine::new(&cfg, &weights, tokenizer, pool, config)
+    }
+
+    /// The model over the engine's (pooled) weights.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Longest sequence (prompt + completion) the model takes.
+    pub fn max_context(&self) -> usize {
+        self.model.config().max_position_embeddings
+    }
+
+    /// Bytes of the weights in the `weights` tag.
+    pub fn weights_bytes(&self) -> usize {
+        self.weights.bytes
+    }
+
+    /// Requests queued or running.
+    pub fn in_flight(&self) -> usize {
+        self.reqs.len()
+    }
+
+    // ------------------------------------------------------------ requests
+
+    /// Queues a request; returns its id, or the reason it cannot be served
+    /// (naming the id it would have had).
+    pub fn add_request(&mut self, req: Request) -> Result<u64> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let bad = |reason: String| {
+            Err(Error::InvalidRequest {
+                request: id,
+                reason,
+            })
+        };
+        let p = &req.params;
+        if let Some(reason) = p.check() {
+            return bad(reason);
+        }
+        let (len, ctx, vocab) = (
+            req.prompt.len(),
+            self.max_context(),
+            self.model.config().vocab_size,
+        );
+        if len == 0 {
+            return bad("the prompt is empty".into());
+        }
+        if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return bad(format!(
+                "prompt token {t} is outside the vocabulary (size {vocab})"
+            ));
+        }
+        if len >= ctx {
+            return bad(format!(
+                "the prompt has {len} tokens; the model's context is {ctx}, which leaves no room to generate"
+            ));
+        }
+        if !p.stop_strings.is_empty() && self.tokenizer.is_none() {
+            return bad("stop strings need an engine with a tokenizer".into());
+        }
+        // The K/V of every token but the last one generated.
+        let max_kv = (len + p.max_new_tokens).min(ctx) - 1;
+        let (need, total) = (
+            blocks_for(max_kv, self.cfg.block_size),
+            self.sched.blocks.total(),
+        );
+        if need > total {
+            return bad(format!(
+                "a sequence of up to {max_kv} cached tokens needs {need} KV blocks, but the pool has {total} \
+                 ({} tokens); lower max_new_tokens or give the KV cache more memory",
+                total * self.cfg.block_size
+            ));
+        }
+        self.reqs.insert(
+            id,
+            ReqState {
+                params: req.params.clone(),
+                prompt_len: len,
+                done: vec![None; p.n],
+                remaining: p.n,
+            },
+        );
+        self.sched.waiting.push_back(Waiting::Prompt {
+            req: id,
+            prompt: req.prompt,
+            n: req.params.n,
+        });
+        Ok(id)
+    }
+
+    /// Runs every request to completion. Each entry of the result is that
+    /// request's completions, or why it could not be served; the outer error
+    /// is for the engine (released memory, stale weights, a failed forward).
+    pub fn generate(&mut self, requests: Vec<Request>) -> Result<Vec<Result<RequestOutput>>> {
+        if !self.sched.is_idle() {
+            return Err(Error::InFlight {
+                op: "generate",
+                in_flight: self.in_flight(),
+            });
+        }
+        self.check_runnable()?;
+        let mut results: Vec<Option<Result<RequestOutput>>> = Vec::with_capacity(requests.len());
+        let mut slot = HashMap::new();
+        for (i, r) in requests.into_iter().enumerate() {
+            match self.add_request(r) {
+                Ok(id) => {
+                    slot.insert(id, i);
+                    results.push(None);
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        while !self.sched.is_idle() {
+            match self.step() {
+                Ok(outs) => {
+                    for o in outs {
+                        let i = slot[&o.id];
+                        results[i] = Some(Ok(o));
+                    }
+                }
+                Err(e) => {
+                    self.abort_all();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every admitted request finishes"))
+            .collect())
+    }
+
+    /// Drops every queued and running request.
+    pub fn abort_all(&mut self) {
+        self.sched.abort_all();
+        self.reqs.clear();
+    }
+
+    /// One scheduler iteration: admit and prefill what fits, then one
+    /// decode step of the whole running batch. Returns the requests that
+    /// finished.
+    pub fn step(&mut self) -> Result<Vec<RequestOutput>> {
+        self.check_runnable()?;
+        let mut finished = Vec::new();
+        while let Some((item, blocks)) = self.sched.admit() {
+            self.prefill(item, blocks, &mut finished)?;
+        }
+        if self.sched.running.is_empty() {
+            return Ok(finished);
+        }
+        self.sched.reserve_decode_slots(&mut self.kv);
+        let rows: Vec<DecodeRow<'_>> = self
+            .sched
+            .running
+            .iter()
+            .map(|s| DecodeRow {
+                token: s.tokens[s.kv_len],
+                pos: s.kv_len,
+                blocks: &s.blocks,
+            })
+            .collect();
+        let logits = forward::decode(&self.model, &self.o_proj, &mut self.kv, &rows)?; // (batch, vocab)
+        drop(rows);
+        self.counters.decode_steps += 1;
+        let vocab = self.model.config().vocab_size;
+        let running = std::mem::take(&mut self.sched.running);
+        with_f32(&logits, |all| -> Result<()> {
+            for (i, mut seq) in running.into_iter().enumerate() {
+                seq.kv_len += 1;
+                self.push_token(seq, &all[i * vocab..(i + 1) * vocab], &mut finished)?;
+            }
+            Ok(())
+        })??;
+        Ok(finished)
+    }
+
+    fn prefill(
+        &mut self,
+        item: Waiting,
+        blocks: Vec<BlockId>,
+        finished: &mut Vec<RequestOutput>,
+    ) -> Result<()> {
+        match item {
+            Waiting::Prompt { req, prompt, n } => {
+                let logits = forward::prefill(&self.model, &mut self.kv, &prompt, &blocks)?;
+                self.counters.prefills += 1;
+                self.counters.prefill_tokens += prompt.len() as u64;
+                let base = Sequence {
+                    req,
+                    sample: 0,
+                    prompt_len: prompt.len(),
+                    kv_len: prompt.len(),
+                    tokens: prompt,
+                    logprobs: Vec::new(),
+                    blocks,
+                };
+                // The n samples share the prompt's blocks: one reference
+                // each (the allocation's own reference is sample 0's).
+                for i in 0..n {
+                    let mut s = base.clone();
+                    s.sample = i;
+                    if i > 0 {
+                        for &b in &s.blocks {
+                            self.sched.blocks.retain(b);
+                        }
+                    }
+                    self.push_token(s, &logits, finished)?;
+                }
+            }
+            Waiting::Resume(mut seq) => {
+                let logits = forward::prefill(&self.model, &mut self.kv, &seq.tokens, &blocks)?;
+                self.counters.prefills += 1;
+                self.counters.prefill_tokens += seq.tokens.len() as u64;
+                seq.blocks = blocks;
+                seq.kv_len = seq.tokens.len();
+                self.push_token(seq, &logits, finished)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Samples the next token of `seq` from `logits` (vocab), then either
+    /// finishes it or puts it (back) in the running batch.
+    fn push_token(
+        &mut self,
+        mut seq: Sequence,
+        logits: &[f32],
+        finished: &mut Vec<RequestOutput>,
+    ) -> Result<()> {
+        let params = &self.reqs[&seq.req].params;
+        let u = uniform(params.seed, seq.sample, seq.generated());
+        let (tok, lp) = self.sampler.sample(logits, params, u);
+        seq.tokens.push(tok);
+        seq.logprobs.push(lp);
+        self.counters.generated_tokens += 1;
+        match self.finish_reason(&seq)? {
+            Some(reason) => self.complete(seq, reason, finished),
+            None => self.sched.running.push(seq),
+        }
+        Ok(())
+    }
+
+    fn finish_reason(&self, seq: &Sequence) -> Result<Option<FinishReason>> {
+        let p = &self.reqs[&seq.req].params;
+        let tok = *seq.tokens.last().expect("a token was just pushed");
+        if p.stop_token_ids.contains(&tok) {
+            return Ok(Some(FinishReason::StopToken(tok)));
+        }
+        if !p.stop_strings.is_empty() {
+            let tokenizer = self.tokenizer.as_ref().expect("checked in add_request");
+            let text = tokenizer.decode(&seq.tokens[seq.prompt_len..], false)?;
+            if let Some(s) = p.stop_strings.iter().find(|s| text.contains(s.as_str())) {
+                return Ok(Some(FinishReason::StopString(s.clone())));
+            }
+        }
+        if seq.generated() >= p.max_new_tokens || seq.tokens.len() >= self.max_context() {
+            return Ok(Some(FinishReason::Length));
+        }
+        Ok(None)
+    }
+
+    fn complete(
+        &mut self,
+        mut seq: Sequence,
+        reason: FinishReason,
+        finished: &mut Vec<RequestOutput>,
+    ) {
+        self.sched.free_blocks(&mut seq);
+        let st = self
+            .reqs
+            .get_mut(&seq.req)
+            .expect("a running sequence has a request");
+        st.done[seq.sample] = Some(Completion {
+            tokens: seq.tokens[st.prompt_len..].to_vec(),
+            logprobs: seq.logprobs,
+            finish_reason: reason,
+        });
+        st.remaining -= 1;
+        if st.remaining == 0 {
+            let st = self.reqs.remove(&seq.req).expect("present");
+            finished.push(RequestOutput {
+                id: seq.req,
+                completions: st
+                    .done
+                    .into_iter()
+                    .map(|c| c.expect("all samples done"))
+                    .collect(),
+            });
+        }
+    }
+
+    // Accessors for the memory operations in `memory.rs`.
+    pub(crate) fn config(&self) -> &ValidConfig {
+        &self.cfg
+    }
+    pub(crate) fn weights(&self) -> &PooledWeights {
+        &self.weights
+    }
+    pub(crate) fn weights_mut(&mut self) -> &mut PooledWeights {
+        &mut self.weights
+    }
+    pub(crate) fn kv(&self) -> &PagedKv {
+        &self.kv
+    }
+    pub(crate) fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Starts the counters and the KV peak afresh.
+    pub fn reset_stats(&mut self) {
+        self.counters = Counters::default();
+        self.reset_kv_accounting();
+    }
+
+    pub(crate) fn reset_kv_accounting(&mut self) {
+        self.sched.blocks.reset_peak();
+        self.sched.preemptions = 0;
+        self.sched.cow_copies = 0;
+    }
+
+    fn check_runnable(&self) -> Result<()> {
+        for tag in [WEIGHTS, KV_CACHE] {
+            if self.pool.tag_state(tag) != Some(TagState::Active) {
+                return Err(Error::Released {
+                    op: "generate",
+                    tag: tag.into(),
+                });
+            }
+        }
+        if let Some(first) = self.weights.stale.first() {
+            return Err(Error::StaleWeights {
+                missing: self.weights.stale.len(),
+                first: first.clone(),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,187 @@
+//! Which sequences run: the waiting queue, the running batch, admission,
+//! block reservation for each decode step, copy on write, and preemption by
+//! recompute.
+//!
+//! Policy (vLLM's, simplified): requests are admitted first come, first
+//! served while the batch has room and enough free blocks for their prompt
+//! plus one block of headroom per sequence. Before each decode step every
+//! running sequence gets a writable slot for its next position; when blocks
+//! run out, the most recently admitted sequence is preempted — its blocks
+//! are freed and it goes back to the front of the queue, to be recomputed
+//! from its tokens later. The oldest sequence is never preempted by a newer
+//! one, so the batch always makes progress, and a sequence that fits the
+//! pool alone (checked when the request is added) always finishes.
+
+use std::collections::VecDeque;
+
+use crate::block_table::{blocks_for, BlockAllocator, BlockId};
+use crate::kv_cache::PagedKv;
+
+/// One completion being generated.
+#[derive(Debug, Clone)]
+pub(crate) struct Sequence {
+    /// Request id.
+    pub req: u64,
+    /// Index of this completion within its request (its RNG stream).
+    pub sample: usize,
+    /// Prompt followed by the generated tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    pub logprobs: Vec<f32>,
+    /// Block table: block `i` holds positions `i * block_size ..`.
+    pub blocks: Vec<BlockId>,
+    /// Positions whose keys and values are in the cache. While running,
+    /// `tokens.len() - 1`: the last sampled token is fed by the next step.
+    pub kv_len: usize,
+}
+
+impl Sequence {
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+}
+
+/// Work waiting for a prefill.
+#[derive(Debug)]
+pub(crate) enum Waiting {
+    /// A new request: its prompt is prefilled once, then forked into `n`
+    /// sequences that share the prompt's blocks.
+    Prompt {
+        req: u64,
+        prompt: Vec<u32>,
+        n: usize,
+    },
+    /// A preempted sequence, recomputed from all its tokens.
+    Resume(Sequence),
+}
+
+impl Waiting {
+    fn seqs(&self) -> usize {
+        match self {
+            Waiting::Prompt { n, .. } => *n,
+            Waiting::Resume(_) => 1,
+        }
+    }
+
+    fn tokens(&self) -> usize {
+        match self {
+            Waiting::Prompt { prompt, .. } => prompt.len(),
+            Waiting::Resume(s) => s.tokens.len(),
+        }
+    }
+}
+
+pub(crate) struct Scheduler {
+    pub waiting: VecDeque<Waiting>,
+    pub running: Vec<Sequence>,
+    pub blocks: BlockAllocator,
+    pub block_size: usize,
+    pub max_batch: usize,
+    pub preemptions: u64,
+    pub cow_copies: u64,
+}
+
+impl Scheduler {
+    pub fn new(num_blocks: usize, block_size: usize, max_batch: usize) -> Self {
+        Scheduler {
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            blocks: BlockAllocator::new(num_blocks),
+            block_size,
+            max_batch,
+            preemptions: 0,
+            cow_copies: 0,
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// The next waiting item with blocks allocated for its prefill, if it
+    /// can start now. With nothing running it always can (the request
+    /// checks guarantee that any one sequence fits the whole pool).
+    pub fn admit(&mut self) -> Option<(Waiting, Vec<BlockId>)> {
+        let front = self.waiting.front()?;
+        let need = blocks_for(front.tokens(), self.block_size);
+        if !self.running.is_empty()
+            && (self.running.len() + front.seqs() > self.max_batch
+                || self.blocks.free_count() < need + front.seqs())
+        {
+            return None;
+        }
+        if self.blocks.free_count() < need {
+            return None;
+        }
+        let item = self.waiting.pop_front().expect("front exists");
+        let blocks = (0..need)
+            .map(|_| self.blocks.alloc().expect("free blocks counted"))
+            .collect();
+        Some((item, blocks))
+    }
+
+    /// Gives every running sequence a writable slot for its next position,
+    /// preempting from the back of the batch when blocks run out.
+    pub fn reserve_decode_slots(&mut self, kv: &mut PagedKv) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.ensure_slot(i, kv) {
+                i += 1;
+            } else {
+                // The newest sequence goes (possibly `i` itself).
+                let victim = self.running.pop().expect("running is non-empty");
+                self.preempt(victim);
+            }
+        }
+    }
+
+    /// A slot for position `kv_len` of `running[i]`: a fresh block at a
+    /// block boundary, or a private copy of a shared partial block.
+    fn ensure_slot(&mut self, i: usize, kv: &mut PagedKv) -> bool {
+        let bs = self.block_size;
+        let seq = &self.running[i];
+        let (bi, off) = (seq.kv_len / bs, seq.kv_len % bs);
+        if bi == seq.blocks.len() {
+            let Some(b) = self.blocks.alloc() else {
+                return false;
+            };
+            self.running[i].blocks.push(b);
+            return true;
+        }
+        let old = seq.blocks[bi];
+        if self.blocks.refcount(old) == 1 {
+            return true;
+        }
+        let Some(new) = self.blocks.alloc() else {
+            return false;
+        };
+        kv.copy_prefix(old, new, off);
+        self.blocks.release(old);
+        self.running[i].blocks[bi] = new;
+        self.cow_copies += 1;
+        true
+    }
+
+    /// Frees a sequence's blocks and queues it for recompute.
+    fn preempt(&mut self, mut seq: Sequence) {
+        self.free_blocks(&mut seq);
+        seq.kv_len = 0;
+        self.preemptions += 1;
+        self.waiting.push_front(Waiting::Resume(seq));
+    }
+
+    pub fn free_blocks(&mut self, seq: &mut Sequence) {
+        for b in seq.blocks.drain(..) {
+            self.blocks.release(b);
+        }
+    }
+
+    /// Drops everything queued or running (after an error).
+    pub fn abort_all(&mut self) {
+        let mut running = std::mem::take(&mut self.running);
+        for s in &mut running {
+            self.free_blocks(s);
+        }
+        self.waiting.clear();
+    }
+}

@@ -1,0 +1,196 @@
+//! The colocated contract: release/resume at fixed addresses, in-place
+//! weight updates, and the errors of misuse.
+
+mod common;
+
+use candle_core::Tensor;
+use colo_mem::{tags, Policy, Pool, PoolConfig};
+use colo_rollout::{Engine, EngineConfig, Error, Request, SamplingParams};
+use common::*;
+
+fn prompts() -> Vec<Vec<u32>> {
+    greedy_reference("tiny-qwen2")
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect()
+}
+
+/// The fixture's weights, each scaled by `f` ("the trainer's update").
+fn scaled_weights(e: &Engine, f: f64) -> Vec<(String, Tensor)> {
+    e.model()
+        .named_parameters()
+        .into_iter()
+        .map(|(n, t)| (n, (t * f).unwrap()))
+        .collect()
+}
+
+fn resident(pool: &Pool, tag: &str) -> u64 {
+    pool.stats().tag(tag).map_or(0, |t| t.resident_bytes)
+}
+
+#[test]
+fn release_resume_update_keeps_addresses_and_equals_a_fresh_engine() {
+    let cfg = EngineConfig {
+        block_size: 8,
+        weight_bucket_bytes: 4 << 10,
+        ..EngineConfig::with_kv_tokens(512)
+    };
+    let mut e = Engine::from_dir(&fixture("tiny-qwen2"), pool(), &cfg).unwrap();
+    let pool = e.pool().clone();
+    let (kv_addrs, w_addrs) = (e.kv_addresses(), e.weight_addresses());
+    for &a in &kv_addrs {
+        assert_eq!(pool.tag_of(a).as_deref(), Some(tags::KV_CACHE));
+    }
+    for (name, a) in &w_addrs {
+        assert_eq!(pool.tag_of(*a).as_deref(), Some(tags::WEIGHTS), "{name}");
+    }
+    let (kv_bytes, w_bytes) = (
+        resident(&pool, tags::KV_CACHE),
+        resident(&pool, tags::WEIGHTS),
+    );
+    assert!(kv_bytes >= e.stats().kv_bytes as u64 && w_bytes >= e.stats().weights_bytes as u64);
+
+    let params = sampled(2, 12, 9);
+    let trained = scaled_weights(&e, 1.05);
+    for cycle in 0..5 {
+        e.release(&[tags::WEIGHTS, tags::KV_CACHE]).unwrap();
+        assert_eq!(
+            (
+                resident(&pool, tags::WEIGHTS),
+                resident(&pool, tags::KV_CACHE)
+            ),
+            (0, 0)
+        );
+        assert!(matches!(
+            e.generate(requests(&prompts(), &params)),
+            Err(Error::Released { .. })
+        ));
+        // Stage 1: weights back, but discarded: generation must refuse.
+        e.resume(&[tags::WEIGHTS]).unwrap();
+        assert_eq!(resident(&pool, tags::WEIGHTS), w_bytes);
+        assert_eq!(resident(&pool, tags::KV_CACHE), 0);
+        e.update_weights(&trained[..3]).unwrap();
+        e.resume(&[tags::KV_CACHE]).unwrap();
+        let err = e.generate(requests(&prompts(), &params)).unwrap_err();
+        assert!(matches!(err, Error::StaleWeights { .. }), "{err}");
+        // Stage 2: the rest of the update, in 4 KiB buckets.
+        let bytes = e.weights_bytes();
+        let report = e.update_weights(&trained[3..]).unwrap();
+        assert!(
+            report.buckets > 1 && report.bytes > 0,
+            "{report:?} of {bytes}"
+        );
+        assert_eq!(e.kv_addresses(), kv_addrs, "cycle {cycle}");
+        assert_eq!(e.weight_addresses(), w_addrs, "cycle {cycle}");
+    }
+    let got = ok(e.generate(requests(&prompts(), &params)).unwrap());
+
+    // A fresh engine loaded with the trained weights, same seed.
+    let cfg = e.model().config().clone();
+    let w = colo_model::Weights::from_tensors(trained.into_iter().collect());
+    let mut fresh = Engine::new(&cfg, &w, None, pool, &EngineConfig::with_kv_tokens(512)).unwrap();
+    let expected = ok(fresh.generate(requests(&prompts(), &params)).unwrap());
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn update_weights_names_the_bad_tensor_and_writes_nothing() {
+    let mut e = engine("tiny-qwen2", 256, 8);
+    let params = SamplingParams::greedy(8);
+    let before = ok(e.generate(requests(&prompts(), &params)).unwrap());
+    let mut w = scaled_weights(&e, 2.0);
+    w.push(("model.layers.9.mlp.up_proj.weight".into(), w[1].1.clone()));
+    let err = e.update_weights(&w).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("`model.layers.9.mlp.up_proj.weight`"),
+        "{err}"
+    );
+    w.pop();
+    let name = w[2].0.clone();
+    w[2].1 = w[2].1.flatten_all().unwrap();
+    let err = e.update_weights(&w).unwrap_err();
+    assert!(
+        matches!(&err, Error::ShapeMismatch { name: n, .. } if *n == name),
+        "{err}"
+    );
+    assert_eq!(
+        ok(e.generate(requests(&prompts(), &params)).unwrap()),
+        before
+    );
+    // The update itself, from f64 tensors: converted in buckets.
+    let w64: Vec<_> = scaled_weights(&e, 1.0)
+        .into_iter()
+        .map(|(n, t)| (n, t.to_dtype(candle_core::DType::F64).unwrap()))
+        .collect();
+    e.update_weights(&w64).unwrap();
+    assert_eq!(
+        ok(e.generate(requests(&prompts(), &params)).unwrap()),
+        before
+    );
+}
+
+#[test]
+fn lifecycle_misuse_is_an_error() {
+    let mut e = engine("tiny-qwen2", 256, 8);
+    let id = e
+        .add_request(Request::new(vec![1, 2, 3], SamplingParams::greedy(4)))
+        .unwrap();
+    let err = e.release(&[tags::KV_CACHE]).unwrap_err();
+    assert!(matches!(err, Error::InFlight { in_flight: 1, .. }), "{err}");
+    assert!(e.flush_cache().is_err() && e.update_weights(&[]).is_err());
+    while e.in_flight() > 0 {
+        for out in e.step().unwrap() {
+            assert_eq!(out.id, id);
+        }
+    }
+    let err = e.release(&["optimizer"]).unwrap_err();
+    assert!(err.to_string().contains("`optimizer`"), "{err}");
+    let w = scaled_weights(&e, 1.0); // read before the memory goes away
+    e.release(&[tags::WEIGHTS]).unwrap();
+    let err = e.release(&[tags::WEIGHTS]).unwrap_err();
+    assert!(err.to_string().contains("`weights`"), "{err}");
+    let err = e.update_weights(&w).unwrap_err();
+    assert!(matches!(err, Error::Released { .. }), "{err}");
+    e.resume(&[tags::WEIGHTS]).unwrap();
+    e.flush_cache().unwrap();
+}
+
+#[test]
+fn backed_up_weights_need_no_update() {
+    let cfg = EngineConfig {
+        weights_policy: Policy::Backup,
+        ..EngineConfig::with_kv_tokens(256)
+    };
+    let mut e = Engine::from_dir(&fixture("tiny-qwen2"), pool(), &cfg).unwrap();
+    let params = sampled(2, 8, 4);
+    let before = ok(e.generate(requests(&prompts(), &params)).unwrap());
+    e.release(&[tags::WEIGHTS, tags::KV_CACHE]).unwrap();
+    e.resume(&[tags::WEIGHTS, tags::KV_CACHE]).unwrap();
+    assert_eq!(
+        ok(e.generate(requests(&prompts(), &params)).unwrap()),
+        before
+    );
+}
+
+#[test]
+fn mem_fraction_sizes_the_pool_after_weights() {
+    let pool = Pool::host(PoolConfig::with_capacity(8 << 20)).unwrap();
+    let cfg = EngineConfig {
+        mem_fraction: Some(0.5),
+        ..EngineConfig::default()
+    };
+    let e = Engine::from_dir(&fixture("tiny-qwen2"), pool.clone(), &cfg).unwrap();
+    let s = e.stats();
+    let free = (8u64 << 20) - resident(&pool, tags::WEIGHTS);
+    let kv = s.kv_bytes as u64;
+    assert!(
+        kv <= free / 2 && kv + s.kv_bytes_per_block as u64 * 2 > free / 2 - (64 << 10),
+        "{kv} of {free}"
+    );
+    // Without a capacity a fraction means nothing.
+    let err = Engine::from_dir(&fixture("tiny-qwen2"), common::pool(), &cfg)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("max_kv_tokens"), "{err}");
+}
