@@ -18,10 +18,10 @@ use crate::Result;
 /// process address for the host backend).
 pub type DevicePtr = u64;
 
-/// An opaque handle to physical memory (`CUmemGenericAllocationHandle`, or
-/// a memfd on the host backend).
+/// An opaque handle to physical memory: a `CUmemGenericAllocationHandle`,
+/// or on the host backend the memfds of its segments.
 #[derive(Debug, PartialEq, Eq)]
-pub struct PhysHandle(pub(crate) u64);
+pub struct PhysHandle(pub(crate) Vec<u64>);
 
 /// Device memory through a virtual-memory API.
 ///

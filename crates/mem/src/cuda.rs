@@ -199,13 +199,13 @@ impl Backend for CudaBackend {
         check("cuMemCreate", unsafe {
             sys::cuMemCreate(&mut handle, size, &prop, 0)
         })?;
-        Ok(PhysHandle(handle))
+        Ok(PhysHandle(vec![handle]))
     }
 
     fn release(&self, handle: PhysHandle) -> Result<()> {
         self.make_current()?;
         // SAFETY: the handle came from `cuMemCreate` and is consumed here.
-        check("cuMemRelease", unsafe { sys::cuMemRelease(handle.0) })
+        check("cuMemRelease", unsafe { sys::cuMemRelease(handle.0[0]) })
     }
 
     unsafe fn map(&self, addr: DevicePtr, size: usize, handle: &PhysHandle) -> Result<()> {
@@ -217,7 +217,7 @@ impl Backend for CudaBackend {
         // SAFETY: the caller guarantees the range is reserved by us and
         // free; the handle is live and at least `size` bytes.
         unsafe {
-            check("cuMemMap", sys::cuMemMap(addr, size, 0, handle.0, 0))?;
+            check("cuMemMap", sys::cuMemMap(addr, size, 0, handle.0[0], 0))?;
             if let Err(e) = check(
                 "cuMemSetAccess",
                 sys::cuMemSetAccess(addr, size, &access, 1),

@@ -14,8 +14,12 @@
 //! - release: `close`. Any pages not yet discarded go back to the kernel
 //!   once the fd is closed *and* the range is unmapped, like `cuMemRelease`.
 //!
-//! The pool keeps one memfd open per mapped block, so `new` raises the
-//! process's soft limit on open files to its hard limit.
+//! Physical memory of more than `SEGMENT` bytes is made of several memfds,
+//! one per segment, each mapped at its place. A memfd's page operations
+//! (hole punching in particular) are serialised by its inode lock; separate
+//! segments let the copy threads free and provide pages of one large block
+//! at the same time. The pool keeps handles open while their memory is
+//! mapped, so `new` raises the soft limit on open files to its hard limit.
 //!
 //! Pausing therefore really lowers the process's resident set size, and every
 //! claim about memory can be checked with `/proc/self/smaps` on a machine
@@ -25,6 +29,24 @@ use crate::backend::{Backend, DevicePtr, PhysHandle};
 use crate::{Error, Result};
 
 const NAME: &str = "host";
+
+/// Bytes per memfd of a physical handle.
+const SEGMENT: usize = 64 << 20;
+
+/// The segments of `len` bytes at `offset` of a handle: (segment index,
+/// offset inside it, length).
+fn segments(offset: usize, len: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    let end = offset + len;
+    let mut at = offset;
+    std::iter::from_fn(move || {
+        (at < end).then(|| {
+            let (i, inner) = (at / SEGMENT, at % SEGMENT);
+            let n = (SEGMENT - inner).min(end - at);
+            at += n;
+            (i, inner, n)
+        })
+    })
+}
 
 /// Host memory through memfd mappings. See the module docs.
 #[derive(Debug)]
@@ -62,10 +84,6 @@ fn raise_fd_limit() {
             let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
     }
-}
-
-fn fd_of(h: &PhysHandle) -> libc::c_int {
-    h.0 as libc::c_int
 }
 
 impl Backend for HostBackend {
@@ -109,47 +127,61 @@ impl Backend for HostBackend {
     }
 
     fn create(&self, size: usize) -> Result<PhysHandle> {
-        // SAFETY: the name is a valid NUL-terminated string.
-        let fd = unsafe { libc::memfd_create(c"colo-mem".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::os(NAME, "memfd_create"));
-        }
-        let handle = PhysHandle(fd as u64);
-        // SAFETY: fd is a memfd we own.
-        if unsafe { libc::ftruncate(fd, size as libc::off_t) } != 0 {
-            let err = Error::os(NAME, "ftruncate(memfd)");
-            let _ = self.release(handle);
-            return Err(err);
+        let mut handle = PhysHandle(Vec::with_capacity(size.div_ceil(SEGMENT)));
+        for (_, _, len) in segments(0, size) {
+            // SAFETY: the name is a valid NUL-terminated string.
+            let fd = unsafe { libc::memfd_create(c"colo-mem".as_ptr(), libc::MFD_CLOEXEC) };
+            if fd < 0 {
+                let err = Error::os(NAME, "memfd_create");
+                let _ = self.release(handle);
+                return Err(err);
+            }
+            handle.0.push(fd as u64);
+            // SAFETY: fd is a memfd we own.
+            if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+                let err = Error::os(NAME, "ftruncate(memfd)");
+                let _ = self.release(handle);
+                return Err(err);
+            }
         }
         Ok(handle)
     }
 
     fn release(&self, handle: PhysHandle) -> Result<()> {
-        // SAFETY: the handle owns its fd; it is consumed here, so the fd is
-        // closed exactly once.
-        if unsafe { libc::close(fd_of(&handle)) } != 0 {
-            return Err(Error::os(NAME, "close(memfd)"));
+        let mut result = Ok(());
+        for fd in handle.0 {
+            // SAFETY: the handle owns its fds; it is consumed here, so each
+            // is closed exactly once.
+            if unsafe { libc::close(fd as libc::c_int) } != 0 {
+                result = Err(Error::os(NAME, "close(memfd)"));
+            }
         }
-        Ok(())
+        result
     }
 
     unsafe fn map(&self, addr: DevicePtr, size: usize, handle: &PhysHandle) -> Result<()> {
-        // SAFETY: the caller guarantees the range is reserved by us and
-        // unused, so MAP_FIXED replaces only our own PROT_NONE placeholder.
-        let p = unsafe {
-            libc::mmap(
-                addr as *mut libc::c_void,
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                fd_of(handle),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::os(NAME, "mmap(MAP_FIXED|MAP_SHARED) map"));
+        for (i, _, len) in segments(0, size) {
+            let at = addr + (i * SEGMENT) as u64;
+            // SAFETY: the caller guarantees the range is reserved by us and
+            // unused, so MAP_FIXED replaces only our own PROT_NONE
+            // placeholder.
+            let p = unsafe {
+                libc::mmap(
+                    at as *mut libc::c_void,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    handle.0[i] as libc::c_int,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                let err = Error::os(NAME, "mmap(MAP_FIXED|MAP_SHARED) map");
+                // SAFETY: the segments mapped so far are ours and unused.
+                let _ = unsafe { self.unmap(addr, i * SEGMENT) };
+                return Err(err);
+            }
         }
-        debug_assert_eq!(p as DevicePtr, addr);
         Ok(())
     }
 
@@ -195,17 +227,12 @@ impl Backend for HostBackend {
 
     unsafe fn discard(&self, handle: &PhysHandle, offset: usize, len: usize) -> Result<()> {
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        // SAFETY: the caller guarantees no one uses this part any more.
-        if unsafe {
-            libc::fallocate(
-                fd_of(handle),
-                mode,
-                offset as libc::off_t,
-                len as libc::off_t,
-            )
-        } != 0
-        {
-            return Err(Error::os(NAME, "fallocate(PUNCH_HOLE)"));
+        for (i, inner, n) in segments(offset, len) {
+            let fd = handle.0[i] as libc::c_int;
+            // SAFETY: the caller guarantees no one uses this part any more.
+            if unsafe { libc::fallocate(fd, mode, inner as libc::off_t, n as libc::off_t) } != 0 {
+                return Err(Error::os(NAME, "fallocate(PUNCH_HOLE)"));
+            }
         }
         Ok(())
     }
@@ -221,5 +248,18 @@ impl Backend for HostBackend {
         // SAFETY: as for `copy_to_host`, in the other direction.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_cover_a_range_exactly() {
+        let s: Vec<_> = segments(SEGMENT - 10, SEGMENT + 30).collect();
+        assert_eq!(s, vec![(0, SEGMENT - 10, 10), (1, 0, SEGMENT), (2, 0, 20)]);
+        assert_eq!(segments(0, 0).count(), 0);
+        assert_eq!(segments(5, 7).collect::<Vec<_>>(), vec![(0, 5, 7)]);
     }
 }

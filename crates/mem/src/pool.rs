@@ -16,7 +16,7 @@ use crate::timeline::{Event, EventKind};
 use crate::va::AddressSpace;
 use crate::{Error, Result};
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -49,6 +49,9 @@ pub struct PoolConfig {
     pub region_threshold: usize,
     /// Threads used for bulk backup copies (on backends that allow it).
     pub copy_threads: usize,
+    /// Most timeline events kept; older ones are dropped first (a run of
+    /// many thousands of steps keeps its recent history in bounded memory).
+    pub timeline_limit: usize,
 }
 
 impl Default for PoolConfig {
@@ -59,6 +62,7 @@ impl Default for PoolConfig {
             address_space: 256 << 30,
             region_threshold: 16 << 10,
             copy_threads: cores.min(4),
+            timeline_limit: 1 << 20,
         }
     }
 }
@@ -100,7 +104,7 @@ pub(crate) struct State {
     pub(crate) resident: u64,
     pub(crate) peak: u64,
     pub(crate) phase: String,
-    pub(crate) timeline: Vec<Event>,
+    pub(crate) timeline: VecDeque<Event>,
     /// Failures of region allocations, by guard id, for `RegionGuard::finish`.
     pub(crate) region_failures: Vec<(u64, Error)>,
 }
@@ -159,7 +163,7 @@ impl Pool {
             resident: 0,
             peak: 0,
             phase: "init".into(),
-            timeline: Vec::new(),
+            timeline: VecDeque::new(),
             region_failures: Vec::new(),
         };
         Ok(std::sync::Arc::new(Pool {
@@ -495,10 +499,10 @@ impl Pool {
         self.lock().phase.clone()
     }
 
-    /// The timeline so far.
+    /// The timeline so far (the last `timeline_limit` events).
     pub fn timeline(&self) -> Vec<Event> {
         let _h = heap_only();
-        self.lock().timeline.clone()
+        self.lock().timeline.iter().cloned().collect()
     }
 
     /// Writes the timeline as JSON lines to `path`.
@@ -595,7 +599,10 @@ impl Pool {
                 .map(|t| (t.name.clone(), t.resident))
                 .collect(),
         };
-        st.timeline.push(event);
+        if st.timeline.len() >= self.cfg.timeline_limit.max(1) {
+            st.timeline.pop_front();
+        }
+        st.timeline.push_back(event);
     }
 }
 

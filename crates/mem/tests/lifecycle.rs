@@ -371,3 +371,17 @@ fn peak_is_tracked_and_resettable() {
     assert_eq!(p.stats().peak_resident_bytes, 4 << 20);
     p.free(a).unwrap();
 }
+
+#[test]
+fn the_timeline_keeps_the_most_recent_events_up_to_its_limit() {
+    let p = Pool::host(PoolConfig {
+        timeline_limit: 4,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    for i in 0..10 {
+        p.set_phase(&format!("p{i}"));
+    }
+    let phases: Vec<String> = p.timeline().into_iter().map(|e| e.phase).collect();
+    assert_eq!(phases, ["p6", "p7", "p8", "p9"]);
+}
