@@ -11,7 +11,6 @@ use crate::backend::{Backend, DevicePtr, PhysHandle};
 use crate::error::{TagBytes, TagState};
 use crate::host::HostBackend;
 use crate::region::heap_only;
-use crate::stats::{PoolStats, TagStats};
 use crate::timeline::{Event, EventKind};
 use crate::va::AddressSpace;
 use crate::{Error, Result};
@@ -478,45 +477,6 @@ impl Pool {
         unsafe { self.backend.copy_to_host(addr + offset as u64, out) }
     }
 
-    /// Sets the phase label recorded with later timeline events, and records
-    /// the change.
-    pub fn set_phase(&self, phase: &str) {
-        let _h = heap_only();
-        let mut st = self.lock();
-        st.phase = phase.to_string();
-        self.record(&mut st, EventKind::Phase, Vec::new(), Duration::ZERO);
-    }
-
-    /// Records a snapshot of the resident bytes in the timeline.
-    pub fn mark(&self) {
-        let _h = heap_only();
-        let mut st = self.lock();
-        self.record(&mut st, EventKind::Mark, Vec::new(), Duration::ZERO);
-    }
-
-    pub fn phase(&self) -> String {
-        let _h = heap_only();
-        self.lock().phase.clone()
-    }
-
-    /// The timeline so far (the last `timeline_limit` events).
-    pub fn timeline(&self) -> Vec<Event> {
-        let _h = heap_only();
-        self.lock().timeline.iter().cloned().collect()
-    }
-
-    /// Writes the timeline as JSON lines to `path`.
-    pub fn write_timeline(&self, path: &std::path::Path) -> Result<()> {
-        let events = self.timeline();
-        let _h = heap_only();
-        let io = |source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        };
-        let f = std::fs::File::create(path).map_err(io)?;
-        crate::timeline::write_jsonl(&events, std::io::BufWriter::new(f)).map_err(io)
-    }
-
     /// Forgets the peak so far (e.g. at the start of a training step).
     pub fn reset_peak(&self) {
         let _h = heap_only();
@@ -536,73 +496,6 @@ impl Pool {
         let _h = heap_only();
         let st = self.lock();
         st.allocs.get(&addr).map(|a| st.tags[a.tag].name.clone())
-    }
-
-    pub fn stats(&self) -> PoolStats {
-        let _h = heap_only();
-        let st = self.lock();
-        let mut tags: Vec<TagStats> = st
-            .tags
-            .iter()
-            .map(|t| TagStats {
-                tag: t.name.clone(),
-                policy: t.policy,
-                state: t.state,
-                allocations: 0,
-                allocated_bytes: 0,
-                resident_bytes: t.resident,
-                paused_bytes: 0,
-                cached_bytes: t.cached_bytes,
-                backup_bytes: t.backup_bytes,
-                pauses: t.pauses,
-                resumes: t.resumes,
-                last_pause_s: t.last_pause.map(|d| d.as_secs_f64()),
-                last_resume_s: t.last_resume.map(|d| d.as_secs_f64()),
-                region_fallback_bytes: t.region_fallback_bytes,
-            })
-            .collect();
-        for a in st.allocs.values() {
-            let ts = &mut tags[a.tag];
-            ts.allocations += 1;
-            ts.allocated_bytes += a.requested;
-            if ts.state == TagState::Paused {
-                ts.paused_bytes += a.size;
-            }
-        }
-        PoolStats {
-            backend: self.backend.name(),
-            capacity_bytes: self.cfg.capacity,
-            resident_bytes: st.resident,
-            peak_resident_bytes: st.peak,
-            tags,
-        }
-    }
-
-    /// Appends a timeline event for the state as it is now.
-    pub(crate) fn record(
-        &self,
-        st: &mut State,
-        kind: EventKind,
-        tags: Vec<String>,
-        took: Duration,
-    ) {
-        let event = Event {
-            t_s: self.epoch.elapsed().as_secs_f64(),
-            phase: st.phase.clone(),
-            kind,
-            tags,
-            duration_s: took.as_secs_f64(),
-            resident_bytes: st.resident,
-            per_tag: st
-                .tags
-                .iter()
-                .map(|t| (t.name.clone(), t.resident))
-                .collect(),
-        };
-        if st.timeline.len() >= self.cfg.timeline_limit.max(1) {
-            st.timeline.pop_front();
-        }
-        st.timeline.push_back(event);
     }
 }
 

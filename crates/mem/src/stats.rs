@@ -1,6 +1,8 @@
 //! Statistics of a pool, per tag, as read from its bookkeeping.
 
 use crate::error::TagState;
+use crate::pool::Pool;
+use crate::region::heap_only;
 use crate::Policy;
 use serde::Serialize;
 
@@ -52,5 +54,48 @@ impl PoolStats {
     /// The statistics of `tag`, if the pool knows it.
     pub fn tag(&self, tag: &str) -> Option<&TagStats> {
         self.tags.iter().find(|t| t.tag == tag)
+    }
+}
+
+impl Pool {
+    /// What the pool holds now, per tag.
+    pub fn stats(&self) -> PoolStats {
+        let _h = heap_only();
+        let st = self.lock();
+        let mut tags: Vec<TagStats> = st
+            .tags
+            .iter()
+            .map(|t| TagStats {
+                tag: t.name.clone(),
+                policy: t.policy,
+                state: t.state,
+                allocations: 0,
+                allocated_bytes: 0,
+                resident_bytes: t.resident,
+                paused_bytes: 0,
+                cached_bytes: t.cached_bytes,
+                backup_bytes: t.backup_bytes,
+                pauses: t.pauses,
+                resumes: t.resumes,
+                last_pause_s: t.last_pause.map(|d| d.as_secs_f64()),
+                last_resume_s: t.last_resume.map(|d| d.as_secs_f64()),
+                region_fallback_bytes: t.region_fallback_bytes,
+            })
+            .collect();
+        for a in st.allocs.values() {
+            let ts = &mut tags[a.tag];
+            ts.allocations += 1;
+            ts.allocated_bytes += a.requested;
+            if ts.state == TagState::Paused {
+                ts.paused_bytes += a.size;
+            }
+        }
+        PoolStats {
+            backend: self.backend.name(),
+            capacity_bytes: self.cfg.capacity,
+            resident_bytes: st.resident,
+            peak_resident_bytes: st.peak,
+            tags,
+        }
     }
 }

@@ -3,9 +3,13 @@
 //! the record from which a user sees, for their own run, what the
 //! multi-stage-awake RFC shows as "5.8 → 36.6 → 98.1 → 37.6 → 131.8 GB".
 
+use crate::pool::{Pool, State};
+use crate::region::heap_only;
+use crate::{Error, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::time::Duration;
 
 /// What happened at one point of the timeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -48,4 +52,72 @@ pub fn write_jsonl(events: &[Event], mut w: impl Write) -> std::io::Result<()> {
         w.write_all(b"\n")?;
     }
     Ok(())
+}
+
+impl Pool {
+    /// Sets the phase label recorded with later timeline events, and records
+    /// the change.
+    pub fn set_phase(&self, phase: &str) {
+        let _h = heap_only();
+        let mut st = self.lock();
+        st.phase = phase.to_string();
+        self.record(&mut st, EventKind::Phase, Vec::new(), Duration::ZERO);
+    }
+
+    /// Records a snapshot of the resident bytes in the timeline.
+    pub fn mark(&self) {
+        let _h = heap_only();
+        let mut st = self.lock();
+        self.record(&mut st, EventKind::Mark, Vec::new(), Duration::ZERO);
+    }
+
+    pub fn phase(&self) -> String {
+        let _h = heap_only();
+        self.lock().phase.clone()
+    }
+
+    /// The timeline so far (the last `timeline_limit` events).
+    pub fn timeline(&self) -> Vec<Event> {
+        let _h = heap_only();
+        self.lock().timeline.iter().cloned().collect()
+    }
+
+    /// Writes the timeline as JSON lines to `path`.
+    pub fn write_timeline(&self, path: &std::path::Path) -> Result<()> {
+        let events = self.timeline();
+        let _h = heap_only();
+        let io = |source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let f = std::fs::File::create(path).map_err(io)?;
+        crate::timeline::write_jsonl(&events, std::io::BufWriter::new(f)).map_err(io)
+    }
+
+    /// Appends a timeline event for the state as it is now.
+    pub(crate) fn record(
+        &self,
+        st: &mut State,
+        kind: EventKind,
+        tags: Vec<String>,
+        took: Duration,
+    ) {
+        let event = Event {
+            t_s: self.epoch.elapsed().as_secs_f64(),
+            phase: st.phase.clone(),
+            kind,
+            tags,
+            duration_s: took.as_secs_f64(),
+            resident_bytes: st.resident,
+            per_tag: st
+                .tags
+                .iter()
+                .map(|t| (t.name.clone(), t.resident))
+                .collect(),
+        };
+        if st.timeline.len() >= self.cfg.timeline_limit.max(1) {
+            st.timeline.pop_front();
+        }
+        st.timeline.push_back(event);
+    }
 }
