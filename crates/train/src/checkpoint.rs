@@ -1,0 +1,220 @@
+//! Checkpoints: the model in Hugging Face format, the optimizer state and
+//! the step, written atomically.
+//!
+//! Layout of a checkpoint directory:
+//!
+//! | file | holds |
+//! |---|---|
+//! | `config.json`, `model.safetensors` | the model, loadable by transformers (colo-model's save) |
+//! | `value_head.safetensors` | `v_head.weight`, for a critic |
+//! | `optimizer.safetensors` | `{name}.exp_avg`, `{name}.exp_avg_sq` per parameter (PyTorch's state names) |
+//! | `trainer_state.json` | format, optimizer steps taken, the next learning rate |
+//!
+//! Atomicity: everything is written into a sibling directory with a
+//! temporary name, each file and the directory are fsynced, then it is
+//! renamed into place (an existing checkpoint of the same name is first
+//! renamed aside and removed after). A crash leaves either the old
+//! checkpoint or the new one, plus possibly a temporary directory, never a
+//! half-written checkpoint under the final name.
+//!
+//! The scheduler needs no state of its own: the learning rate is a function
+//! of the step and the (config-given) schedule.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::buffers::{read_f32, write_f32};
+use crate::offload::{require_resident, OPTIMIZER, PARAMS};
+use crate::trainer::ColoTrainer;
+use crate::value_head::VALUE_HEAD_WEIGHT;
+use crate::{Error, Result};
+
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub const VALUE_HEAD_FILE: &str = "value_head.safetensors";
+pub const STATE_FILE: &str = "trainer_state.json";
+const FORMAT: &str = "colo-train/1";
+
+#[derive(Debug, Serialize, Deserialize)]
+struct TrainerState {
+    format: String,
+    /// Optimizer steps taken.
+    step: u64,
+    /// For people reading the file; recomputed from the config on load.
+    next_lr: f64,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |e| Error::io(path, e)
+}
+
+fn fsync(path: &Path) -> Result<()> {
+    File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io(path))
+}
+
+/// `dir`'s sibling named `.{name}.{what}-{pid}`.
+fn sibling(dir: &Path, what: &str) -> Result<PathBuf> {
+    let name = dir.file_name().ok_or_else(|| Error::CheckpointState {
+        path: dir.to_owned(),
+        reason: "a checkpoint directory needs a name".into(),
+    })?;
+    Ok(dir.with_file_name(format!(
+        ".{}.{what}-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
+}
+
+fn save_tensors(tensors: Vec<(String, Tensor)>, path: &Path) -> Result<()> {
+    let views: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    safetensors::serialize_to_file(views, None, path)?;
+    Ok(())
+}
+
+impl ColoTrainer {
+    pub(crate) fn save(&self, dir: &Path) -> Result<()> {
+        require_resident(&self.pool, "save a checkpoint", &[PARAMS, OPTIMIZER])?;
+        let tmp = sibling(dir, "tmp")?;
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+        self.model.save_dir(&tmp)?;
+        if let Some(h) = &self.value_head {
+            let w = vec![(VALUE_HEAD_WEIGHT.to_owned(), h.weight().clone())];
+            save_tensors(w, &tmp.join(VALUE_HEAD_FILE))?;
+        }
+        let moments = self
+            .optimizer_state()
+            .into_iter()
+            .flat_map(|(n, m, v)| [(format!("{n}.exp_avg"), m), (format!("{n}.exp_avg_sq"), v)])
+            .collect();
+        save_tensors(moments, &tmp.join(OPTIMIZER_FILE))?;
+        let state = TrainerState {
+            format: FORMAT.into(),
+            step: self.opt.t,
+            next_lr: self.next_lr(),
+        };
+        let json = serde_json::to_string_pretty(&state).expect("serialisable") + "\n";
+        let state_path = tmp.join(STATE_FILE);
+        std::fs::write(&state_path, json).map_err(io(&state_path))?;
+
+        for entry in std::fs::read_dir(&tmp).map_err(io(&tmp))? {
+            fsync(&entry.map_err(io(&tmp))?.path())?;
+        }
+        fsync(&tmp)?;
+        let old = sibling(dir, "old")?;
+        let replacing = dir.exists();
+        if replacing {
+            std::fs::rename(dir, &old).map_err(io(dir))?;
+        }
+        std::fs::rename(&tmp, dir).map_err(io(dir))?;
+        if replacing {
+            std::fs::remove_dir_all(&old).map_err(io(&old))?;
+        }
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fsync(parent)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn load(&mut self, dir: &Path) -> Result<()> {
+        require_resident(&self.pool, "load a checkpoint", &[PARAMS, OPTIMIZER])?;
+        let state_path = dir.join(STATE_FILE);
+        let text = std::fs::read_to_string(&state_path).map_err(io(&state_path))?;
+        let state: TrainerState =
+            serde_json::from_str(&text).map_err(|e| Error::CheckpointState {
+                path: state_path.clone(),
+                reason: e.to_string(),
+            })?;
+        if state.format != FORMAT {
+            return Err(Error::CheckpointState {
+                path: state_path,
+                reason: format!("format `{}`, expected `{FORMAT}`", state.format),
+            });
+        }
+        // Read and check everything before changing anything.
+        let mut tensors = read_named(&dir.join(colo_model::weights::WEIGHTS_FILE))?;
+        if self.value_head.is_some() {
+            tensors.extend(read_named(&dir.join(VALUE_HEAD_FILE))?);
+        }
+        let params = take_matching(&mut tensors, &self.parameters(), dir)?;
+        let mut moments = read_named(&dir.join(OPTIMIZER_FILE))?;
+        let wanted: Vec<(String, Tensor)> = self
+            .optimizer_state()
+            .into_iter()
+            .flat_map(|(n, m, v)| [(format!("{n}.exp_avg"), m), (format!("{n}.exp_avg_sq"), v)])
+            .collect();
+        let moments_new = take_matching(&mut moments, &wanted, &dir.join(OPTIMIZER_FILE))?;
+
+        for ((_, dst), src) in self.parameters().iter().zip(&params) {
+            copy_into(dst, src)?;
+        }
+        for ((_, dst), src) in wanted.iter().zip(&moments_new) {
+            copy_into(dst, src)?;
+        }
+        self.opt.t = state.step;
+        Ok(())
+    }
+}
+
+/// The tensors of a safetensors file, float32 on the CPU. (A checkpoint
+/// written by [`ColoTrainer::save`] has a single `model.safetensors`.)
+fn read_named(path: &Path) -> Result<HashMap<String, Tensor>> {
+    if !path.is_file() {
+        return Err(Error::CheckpointState {
+            path: path.to_owned(),
+            reason: "missing file".into(),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    let mut out = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)?;
+    for t in out.values_mut() {
+        *t = t.to_dtype(DType::F32)?;
+    }
+    Ok(out)
+}
+
+/// The tensors named in `wanted`, in its order, each checked against the
+/// shape of the engine's tensor; extra tensors are an error too.
+fn take_matching(
+    found: &mut HashMap<String, Tensor>,
+    wanted: &[(String, Tensor)],
+    path: &Path,
+) -> Result<Vec<Tensor>> {
+    let mut out = Vec::with_capacity(wanted.len());
+    for (name, dst) in wanted {
+        let src = found.remove(name).ok_or_else(|| Error::CheckpointMissing {
+            path: path.to_owned(),
+            name: name.clone(),
+        })?;
+        if src.dims() != dst.dims() {
+            return Err(Error::CheckpointShape {
+                path: path.to_owned(),
+                name: name.clone(),
+                expected: dst.dims().to_vec(),
+                found: src.dims().to_vec(),
+            });
+        }
+        out.push(src);
+    }
+    if let Some(extra) = found.keys().min() {
+        return Err(Error::CheckpointState {
+            path: path.to_owned(),
+            reason: format!("tensor `{extra}` has no counterpart in this engine"),
+        });
+    }
+    Ok(out)
+}
+
+/// Copies `src` into `dst`'s storage in place.
+fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
+    let src = src.contiguous()?;
+    write_f32(dst, |d| read_f32(&src, |s| d.copy_from_slice(s)))??;
+    Ok(())
+}

@@ -1,0 +1,84 @@
+//! The critic's value head: one linear map from the final-normalised hidden
+//! state to a scalar per token (transformers' `…ForTokenClassification`
+//! with one label, no bias, as verl builds its critic).
+
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor, Var};
+use colo_mem::{tags, Pool};
+
+use crate::buffers::var_in;
+use crate::Result;
+
+/// The head's parameter name in checkpoints and in [`crate::ColoTrainer::gradients`].
+pub const VALUE_HEAD_WEIGHT: &str = "v_head.weight";
+
+/// `value = hidden · wᵀ`, `w`: (1, hidden), a parameter of the engine.
+#[derive(Clone, Debug)]
+pub struct ValueHead {
+    weight: Var,
+}
+
+impl ValueHead {
+    /// A head with weights drawn from N(0, std²) by a seeded generator, so
+    /// two engines built alike start alike. The weights are allocated in the
+    /// `train_params` tag.
+    pub(crate) fn new(pool: &Arc<Pool>, hidden: usize, std: f64, seed: u64) -> Result<Self> {
+        let w = Tensor::from_vec(normal(hidden, std, seed), (1, hidden), &Device::Cpu)?;
+        Ok(ValueHead {
+            weight: var_in(pool, tags::TRAIN_PARAMS, &w)?,
+        })
+    }
+
+    pub fn weight(&self) -> &Tensor {
+        self.weight.as_tensor()
+    }
+
+    /// Values of hidden states: (batch, len, hidden) → (batch, len); with
+    /// a graph to the head's weight if `grad`.
+    pub fn forward(&self, hidden: &Tensor, grad: bool) -> Result<Tensor> {
+        let (b, l, h) = hidden.dims3()?;
+        let w = match grad {
+            true => self.weight.as_tensor().clone(),
+            false => self.weight.as_tensor().detach(),
+        };
+        let v = hidden.reshape((b * l, h))?.matmul(&w.t()?)?;
+        Ok(v.reshape((b, l))?)
+    }
+}
+
+/// `n` samples of N(0, std²): splitmix64 feeding Box–Muller.
+fn normal(n: usize, std: f64, seed: u64) -> Vec<f32> {
+    let mut state = seed;
+    let mut uniform = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64 // in (0, 1)
+    };
+    (0..n)
+        .map(|_| {
+            let (u1, u2) = (uniform(), uniform());
+            (std * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeded_normal_has_the_right_moments() {
+        let x = normal(20_000, 0.5, 7);
+        assert_eq!(x, normal(20_000, 0.5, 7));
+        let mean = x.iter().map(|&v| v as f64).sum::<f64>() / x.len() as f64;
+        let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / x.len() as f64;
+        assert!(
+            mean.abs() < 0.02 && (var.sqrt() - 0.5).abs() < 0.02,
+            "{mean} {var}"
+        );
+    }
+}

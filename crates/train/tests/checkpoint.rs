@@ -1,0 +1,119 @@
+//! Checkpoints: resume gives identical steps, the model half is a Hugging
+//! Face checkpoint, replacement is atomic, and a wrong shape is an error
+//! naming the tensor.
+
+mod common;
+
+use candle_core::{DType, Device};
+use colo_model::Checkpoint;
+use colo_train::{LossConfig, TrainEngine, ValueHeadConfig};
+use common::*;
+
+#[test]
+fn resume_from_a_checkpoint_gives_identical_steps() {
+    let dir = scratch_dir("resume").join("ckpt");
+    let cfg = LossConfig::default();
+    let mut a = engine("tiny-llama", 2);
+    let batch = policy_batch(&mut a);
+    a.update_policy(&batch, &cfg).unwrap();
+    a.save_checkpoint(&dir).unwrap();
+    let a2 = a.update_policy(&batch, &cfg).unwrap();
+    let a3 = a.update_policy(&batch, &cfg).unwrap();
+
+    // A fresh engine from the original weights, then the checkpoint.
+    let mut b = engine("tiny-llama", 2);
+    b.load_checkpoint(&dir).unwrap();
+    assert_eq!(b.step(), 1);
+    let b2 = b.update_policy(&batch, &cfg).unwrap();
+    let b3 = b.update_policy(&batch, &cfg).unwrap();
+    assert_eq!((a2, a3), (b2, b3));
+    assert!(
+        state_bits(&a) == state_bits(&b),
+        "states differ after resuming"
+    );
+
+    // An engine that skipped the checkpoint takes another step: the
+    // comparison above can fail.
+    let mut fresh = engine("tiny-llama", 2);
+    assert_ne!(fresh.update_policy(&batch, &cfg).unwrap(), a2);
+
+    // A bare model directory is not a trainer checkpoint.
+    let model_only = dir.with_file_name("model-only");
+    a.model().save_dir(&model_only).unwrap();
+    let msg = fresh.load_checkpoint(&model_only).unwrap_err().to_string();
+    assert!(msg.contains("trainer_state.json"), "{msg}");
+}
+
+#[test]
+fn the_model_half_is_a_hugging_face_checkpoint_and_saves_replace_atomically() {
+    let root = scratch_dir("hf");
+    let dir = root.join("step");
+    let mut cfg = config(4);
+    cfg.value_head = Some(ValueHeadConfig::default());
+    let mut e = engine_with("tiny-qwen2", &cfg);
+    e.sft_step(&seqs()).unwrap();
+    e.save_checkpoint(&dir).unwrap();
+    e.sft_step(&seqs()).unwrap();
+    e.save_checkpoint(&dir).unwrap(); // replaces the first
+    let names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["step".to_owned()],
+        "temporary directories left behind"
+    );
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "value_head.safetensors",
+        "trainer_state.json",
+    ] {
+        assert!(dir.join(f).is_file(), "{f}");
+    }
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("trainer_state.json")).unwrap())
+            .unwrap();
+    assert_eq!(state["step"], 2);
+    // colo-model (and so transformers) loads it, with the trained weights.
+    let ckpt = Checkpoint::from_dir(&dir, DType::F32, &Device::Cpu).unwrap();
+    let ids = seqs().input_ids().clone();
+    let want = e.model().forward(&ids).unwrap();
+    let got = ckpt.model.forward(&ids).unwrap();
+    assert_eq!(to_vec(&got), to_vec(&want));
+}
+
+#[test]
+fn a_checkpoint_of_the_wrong_shape_is_an_error_naming_the_tensor() {
+    let dir = scratch_dir("shape").join("ckpt");
+    let qwen = engine("tiny-qwen2", 2);
+    qwen.save_checkpoint(&dir).unwrap();
+    let mut llama = engine("tiny-llama", 2);
+    let before = state_bits(&llama);
+    let msg = llama.load_checkpoint(&dir).unwrap_err().to_string();
+    assert!(
+        msg.contains("`model.embed_tokens.weight`")
+            && msg.contains("[384, 64]")
+            && msg.contains("[384, 96]"),
+        "{msg}"
+    );
+    assert!(
+        state_bits(&llama) == before,
+        "a failed load changed the engine"
+    );
+
+    // Optimizer state of the wrong shape, under the right model.
+    let mut other = engine("tiny-qwen2", 2);
+    let opt = dir.join("optimizer.safetensors");
+    let t = candle_core::Tensor::zeros((3, 3), DType::F32, &Device::Cpu).unwrap();
+    let mut moments = candle_core::safetensors::load(&opt, &Device::Cpu).unwrap();
+    moments.insert("model.norm.weight.exp_avg".into(), t);
+    candle_core::safetensors::save(&moments, &opt).unwrap();
+    let msg = other.load_checkpoint(&dir).unwrap_err().to_string();
+    assert!(
+        msg.contains("`model.norm.weight.exp_avg`") && msg.contains("[3, 3]"),
+        "{msg}"
+    );
+}

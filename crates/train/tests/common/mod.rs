@@ -1,0 +1,124 @@
+//! Shared helpers of the integration tests: fixture engines and batches.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+use colo_mem::{Pool, PoolConfig};
+use colo_train::{
+    ColoTrainer, MicroBatchConfig, OptimConfig, PolicyBatch, SeqBatch, TrainEngine, TrainerConfig,
+};
+
+pub const MODELS: [&str; 2] = ["tiny-qwen2", "tiny-llama"];
+
+pub fn fixture_dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata")
+        .join(name)
+}
+
+/// A scratch directory unique to this process and test.
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("colo-train-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A config with a learning rate large enough to move the tiny models.
+pub fn config(micro_batch_size: usize) -> TrainerConfig {
+    TrainerConfig {
+        optim: OptimConfig {
+            lr: 1e-3,
+            weight_decay: 0.01,
+            grad_clip: Some(1.0),
+            ..Default::default()
+        },
+        micro_batch: MicroBatchConfig {
+            micro_batch_size,
+            score_micro_batch_size: None,
+        },
+        value_head: None,
+    }
+}
+
+pub fn engine_with(name: &str, cfg: &TrainerConfig) -> ColoTrainer {
+    let pool = Pool::host(PoolConfig::default()).unwrap();
+    ColoTrainer::from_dir(pool, &fixture_dir(name), cfg).unwrap()
+}
+
+pub fn engine(name: &str, micro_batch_size: usize) -> ColoTrainer {
+    engine_with(name, &config(micro_batch_size))
+}
+
+pub fn pool_of(e: &ColoTrainer) -> &Arc<Pool> {
+    e.pool()
+}
+
+/// Four right-padded (prompt, response) rows of different lengths, ids in
+/// the fixtures' vocabulary.
+pub fn seqs() -> SeqBatch {
+    let tok = |i: usize, j: usize| ((i * 37 + j * 11) % 370 + 3) as u32;
+    let rows: Vec<(Vec<u32>, Vec<u32>)> = [(3, 5), (2, 7), (4, 2), (1, 6)]
+        .iter()
+        .enumerate()
+        .map(|(i, &(p, r))| {
+            (
+                (0..p).map(|j| tok(i, j)).collect(),
+                (p..p + r).map(|j| tok(i, j)).collect(),
+            )
+        })
+        .collect();
+    let pairs: Vec<(&[u32], &[u32])> = rows.iter().map(|(p, r)| (&p[..], &r[..])).collect();
+    SeqBatch::from_prompt_response(&pairs, 0).unwrap()
+}
+
+/// Advantages that differ by row and token, zero off the response.
+pub fn advantages(seqs: &SeqBatch) -> Tensor {
+    let (b, s) = (seqs.batch_size(), seqs.seq_len());
+    let v: Vec<f32> = (0..b * s)
+        .map(|k| ((k * 7) % 5) as f32 * 0.5 - 1.0)
+        .collect();
+    (Tensor::from_vec(v, (b, s), &Device::Cpu).unwrap() * seqs.response_mask()).unwrap()
+}
+
+/// An on-policy batch: old log-probs scored by the engine itself, and a
+/// reference that differs a little from them.
+pub fn policy_batch(e: &mut ColoTrainer) -> PolicyBatch {
+    let seqs = seqs();
+    let old = e.score(&seqs, false).unwrap().log_probs;
+    let reference = (&old - 0.1).unwrap();
+    let adv = advantages(&seqs);
+    PolicyBatch::new(seqs, &old, &adv, Some(&reference), None).unwrap()
+}
+
+pub fn to_vec(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+/// ‖a − b‖ / ‖b‖.
+pub fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (to_vec(a), to_vec(b));
+    let num: f64 = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| ((x - y) as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// Every parameter and moment, as bits.
+pub fn state_bits(e: &ColoTrainer) -> Vec<Vec<u32>> {
+    let mut out: Vec<Vec<u32>> = e
+        .parameters()
+        .iter()
+        .map(|(_, t)| to_vec(t).iter().map(|x| x.to_bits()).collect())
+        .collect();
+    for (_, m, v) in e.optimizer_state() {
+        out.push(to_vec(&m).iter().map(|x| x.to_bits()).collect());
+        out.push(to_vec(&v).iter().map(|x| x.to_bits()).collect());
+    }
+    out
+}
