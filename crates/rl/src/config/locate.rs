@@ -1,0 +1,162 @@
+//! Lines and field names for configuration errors.
+//!
+//! `toml`'s errors carry a byte span and (when it knows them) the key path;
+//! validation errors carry a field path only, whose line is found by
+//! scanning the file's table headers and keys — enough for the flat,
+//! section-per-topic files a run config is.
+
+use std::path::Path;
+
+use crate::Error;
+
+/// A `toml` error as [`Error::Config`], with the line and the field.
+pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error {
+    let mut line = e
+        .span()
+        .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+    let mut field = keys_of(e)
+        .or_else(|| line.and_then(|l| field_at_line(text, l)))
+        .unwrap_or_else(|| "<file>".to_owned());
+    // `toml` names the table of an unknown key; name the key itself, and
+    // find its line (a buffered table, like `[reward]`, reports its header).
+    if let Some(unknown) = unknown_field(e.message()) {
+        if !field.ends_with(unknown) {
+            field = join(&field, unknown);
+        }
+        line = key_line(text, &field).or(line);
+    }
+    Error::Config {
+        path: path.to_owned(),
+        line,
+        field,
+        message: e.message().trim().to_owned(),
+    }
+}
+
+/// The key path `toml` recorded. It is private, but printed as
+/// "in `a.b`" when the error has no input to quote.
+fn keys_of(e: &toml::de::Error) -> Option<String> {
+    let mut bare = e.clone();
+    bare.set_input(None);
+    let shown = bare.to_string();
+    let keys = shown
+        .lines()
+        .last()?
+        .strip_prefix("in `")?
+        .strip_suffix('`')?;
+    Some(keys.to_owned())
+}
+
+/// `X` of serde's "unknown field `X`, expected …".
+fn unknown_field(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("unknown field `")?;
+    Some(&rest[..rest.find('`')?])
+}
+
+/// `section.key` for a `key = …` line (1-based), or `section` for a header.
+fn field_at_line(text: &str, line: usize) -> Option<String> {
+    let mut section = String::new();
+    for (i, l) in text.lines().enumerate() {
+        let l = l.trim();
+        if let Some(h) = header(l) {
+            section = h;
+            if i + 1 == line {
+                return Some(section);
+            }
+        } else if i + 1 == line {
+            return Some(join(&section, &key(l)?));
+        }
+    }
+    None
+}
+
+/// The 1-based line where `field` (`section.key`) is written, if it is.
+/// A field inside an inline table is found at its table's line.
+pub(crate) fn key_line(text: &str, field: &str) -> Option<usize> {
+    let mut section = String::new();
+    let mut best = None;
+    for (i, l) in text.lines().enumerate() {
+        let l = l.trim();
+        let (here, is_key) = match header(l) {
+            Some(h) => {
+                section = h;
+                (section.clone(), false)
+            }
+            None => match key(l) {
+                Some(k) => (join(&section, &k), true),
+                None => continue,
+            },
+        };
+        if here == field {
+            return Some(i + 1);
+        }
+        // An inline table (`reward = { … }`) holds the fields under it.
+        let inline = is_key && field.starts_with(&format!("{here}."));
+        if inline && best.is_none_or(|(len, _)| here.len() > len) {
+            best = Some((here.len(), i + 1));
+        }
+    }
+    best.map(|(_, line)| line)
+}
+
+/// `[a.b]` or `[[a.b]]` → `a.b`.
+fn header(l: &str) -> Option<String> {
+    let inner = l.strip_prefix('[')?;
+    let inner = inner.strip_prefix('[').unwrap_or(inner);
+    let end = inner.find(']')?;
+    Some(
+        inner[..end]
+            .split('.')
+            .map(|p| p.trim().trim_matches('"'))
+            .collect::<Vec<_>>()
+            .join("."),
+    )
+}
+
+/// The (possibly dotted) key of a `key = value` line.
+fn key(l: &str) -> Option<String> {
+    if l.starts_with('#') {
+        return None;
+    }
+    let (k, _) = l.split_once('=')?;
+    let k: Vec<&str> = k.split('.').map(|p| p.trim().trim_matches('"')).collect();
+    (!k.iter().any(|p| p.is_empty())).then(|| k.join("."))
+}
+
+fn join(section: &str, key: &str) -> String {
+    if section.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{section}.{key}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "seed = 1\n[actor]\nlr = 1\n# lr = 2\nppo_epochs = 2\n\n[[reward.terms]]\nweight = 1\nreward = { kind = \"format\" }\n[data.builtin]\nmax_operand = 9\n";
+
+    #[test]
+    fn finds_keys_under_their_headers() {
+        assert_eq!(key_line(TEXT, "seed"), Some(1));
+        assert_eq!(key_line(TEXT, "actor.lr"), Some(3));
+        assert_eq!(key_line(TEXT, "actor.ppo_epochs"), Some(5));
+        assert_eq!(key_line(TEXT, "reward.terms.weight"), Some(8));
+        assert_eq!(key_line(TEXT, "reward.terms.reward.open"), Some(9));
+        assert_eq!(key_line(TEXT, "data.builtin.max_operand"), Some(11));
+        assert_eq!(
+            key_line(TEXT, "actor.clip_ratio"),
+            None,
+            "absent (a default)"
+        );
+        assert_eq!(key_line(TEXT, "trainer.seed"), None);
+    }
+
+    #[test]
+    fn names_the_field_of_a_line() {
+        assert_eq!(field_at_line(TEXT, 3).as_deref(), Some("actor.lr"));
+        assert_eq!(field_at_line(TEXT, 10).as_deref(), Some("data.builtin"));
+        assert_eq!(field_at_line(TEXT, 6), None);
+    }
+}

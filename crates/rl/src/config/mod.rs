@@ -1,0 +1,292 @@
+//! The run configuration: one TOML file, read once into a validated
+//! [`Config`].
+//!
+//! ```toml
+//! [data]
+//! train_files = ["data/train.jsonl"]
+//! val_files = ["data/val.jsonl"]
+//! train_batch_size = 32          # prompts per step
+//!
+//! [model]
+//! path = "checkpoints/qwen2-0.5b"
+//!
+//! [rollout]
+//! n = 8
+//! temperature = 1.0
+//!
+//! [actor]
+//! lr = 1e-6
+//! ppo_mini_batch_size = 16       # prompts; × n samples
+//! ppo_micro_batch_size = 32      # samples
+//!
+//! [algorithm]
+//! adv_estimator = "grpo"
+//!
+//! [reward]
+//! kind = "numeric"
+//! after = "####"
+//! ```
+//!
+//! Every key has a default, and the defaults are the built-in task's run, so
+//! an empty file (or none) is `colo train`'s default. The raw file
+//! ([`RawConfig`], unknown keys refused) is turned once into [`Config`],
+//! which checks values and batch sizes (prompts per step × n against the
+//! mini- and micro-batches) and resolves derived numbers ([`BatchPlan`]);
+//! [`Config::summary`] prints them. Errors carry the file, the line and the
+//! field ([`Error::Config`](crate::Error::Config)).
+
+mod locate;
+pub mod raw;
+mod validate;
+
+use std::path::{Path, PathBuf};
+
+use colo_algo::{
+    AdvantageConfig, KlControlConfig, KlEstimator, PolicyLossConfig, RolloutCorrectionConfig,
+};
+
+pub use raw::{Colocation, Device, RawConfig};
+
+use crate::data::Fields;
+use crate::reward::RewardSpec;
+use crate::task::ArithmeticTask;
+use crate::{Error, Result};
+
+/// Steps of the run when neither `total_steps` nor `total_epochs` is given.
+pub const DEFAULT_TOTAL_STEPS: usize = 100;
+
+/// A validated run configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub data: DataConfig,
+    pub model: ModelSource,
+    pub rollout: RolloutConfig,
+    pub actor: ActorConfig,
+    pub algorithm: AlgorithmConfig,
+    pub reward: RewardSpec,
+    pub memory: MemoryConfig,
+    pub trainer: TrainerConfig,
+    /// Batch sizes resolved from `data`, `rollout` and `actor`.
+    pub batch: BatchPlan,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum DataSource {
+    /// The built-in arithmetic task, generated into the run directory.
+    Builtin(ArithmeticTask),
+    Files {
+        train: Vec<PathBuf>,
+        val: ValSource,
+    },
+}
+
+/// Where the held-out prompts come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ValSource {
+    Files(Vec<PathBuf>),
+    /// This fraction of the training prompts, held out by a seeded split.
+    Fraction(f64),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataConfig {
+    pub source: DataSource,
+    pub fields: Fields,
+    pub max_prompt_length: usize,
+    pub seed: u64,
+    pub shuffle: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelSource {
+    /// The built-in model ([`crate::task::model_config`]) from its committed
+    /// SFT checkpoint.
+    Builtin,
+    Path(PathBuf),
+}
+
+/// Token sampling settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// 0 is greedy.
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: Option<usize>,
+}
+
+/// The KV cache's size.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvBudget {
+    /// A share of the device memory left after weights.
+    Fraction(f64),
+    Tokens(usize),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutConfig {
+    pub n: usize,
+    pub sampling: Sampling,
+    pub max_new_tokens: usize,
+    pub kv: KvBudget,
+    /// Evaluation: samples per prompt and their sampling.
+    pub val_n: usize,
+    pub val_sampling: Sampling,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OptimConfig {
+    pub lr: f64,
+    pub warmup_steps: usize,
+    pub weight_decay: f64,
+    pub grad_clip: f64,
+}
+
+/// The KL term of the actor loss (verl's `use_kl_loss`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KlLoss {
+    pub coef: f64,
+    pub estimator: KlEstimator,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActorConfig {
+    pub optim: OptimConfig,
+    pub ppo_epochs: usize,
+    pub policy_loss: PolicyLossConfig,
+    pub entropy_coeff: f64,
+    pub kl_loss: Option<KlLoss>,
+}
+
+/// KL as a reward penalty (verl's `use_kl_in_reward`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KlInReward {
+    pub estimator: KlEstimator,
+    pub ctrl: KlControlConfig,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlgorithmConfig {
+    pub advantage: AdvantageConfig,
+    pub kl_in_reward: Option<KlInReward>,
+    pub rollout_correction: RolloutCorrectionConfig,
+}
+
+impl AlgorithmConfig {
+    /// Whether the reference model's log-probabilities are needed.
+    pub fn needs_ref(&self, actor: &ActorConfig) -> bool {
+        self.kl_in_reward.is_some() || actor.kl_loss.is_some()
+    }
+}
+
+/// The device capacity the memory layer enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capacity {
+    /// The device's memory (CUDA), or on the CPU a capacity chosen by the
+    /// run to make the choreography matter.
+    Auto,
+    Bytes(u64),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryConfig {
+    pub capacity: Capacity,
+    pub colocation: Colocation,
+    pub offload_train_param: bool,
+    pub offload_train_grad: bool,
+    pub offload_train_optimizer: bool,
+    pub offload_ref: bool,
+}
+
+/// How long the run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunLength {
+    Steps(usize),
+    Epochs(usize),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainerConfig {
+    pub length: RunLength,
+    /// `None`: checkpoint only at the end.
+    pub save_freq: Option<usize>,
+    /// `None`: evaluate only before (if `val_before_train`) and at the end.
+    pub test_freq: Option<usize>,
+    pub val_before_train: bool,
+    pub resume: bool,
+    pub out_dir: PathBuf,
+    pub seed: u64,
+    pub device: Device,
+}
+
+/// The batch sizes of one RL step, in prompts and samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchPlan {
+    /// `data.train_batch_size`.
+    pub prompts_per_step: usize,
+    /// `rollout.n`.
+    pub n: usize,
+    /// prompts_per_step × n: the sequences generated and trained on per step.
+    pub samples_per_step: usize,
+    /// `actor.ppo_mini_batch_size` (prompts), and × n in samples.
+    pub mini_batch_prompts: usize,
+    pub mini_batch_samples: usize,
+    /// Optimiser steps per PPO epoch.
+    pub mini_batches_per_step: usize,
+    /// `actor.ppo_micro_batch_size` (samples per forward/backward).
+    pub micro_batch_samples: usize,
+    /// Gradient accumulation steps per optimiser step.
+    pub micro_batches_per_mini_batch: usize,
+    /// mini_batches_per_step × ppo_epochs.
+    pub optimizer_steps_per_step: usize,
+}
+
+impl Config {
+    /// Reads and validates a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        if !path.is_file() {
+            return Err(Error::MissingFile {
+                what: "config file",
+                path: path.to_owned(),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::from_toml(&text, path)
+    }
+
+    /// Parses and validates TOML text; `path` is only for messages.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self> {
+        let raw: RawConfig =
+            toml::from_str(text).map_err(|e| locate::toml_error(&e, text, path))?;
+        validate::validate(raw).map_err(|(field, message)| {
+            let line = locate::key_line(text, &field);
+            let message = match line {
+                Some(_) => message,
+                None => format!("{message} (not set in the file: the default)"),
+            };
+            Error::Config {
+                path: path.to_owned(),
+                line,
+                field,
+                message,
+            }
+        })
+    }
+
+    /// The built-in task's run (an empty file).
+    pub fn builtin() -> Self {
+        validate::validate(RawConfig::default()).expect("the defaults are valid")
+    }
+
+    /// Steps of the run for a training set of `train_prompts` prompts.
+    pub fn total_steps(&self, train_prompts: usize) -> usize {
+        match self.trainer.length {
+            RunLength::Steps(s) => s,
+            RunLength::Epochs(e) => e * (train_prompts / self.batch.prompts_per_step),
+        }
+    }
+
+    /// The resolved settings, one topic a line, for the console.
+    pub fn summary(&self) -> String {
+        validate::summary(self)
+    }
+}

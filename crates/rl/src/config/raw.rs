@@ -1,0 +1,357 @@
+//! The run configuration as written in the TOML file: every section and key
+//! with its default (the built-in task's run), unknown keys refused. Turned
+//! into the validated [`Config`](super::Config) once, by
+//! [`RawConfig::validate`](super::validate).
+//!
+//! Names follow verl's where verl has one (`data.train_batch_size`,
+//! `actor.ppo_mini_batch_size`, `algorithm.adv_estimator`, …); verl's longer
+//! spellings are accepted as aliases where ours differ.
+
+use std::path::PathBuf;
+
+use colo_algo::{AdvEstimator, IsLevel, KlControlConfig, KlEstimator, LossAggMode, PolicyLossMode};
+use serde::{Deserialize, Serialize};
+
+use crate::reward::RewardSpec;
+use crate::task::ArithmeticTask;
+
+/// The whole file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawConfig {
+    pub data: RawData,
+    pub model: RawModel,
+    pub rollout: RawRollout,
+    pub actor: RawActor,
+    pub algorithm: RawAlgorithm,
+    pub reward: RewardSpec,
+    pub memory: RawMemory,
+    pub trainer: RawTrainer,
+}
+
+/// One path or a list of them (verl accepts both).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Files {
+    One(PathBuf),
+    Many(Vec<PathBuf>),
+}
+
+impl Default for Files {
+    fn default() -> Self {
+        Files::Many(Vec::new())
+    }
+}
+
+impl Files {
+    pub fn to_vec(&self) -> Vec<PathBuf> {
+        match self {
+            Files::One(p) => vec![p.clone()],
+            Files::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// `[data]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawData {
+    /// JSONL files; none means the built-in task.
+    pub train_files: Files,
+    /// Held-out JSONL files for `eval/accuracy`…
+    pub val_files: Files,
+    /// …or this fraction of the training files held out.
+    pub val_fraction: Option<f64>,
+    pub prompt_key: String,
+    /// The ground truth: a key, or a dotted path (`reward_model.ground_truth`).
+    pub answer_key: String,
+    /// Prompts per RL step.
+    pub train_batch_size: usize,
+    /// Longer prompts (in tokens) are an error when the data are read.
+    pub max_prompt_length: usize,
+    /// The shuffling seed; absent means `trainer.seed`.
+    pub seed: Option<u64>,
+    pub shuffle: bool,
+    /// The built-in task (used when `train_files` is empty).
+    pub builtin: ArithmeticTask,
+}
+
+impl Default for RawData {
+    fn default() -> Self {
+        RawData {
+            train_files: Files::default(),
+            val_files: Files::default(),
+            val_fraction: None,
+            prompt_key: "prompt".into(),
+            answer_key: "answer".into(),
+            train_batch_size: 32,
+            max_prompt_length: 64,
+            seed: None,
+            shuffle: true,
+            builtin: ArithmeticTask::default(),
+        }
+    }
+}
+
+/// `[model]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawModel {
+    /// A Hugging Face checkpoint directory; absent means the built-in model.
+    pub path: Option<PathBuf>,
+}
+
+/// `[rollout]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawRollout {
+    /// Samples per prompt.
+    pub n: usize,
+    pub temperature: f64,
+    pub top_p: f64,
+    /// `-1` or `0`: off (verl's `-1`).
+    pub top_k: i64,
+    #[serde(alias = "response_length", alias = "max_response_length")]
+    pub max_new_tokens: usize,
+    /// The share of the device's free memory for the KV cache (verl's
+    /// `gpu_memory_utilization`); ignored when `max_kv_tokens` is set.
+    #[serde(alias = "gpu_memory_utilization")]
+    pub mem_fraction: f64,
+    /// A KV-cache size in tokens, instead of `mem_fraction`.
+    pub max_kv_tokens: Option<usize>,
+    /// Sampling for evaluation.
+    pub val_kwargs: RawValKwargs,
+}
+
+impl Default for RawRollout {
+    fn default() -> Self {
+        RawRollout {
+            n: 8,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: -1,
+            max_new_tokens: 6,
+            mem_fraction: 0.5,
+            max_kv_tokens: None,
+            val_kwargs: RawValKwargs::default(),
+        }
+    }
+}
+
+/// `[rollout.val_kwargs]`: greedy by default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawValKwargs {
+    pub n: usize,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: i64,
+}
+
+impl Default for RawValKwargs {
+    fn default() -> Self {
+        RawValKwargs {
+            n: 1,
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: -1,
+        }
+    }
+}
+
+/// `[actor]`: optimiser, PPO batching and the actor loss.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawActor {
+    pub lr: f64,
+    #[serde(alias = "warmup", alias = "lr_warmup_steps")]
+    pub warmup_steps: usize,
+    pub weight_decay: f64,
+    pub grad_clip: f64,
+    /// Prompts per optimiser step (verl's unit; × `rollout.n` samples).
+    pub ppo_mini_batch_size: usize,
+    /// Samples per forward/backward pass.
+    #[serde(alias = "ppo_micro_batch_size_per_gpu")]
+    pub ppo_micro_batch_size: usize,
+    pub ppo_epochs: usize,
+    pub loss_mode: PolicyLossMode,
+    pub clip_ratio: f64,
+    pub clip_ratio_low: Option<f64>,
+    pub clip_ratio_high: Option<f64>,
+    pub clip_ratio_c: f64,
+    pub loss_agg_mode: LossAggMode,
+    pub entropy_coeff: f64,
+    pub use_kl_loss: bool,
+    pub kl_loss_coef: f64,
+    pub kl_loss_type: KlEstimator,
+}
+
+impl Default for RawActor {
+    fn default() -> Self {
+        RawActor {
+            lr: 1e-4,
+            warmup_steps: 5,
+            weight_decay: 0.01,
+            grad_clip: 1.0,
+            ppo_mini_batch_size: 16,
+            ppo_micro_batch_size: 64,
+            ppo_epochs: 1,
+            loss_mode: PolicyLossMode::Vanilla,
+            clip_ratio: 0.2,
+            clip_ratio_low: None,
+            clip_ratio_high: None,
+            clip_ratio_c: 3.0,
+            loss_agg_mode: LossAggMode::TokenMean,
+            entropy_coeff: 0.0,
+            use_kl_loss: true,
+            kl_loss_coef: 0.001,
+            kl_loss_type: KlEstimator::K3,
+        }
+    }
+}
+
+/// `[algorithm]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawAlgorithm {
+    pub adv_estimator: AdvEstimator,
+    pub gamma: f64,
+    pub lam: f64,
+    pub norm_adv_by_std_in_grpo: bool,
+    pub use_kl_in_reward: bool,
+    pub kl_penalty: KlEstimator,
+    pub kl_ctrl: KlControlConfig,
+    pub rollout_correction: RawRolloutCorrection,
+}
+
+impl Default for RawAlgorithm {
+    fn default() -> Self {
+        RawAlgorithm {
+            adv_estimator: AdvEstimator::Grpo,
+            gamma: 1.0,
+            lam: 1.0,
+            norm_adv_by_std_in_grpo: true,
+            use_kl_in_reward: false,
+            kl_penalty: KlEstimator::K1,
+            kl_ctrl: KlControlConfig::default(),
+            rollout_correction: RawRolloutCorrection::default(),
+        }
+    }
+}
+
+/// `[algorithm.rollout_correction]`: truncated importance sampling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawRolloutCorrection {
+    pub rollout_is: Option<IsLevel>,
+    pub rollout_is_threshold: f64,
+}
+
+impl Default for RawRolloutCorrection {
+    fn default() -> Self {
+        RawRolloutCorrection {
+            rollout_is: None,
+            rollout_is_threshold: 2.0,
+        }
+    }
+}
+
+/// A device capacity: `"auto"`, a number of bytes, or a size such as
+/// `"512MiB"` / `"2GB"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RawCapacity {
+    Bytes(u64),
+    Text(String),
+}
+
+/// How trainer and rollout engine share the device (the four modes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Colocation {
+    /// Everything stays resident.
+    Naive,
+    /// The trainer writes safetensors; the rollout engine is rebuilt from
+    /// them each step.
+    Restart,
+    /// All rollout memory is resumed at once.
+    Sleep,
+    /// Multi-stage awake: weights, sync, free the trainer's copy, then the
+    /// KV cache.
+    #[default]
+    Staged,
+}
+
+/// `[memory]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawMemory {
+    pub capacity: RawCapacity,
+    #[serde(alias = "mode")]
+    pub colocation: Colocation,
+    /// While generating: the trainer's parameters, gradients, optimiser
+    /// state and the reference model go to host memory.
+    pub offload_train_param: bool,
+    pub offload_train_grad: bool,
+    pub offload_train_optimizer: bool,
+    pub offload_ref: bool,
+}
+
+impl Default for RawMemory {
+    fn default() -> Self {
+        RawMemory {
+            capacity: RawCapacity::Text("auto".into()),
+            colocation: Colocation::Staged,
+            offload_train_param: true,
+            offload_train_grad: true,
+            offload_train_optimizer: true,
+            offload_ref: true,
+        }
+    }
+}
+
+/// Where the run computes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda,
+}
+
+/// `[trainer]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawTrainer {
+    /// Wins over `total_epochs` when both are given (as in verl).
+    #[serde(alias = "total_training_steps")]
+    pub total_steps: Option<usize>,
+    pub total_epochs: Option<usize>,
+    /// Checkpoint every this many steps; `0` or `-1`: only at the end.
+    pub save_freq: i64,
+    /// Evaluate every this many steps; `0` or `-1`: only before and after.
+    pub test_freq: i64,
+    pub val_before_train: bool,
+    /// Continue from the latest checkpoint in `out_dir`.
+    pub resume: bool,
+    #[serde(alias = "default_local_dir")]
+    pub out_dir: PathBuf,
+    pub seed: u64,
+    pub device: Device,
+}
+
+impl Default for RawTrainer {
+    fn default() -> Self {
+        RawTrainer {
+            total_steps: None,
+            total_epochs: None,
+            save_freq: 50,
+            test_freq: 10,
+            val_before_train: true,
+            resume: false,
+            out_dir: PathBuf::from("runs/colo"),
+            seed: 1,
+            device: Device::Cpu,
+        }
+    }
+}

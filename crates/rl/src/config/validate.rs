@@ -1,0 +1,488 @@
+//! [`RawConfig`] → [`Config`]: value checks, batch-size consistency, and the
+//! printed summary. Errors are `(field path, message)`; the caller adds the
+//! file and line.
+
+use colo_algo::{AdvEstimator, AdvantageConfig, PolicyLossConfig, RolloutCorrectionConfig};
+
+use super::raw::{RawCapacity, RawConfig};
+use super::*;
+
+type Check<T> = std::result::Result<T, (String, String)>;
+
+fn bad<T>(field: &str, message: impl Into<String>) -> Check<T> {
+    Err((field.to_owned(), message.into()))
+}
+
+fn positive(field: &str, v: usize) -> Check<usize> {
+    if v == 0 {
+        return bad(field, "must be at least 1");
+    }
+    Ok(v)
+}
+
+fn in_range(field: &str, v: f64, lo: f64, hi: f64) -> Check<f64> {
+    if !(v.is_finite() && v >= lo && v <= hi) {
+        return bad(field, format!("must be in [{lo}, {hi}], got {v}"));
+    }
+    Ok(v)
+}
+
+fn sampling(prefix: &str, temperature: f64, top_p: f64, top_k: i64) -> Check<Sampling> {
+    let temperature = in_range(&format!("{prefix}temperature"), temperature, 0.0, 100.0)?;
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return bad(
+            &format!("{prefix}top_p"),
+            format!("must be in (0, 1], got {top_p}"),
+        );
+    }
+    let top_k = match top_k {
+        -1 | 0 => None,
+        k if k > 0 => Some(k as usize),
+        k => {
+            return bad(
+                &format!("{prefix}top_k"),
+                format!("must be -1 (off) or positive, got {k}"),
+            )
+        }
+    };
+    Ok(Sampling {
+        temperature,
+        top_p,
+        top_k,
+    })
+}
+
+/// `-1` / `0` → `None` (verl's "never" for frequencies).
+fn frequency(field: &str, v: i64) -> Check<Option<usize>> {
+    match v {
+        -1 | 0 => Ok(None),
+        v if v > 0 => Ok(Some(v as usize)),
+        v => bad(field, format!("must be -1 (off) or positive, got {v}")),
+    }
+}
+
+/// `"auto"`, bytes, or a size with a unit (`512MiB`, `2 GB`, `1.5GiB`).
+pub(crate) fn capacity(raw: &RawCapacity) -> Check<Capacity> {
+    let text = match raw {
+        RawCapacity::Bytes(0) => return bad("memory.capacity", "must be positive"),
+        RawCapacity::Bytes(b) => return Ok(Capacity::Bytes(*b)),
+        RawCapacity::Text(t) => t.trim(),
+    };
+    if text.eq_ignore_ascii_case("auto") {
+        return Ok(Capacity::Auto);
+    }
+    let split = text
+        .find(|c: char| c.is_ascii_alphabetic())
+        .unwrap_or(text.len());
+    let (num, unit) = (text[..split].trim(), text[split..].trim());
+    let scale: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        _ => {
+            return bad(
+                "memory.capacity",
+                format!(
+                    "unknown unit `{unit}` (use B, KB, MB, GB, KiB, MiB, GiB, TiB, or \"auto\")"
+                ),
+            )
+        }
+    };
+    match num.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(Capacity::Bytes((v * scale as f64) as u64)),
+        _ => bad(
+            "memory.capacity",
+            format!("expected \"auto\" or a size like \"512MiB\", got {text:?}"),
+        ),
+    }
+}
+
+pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
+    let RawConfig {
+        data,
+        model,
+        rollout,
+        actor,
+        algorithm,
+        reward,
+        memory,
+        trainer,
+    } = raw;
+
+    // [data]
+    let train = data.train_files.to_vec();
+    let val = data.val_files.to_vec();
+    let source = match (train.is_empty(), val.is_empty(), data.val_fraction) {
+        (true, true, None) => DataSource::Builtin(data.builtin.clone()),
+        (true, _, _) => return bad(
+            "data.train_files",
+            "held-out data are given but no training files (leave both out for the built-in task)",
+        ),
+        (false, false, Some(_)) => {
+            return bad(
+                "data.val_fraction",
+                "give val_files or val_fraction, not both",
+            )
+        }
+        (false, false, None) => DataSource::Files {
+            train,
+            val: ValSource::Files(val),
+        },
+        (false, true, Some(f)) if f > 0.0 && f < 1.0 => DataSource::Files {
+            train,
+            val: ValSource::Fraction(f),
+        },
+        (false, true, Some(f)) => {
+            return bad("data.val_fraction", format!("must be in (0, 1), got {f}"))
+        }
+        (false, true, None) => {
+            return bad(
+                "data.val_files",
+                "a held-out set is needed for eval/accuracy: give val_files or val_fraction",
+            )
+        }
+    };
+    if let DataSource::Builtin(t) = &source {
+        if t.train_size + t.val_size > t.space() {
+            return bad(
+                "data.builtin.train_size",
+                format!(
+                    "train_size + val_size exceed the task's {} distinct problems",
+                    t.space()
+                ),
+            );
+        }
+        if t.ops.is_empty() {
+            return bad("data.builtin.ops", "needs at least one of \"+\", \"-\"");
+        }
+    }
+    for (field, v) in [
+        ("data.prompt_key", &data.prompt_key),
+        ("data.answer_key", &data.answer_key),
+    ] {
+        if v.is_empty() {
+            return bad(field, "must not be empty");
+        }
+    }
+    let data_cfg = DataConfig {
+        source,
+        fields: Fields {
+            prompt_key: data.prompt_key,
+            answer_key: data.answer_key,
+        },
+        max_prompt_length: positive("data.max_prompt_length", data.max_prompt_length)?,
+        seed: data.seed.unwrap_or(trainer.seed),
+        shuffle: data.shuffle,
+    };
+
+    // [rollout]
+    let n = positive("rollout.n", rollout.n)?;
+    let group = matches!(
+        algorithm.adv_estimator,
+        AdvEstimator::Grpo | AdvEstimator::Rloo | AdvEstimator::ReinforcePlusPlusBaseline
+    );
+    if group && n < 2 {
+        return bad(
+            "rollout.n",
+            format!(
+                "adv_estimator `{}` compares samples of a prompt: n must be at least 2",
+                algorithm.adv_estimator.name()
+            ),
+        );
+    }
+    let kv = match rollout.max_kv_tokens {
+        Some(t) => KvBudget::Tokens(positive("rollout.max_kv_tokens", t)?),
+        None if rollout.mem_fraction > 0.0 && rollout.mem_fraction <= 1.0 => {
+            KvBudget::Fraction(rollout.mem_fraction)
+        }
+        None => {
+            return bad(
+                "rollout.mem_fraction",
+                format!("must be in (0, 1], got {}", rollout.mem_fraction),
+            )
+        }
+    };
+    let v = &rollout.val_kwargs;
+    let rollout_cfg = RolloutConfig {
+        n,
+        sampling: sampling(
+            "rollout.",
+            rollout.temperature,
+            rollout.top_p,
+            rollout.top_k,
+        )?,
+        max_new_tokens: positive("rollout.max_new_tokens", rollout.max_new_tokens)?,
+        kv,
+        val_n: positive("rollout.val_kwargs.n", v.n)?,
+        val_sampling: sampling("rollout.val_kwargs.", v.temperature, v.top_p, v.top_k)?,
+    };
+
+    // Batch sizes: prompts per step → mini-batches (prompts) → micro-batches (samples).
+    let prompts = positive("data.train_batch_size", data.train_batch_size)?;
+    let mini = positive("actor.ppo_mini_batch_size", actor.ppo_mini_batch_size)?;
+    if prompts % mini != 0 {
+        return bad(
+            "actor.ppo_mini_batch_size",
+            format!("{mini} prompts must divide data.train_batch_size ({prompts} prompts)"),
+        );
+    }
+    let micro = positive("actor.ppo_micro_batch_size", actor.ppo_micro_batch_size)?;
+    if (mini * n) % micro != 0 {
+        return bad(
+            "actor.ppo_micro_batch_size",
+            format!(
+                "{micro} samples must divide a mini-batch: ppo_mini_batch_size {mini} × rollout.n {n} = {} samples",
+                mini * n
+            ),
+        );
+    }
+    let ppo_epochs = positive("actor.ppo_epochs", actor.ppo_epochs)?;
+    let batch = BatchPlan {
+        prompts_per_step: prompts,
+        n,
+        samples_per_step: prompts * n,
+        mini_batch_prompts: mini,
+        mini_batch_samples: mini * n,
+        mini_batches_per_step: prompts / mini,
+        micro_batch_samples: micro,
+        micro_batches_per_mini_batch: mini * n / micro,
+        optimizer_steps_per_step: prompts / mini * ppo_epochs,
+    };
+
+    // [actor]
+    if !(actor.lr.is_finite() && actor.lr > 0.0) {
+        return bad("actor.lr", format!("must be positive, got {}", actor.lr));
+    }
+    let policy_loss = PolicyLossConfig {
+        loss_mode: actor.loss_mode,
+        clip_ratio: actor.clip_ratio,
+        clip_ratio_low: actor.clip_ratio_low,
+        clip_ratio_high: actor.clip_ratio_high,
+        clip_ratio_c: actor.clip_ratio_c,
+        loss_agg_mode: actor.loss_agg_mode,
+    };
+    if let Err(colo_algo::Error::InvalidConfig {
+        field,
+        value,
+        reason,
+    }) = policy_loss.clip_range()
+    {
+        return bad(&format!("actor.{field}"), format!("{reason}, got {value}"));
+    }
+    let actor_cfg = ActorConfig {
+        optim: OptimConfig {
+            lr: actor.lr,
+            warmup_steps: actor.warmup_steps,
+            weight_decay: in_range("actor.weight_decay", actor.weight_decay, 0.0, 1.0)?,
+            grad_clip: in_range(
+                "actor.grad_clip",
+                actor.grad_clip,
+                f64::MIN_POSITIVE,
+                f64::MAX,
+            )?,
+        },
+        ppo_epochs,
+        policy_loss,
+        entropy_coeff: in_range("actor.entropy_coeff", actor.entropy_coeff, -1.0, 1.0)?,
+        kl_loss: match actor.use_kl_loss {
+            true => Some(KlLoss {
+                coef: in_range("actor.kl_loss_coef", actor.kl_loss_coef, 0.0, f64::MAX)?,
+                estimator: actor.kl_loss_type,
+            }),
+            false => None,
+        },
+    };
+
+    // [algorithm]
+    let ctrl = &algorithm.kl_ctrl;
+    if algorithm.use_kl_in_reward && !(ctrl.kl_coef.is_finite() && ctrl.kl_coef >= 0.0) {
+        return bad(
+            "algorithm.kl_ctrl.kl_coef",
+            format!("must be ≥ 0, got {}", ctrl.kl_coef),
+        );
+    }
+    let rc = &algorithm.rollout_correction;
+    if !(rc.rollout_is_threshold.is_finite() && rc.rollout_is_threshold > 0.0) {
+        return bad(
+            "algorithm.rollout_correction.rollout_is_threshold",
+            format!("must be positive, got {}", rc.rollout_is_threshold),
+        );
+    }
+    let algorithm_cfg = AlgorithmConfig {
+        advantage: AdvantageConfig {
+            adv_estimator: algorithm.adv_estimator,
+            gamma: in_range("algorithm.gamma", algorithm.gamma, 0.0, 1.0)?,
+            lam: in_range("algorithm.lam", algorithm.lam, 0.0, 1.0)?,
+            norm_adv_by_std_in_grpo: algorithm.norm_adv_by_std_in_grpo,
+            ..AdvantageConfig::default()
+        },
+        kl_in_reward: algorithm.use_kl_in_reward.then(|| KlInReward {
+            estimator: algorithm.kl_penalty,
+            ctrl: algorithm.kl_ctrl.clone(),
+        }),
+        rollout_correction: RolloutCorrectionConfig {
+            rollout_is: rc.rollout_is,
+            rollout_is_threshold: rc.rollout_is_threshold,
+        },
+    };
+
+    // [reward]
+    if let Err((field, message)) = reward.validate() {
+        return bad(&format!("reward.{field}"), message);
+    }
+
+    // [memory]
+    let memory_cfg = MemoryConfig {
+        capacity: capacity(&memory.capacity)?,
+        colocation: memory.colocation,
+        offload_train_param: memory.offload_train_param,
+        offload_train_grad: memory.offload_train_grad,
+        offload_train_optimizer: memory.offload_train_optimizer,
+        offload_ref: memory.offload_ref,
+    };
+
+    // [trainer]
+    let length = match (trainer.total_steps, trainer.total_epochs) {
+        (Some(s), _) => RunLength::Steps(positive("trainer.total_steps", s)?),
+        (None, Some(e)) => RunLength::Epochs(positive("trainer.total_epochs", e)?),
+        (None, None) => RunLength::Steps(DEFAULT_TOTAL_STEPS),
+    };
+    let trainer_cfg = TrainerConfig {
+        length,
+        save_freq: frequency("trainer.save_freq", trainer.save_freq)?,
+        test_freq: frequency("trainer.test_freq", trainer.test_freq)?,
+        val_before_train: trainer.val_before_train,
+        resume: trainer.resume,
+        out_dir: trainer.out_dir,
+        seed: trainer.seed,
+        device: trainer.device,
+    };
+
+    Ok(Config {
+        data: data_cfg,
+        model: match model.path {
+            Some(p) => ModelSource::Path(p),
+            None => ModelSource::Builtin,
+        },
+        rollout: rollout_cfg,
+        actor: actor_cfg,
+        algorithm: algorithm_cfg,
+        reward,
+        memory: memory_cfg,
+        trainer: trainer_cfg,
+        batch,
+    })
+}
+
+/// A value's config name (its serde form), e.g. `token-mean` or `staged`.
+fn name(v: &impl serde::Serialize) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => "?".into(),
+    }
+}
+
+fn sampling_text(s: &Sampling) -> String {
+    if s.temperature == 0.0 {
+        return "greedy".into();
+    }
+    let k = s.top_k.map_or("off".to_owned(), |k| k.to_string());
+    format!(
+        "temperature {}, top_p {}, top_k {k}",
+        s.temperature, s.top_p
+    )
+}
+
+pub(crate) fn summary(c: &Config) -> String {
+    let b = &c.batch;
+    let data =
+        match &c.data.source {
+            DataSource::Builtin(t) => format!(
+            "built-in arithmetic task (ops {}, operands 0..={}): {} train / {} held-out prompts",
+            name(&t.ops), t.max_operand, t.train_size, t.val_size
+        ),
+            DataSource::Files { train, val } => {
+                let val = match val {
+                    ValSource::Files(v) => format!("held-out {v:?}"),
+                    ValSource::Fraction(f) => format!("{f} held out"),
+                };
+                format!(
+                    "{train:?}, {val}; prompt `{}`, answer `{}`",
+                    c.data.fields.prompt_key, c.data.fields.answer_key
+                )
+            }
+        };
+    let model = match &c.model {
+        ModelSource::Builtin => "built-in (Qwen2, 0.8M parameters, character tokenizer)".to_owned(),
+        ModelSource::Path(p) => p.display().to_string(),
+    };
+    let length = match c.trainer.length {
+        RunLength::Steps(s) => format!("{s} steps"),
+        RunLength::Epochs(e) => format!("{e} epochs"),
+    };
+    let kl = match (&c.actor.kl_loss, &c.algorithm.kl_in_reward) {
+        (Some(k), _) => format!("KL loss {} × {}", name(&k.estimator), k.coef),
+        (None, Some(k)) => format!("KL in reward {}, β {}", name(&k.estimator), k.ctrl.kl_coef),
+        (None, None) => "no KL (no reference model)".into(),
+    };
+    let freq = |f: Option<usize>| f.map_or("end only".to_owned(), |f| format!("every {f} steps"));
+    let m = &c.memory;
+    let on = |b: bool, what: &'static str| b.then_some(what);
+    let offload: Vec<&str> = [
+        on(m.offload_train_param, "params"),
+        on(m.offload_train_grad, "grads"),
+        on(m.offload_train_optimizer, "optimizer"),
+        on(m.offload_ref, "ref"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    [
+        format!("data       {data}"),
+        format!("model      {model}"),
+        format!(
+            "step       {} prompts × n {} = {} samples, max {} new tokens, {}",
+            b.prompts_per_step, b.n, b.samples_per_step, c.rollout.max_new_tokens, sampling_text(&c.rollout.sampling)
+        ),
+        format!(
+            "update     {} mini-batches of {} prompts ({} samples) × {} ppo epochs = {} optimiser steps; {} micro-batches of {} samples each",
+            b.mini_batches_per_step, b.mini_batch_prompts, b.mini_batch_samples, c.actor.ppo_epochs,
+            b.optimizer_steps_per_step, b.micro_batches_per_mini_batch, b.micro_batch_samples
+        ),
+        format!(
+            "algorithm  {} advantages, {} policy loss (clip {}/{}, {}), {kl}, lr {} (warmup {})",
+            c.algorithm.advantage.adv_estimator.name(),
+            name(&c.actor.policy_loss.loss_mode),
+            c.actor.policy_loss.clip_ratio_low.unwrap_or(c.actor.policy_loss.clip_ratio),
+            c.actor.policy_loss.clip_ratio_high.unwrap_or(c.actor.policy_loss.clip_ratio),
+            name(&c.actor.policy_loss.loss_agg_mode),
+            c.actor.optim.lr,
+            c.actor.optim.warmup_steps
+        ),
+        format!("reward     {}", name(&c.reward)),
+        format!(
+            "memory     {} colocation, capacity {}, offload during generation: {}",
+            name(&m.colocation),
+            match m.capacity {
+                Capacity::Auto => "auto".to_owned(),
+                Capacity::Bytes(b) => crate::plot::human_bytes(b as f64),
+            },
+            if offload.is_empty() { "none".to_owned() } else { offload.join(", ") }
+        ),
+        format!(
+            "run        {length}, eval {} ({}), checkpoint {}, seed {}, out {}",
+            freq(c.trainer.test_freq),
+            sampling_text(&c.rollout.val_sampling),
+            freq(c.trainer.save_freq),
+            c.trainer.seed,
+            c.trainer.out_dir.display()
+        ),
+    ]
+    .join("\n")
+}

@@ -1,0 +1,348 @@
+//! Prompts from JSONL files, and the batches of them a run trains on.
+//!
+//! One object per line. The prompt field (`prompt_key`, default `prompt`) is
+//! a plain string, or a chat — a list of `{"role", "content"}` messages,
+//! rendered with the tokenizer's chat template and a generation prompt. The
+//! answer field (`answer_key`, default `answer`; a dotted path such as verl's
+//! `reward_model.ground_truth` reaches into objects) is the ground truth the
+//! reward compares with. The line's other fields ride along for rewards that
+//! need them.
+//!
+//! Batches: each epoch is a seeded permutation of the prompts, cut into
+//! batches of `train_batch_size` (a last, short batch is dropped, as verl's
+//! `drop_last`). [`Batches::batch`] computes any step's batch directly, so a
+//! resumed run sees exactly the prompts an uninterrupted one would.
+
+use std::path::{Path, PathBuf};
+
+use colo_model::{ChatMessage, Tokenizer};
+use serde_json::{Map, Value};
+
+use crate::rng::SplitMix64;
+use crate::{Error, Result};
+
+/// Where in a line the prompt and the answer are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fields {
+    pub prompt_key: String,
+    /// A key, or a dotted path into nested objects.
+    pub answer_key: String,
+}
+
+impl Default for Fields {
+    fn default() -> Self {
+        Fields {
+            prompt_key: "prompt".into(),
+            answer_key: "answer".into(),
+        }
+    }
+}
+
+/// One prompt of a dataset.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prompt {
+    /// Its index in the dataset it was loaded into; the n samples generated
+    /// for it carry it, which is how group advantages (GRPO) find groups.
+    pub prompt_id: u64,
+    /// The text given to the model (a chat already rendered).
+    pub text: String,
+    /// The answer field as text (numbers as written, other JSON as JSON).
+    pub ground_truth: String,
+    /// The line's other fields.
+    pub extra: Map<String, Value>,
+}
+
+/// A list of prompts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Dataset {
+    pub prompts: Vec<Prompt>,
+}
+
+impl Dataset {
+    /// Loads and concatenates JSONL files; prompt ids run over all of them.
+    /// `tokenizer` renders chat prompts (needed only if there are any).
+    pub fn from_jsonl(
+        paths: &[PathBuf],
+        fields: &Fields,
+        tokenizer: Option<&Tokenizer>,
+    ) -> Result<Self> {
+        let mut data = Dataset::default();
+        for path in paths {
+            data.read_file(path, fields, tokenizer)?;
+        }
+        if data.prompts.is_empty() {
+            return Err(Error::Dataset(format!("no prompts in {paths:?}")));
+        }
+        Ok(data)
+    }
+
+    fn read_file(&mut self, path: &Path, fields: &Fields, tok: Option<&Tokenizer>) -> Result<()> {
+        if !path.is_file() {
+            return Err(Error::MissingFile {
+                what: "dataset",
+                path: path.to_owned(),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let bad = |field: Option<&str>, message: String| Error::Data {
+                path: path.to_owned(),
+                line: i + 1,
+                field: field.map(str::to_owned),
+                message,
+            };
+            let row: Value =
+                serde_json::from_str(line).map_err(|e| bad(None, format!("not JSON: {e}")))?;
+            let Value::Object(mut row) = row else {
+                return Err(bad(None, "expected a JSON object".into()));
+            };
+            let pk = fields.prompt_key.as_str();
+            let prompt = row
+                .remove(pk)
+                .ok_or_else(|| bad(Some(pk), "missing".into()))?;
+            let text = prompt_text(&prompt, tok)
+                .map_err(|(sub, m)| bad(Some(&format!("{pk}{sub}")), m))?;
+            let ak = fields.answer_key.as_str();
+            let answer = lookup(&row, ak).ok_or_else(|| bad(Some(ak), "missing".into()))?;
+            let ground_truth = match answer {
+                Value::String(s) => s.clone(),
+                Value::Null => return Err(bad(Some(ak), "is null".into())),
+                other => other.to_string(),
+            };
+            self.prompts.push(Prompt {
+                prompt_id: self.prompts.len() as u64,
+                text,
+                ground_truth,
+                extra: row,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.prompts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.prompts.is_empty()
+    }
+
+    /// Splits off a held-out set: `fraction` of the prompts (at least one),
+    /// chosen by a seeded shuffle; returns `(train, eval)`. Prompt ids are
+    /// kept, so they stay unique across both.
+    pub fn split(self, fraction: f64, seed: u64) -> Result<(Dataset, Dataset)> {
+        let n = self.len();
+        let n_eval = ((n as f64) * fraction).round().max(1.0) as usize;
+        if !(fraction > 0.0 && fraction < 1.0) || n_eval >= n {
+            return Err(Error::Dataset(format!(
+                "cannot hold out a fraction {fraction} of {n} prompts and keep some to train on"
+            )));
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        SplitMix64::derive(seed, 0x5EED_5917).shuffle(&mut order);
+        let mut is_eval = vec![false; n];
+        order[..n_eval].iter().for_each(|&i| is_eval[i] = true);
+        let (mut train, mut eval) = (Dataset::default(), Dataset::default());
+        for (p, e) in self.prompts.into_iter().zip(is_eval) {
+            if e { &mut eval } else { &mut train }.prompts.push(p);
+        }
+        Ok((train, eval))
+    }
+}
+
+/// The prompt's text; `Err((sub-field, message))` names where it went wrong.
+fn prompt_text(
+    v: &Value,
+    tok: Option<&Tokenizer>,
+) -> std::result::Result<String, (String, String)> {
+    let items = match v {
+        Value::String(s) => return Ok(s.clone()),
+        Value::Array(items) => items,
+        _ => {
+            return Err((
+                String::new(),
+                "expected a string or a list of chat messages".into(),
+            ))
+        }
+    };
+    let mut messages = Vec::with_capacity(items.len());
+    for (i, m) in items.iter().enumerate() {
+        let get = |key: &str| {
+            m.get(key)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| (format!("[{i}].{key}"), "expected a string".to_owned()))
+        };
+        messages.push(ChatMessage {
+            role: get("role")?,
+            content: get("content")?,
+        });
+    }
+    let tok = tok.ok_or_else(|| {
+        (
+            String::new(),
+            "chat messages need a tokenizer with a chat template".to_owned(),
+        )
+    })?;
+    tok.render_chat(&messages, true)
+        .map_err(|e| (String::new(), e.to_string()))
+}
+
+/// `a.b.c` in nested objects.
+fn lookup<'a>(row: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
+    let mut parts = path.split('.');
+    let mut v = row.get(parts.next()?)?;
+    for p in parts {
+        v = v.get(p)?;
+    }
+    Some(v)
+}
+
+/// One step's prompts.
+#[derive(Debug, Clone)]
+pub struct Batch<'a> {
+    /// The training step (0-based) this batch is for.
+    pub step: usize,
+    pub epoch: usize,
+    pub prompts: Vec<&'a Prompt>,
+}
+
+/// The batches of a dataset, epoch after epoch: see the module doc.
+#[derive(Debug, Clone)]
+pub struct Batches<'a> {
+    data: &'a Dataset,
+    batch_size: usize,
+    seed: u64,
+    shuffle: bool,
+}
+
+impl<'a> Batches<'a> {
+    pub fn new(data: &'a Dataset, batch_size: usize, seed: u64, shuffle: bool) -> Result<Self> {
+        if batch_size == 0 || batch_size > data.len() {
+            return Err(Error::Dataset(format!(
+                "train_batch_size {batch_size} needs between 1 and {} prompts (the dataset's size)",
+                data.len()
+            )));
+        }
+        Ok(Batches {
+            data,
+            batch_size,
+            seed,
+            shuffle,
+        })
+    }
+
+    pub fn batches_per_epoch(&self) -> usize {
+        self.data.len() / self.batch_size
+    }
+
+    /// The order of the prompts in `epoch`.
+    fn permutation(&self, epoch: usize) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.data.len()).collect();
+        if self.shuffle {
+            SplitMix64::derive(self.seed, epoch as u64).shuffle(&mut order);
+        }
+        order
+    }
+
+    /// The batch of training step `step`.
+    pub fn batch(&self, step: usize) -> Batch<'a> {
+        let per_epoch = self.batches_per_epoch();
+        let (epoch, k) = (step / per_epoch, step % per_epoch);
+        let order = self.permutation(epoch);
+        Batch {
+            step,
+            epoch,
+            prompts: order[k * self.batch_size..(k + 1) * self.batch_size]
+                .iter()
+                .map(|&i| &self.data.prompts[i])
+                .collect(),
+        }
+    }
+
+    /// Batches from `first_step` on, without end (the caller stops after its
+    /// total steps).
+    pub fn from_step(&self, first_step: usize) -> impl Iterator<Item = Batch<'a>> + '_ {
+        (first_step..).map(|s| self.batch(s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize) -> Dataset {
+        Dataset {
+            prompts: (0..n as u64)
+                .map(|i| Prompt {
+                    prompt_id: i,
+                    text: format!("{i}+0="),
+                    ground_truth: i.to_string(),
+                    extra: Map::new(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn epochs_are_seeded_permutations_and_drop_the_last_batch() {
+        let d = data(10);
+        let b = Batches::new(&d, 3, 7, true).unwrap();
+        assert_eq!(b.batches_per_epoch(), 3);
+        let ids =
+            |s: usize| -> Vec<u64> { b.batch(s).prompts.iter().map(|p| p.prompt_id).collect() };
+        let mut epoch0: Vec<u64> = (0..3).flat_map(ids).collect();
+        assert_eq!(epoch0.len(), 9);
+        epoch0.sort();
+        epoch0.dedup();
+        assert_eq!(epoch0.len(), 9, "no prompt twice in an epoch");
+        assert_eq!(b.batch(3).epoch, 1);
+        assert_ne!(ids(0), ids(3), "each epoch has its own order");
+        let again = Batches::new(&d, 3, 7, true).unwrap();
+        assert_eq!(
+            again.batch(4).prompts,
+            b.batch(4).prompts,
+            "same seed, same batches"
+        );
+        let other = Batches::new(&d, 3, 8, true).unwrap();
+        assert_ne!(other.batch(0).prompts, b.batch(0).prompts);
+        let resumed: Vec<_> = b.from_step(2).take(2).map(|x| x.step).collect();
+        assert_eq!(resumed, vec![2, 3]);
+        let plain = Batches::new(&d, 5, 7, false).unwrap();
+        assert_eq!(plain.batch(1).prompts[0].prompt_id, 5);
+    }
+
+    #[test]
+    fn batch_size_must_fit() {
+        assert!(Batches::new(&data(4), 5, 0, true).is_err());
+        assert!(Batches::new(&data(4), 0, 0, true).is_err());
+    }
+
+    #[test]
+    fn split_holds_out_a_seeded_fraction() {
+        let (train, eval) = data(100).split(0.1, 3).unwrap();
+        assert_eq!((train.len(), eval.len()), (90, 10));
+        let (_, eval2) = data(100).split(0.1, 3).unwrap();
+        assert_eq!(eval, eval2);
+        assert!(eval
+            .prompts
+            .iter()
+            .all(|e| !train.prompts.iter().any(|t| t.prompt_id == e.prompt_id)));
+        assert!(data(3).split(0.9, 0).is_err());
+        assert!(data(3).split(0.0, 0).is_err());
+    }
+
+    #[test]
+    fn dotted_answer_path() {
+        let row: Map<String, Value> =
+            serde_json::from_str(r#"{"reward_model": {"ground_truth": 7}}"#).unwrap();
+        assert_eq!(
+            lookup(&row, "reward_model.ground_truth"),
+            Some(&Value::from(7))
+        );
+        assert_eq!(lookup(&row, "reward_model.style"), None);
+    }
+}

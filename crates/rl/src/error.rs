@@ -1,0 +1,73 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in `colo-rl`. Messages name the thing (file,
+/// line, field, sample) and what was wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A file that must exist does not.
+    #[error("{what} not found: {path}")]
+    MissingFile { what: &'static str, path: PathBuf },
+
+    /// The run configuration is malformed or inconsistent. `line` is 1-based
+    /// and absent when the value was a default (not written in the file).
+    #[error("{}{}: `{field}`: {message}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Config {
+        path: PathBuf,
+        line: Option<usize>,
+        field: String,
+        message: String,
+    },
+
+    /// A line of a JSONL dataset could not be used.
+    #[error("{}:{line}: {}{message}", path.display(), field.as_ref().map(|f| format!("field `{f}`: ")).unwrap_or_default())]
+    Data {
+        path: PathBuf,
+        line: usize,
+        field: Option<String>,
+        message: String,
+    },
+
+    /// A dataset is unusable as a whole (empty, too small for a batch, …).
+    #[error("dataset: {0}")]
+    Dataset(String),
+
+    /// A reward could not score a sample.
+    #[error("reward `{reward}` failed on sample {sample} (prompt {prompt_id}): {reason}")]
+    Reward {
+        reward: String,
+        sample: u64,
+        prompt_id: u64,
+        reason: String,
+    },
+
+    /// A reward could not be set up (bad settings, a command that does not start).
+    #[error("reward `{reward}`: {reason}")]
+    RewardSetup { reward: String, reason: String },
+
+    #[error(transparent)]
+    Model(#[from] colo_model::Error),
+
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

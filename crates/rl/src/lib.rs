@@ -1,0 +1,77 @@
+//! # colo-rl: the pieces of colocated RL post-training around the engines
+//!
+//! Everything an RL run needs besides the training and rollout engines:
+//! rewards, prompt datasets, the built-in task, the run configuration, and
+//! the run's output (metrics, pictures, progress). The RL loop and the hybrid
+//! worker that drive the engines come next, in [`r#loop`].
+//!
+//! | module | holds |
+//! |---|---|
+//! | [`config`] | the run's TOML file → validated [`Config`] (batch sizes checked, errors with line and field) |
+//! | [`data`] | prompts from JSONL ([`Dataset`]), seeded epochs of batches ([`Batches`]), held-out split |
+//! | [`reward`] | the [`Reward`] trait; exact / numeric / `\boxed{}` / format rules, weighted sums, external commands |
+//! | [`task`], [`vocab`] | the built-in arithmetic task, its character tokenizer and its 0.8M-parameter model |
+//! | [`metrics`] | `metrics.jsonl` records with verl's names |
+//! | [`plot`] | the memory timeline and the reward curve as hand-written SVG |
+//! | [`progress`] | a progress bar that stays quiet off a terminal |
+//!
+//! ## Example
+//!
+//! ```
+//! use colo_rl::{reward, Config, Reward, RewardInput};
+//!
+//! // The built-in run, as `colo train` with no arguments would use it.
+//! let config = Config::builtin();
+//! assert_eq!(config.batch.samples_per_step, 32 * 8);
+//! println!("{}", config.summary());
+//!
+//! // Its reward: exact match of the trimmed completion.
+//! let mut r = reward::build(&config.reward)?;
+//! let input = RewardInput {
+//!     sample: 0, prompt_id: 0, prompt: "12+7=", completion: "19",
+//!     ground_truth: "19", extra: None,
+//! };
+//! assert_eq!(r.score(&input)?, 1.0);
+//! # Ok::<(), colo_rl::Error>(())
+//! ```
+//!
+//! ## Design decisions
+//!
+//! - **Config is raw, then validated, once.** [`config::RawConfig`] mirrors
+//!   the file with verl's names and refuses unknown keys (a typo must not
+//!   pass silently); [`Config`] holds checked values and the resolved
+//!   [`config::BatchPlan`]. Algorithm choices reuse `colo-algo`'s serde enums.
+//! - **Rewards: an enum for the config, a trait for code.** The `[reward]`
+//!   section is a [`reward::RewardSpec`] turned into a `Box<dyn Reward>` by a
+//!   `match`; users with Rust rewards implement [`Reward`]; users in other
+//!   languages run a child process that speaks JSON lines. Rules never fail
+//!   on a completion (unreadable means wrong); failures that are not the
+//!   model's (bad ground truth, a crashing command) are errors naming the
+//!   sample, or a configured default score that is counted.
+//! - **One data path.** The built-in task is written as JSONL and read by the
+//!   same loader as a user's files.
+//! - **Deterministic by seed, forever.** Shuffling and task generation use a
+//!   hand-rolled SplitMix64 ([`rng`]), not a crate whose stream could change
+//!   with an upgrade; any step's batch is computed directly, so a resumed
+//!   run sees the same prompts.
+//! - **No plotting or terminal dependencies.** SVG is text; the progress bar
+//!   is thirty lines.
+
+mod error;
+
+pub mod config;
+pub mod data;
+pub mod r#loop;
+pub mod metrics;
+pub mod plot;
+pub mod progress;
+pub mod reward;
+pub mod rng;
+pub mod task;
+pub mod vocab;
+
+pub use config::Config;
+pub use data::{Batch, Batches, Dataset, Fields, Prompt};
+pub use error::{Error, Result};
+pub use metrics::{EvalRecord, MetricsWriter, StepMetrics};
+pub use reward::{Reward, RewardInput, RewardSpec};

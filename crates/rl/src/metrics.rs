@@ -1,0 +1,311 @@
+//! `metrics.jsonl`: one JSON object per training step and per evaluation,
+//! with verl's metric names, written by [`MetricsWriter`].
+//!
+//! The records are typed structs ([`StepMetrics`], [`EvalRecord`]) whose
+//! serde names are verl's keys, so a user's verl dashboards and scripts read
+//! colo's files.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use colo_algo::MismatchMetrics;
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// One training step. Timings are seconds of wall time.
+// No `deny_unknown_fields`: serde does not support it beside `flatten`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepMetrics {
+    /// 1-based, as verl's `training/global_step`.
+    #[serde(rename = "training/global_step")]
+    pub step: usize,
+    #[serde(rename = "training/epoch")]
+    pub epoch: usize,
+
+    #[serde(rename = "timing_s/step")]
+    pub timing_step: f64,
+    /// Generation, including the memory transitions into and out of it.
+    #[serde(rename = "timing_s/gen")]
+    pub timing_gen: f64,
+    /// Trainer → rollout weight sync.
+    #[serde(rename = "timing_s/update_weights")]
+    pub timing_update_weights: f64,
+    #[serde(rename = "timing_s/reward")]
+    pub timing_reward: f64,
+    #[serde(rename = "timing_s/old_log_prob")]
+    pub timing_old_log_prob: f64,
+    #[serde(rename = "timing_s/ref")]
+    pub timing_ref: f64,
+    #[serde(rename = "timing_s/adv")]
+    pub timing_adv: f64,
+    #[serde(rename = "timing_s/update_actor")]
+    pub timing_update_actor: f64,
+
+    #[serde(rename = "actor/pg_loss")]
+    pub pg_loss: f64,
+    #[serde(rename = "actor/pg_clipfrac")]
+    pub pg_clipfrac: f64,
+    #[serde(rename = "actor/ppo_kl")]
+    pub ppo_kl: f64,
+    #[serde(rename = "actor/entropy")]
+    pub entropy: f64,
+    #[serde(rename = "actor/grad_norm")]
+    pub grad_norm: f64,
+    #[serde(rename = "actor/lr")]
+    pub lr: f64,
+    /// The KL loss term, when `use_kl_loss`.
+    #[serde(
+        rename = "actor/kl_loss",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub kl_loss: Option<f64>,
+
+    #[serde(rename = "critic/score/mean")]
+    pub score_mean: f64,
+    #[serde(rename = "critic/score/max")]
+    pub score_max: f64,
+    #[serde(rename = "critic/score/min")]
+    pub score_min: f64,
+    /// Rewards after any KL penalty.
+    #[serde(rename = "critic/rewards/mean")]
+    pub rewards_mean: f64,
+    #[serde(rename = "critic/advantages/mean")]
+    pub advantages_mean: f64,
+
+    #[serde(rename = "response_length/mean")]
+    pub response_length_mean: f64,
+    #[serde(rename = "response_length/max")]
+    pub response_length_max: f64,
+    /// The share of responses cut at `max_new_tokens`.
+    #[serde(rename = "response_length/clip_ratio")]
+    pub response_length_clip_ratio: f64,
+
+    /// Tokens (prompt and response) processed per second of the step.
+    #[serde(rename = "perf/throughput")]
+    pub throughput: f64,
+    #[serde(rename = "memory/peak_device_bytes")]
+    pub peak_device_bytes: u64,
+    /// Samples whose reward failed and got the configured default.
+    #[serde(rename = "reward/failures", default)]
+    pub reward_failures: u64,
+
+    /// Rollout vs. training log-probabilities.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub mismatch: Option<MismatchRecord>,
+}
+
+/// [`MismatchMetrics`] under verl's `rollout_corr/` names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct MismatchRecord {
+    #[serde(rename = "rollout_corr/mean_abs_diff")]
+    pub mean_abs_diff: f64,
+    #[serde(rename = "rollout_corr/max_abs_diff")]
+    pub max_abs_diff: f64,
+    #[serde(rename = "rollout_corr/kl")]
+    pub kl: f64,
+    #[serde(rename = "rollout_corr/k3_kl")]
+    pub k3_kl: f64,
+    #[serde(rename = "rollout_corr/training_ppl")]
+    pub training_ppl: f64,
+    #[serde(rename = "rollout_corr/rollout_ppl")]
+    pub rollout_ppl: f64,
+    #[serde(rename = "rollout_corr/ppl_ratio")]
+    pub ppl_ratio: f64,
+    #[serde(rename = "rollout_corr/chi2_token")]
+    pub chi2_token: f64,
+}
+
+impl From<MismatchMetrics> for MismatchRecord {
+    fn from(m: MismatchMetrics) -> Self {
+        MismatchRecord {
+            mean_abs_diff: m.mean_abs_diff,
+            max_abs_diff: m.max_abs_diff,
+            kl: m.kl_k1,
+            k3_kl: m.kl_k3,
+            training_ppl: m.training_ppl,
+            rollout_ppl: m.rollout_ppl,
+            ppl_ratio: m.ppl_ratio,
+            chi2_token: m.chi2_token,
+        }
+    }
+}
+
+/// An evaluation on the held-out set, after `step` steps (0: the starting
+/// checkpoint).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalRecord {
+    #[serde(rename = "training/global_step")]
+    pub step: usize,
+    /// The fraction of held-out samples whose reward is at least 1 (a
+    /// rule-based reward's "right").
+    #[serde(rename = "eval/accuracy")]
+    pub accuracy: f64,
+    #[serde(rename = "eval/score/mean")]
+    pub score_mean: f64,
+    #[serde(rename = "eval/n_samples")]
+    pub n_samples: usize,
+    #[serde(rename = "timing_s/eval")]
+    pub timing: f64,
+}
+
+/// A line of `metrics.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Record {
+    Eval(EvalRecord),
+    Step(Box<StepMetrics>),
+}
+
+/// Appends records to `metrics.jsonl`, one line each, flushed at once (a
+/// crashed run keeps every finished step).
+pub struct MetricsWriter {
+    path: PathBuf,
+    file: File,
+}
+
+impl MetricsWriter {
+    /// Creates (truncates) the file.
+    pub fn create(path: &Path) -> Result<Self> {
+        let file = File::create(path).map_err(|e| Error::io(path, e))?;
+        Ok(MetricsWriter {
+            path: path.to_owned(),
+            file,
+        })
+    }
+
+    /// Opens the file for appending (a resumed run), creating it if needed.
+    pub fn append(path: &Path) -> Result<Self> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        Ok(MetricsWriter {
+            path: path.to_owned(),
+            file,
+        })
+    }
+
+    pub fn step(&mut self, m: &StepMetrics) -> Result<()> {
+        self.line(m)
+    }
+
+    pub fn eval(&mut self, e: &EvalRecord) -> Result<()> {
+        self.line(e)
+    }
+
+    fn line(&mut self, v: &impl Serialize) -> Result<()> {
+        let mut text = serde_json::to_vec(v)?;
+        text.push(b'\n');
+        self.file
+            .write_all(&text)
+            .and_then(|()| self.file.flush())
+            .map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+/// Reads `metrics.jsonl` back (for the reward curve of a resumed run).
+pub fn read(path: &Path) -> Result<Vec<Record>> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut out = Vec::new();
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| Error::io(path, e))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        out.push(serde_json::from_str(&line).map_err(|e| Error::Data {
+            path: path.to_owned(),
+            line: i + 1,
+            field: None,
+            message: format!("not a metrics record: {e}"),
+        })?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_verls() {
+        let m = StepMetrics {
+            step: 3,
+            pg_loss: -0.5,
+            peak_device_bytes: 1 << 30,
+            mismatch: Some(MismatchRecord {
+                kl: 0.01,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&m).unwrap();
+        for key in [
+            "timing_s/gen",
+            "timing_s/update_actor",
+            "actor/pg_loss",
+            "actor/pg_clipfrac",
+            "actor/ppo_kl",
+            "actor/entropy",
+            "actor/grad_norm",
+            "critic/score/mean",
+            "response_length/mean",
+            "perf/throughput",
+            "memory/peak_device_bytes",
+            "rollout_corr/kl",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key} in {v}");
+        }
+        assert_eq!(v["actor/pg_loss"], -0.5);
+        assert_eq!(v["memory/peak_device_bytes"], 1u64 << 30);
+        assert!(v.get("actor/kl_loss").is_none(), "absent when unused");
+        let e = serde_json::to_value(EvalRecord {
+            accuracy: 0.25,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(e["eval/accuracy"], 0.25);
+    }
+
+    #[test]
+    fn written_records_read_back_in_order() {
+        let dir = std::env::temp_dir().join(format!("colo-rl-metrics-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.jsonl");
+        let mut w = MetricsWriter::create(&path).unwrap();
+        let e0 = EvalRecord {
+            step: 0,
+            accuracy: 0.2,
+            ..Default::default()
+        };
+        let s1 = StepMetrics {
+            step: 1,
+            score_mean: 0.3,
+            ..Default::default()
+        };
+        w.eval(&e0).unwrap();
+        w.step(&s1).unwrap();
+        drop(w);
+        let mut w = MetricsWriter::append(&path).unwrap();
+        let s2 = StepMetrics {
+            step: 2,
+            mismatch: Some(MismatchRecord::default()),
+            ..Default::default()
+        };
+        w.step(&s2).unwrap();
+        let back = read(&path).unwrap();
+        assert_eq!(
+            back,
+            vec![
+                Record::Eval(e0),
+                Record::Step(Box::new(s1)),
+                Record::Step(Box::new(s2))
+            ]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,337 @@
+//! A reward computed by a long-lived child process, for rewards written in
+//! other languages.
+//!
+//! Protocol (JSON lines on the child's stdin and stdout): colo writes one
+//! request per sample, `{"id": 7, "prompt": "…", "completion": "…",
+//! "ground_truth": "…"}`, and the child answers each with one line
+//! `{"id": 7, "score": 1.0}`, in any order. The child is started once and
+//! kept for the whole run; colo closes its stdin at the end. Its stderr is
+//! kept (the last few KiB) and quoted when it fails.
+//!
+//! A failure — a line that is not such an answer, the child exiting, no
+//! answer within `timeout` — stops the child (its state is unknown; it is
+//! restarted for the next batch) and is an error naming the sample, or, with
+//! a `default_score`, gives every sample still unanswered that score.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Reward, RewardInput};
+use crate::{Error, Result};
+
+/// How much of the child's stderr is kept for error messages.
+const STDERR_TAIL: usize = 4096;
+
+/// See the module documentation.
+pub struct ExternalReward {
+    command: Vec<String>,
+    timeout: Duration,
+    default_score: Option<f32>,
+    child: Option<Running>,
+    /// Samples that got `default_score` because the command failed.
+    pub failures: u64,
+}
+
+struct Running {
+    child: Child,
+    /// To the thread that writes the child's stdin (so that a child that
+    /// stops reading cannot block us past the timeout); dropping it closes
+    /// the child's stdin.
+    requests: Option<Sender<Vec<u8>>>,
+    lines: Receiver<std::io::Result<String>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+}
+
+#[derive(Serialize)]
+struct Request<'a> {
+    id: u64,
+    prompt: &'a str,
+    completion: &'a str,
+    ground_truth: &'a str,
+}
+
+#[derive(Deserialize)]
+struct Response {
+    id: u64,
+    score: f64,
+}
+
+/// Why a batch stopped, and which sample is to blame.
+struct Failure {
+    index: usize,
+    reason: String,
+}
+
+impl ExternalReward {
+    /// Starts `command` (program and arguments).
+    pub fn start(
+        command: Vec<String>,
+        timeout: Duration,
+        default_score: Option<f32>,
+    ) -> Result<Self> {
+        let mut r = ExternalReward {
+            command,
+            timeout,
+            default_score,
+            child: None,
+            failures: 0,
+        };
+        r.child = Some(r.spawn()?);
+        Ok(r)
+    }
+
+    fn spawn(&self) -> Result<Running> {
+        let (program, args) = self
+            .command
+            .split_first()
+            .ok_or_else(|| Error::RewardSetup {
+                reward: "external".into(),
+                reason: "empty command".into(),
+            })?;
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| Error::RewardSetup {
+                reward: self.name(),
+                reason: format!("cannot start `{program}`: {e}"),
+            })?;
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let mut err_pipe = child.stderr.take().expect("piped");
+        let tail = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 1024];
+            while let Ok(n) = err_pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+                t.extend_from_slice(&buf[..n]);
+                let excess = t.len().saturating_sub(STDERR_TAIL);
+                t.drain(..excess);
+            }
+        });
+        let mut stdin = child.stdin.take().expect("piped");
+        let (requests, rx) = mpsc::channel::<Vec<u8>>();
+        std::thread::spawn(move || {
+            for payload in rx {
+                // A child that died is noticed on its stdout (EOF).
+                if stdin
+                    .write_all(&payload)
+                    .and_then(|()| stdin.flush())
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Ok(Running {
+            requests: Some(requests),
+            child,
+            lines,
+            stderr,
+        })
+    }
+
+    /// Sends the batch and collects the answers; `scores[i]` is filled for
+    /// each answered sample.
+    fn exchange(
+        &mut self,
+        inputs: &[RewardInput<'_>],
+        scores: &mut [Option<f32>],
+    ) -> std::result::Result<(), Failure> {
+        let mut index: HashMap<u64, usize> = HashMap::new();
+        for (i, input) in inputs.iter().enumerate() {
+            if index.insert(input.sample, i).is_some() {
+                return Err(Failure {
+                    index: i,
+                    reason: "two samples of the batch have this id".into(),
+                });
+            }
+        }
+        if self.child.is_none() {
+            self.child = Some(self.spawn().map_err(|e| Failure {
+                index: 0,
+                reason: e.to_string(),
+            })?);
+        }
+        let run = self.child.as_mut().expect("started above");
+        // One write of the whole batch (by the writer thread) while the
+        // reader thread drains stdout: a child that answers as it reads
+        // cannot deadlock us.
+        let mut payload = Vec::new();
+        for i in inputs {
+            let req = Request {
+                id: i.sample,
+                prompt: i.prompt,
+                completion: i.completion,
+                ground_truth: i.ground_truth,
+            };
+            serde_json::to_writer(&mut payload, &req).expect("plain strings serialise");
+            payload.push(b'\n');
+        }
+        let sent = run.requests.as_ref().map(|tx| tx.send(payload));
+        if !matches!(sent, Some(Ok(()))) {
+            return Err(Failure {
+                index: 0,
+                reason: format!("cannot write to the command{}", run.exit_note()),
+            });
+        }
+        let mut pending = inputs.len();
+        while pending > 0 {
+            let waiting = first_pending(scores);
+            let line = match run.lines.recv_timeout(self.timeout) {
+                Ok(Ok(line)) => line,
+                Ok(Err(e)) => {
+                    return Err(Failure {
+                        index: waiting,
+                        reason: format!("cannot read the command's output: {e}"),
+                    })
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(Failure {
+                        index: waiting,
+                        reason: format!("no answer within {:?}", self.timeout),
+                    })
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Failure {
+                        index: waiting,
+                        reason: format!("the command exited{}", run.exit_note()),
+                    })
+                }
+            };
+            if line.trim().is_empty() {
+                continue;
+            }
+            let bad = |index, why: &str| Failure {
+                index,
+                reason: format!("bad answer line {line:?}: {why}"),
+            };
+            let resp: Response = serde_json::from_str(&line).map_err(|e| {
+                // Blame the sample the line names, if it names one.
+                let named = serde_json::from_str::<serde_json::Value>(&line)
+                    .ok()
+                    .and_then(|v| v["id"].as_u64())
+                    .and_then(|id| index.get(&id).copied());
+                bad(
+                    named.unwrap_or(waiting),
+                    &format!("expected {{\"id\", \"score\"}} ({e})"),
+                )
+            })?;
+            let Some(&i) = index.get(&resp.id) else {
+                return Err(bad(waiting, "unknown id"));
+            };
+            if scores[i].is_some() {
+                return Err(bad(i, "second answer for this id"));
+            }
+            if !resp.score.is_finite() {
+                return Err(bad(i, "score is not finite"));
+            }
+            scores[i] = Some(resp.score as f32);
+            pending -= 1;
+        }
+        Ok(())
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut run) = self.child.take() {
+            let _ = run.child.kill();
+            let _ = run.child.wait();
+        }
+    }
+}
+
+fn first_pending(scores: &[Option<f32>]) -> usize {
+    scores.iter().position(Option::is_none).unwrap_or(0)
+}
+
+impl Running {
+    /// ", status …; stderr: …" for a child that has exited, else "".
+    fn exit_note(&mut self) -> String {
+        // Give an exiting child a moment so that its status and last words
+        // are in the message.
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                _ => break None,
+            }
+        };
+        let Some(status) = status else {
+            return String::new();
+        };
+        let tail = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
+        let tail = String::from_utf8_lossy(&tail);
+        match tail.trim() {
+            "" => format!(" ({status})"),
+            t => format!(" ({status}); its stderr ends with:\n{t}"),
+        }
+    }
+}
+
+impl Reward for ExternalReward {
+    fn name(&self) -> String {
+        format!("external `{}`", self.command.join(" "))
+    }
+
+    fn score(&mut self, input: &RewardInput<'_>) -> Result<f32> {
+        Ok(self.score_batch(std::slice::from_ref(input))?[0])
+    }
+
+    fn score_batch(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<f32>> {
+        if inputs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut scores = vec![None; inputs.len()];
+        if let Err(f) = self.exchange(inputs, &mut scores) {
+            self.stop();
+            let Some(default) = self.default_score else {
+                return Err(inputs[f.index].fail(&self.name(), f.reason));
+            };
+            for s in scores.iter_mut().filter(|s| s.is_none()) {
+                *s = Some(default);
+                self.failures += 1;
+            }
+        }
+        Ok(scores.into_iter().map(|s| s.expect("all filled")).collect())
+    }
+}
+
+impl Drop for ExternalReward {
+    /// Closes the child's stdin (its signal to finish) and gives it a moment
+    /// before killing it.
+    fn drop(&mut self) {
+        if let Some(run) = self.child.as_mut() {
+            drop(run.requests.take());
+            let deadline = Instant::now() + Duration::from_secs(1);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = run.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        self.stop();
+    }
+}

@@ -1,0 +1,383 @@
+//! Rewards: a score for a completion given the sample's ground truth.
+//!
+//! Two ways in, one trait:
+//!
+//! - **From the config**: a [`RewardSpec`] (the `[reward]` section, chosen by
+//!   `kind`) is turned into a reward by [`build`], a `match` on the enum —
+//!   rule-based rewards ([`rules`]), a [`Weighted`] combination, or an
+//!   [`ExternalReward`] (a long-lived child process spoken to in JSON lines,
+//!   for rewards written in other languages).
+//! - **From Rust**: implement [`Reward`] for your own type.
+//!
+//! Rule-based rewards never fail: an answer that cannot be read scores 0
+//! (that is the model's mistake). A ground truth that cannot be read, a
+//! crashing or misbehaving external command, or a user reward's error is an
+//! [`Error::Reward`](crate::Error::Reward) naming the sample — or, where
+//! configured, a default score ([`WithDefault`], `default_score` of the
+//! external reward).
+
+mod external;
+pub mod rules;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+pub use external::ExternalReward;
+pub use rules::{BoxedMatch, ExactMatch, FormatReward, NumericMatch};
+
+use crate::{Error, Result};
+
+/// What a reward sees of one sample.
+#[derive(Debug, Clone, Copy)]
+pub struct RewardInput<'a> {
+    /// The sample's id, unique within a batch (errors name it).
+    pub sample: u64,
+    /// The prompt it answers (the n samples of a prompt share it).
+    pub prompt_id: u64,
+    pub prompt: &'a str,
+    /// The generated text, special tokens removed.
+    pub completion: &'a str,
+    pub ground_truth: &'a str,
+    /// The dataset row's other fields, for rewards that need more than the
+    /// ground truth.
+    pub extra: Option<&'a Map<String, Value>>,
+}
+
+/// A reward function. Implement it for rewards written in Rust.
+pub trait Reward: Send {
+    /// A short name for messages and metrics (e.g. `exact_match`).
+    fn name(&self) -> String;
+
+    /// The score of one sample, or an error that names it (use
+    /// [`RewardInput::fail`]).
+    fn score(&mut self, input: &RewardInput<'_>) -> Result<f32>;
+
+    /// Scores of a batch, in order. Override when a batch is cheaper than
+    /// its samples one by one (the external reward pipelines its requests).
+    fn score_batch(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<f32>> {
+        inputs.iter().map(|i| self.score(i)).collect()
+    }
+}
+
+impl RewardInput<'_> {
+    /// The error for this sample failing under `reward`.
+    pub fn fail(&self, reward: &str, reason: impl Into<String>) -> Error {
+        Error::Reward {
+            reward: reward.to_owned(),
+            sample: self.sample,
+            prompt_id: self.prompt_id,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A reward as written in the `[reward]` section of a run's config, chosen
+/// by `kind`:
+///
+/// ```toml
+/// [reward]
+/// kind = "weighted"
+/// [[reward.terms]]
+/// weight = 0.9
+/// reward = { kind = "numeric", tolerance = 1e-6, after = "####" }
+/// [[reward.terms]]
+/// weight = 0.1
+/// reward = { kind = "format", open = "<answer>", close = "</answer>" }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RewardSpec {
+    /// 1 if the trimmed completion equals the trimmed ground truth: [`ExactMatch`].
+    ExactMatch {},
+    /// 1 if the completion's number is within `tolerance` of the ground
+    /// truth's: [`NumericMatch`].
+    Numeric {
+        #[serde(default = "default_tolerance")]
+        tolerance: f64,
+        /// Read the first number after the last occurrence of this marker
+        /// (e.g. GSM8K's `####`); without it, the last number of the text.
+        #[serde(default)]
+        after: Option<String>,
+    },
+    /// 1 if the last `\boxed{…}` of the completion matches the ground truth
+    /// (as text, or as numbers within `tolerance`): [`BoxedMatch`].
+    Boxed {
+        #[serde(default = "default_tolerance")]
+        tolerance: f64,
+    },
+    /// 1 if the completion has a non-empty answer between `open` and
+    /// `close`: [`FormatReward`].
+    Format { open: String, close: String },
+    /// Σ weight · reward: [`Weighted`].
+    Weighted { terms: Vec<WeightedTerm> },
+    /// A child process spoken to in JSON lines: [`ExternalReward`].
+    External {
+        /// The program and its arguments, e.g. `["python3", "score.py"]`.
+        command: Vec<String>,
+        /// How long to wait for each answer line.
+        #[serde(default = "default_timeout_s")]
+        timeout_s: f64,
+        /// The score of a sample the command failed on; without it a failure
+        /// is an error.
+        #[serde(default)]
+        default_score: Option<f32>,
+    },
+}
+
+/// One term of a weighted reward.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightedTerm {
+    pub weight: f32,
+    pub reward: RewardSpec,
+}
+
+fn default_tolerance() -> f64 {
+    1e-6
+}
+
+fn default_timeout_s() -> f64 {
+    30.0
+}
+
+impl Default for RewardSpec {
+    /// The built-in task's reward.
+    fn default() -> Self {
+        RewardSpec::ExactMatch {}
+    }
+}
+
+impl RewardSpec {
+    /// Checks the settings that serde cannot (`Err` names the field).
+    pub fn validate(&self) -> std::result::Result<(), (String, String)> {
+        let bad = |f: &str, m: String| Err((f.to_owned(), m));
+        match self {
+            RewardSpec::Numeric { tolerance, .. } | RewardSpec::Boxed { tolerance }
+                if !(tolerance.is_finite() && *tolerance >= 0.0) =>
+            {
+                bad("tolerance", format!("must be ≥ 0, got {tolerance}"))
+            }
+            RewardSpec::Format { open, close } if open.is_empty() || close.is_empty() => bad(
+                "open",
+                "`open` and `close` must both be non-empty".to_owned(),
+            ),
+            RewardSpec::Weighted { terms } if terms.is_empty() => {
+                bad("terms", "a weighted reward needs at least one term".into())
+            }
+            RewardSpec::Weighted { terms } => terms.iter().try_for_each(|t| {
+                if !t.weight.is_finite() {
+                    return bad("terms.weight", format!("must be finite, got {}", t.weight));
+                }
+                t.reward
+                    .validate()
+                    .map_err(|(f, m)| (format!("terms.reward.{f}"), m))
+            }),
+            RewardSpec::External { command, .. } if command.is_empty() => {
+                bad("command", "must name a program".into())
+            }
+            RewardSpec::External { timeout_s, .. }
+                if !(timeout_s.is_finite() && *timeout_s > 0.0) =>
+            {
+                bad("timeout_s", format!("must be > 0, got {timeout_s}"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The reward a spec describes. External commands are started here.
+pub fn build(spec: &RewardSpec) -> Result<Box<dyn Reward>> {
+    if let Err((field, message)) = spec.validate() {
+        return Err(Error::RewardSetup {
+            reward: format!("{spec:?}"),
+            reason: format!("{field}: {message}"),
+        });
+    }
+    Ok(match spec {
+        RewardSpec::ExactMatch {} => Box::new(ExactMatch),
+        RewardSpec::Numeric { tolerance, after } => Box::new(NumericMatch {
+            tolerance: *tolerance,
+            after: after.clone(),
+        }),
+        RewardSpec::Boxed { tolerance } => Box::new(BoxedMatch {
+            tolerance: *tolerance,
+        }),
+        RewardSpec::Format { open, close } => Box::new(FormatReward {
+            open: open.clone(),
+            close: close.clone(),
+        }),
+        RewardSpec::Weighted { terms } => Box::new(Weighted {
+            terms: terms
+                .iter()
+                .map(|t| Ok((t.weight, build(&t.reward)?)))
+                .collect::<Result<_>>()?,
+        }),
+        RewardSpec::External {
+            command,
+            timeout_s,
+            default_score,
+        } => Box::new(ExternalReward::start(
+            command.clone(),
+            std::time::Duration::from_secs_f64(*timeout_s),
+            *default_score,
+        )?),
+    })
+}
+
+/// Σ weight · reward over its terms.
+pub struct Weighted {
+    pub terms: Vec<(f32, Box<dyn Reward>)>,
+}
+
+impl Reward for Weighted {
+    fn name(&self) -> String {
+        let parts: Vec<String> = self
+            .terms
+            .iter()
+            .map(|(w, r)| format!("{w}·{}", r.name()))
+            .collect();
+        parts.join(" + ")
+    }
+
+    fn score(&mut self, input: &RewardInput<'_>) -> Result<f32> {
+        let mut total = 0.0;
+        for (w, r) in &mut self.terms {
+            total += *w * r.score(input)?;
+        }
+        Ok(total)
+    }
+
+    fn score_batch(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<f32>> {
+        let mut total = vec![0.0; inputs.len()];
+        for (w, r) in &mut self.terms {
+            for (t, s) in total.iter_mut().zip(r.score_batch(inputs)?) {
+                *t += *w * s;
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// A reward whose failures score `default` instead of stopping the run; the
+/// failures are counted (report them, a silent default hides bugs).
+pub struct WithDefault<R> {
+    pub inner: R,
+    pub default: f32,
+    pub failures: u64,
+}
+
+impl<R: Reward> WithDefault<R> {
+    pub fn new(inner: R, default: f32) -> Self {
+        WithDefault {
+            inner,
+            default,
+            failures: 0,
+        }
+    }
+}
+
+impl<R: Reward> Reward for WithDefault<R> {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    fn score(&mut self, input: &RewardInput<'_>) -> Result<f32> {
+        match self.inner.score(input) {
+            Ok(s) => Ok(s),
+            Err(_) => {
+                self.failures += 1;
+                Ok(self.default)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn input<'a>(completion: &'a str, truth: &'a str) -> RewardInput<'a> {
+        RewardInput {
+            sample: 3,
+            prompt_id: 1,
+            prompt: "q",
+            completion,
+            ground_truth: truth,
+            extra: None,
+        }
+    }
+
+    #[test]
+    fn spec_parses_verl_like_toml() {
+        let spec: RewardSpec = toml::from_str(
+            r#"
+            kind = "weighted"
+            [[terms]]
+            weight = 0.75
+            reward = { kind = "numeric", after = "Answer:" }
+            [[terms]]
+            weight = 0.25
+            reward = { kind = "format", open = "<a>", close = "</a>" }
+            "#,
+        )
+        .unwrap();
+        let mut r = build(&spec).unwrap();
+        assert_eq!(r.score(&input("<a>Answer: 42</a>", "42")).unwrap(), 1.0);
+        assert_eq!(r.score(&input("Answer: 42", "42")).unwrap(), 0.75);
+        assert_eq!(r.score(&input("<a>41</a>", "42")).unwrap(), 0.25);
+        let s = r
+            .score_batch(&[input("<a>Answer: 42</a>", "42"), input("x", "42")])
+            .unwrap();
+        assert_eq!(s, vec![1.0, 0.0]);
+    }
+
+    #[test]
+    fn unknown_fields_and_kinds_are_refused() {
+        let e = toml::from_str::<RewardSpec>("kind = \"numeric\"\ntolerence = 0.1").unwrap_err();
+        assert!(e.to_string().contains("tolerence"), "{e}");
+        let e = toml::from_str::<RewardSpec>("kind = \"exact_match\"\nfoo = 1").unwrap_err();
+        assert!(e.to_string().contains("foo"), "{e}");
+        let e = toml::from_str::<RewardSpec>("kind = \"llm_judge\"").unwrap_err();
+        assert!(e.to_string().contains("llm_judge"), "{e}");
+    }
+
+    #[test]
+    fn invalid_settings_are_setup_errors() {
+        let e = build(&RewardSpec::Numeric {
+            tolerance: -1.0,
+            after: None,
+        })
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("tolerance"), "{e}");
+        let e = build(&RewardSpec::Weighted { terms: vec![] })
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("at least one term"), "{e}");
+    }
+
+    struct Picky;
+    impl Reward for Picky {
+        fn name(&self) -> String {
+            "picky".into()
+        }
+        fn score(&mut self, i: &RewardInput<'_>) -> Result<f32> {
+            match i.completion {
+                "ok" => Ok(1.0),
+                _ => Err(i.fail("picky", "cannot judge")),
+            }
+        }
+    }
+
+    #[test]
+    fn user_reward_errors_name_the_sample_or_default() {
+        let e = Picky.score(&input("?", "")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "reward `picky` failed on sample 3 (prompt 1): cannot judge"
+        );
+        let mut d = WithDefault::new(Picky, -1.0);
+        let s = d.score_batch(&[input("ok", ""), input("?", "")]).unwrap();
+        assert_eq!((s, d.failures), (vec![1.0, -1.0], 1));
+    }
+}

@@ -1,0 +1,305 @@
+//! The run configuration: defaults, verl names, and errors with line and field.
+
+mod common;
+
+use std::path::Path;
+
+use colo_algo::{AdvEstimator, KlEstimator, LossAggMode};
+use colo_rl::config::{
+    Capacity, Colocation, DataSource, KvBudget, ModelSource, RunLength, ValSource,
+};
+use colo_rl::{Config, Error, RewardSpec};
+use common::TempDir;
+
+fn parse(text: &str) -> Result<Config, Error> {
+    Config::from_toml(text, Path::new("run.toml"))
+}
+
+/// `(line, field, message)` of a config error.
+fn err(text: &str) -> (Option<usize>, String, String) {
+    match parse(text).unwrap_err() {
+        Error::Config {
+            line,
+            field,
+            message,
+            ..
+        } => (line, field, message),
+        other => panic!("not a config error: {other}"),
+    }
+}
+
+#[test]
+fn empty_file_is_the_builtin_run() {
+    let c = parse("").unwrap();
+    assert_eq!(c, Config::builtin());
+    assert!(matches!(c.data.source, DataSource::Builtin(_)));
+    assert_eq!(c.model, ModelSource::Builtin);
+    assert_eq!(c.reward, RewardSpec::ExactMatch {});
+    assert_eq!(c.memory.colocation, Colocation::Staged);
+    assert_eq!(c.algorithm.advantage.adv_estimator, AdvEstimator::Grpo);
+    let b = c.batch;
+    assert_eq!(
+        (
+            b.samples_per_step,
+            b.mini_batch_samples,
+            b.mini_batches_per_step,
+            b.micro_batches_per_mini_batch
+        ),
+        (256, 128, 2, 2)
+    );
+    assert_eq!(c.total_steps(8000), 100);
+    let s = c.summary();
+    assert!(s.contains("32 prompts × n 8 = 256 samples"), "{s}");
+    assert!(
+        s.contains("2 mini-batches of 16 prompts (128 samples)"),
+        "{s}"
+    );
+    assert!(s.contains("staged colocation"), "{s}");
+}
+
+#[test]
+fn a_verl_like_user_config() {
+    let c = parse(
+        r#"
+[data]
+train_files = "train.jsonl"
+val_fraction = 0.05
+prompt_key = "question"
+answer_key = "reward_model.ground_truth"
+train_batch_size = 64
+
+[model]
+path = "/models/qwen"
+
+[rollout]
+n = 4
+top_k = 50
+gpu_memory_utilization = 0.6
+response_length = 512
+
+[actor]
+lr = 1e-6
+ppo_mini_batch_size = 32
+ppo_micro_batch_size_per_gpu = 16
+ppo_epochs = 2
+clip_ratio_high = 0.28
+loss_agg_mode = "seq-mean-token-sum-norm"
+kl_loss_type = "low_var_kl"
+
+[algorithm]
+adv_estimator = "rloo"
+kl_ctrl = { type = "adaptive", kl_coef = 0.05 }
+
+[reward]
+kind = "numeric"
+after = "Answer:"
+
+[memory]
+capacity = "24GiB"
+colocation = "sleep"
+
+[trainer]
+total_epochs = 3
+save_freq = -1
+default_local_dir = "runs/x"
+"#,
+    )
+    .unwrap();
+    assert_eq!(
+        c.data.source,
+        DataSource::Files {
+            train: vec!["train.jsonl".into()],
+            val: ValSource::Fraction(0.05)
+        }
+    );
+    assert_eq!(c.data.fields.answer_key, "reward_model.ground_truth");
+    assert_eq!(c.model, ModelSource::Path("/models/qwen".into()));
+    assert_eq!(c.rollout.sampling.top_k, Some(50));
+    assert_eq!(c.rollout.kv, KvBudget::Fraction(0.6));
+    assert_eq!(c.rollout.max_new_tokens, 512);
+    assert_eq!(c.actor.policy_loss.clip_ratio_high, Some(0.28));
+    assert_eq!(
+        c.actor.policy_loss.loss_agg_mode,
+        LossAggMode::SeqMeanTokenSumNorm
+    );
+    assert_eq!(c.actor.kl_loss.unwrap().estimator, KlEstimator::K3);
+    assert_eq!(c.memory.capacity, Capacity::Bytes(24 << 30));
+    assert_eq!(c.trainer.length, RunLength::Epochs(3));
+    assert_eq!(c.trainer.save_freq, None);
+    assert_eq!(c.total_steps(1000), 3 * 15);
+    assert_eq!(
+        (
+            c.batch.samples_per_step,
+            c.batch.mini_batch_samples,
+            c.batch.micro_batches_per_mini_batch,
+            c.batch.optimizer_steps_per_step
+        ),
+        (256, 128, 8, 4)
+    );
+}
+
+#[test]
+fn a_bad_type_names_line_and_field() {
+    let (line, field, msg) = err("[data]\nseed = 3\ntrain_batch_size = \"many\"\n");
+    assert_eq!(
+        (line, field.as_str()),
+        (Some(3), "data.train_batch_size"),
+        "{msg}"
+    );
+    let e = parse("[data]\nseed = 3\ntrain_batch_size = \"many\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("run.toml:3: `data.train_batch_size`: invalid type"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_keys_are_errors_with_their_line() {
+    let (line, field, msg) = err("[rollout]\nn = 4\ntempreature = 0.7\n");
+    assert_eq!(
+        (line, field.as_str()),
+        (Some(3), "rollout.tempreature"),
+        "{msg}"
+    );
+    assert!(msg.contains("unknown field `tempreature`"), "{msg}");
+
+    let (line, field, msg) = err("[trainer]\n\n[algorithms]\nadv_estimator = \"grpo\"\n");
+    assert_eq!((line, field.as_str()), (Some(3), "algorithms"), "{msg}");
+    assert!(msg.contains("unknown field `algorithms`"), "{msg}");
+
+    // `[reward]` is read as a whole (its `kind` picks the fields): the line
+    // of the typo is found by its name.
+    let (line, field, msg) = err("[reward]\nkind = \"numeric\"\ntolerence = 0.1\n");
+    assert_eq!(
+        (line, field.as_str()),
+        (Some(3), "reward.tolerence"),
+        "{msg}"
+    );
+    assert!(msg.contains("expected `tolerance` or `after`"), "{msg}");
+}
+
+#[test]
+fn bad_enum_values_list_the_choices() {
+    let (line, field, msg) = err("[algorithm]\nadv_estimator = \"ppo\"\n");
+    assert_eq!((line, field.as_str()), (Some(2), "algorithm.adv_estimator"));
+    assert!(msg.contains("grpo"), "{msg}");
+    let (line, _, msg) = err("[memory]\ncolocation = \"lazy\"\n");
+    assert_eq!(line, Some(2));
+    assert!(msg.contains("staged"), "{msg}");
+}
+
+#[test]
+fn malformed_toml_gives_the_line() {
+    let (line, _, _) = err("[actor]\nlr = 1e-4\nweight_decay = = 0.1\n");
+    assert_eq!(line, Some(3));
+}
+
+#[test]
+fn batch_sizes_are_checked_against_each_other() {
+    let (line, field, msg) = err("[data]\ntrain_batch_size = 30\n");
+    assert_eq!(
+        (line, field.as_str()),
+        (None, "actor.ppo_mini_batch_size"),
+        "a default: no line"
+    );
+    assert!(
+        msg.contains("16 prompts must divide data.train_batch_size (30 prompts)"),
+        "{msg}"
+    );
+
+    let (line, field, msg) = err("[rollout]\nn = 3\n[actor]\nppo_micro_batch_size = 32\n");
+    assert_eq!(
+        (line, field.as_str()),
+        (Some(4), "actor.ppo_micro_batch_size")
+    );
+    assert!(
+        msg.contains("ppo_mini_batch_size 16 × rollout.n 3 = 48 samples"),
+        "{msg}"
+    );
+
+    let (line, field, _) = err("[rollout]\nn = 1\n");
+    assert_eq!((line, field.as_str()), (Some(2), "rollout.n"));
+    assert!(parse("[rollout]\nn = 1\n[algorithm]\nadv_estimator = \"reinforce_plus_plus\"\n[actor]\nppo_micro_batch_size = 16\n").is_ok());
+}
+
+#[test]
+fn bad_values_name_their_field() {
+    for (text, want_field, want_line) in [
+        ("[actor]\nlr = -1.0\n", "actor.lr", Some(2)),
+        (
+            "[actor]\nclip_ratio_low = 1.5\n",
+            "actor.clip_ratio_low",
+            Some(2),
+        ),
+        ("[rollout]\ntop_p = 0.0\n", "rollout.top_p", Some(2)),
+        (
+            "[rollout.val_kwargs]\ntemperature = -1.0\n",
+            "rollout.val_kwargs.temperature",
+            Some(2),
+        ),
+        (
+            "[memory]\ncapacity = \"12 parsecs\"\n",
+            "memory.capacity",
+            Some(2),
+        ),
+        (
+            "[data]\ntrain_files = [\"a.jsonl\"]\n",
+            "data.val_files",
+            None,
+        ),
+        (
+            "[data]\nval_files = [\"a.jsonl\"]\n",
+            "data.train_files",
+            None,
+        ),
+        (
+            "[reward]\nkind = \"format\"\nopen = \"\"\nclose = \"x\"\n",
+            "reward.open",
+            Some(3),
+        ),
+        (
+            "[data.builtin]\nmax_operand = 9\n",
+            "data.builtin.train_size",
+            None,
+        ),
+        (
+            "[trainer]\ntotal_steps = 0\n",
+            "trainer.total_steps",
+            Some(2),
+        ),
+    ] {
+        let (line, field, msg) = err(text);
+        assert_eq!(
+            (field.as_str(), line),
+            (want_field, want_line),
+            "{text}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn capacities_parse_with_units() {
+    for (text, want) in [
+        ("capacity = \"auto\"", Capacity::Auto),
+        ("capacity = 1048576", Capacity::Bytes(1 << 20)),
+        ("capacity = \"512MiB\"", Capacity::Bytes(512 << 20)),
+        ("capacity = \"1.5 GB\"", Capacity::Bytes(1_500_000_000)),
+    ] {
+        let c = parse(&format!("[memory]\n{text}\n")).unwrap();
+        assert_eq!(c.memory.capacity, want, "{text}");
+    }
+}
+
+#[test]
+fn from_file_reads_or_names_the_missing_file() {
+    let dir = TempDir::new("cfg");
+    let p = dir.write("run.toml", "[trainer]\ntotal_steps = 7\n");
+    assert_eq!(
+        Config::from_file(&p).unwrap().trainer.length,
+        RunLength::Steps(7)
+    );
+    let e = Config::from_file(&dir.0.join("nope.toml")).unwrap_err();
+    assert!(e.to_string().starts_with("config file not found:"), "{e}");
+}

@@ -1,0 +1,121 @@
+//! Loading prompts: both prompt forms, configurable fields, and errors that
+//! name the file, line and field.
+
+mod common;
+
+use colo_model::Tokenizer;
+use colo_rl::{vocab, Dataset, Error, Fields};
+use common::TempDir;
+
+fn fields(prompt: &str, answer: &str) -> Fields {
+    Fields {
+        prompt_key: prompt.into(),
+        answer_key: answer.into(),
+    }
+}
+
+#[test]
+fn plain_and_chat_prompts_with_nested_answers() {
+    let dir = TempDir::new("data-ok");
+    vocab::write_tokenizer(&dir.0).unwrap();
+    let tok = Tokenizer::from_dir(&dir.0).unwrap();
+    let path = dir.write(
+        "d.jsonl",
+        concat!(
+            r#"{"question": "2+2=", "reward_model": {"ground_truth": 4}, "source": "x"}"#, "\n",
+            "\n",
+            r#"{"question": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "3+3="}], "reward_model": {"ground_truth": "6"}}"#, "\n",
+        ),
+    );
+    let d = Dataset::from_jsonl(
+        &[path.clone(), path],
+        &fields("question", "reward_model.ground_truth"),
+        Some(&tok),
+    )
+    .unwrap();
+    assert_eq!(d.len(), 4, "two files' prompts, blank lines skipped");
+    assert_eq!(d.prompts[0].text, "2+2=");
+    assert_eq!(d.prompts[0].ground_truth, "4", "numbers as written");
+    assert_eq!(d.prompts[0].extra["source"], "x");
+    assert_eq!(
+        d.prompts[1].text,
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n3+3=<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let ids: Vec<u64> = d.prompts.iter().map(|p| p.prompt_id).collect();
+    assert_eq!(ids, vec![0, 1, 2, 3]);
+}
+
+fn load_err(text: &str, f: &Fields) -> (String, Error) {
+    let dir = TempDir::new("data-err");
+    let path = dir.write("bad.jsonl", text);
+    let e = Dataset::from_jsonl(&[path], f, None).unwrap_err();
+    (e.to_string(), e)
+}
+
+#[test]
+fn errors_name_the_line_and_field() {
+    let f = Fields::default();
+    let (msg, e) = load_err(
+        "{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"b\",\n",
+        &f,
+    );
+    assert!(
+        matches!(
+            e,
+            Error::Data {
+                line: 2,
+                field: None,
+                ..
+            }
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains("bad.jsonl:2: not JSON"), "{msg}");
+
+    let (msg, _) = load_err("{\"prompt\": \"a\"}\n", &f);
+    assert!(
+        msg.ends_with("bad.jsonl:1: field `answer`: missing"),
+        "{msg}"
+    );
+
+    let (msg, _) = load_err("{\"text\": \"a\", \"answer\": 1}\n", &f);
+    assert!(msg.contains(":1: field `prompt`: missing"), "{msg}");
+
+    let (msg, _) = load_err("{\"prompt\": 5, \"answer\": 1}\n", &f);
+    assert!(
+        msg.contains("field `prompt`: expected a string or a list of chat messages"),
+        "{msg}"
+    );
+
+    let (msg, _) = load_err("{\"prompt\": [{\"role\": \"user\"}], \"answer\": 1}\n", &f);
+    assert!(
+        msg.contains("field `prompt[0].content`: expected a string"),
+        "{msg}"
+    );
+
+    let (msg, _) = load_err(
+        "{\"prompt\": [{\"role\": \"user\", \"content\": \"x\"}], \"answer\": 1}\n",
+        &f,
+    );
+    assert!(msg.contains("chat messages need a tokenizer"), "{msg}");
+
+    let (msg, _) = load_err("{\"prompt\": \"a\", \"answer\": null}\n", &f);
+    assert!(msg.contains("field `answer`: is null"), "{msg}");
+
+    let (msg, _) = load_err("[1, 2]\n", &f);
+    assert!(msg.contains(":1: expected a JSON object"), "{msg}");
+
+    let (msg, _) = load_err("\n\n", &f);
+    assert!(msg.contains("no prompts"), "{msg}");
+}
+
+#[test]
+fn missing_file_is_named() {
+    let e = Dataset::from_jsonl(
+        &["/nonexistent/train.jsonl".into()],
+        &Fields::default(),
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(e.to_string(), "dataset not found: /nonexistent/train.jsonl");
+}
