@@ -4,7 +4,9 @@
 
 use colo_algo::{AdvEstimator, AdvantageConfig, PolicyLossConfig, RolloutCorrectionConfig};
 
-use super::raw::{RawCapacity, RawConfig};
+use super::raw::{
+    RawActor, RawAlgorithm, RawCapacity, RawConfig, RawData, RawMemory, RawRollout, RawTrainer,
+};
 use super::*;
 
 type Check<T> = std::result::Result<T, (String, String)>;
@@ -113,8 +115,35 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         memory,
         trainer,
     } = raw;
+    let prompts = data.train_batch_size;
+    let data_cfg = data_section(data, trainer.seed)?;
+    let rollout_cfg = rollout_section(&rollout, algorithm.adv_estimator)?;
+    let batch = batch_plan(prompts, rollout_cfg.n, &actor)?;
+    let ppo_epochs = batch.optimizer_steps_per_step / batch.mini_batches_per_step;
+    let actor_cfg = actor_section(actor, ppo_epochs)?;
+    let algorithm_cfg = algorithm_section(algorithm)?;
+    if let Err((field, message)) = reward.validate() {
+        return bad(&format!("reward.{field}"), message);
+    }
+    let memory_cfg = memory_section(&memory)?;
+    let trainer_cfg = trainer_section(trainer)?;
+    Ok(Config {
+        data: data_cfg,
+        model: match model.path {
+            Some(p) => ModelSource::Path(p),
+            None => ModelSource::Builtin,
+        },
+        rollout: rollout_cfg,
+        actor: actor_cfg,
+        algorithm: algorithm_cfg,
+        reward,
+        memory: memory_cfg,
+        trainer: trainer_cfg,
+        batch,
+    })
+}
 
-    // [data]
+fn data_section(data: RawData, default_seed: u64) -> Check<DataConfig> {
     let train = data.train_files.to_vec();
     let val = data.val_files.to_vec();
     let source = match (train.is_empty(), val.is_empty(), data.val_fraction) {
@@ -176,14 +205,17 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
             answer_key: data.answer_key,
         },
         max_prompt_length: positive("data.max_prompt_length", data.max_prompt_length)?,
-        seed: data.seed.unwrap_or(trainer.seed),
+        seed: data.seed.unwrap_or(default_seed),
         shuffle: data.shuffle,
     };
 
-    // [rollout]
+    Ok(data_cfg)
+}
+
+fn rollout_section(rollout: &RawRollout, estimator: AdvEstimator) -> Check<RolloutConfig> {
     let n = positive("rollout.n", rollout.n)?;
     let group = matches!(
-        algorithm.adv_estimator,
+        estimator,
         AdvEstimator::Grpo | AdvEstimator::Rloo | AdvEstimator::ReinforcePlusPlusBaseline
     );
     if group && n < 2 {
@@ -191,7 +223,7 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
             "rollout.n",
             format!(
                 "adv_estimator `{}` compares samples of a prompt: n must be at least 2",
-                algorithm.adv_estimator.name()
+                estimator.name()
             ),
         );
     }
@@ -222,8 +254,12 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         val_sampling: sampling("rollout.val_kwargs.", v.temperature, v.top_p, v.top_k)?,
     };
 
-    // Batch sizes: prompts per step → mini-batches (prompts) → micro-batches (samples).
-    let prompts = positive("data.train_batch_size", data.train_batch_size)?;
+    Ok(rollout_cfg)
+}
+
+/// Prompts per step → mini-batches (prompts) → micro-batches (samples).
+fn batch_plan(prompts: usize, n: usize, actor: &RawActor) -> Check<BatchPlan> {
+    let prompts = positive("data.train_batch_size", prompts)?;
     let mini = positive("actor.ppo_mini_batch_size", actor.ppo_mini_batch_size)?;
     if prompts % mini != 0 {
         return bad(
@@ -254,7 +290,10 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         optimizer_steps_per_step: prompts / mini * ppo_epochs,
     };
 
-    // [actor]
+    Ok(batch)
+}
+
+fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
     if !(actor.lr.is_finite() && actor.lr > 0.0) {
         return bad("actor.lr", format!("must be positive, got {}", actor.lr));
     }
@@ -298,7 +337,10 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         },
     };
 
-    // [algorithm]
+    Ok(actor_cfg)
+}
+
+fn algorithm_section(algorithm: RawAlgorithm) -> Check<AlgorithmConfig> {
     let ctrl = &algorithm.kl_ctrl;
     if algorithm.use_kl_in_reward && !(ctrl.kl_coef.is_finite() && ctrl.kl_coef >= 0.0) {
         return bad(
@@ -331,12 +373,10 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         },
     };
 
-    // [reward]
-    if let Err((field, message)) = reward.validate() {
-        return bad(&format!("reward.{field}"), message);
-    }
+    Ok(algorithm_cfg)
+}
 
-    // [memory]
+fn memory_section(memory: &RawMemory) -> Check<MemoryConfig> {
     let memory_cfg = MemoryConfig {
         capacity: capacity(&memory.capacity)?,
         colocation: memory.colocation,
@@ -346,7 +386,10 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         offload_ref: memory.offload_ref,
     };
 
-    // [trainer]
+    Ok(memory_cfg)
+}
+
+fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
     let length = match (trainer.total_steps, trainer.total_epochs) {
         (Some(s), _) => RunLength::Steps(positive("trainer.total_steps", s)?),
         (None, Some(e)) => RunLength::Epochs(positive("trainer.total_epochs", e)?),
@@ -363,20 +406,7 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         device: trainer.device,
     };
 
-    Ok(Config {
-        data: data_cfg,
-        model: match model.path {
-            Some(p) => ModelSource::Path(p),
-            None => ModelSource::Builtin,
-        },
-        rollout: rollout_cfg,
-        actor: actor_cfg,
-        algorithm: algorithm_cfg,
-        reward,
-        memory: memory_cfg,
-        trainer: trainer_cfg,
-        batch,
-    })
+    Ok(trainer_cfg)
 }
 
 /// A value's config name (its serde form), e.g. `token-mean` or `staged`.

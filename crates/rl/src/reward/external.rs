@@ -221,31 +221,8 @@ impl ExternalReward {
             if line.trim().is_empty() {
                 continue;
             }
-            let bad = |index, why: &str| Failure {
-                index,
-                reason: format!("bad answer line {line:?}: {why}"),
-            };
-            let resp: Response = serde_json::from_str(&line).map_err(|e| {
-                // Blame the sample the line names, if it names one.
-                let named = serde_json::from_str::<serde_json::Value>(&line)
-                    .ok()
-                    .and_then(|v| v["id"].as_u64())
-                    .and_then(|id| index.get(&id).copied());
-                bad(
-                    named.unwrap_or(waiting),
-                    &format!("expected {{\"id\", \"score\"}} ({e})"),
-                )
-            })?;
-            let Some(&i) = index.get(&resp.id) else {
-                return Err(bad(waiting, "unknown id"));
-            };
-            if scores[i].is_some() {
-                return Err(bad(i, "second answer for this id"));
-            }
-            if !resp.score.is_finite() {
-                return Err(bad(i, "score is not finite"));
-            }
-            scores[i] = Some(resp.score as f32);
+            let (i, score) = read_answer(&line, &index, waiting, scores)?;
+            scores[i] = Some(score);
             pending -= 1;
         }
         Ok(())
@@ -257,6 +234,41 @@ impl ExternalReward {
             let _ = run.child.wait();
         }
     }
+}
+
+/// `(index in the batch, score)` of one answer line; a bad line blames the
+/// sample it names, or else the first one still `waiting`.
+fn read_answer(
+    line: &str,
+    index: &HashMap<u64, usize>,
+    waiting: usize,
+    scores: &[Option<f32>],
+) -> std::result::Result<(usize, f32), Failure> {
+    let bad = |index, why: &str| Failure {
+        index,
+        reason: format!("bad answer line {line:?}: {why}"),
+    };
+    let resp: Response = serde_json::from_str(line).map_err(|e| {
+        // Blame the sample the line names, if it names one.
+        let named = serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v["id"].as_u64())
+            .and_then(|id| index.get(&id).copied());
+        bad(
+            named.unwrap_or(waiting),
+            &format!("expected {{\"id\", \"score\"}} ({e})"),
+        )
+    })?;
+    let Some(&i) = index.get(&resp.id) else {
+        return Err(bad(waiting, "unknown id"));
+    };
+    if scores[i].is_some() {
+        return Err(bad(i, "second answer for this id"));
+    }
+    if !resp.score.is_finite() {
+        return Err(bad(i, "score is not finite"));
+    }
+    Ok((i, resp.score as f32))
 }
 
 fn first_pending(scores: &[Option<f32>]) -> usize {
