@@ -25,6 +25,8 @@ enum Command {
     Bench(cmd::bench::Bench),
     /// Log-probability of each next token of a sequence under a checkpoint (teacher forcing).
     Score(cmd::score::Args),
+    /// Sample completions of a prompt with colo's rollout engine (paged KV cache, n samples sharing the prompt).
+    Generate(cmd::generate::Args),
     /// Plan memory per phase, device mapping and resharding (arithmetic only, no devices needed).
     Plan(cmd::plan::Args),
 }
@@ -34,6 +36,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Bench(b) => cmd::bench::run(b),
         Command::Score(a) => cmd::score::run(a),
+        Command::Generate(a) => cmd::generate::run(a),
         Command::Plan(a) => cmd::plan::run(a),
     }
 }

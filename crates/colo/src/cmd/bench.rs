@@ -6,10 +6,13 @@ use clap::Subcommand;
 pub enum Bench {
     /// Pause/resume bandwidth of the memory layer against plain copies.
     Mem(super::bench_mem::Args),
+    /// Rollout tokens/s on a GRPO-shaped load against a static-batch, contiguous-cache baseline.
+    Rollout(super::bench_rollout::Args),
 }
 
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
         Bench::Mem(a) => super::bench_mem::run(a),
+        Bench::Rollout(a) => super::bench_rollout::run(a),
     }
 }

@@ -2,5 +2,7 @@
 
 pub mod bench;
 pub mod bench_mem;
+pub mod bench_rollout;
+pub mod generate;
 pub mod plan;
 pub mod score;

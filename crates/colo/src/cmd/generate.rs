@@ -1,0 +1,130 @@
+//! `colo generate`: completions of one prompt from a Hugging Face
+//! checkpoint with colo's rollout engine.
+
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail, Context};
+use colo_mem::{Pool, PoolConfig};
+use colo_rollout::{Engine, EngineConfig, Request, SamplingParams};
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt_ids", "prompt"])))]
+#[command(group(clap::ArgGroup::new("mode").args(["greedy", "temperature"])))]
+pub struct Args {
+    /// Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// Prompt token ids, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Prompt text, tokenized with the checkpoint's tokenizer.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Completions to sample.
+    #[arg(long, default_value_t = 1)]
+    n: usize,
+    #[arg(long, default_value_t = 32)]
+    max_new_tokens: usize,
+    /// Greedy decoding (the default is sampling at temperature 1).
+    #[arg(long)]
+    greedy: bool,
+    #[arg(long)]
+    temperature: Option<f64>,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Extra stop strings (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Do not stop at the checkpoint's end-of-sequence token(s).
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print `{"completions": [{"tokens", "logprobs", "finish_reason"}]}` only.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let cfg = colo_model::ModelConfig::from_file(&a.model.join("config.json"))
+        .with_context(|| format!("loading {}", a.model.display()))?;
+    let tokenizer = match a.model.join("tokenizer.json").is_file() {
+        true => Some(colo_model::Tokenizer::from_dir(&a.model)?),
+        false => None,
+    };
+    let prompt = match (&a.prompt_ids, &a.prompt, &tokenizer) {
+        (Some(ids), _, _) => ids.clone(),
+        (None, Some(text), Some(tok)) => tok.encode(text, true)?,
+        (None, Some(_), None) => bail!(
+            "{} has no tokenizer.json; pass --prompt-ids",
+            a.model.display()
+        ),
+        (None, None, _) => unreachable!("clap requires --prompt-ids or --prompt"),
+    };
+    let params = SamplingParams {
+        n: a.n,
+        max_new_tokens: a.max_new_tokens,
+        temperature: if a.greedy {
+            0.0
+        } else {
+            a.temperature.unwrap_or(1.0)
+        },
+        top_k: a.top_k,
+        top_p: a.top_p,
+        stop_token_ids: if a.ignore_eos {
+            Vec::new()
+        } else {
+            cfg.eos_token_ids.clone()
+        },
+        stop_strings: a.stop.clone(),
+        seed: a.seed,
+    };
+    // A KV pool that holds all n samples at full length.
+    let full = (prompt.len() + a.max_new_tokens).min(cfg.max_position_embeddings);
+    let ecfg = EngineConfig::with_kv_tokens(full * a.n.max(1) + 16);
+    let pool = Pool::host(PoolConfig::default())?;
+    let mut engine = Engine::from_dir(&a.model, pool, &ecfg)?;
+    let out = engine
+        .generate(vec![Request::new(prompt, params)])?
+        .pop()
+        .expect("one request, one result")
+        .map_err(|e| anyhow!("{e}"))?;
+    if a.json {
+        #[derive(serde::Serialize)]
+        struct C<'a> {
+            tokens: &'a [u32],
+            logprobs: &'a [f32],
+            finish_reason: &'a str,
+        }
+        #[derive(serde::Serialize)]
+        struct Out<'a> {
+            completions: Vec<C<'a>>,
+        }
+        let completions = out
+            .completions
+            .iter()
+            .map(|c| C {
+                tokens: &c.tokens,
+                logprobs: &c.logprobs,
+                finish_reason: c.finish_reason.as_str(),
+            })
+            .collect();
+        println!("{}", serde_json::to_string(&Out { completions })?);
+        return Ok(());
+    }
+    for (i, c) in out.completions.iter().enumerate() {
+        let total: f64 = c.logprobs.iter().map(|&v| v as f64).sum();
+        println!(
+            "[{i}] {} tokens, finish: {}, logprob {total:.4}",
+            c.tokens.len(),
+            c.finish_reason
+        );
+        match &tokenizer {
+            Some(tok) => println!("{}", tok.decode(&c.tokens, false)?),
+            None => println!("{:?}", c.tokens),
+        }
+    }
+    Ok(())
+}

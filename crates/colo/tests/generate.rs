@@ -1,0 +1,123 @@
+//! `colo generate` run as a process on the fixture checkpoints, against the
+//! fixture's greedy continuations and colo-model's teacher-forced
+//! log-probabilities.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use candle_core::{DType, Device, Tensor};
+use colo_model::{loss, Checkpoint};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata")
+        .join(name)
+}
+
+fn colo_generate(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_colo"))
+        .arg("generate")
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "colo generate failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn greedy_ids_reproduce_the_fixture_and_logprobs_the_model() {
+    let dir = fixture("tiny-qwen2");
+    let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
+    let reference: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let full: Vec<u32> = serde_json::from_value(reference["greedy"][0].clone()).unwrap();
+    let (prompt, expected) = full.split_at(full.len() - 16);
+    let ids = prompt
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let v = colo_generate(&[
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        &ids,
+        "--greedy",
+        "--ignore-eos",
+        "--max-new-tokens",
+        "16",
+    ]);
+    let c = &v["completions"][0];
+    let tokens: Vec<u32> = serde_json::from_value(c["tokens"].clone()).unwrap();
+    assert_eq!(
+        tokens, expected,
+        "generated tokens only, as transformers' greedy"
+    );
+    assert_eq!(c["finish_reason"], "length");
+
+    let ckpt = Checkpoint::from_dir(&dir, DType::F32, &Device::Cpu).unwrap();
+    let input = Tensor::new(full.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let lp = loss::next_token_logprobs(&ckpt.model.forward(&input).unwrap(), &input).unwrap();
+    let lp: Vec<f32> = lp.squeeze(0).unwrap().to_vec1().unwrap();
+    let got: Vec<f32> = serde_json::from_value(c["logprobs"].clone()).unwrap();
+    for (a, b) in got.iter().zip(&lp[prompt.len() - 1..]) {
+        assert!((a - b).abs() <= 1e-4, "{a} vs {b}");
+    }
+}
+
+#[test]
+fn sampled_text_prompt_gives_n_seeded_completions() {
+    let dir = fixture("tiny-llama");
+    let args = [
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "The quick brown fox",
+        "--n",
+        "3",
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "5",
+    ];
+    let a = colo_generate(&args);
+    let comps = a["completions"].as_array().unwrap();
+    assert_eq!(comps.len(), 3);
+    for c in comps {
+        let n = c["tokens"].as_array().unwrap().len();
+        assert_eq!(n, c["logprobs"].as_array().unwrap().len());
+        assert!((1..=8).contains(&n));
+    }
+    assert_eq!(a, colo_generate(&args), "same seed, same output");
+}
+
+#[test]
+fn a_bad_request_is_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_colo"))
+        .args(["generate", "--model"])
+        .arg(fixture("tiny-qwen2"))
+        .args([
+            "--prompt-ids",
+            "1,2",
+            "--temperature",
+            "0.5",
+            "--top-p",
+            "1.5",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("top_p"), "{err}");
+}
