@@ -10,6 +10,7 @@ use candle_core::{DType, Device};
 use colo_mem::tags::{KV_CACHE, WEIGHTS};
 use colo_mem::{Policy, Pool, TagState};
 use colo_model::{Model, ModelConfig, Tokenizer, Weights};
+use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::block_table::{blocks_for, BlockId};
@@ -335,13 +336,24 @@ impl Engine {
         self.counters.decode_steps += 1;
         let vocab = self.model.config().vocab_size;
         let running = std::mem::take(&mut self.sched.running);
-        with_f32(&logits, |all| -> Result<()> {
-            for (i, mut seq) in running.into_iter().enumerate() {
-                seq.kv_len += 1;
-                self.push_token(seq, &all[i * vocab..(i + 1) * vocab], &mut finished)?;
-            }
-            Ok(())
-        })??;
+        // Sampling is independent per row: in parallel, one scratch per
+        // rayon job.
+        let reqs = &self.reqs;
+        let picks: Vec<(u32, f32)> = with_f32(&logits, |all| {
+            running
+                .par_iter()
+                .enumerate()
+                .map_init(Sampler::default, |sampler, (i, s)| {
+                    let params = &reqs[&s.req].params;
+                    let u = uniform(params.seed, s.sample, s.generated());
+                    sampler.sample(&all[i * vocab..(i + 1) * vocab], params, u)
+                })
+                .collect()
+        })?;
+        for (mut seq, pick) in running.into_iter().zip(picks) {
+            seq.kv_len += 1;
+            self.push_token(seq, pick, &mut finished)?;
+        }
         Ok(finished)
     }
 
@@ -375,7 +387,8 @@ impl Engine {
                             self.sched.blocks.retain(b);
                         }
                     }
-                    self.push_token(s, &logits, finished)?;
+                    let pick = self.sample(&s, &logits);
+                    self.push_token(s, pick, finished)?;
                 }
             }
             Waiting::Resume(mut seq) => {
@@ -384,23 +397,28 @@ impl Engine {
                 self.counters.prefill_tokens += seq.tokens.len() as u64;
                 seq.blocks = blocks;
                 seq.kv_len = seq.tokens.len();
-                self.push_token(seq, &logits, finished)?;
+                let pick = self.sample(&seq, &logits);
+                self.push_token(seq, pick, finished)?;
             }
         }
         Ok(())
     }
 
-    /// Samples the next token of `seq` from `logits` (vocab), then either
-    /// finishes it or puts it (back) in the running batch.
+    /// Samples the next token of `seq` from `logits` (vocab).
+    fn sample(&mut self, seq: &Sequence, logits: &[f32]) -> (u32, f32) {
+        let params = &self.reqs[&seq.req].params;
+        let u = uniform(params.seed, seq.sample, seq.generated());
+        self.sampler.sample(logits, params, u)
+    }
+
+    /// Appends a sampled token to `seq`, then either finishes it or puts it
+    /// (back) in the running batch.
     fn push_token(
         &mut self,
         mut seq: Sequence,
-        logits: &[f32],
+        (tok, lp): (u32, f32),
         finished: &mut Vec<RequestOutput>,
     ) -> Result<()> {
-        let params = &self.reqs[&seq.req].params;
-        let u = uniform(params.seed, seq.sample, seq.generated());
-        let (tok, lp) = self.sampler.sample(logits, params, u);
         seq.tokens.push(tok);
         seq.logprobs.push(lp);
         self.counters.generated_tokens += 1;

@@ -34,6 +34,7 @@ fn by_score_desc(a: &(f32, u32), b: &(f32, u32)) -> Ordering {
 #[derive(Debug, Default)]
 pub struct Sampler {
     candidates: Vec<(f32, u32)>,
+    weights: Vec<f32>,
 }
 
 impl Sampler {
@@ -47,10 +48,11 @@ impl Sampler {
             (1.0 / p.temperature) as f32
         };
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) * inv_t;
-        let sum: f64 = logits
-            .iter()
-            .map(|&l| ((l * inv_t - max) as f64).exp())
-            .sum();
+        // One pass of exponentials, kept for the inverse CDF below.
+        let w = &mut self.weights;
+        w.clear();
+        w.extend(logits.iter().map(|&l| (l * inv_t - max).exp()));
+        let sum: f64 = w.iter().map(|&x| x as f64).sum();
         let lse = max as f64 + sum.ln();
         let logprob = |tok: u32| (logits[tok as usize] as f64 * inv_t as f64 - lse) as f32;
 
@@ -65,12 +67,11 @@ impl Sampler {
             let target = u * sum;
             let mut cum = 0.0;
             let mut last = 0;
-            for (i, &l) in logits.iter().enumerate() {
-                let w = ((l * inv_t - max) as f64).exp();
-                if w > 0.0 {
+            for (i, &x) in w.iter().enumerate() {
+                if x > 0.0 {
                     last = i;
                 }
-                cum += w;
+                cum += x as f64;
                 if cum > target {
                     return (i as u32, logprob(i as u32));
                 }
