@@ -8,9 +8,9 @@
 //! micro-batch's full width and zeroed outside the response mask.
 
 use candle_core::Tensor;
-use colo_model::loss::token_logprobs;
 
 use crate::batch::SeqBatch;
+use crate::ops::token_logprobs;
 use crate::trainer::ColoTrainer;
 use crate::{Error, Result};
 

@@ -73,7 +73,9 @@
 //!   storage through detached tensors; scoring passes build no autograd
 //!   graph and keep no activations alive.
 //! - **LM head on the response window only**, so long prompts cost no
-//!   (seq, vocab) logits.
+//!   (seq, vocab) logits, and the log-probabilities are one fused op with a
+//!   hand-written backward ([`ops::token_logprobs`]) instead of six passes
+//!   over the logits and as many backward.
 //! - **Results never live in discardable memory.** Tensors returned by a
 //!   pass are copied out of the `activations` tag before they are handed
 //!   back.
@@ -90,6 +92,7 @@ mod error;
 mod forward;
 pub mod losses;
 pub mod offload;
+pub mod ops;
 pub mod schedule;
 pub mod trainer;
 pub mod value_head;

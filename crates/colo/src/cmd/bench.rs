@@ -8,11 +8,14 @@ pub enum Bench {
     Mem(super::bench_mem::Args),
     /// Rollout tokens/s on a GRPO-shaped load against a static-batch, contiguous-cache baseline.
     Rollout(super::bench_rollout::Args),
+    /// Training-step throughput (6·N·tokens/s) against a float32 matrix product.
+    Train(super::bench_train::Args),
 }
 
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
         Bench::Mem(a) => super::bench_mem::run(a),
         Bench::Rollout(a) => super::bench_rollout::run(a),
+        Bench::Train(a) => super::bench_train::run(a),
     }
 }
