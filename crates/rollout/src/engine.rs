@@ -164,9 +164,17 @@ impl Engine {
         Engine::new(&cfg, &weights, tokenizer, pool, config)
     }
 
-    /// The model over the engine's (pooled) weights.
-    pub fn model(&self) -> &Model {
-        &self.model
+    /// The model over the engine's (pooled) weights. An error while the
+    /// `weights` tag is released: its tensors point into unmapped memory,
+    /// and reading them would fault.
+    pub fn model(&self) -> Result<&Model> {
+        match self.pool.tag_state(colo_mem::tags::WEIGHTS) {
+            Some(colo_mem::TagState::Active) => Ok(&self.model),
+            _ => Err(Error::Released {
+                op: "use the model",
+                tag: colo_mem::tags::WEIGHTS.into(),
+            }),
+        }
     }
 
     pub fn tokenizer(&self) -> Option<&Tokenizer> {

@@ -26,7 +26,7 @@ fn greedy_matches_transformers_and_a_full_recompute() {
             assert_eq!(got[0].finish_reason, FinishReason::Length);
             assert_eq!(
                 got[0].tokens,
-                naive_greedy(e.model(), prompt, 16),
+                naive_greedy(e.model().unwrap(), prompt, 16),
                 "{name}: naive"
             );
         }
@@ -40,7 +40,7 @@ fn greedy_matches_transformers_and_a_full_recompute() {
             .unwrap());
         assert_eq!(
             long[0][0].tokens,
-            naive_greedy(e.model(), prompt, 40),
+            naive_greedy(e.model().unwrap(), prompt, 40),
             "{name}: 40 tokens"
         );
     }
@@ -62,7 +62,7 @@ fn logprobs_equal_teacher_forced_recomputation() {
             let mut worst = 0f32;
             for (prompt, comps) in prompts.iter().zip(&out) {
                 for c in comps {
-                    let expected = teacher_forced(e.model(), prompt, &c.tokens, t);
+                    let expected = teacher_forced(e.model().unwrap(), prompt, &c.tokens, t);
                     assert_eq!(expected.len(), c.logprobs.len());
                     for (a, b) in c.logprobs.iter().zip(&expected) {
                         worst = worst.max((a - b).abs());

@@ -18,6 +18,7 @@ fn prompts() -> Vec<Vec<u32>> {
 /// The fixture's weights, each scaled by `f` ("the trainer's update").
 fn scaled_weights(e: &Engine, f: f64) -> Vec<(String, Tensor)> {
     e.model()
+        .unwrap()
         .named_parameters()
         .into_iter()
         .map(|(n, t)| (n, (t * f).unwrap()))
@@ -86,7 +87,7 @@ fn release_resume_update_keeps_addresses_and_equals_a_fresh_engine() {
     let got = ok(e.generate(requests(&prompts(), &params)).unwrap());
 
     // A fresh engine loaded with the trained weights, same seed.
-    let cfg = e.model().config().clone();
+    let cfg = e.model().unwrap().config().clone();
     let w = colo_model::Weights::from_tensors(trained.into_iter().collect());
     let mut fresh = Engine::new(&cfg, &w, None, pool, &EngineConfig::with_kv_tokens(512)).unwrap();
     let expected = ok(fresh.generate(requests(&prompts(), &params)).unwrap());
@@ -193,4 +194,22 @@ fn mem_fraction_sizes_the_pool_after_weights() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("max_kv_tokens"), "{err}");
+}
+
+/// Regression: `model()` used to hand out tensors over released weights,
+/// and reading them faulted the process.
+#[test]
+fn the_model_is_not_handed_out_while_its_weights_are_released() {
+    let mut e = Engine::from_dir(
+        &fixture("tiny-qwen2"),
+        pool(),
+        &EngineConfig::with_kv_tokens(256),
+    )
+    .unwrap();
+    assert!(e.model().is_ok());
+    e.release(&[tags::WEIGHTS]).unwrap();
+    let err = e.model().err().unwrap();
+    assert!(matches!(err, Error::Released { .. }), "{err}");
+    e.resume(&[tags::WEIGHTS]).unwrap();
+    assert!(e.model().is_ok());
 }
