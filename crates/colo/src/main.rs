@@ -29,6 +29,8 @@ enum Command {
     Generate(cmd::generate::Args),
     /// Plan memory per phase, device mapping and resharding (arithmetic only, no devices needed).
     Plan(cmd::plan::Args),
+    /// Supervised fine-tuning of the built-in model on the built-in task (made `colo train`'s starting checkpoint).
+    Sft(cmd::sft::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,5 +40,6 @@ fn main() -> anyhow::Result<()> {
         Command::Score(a) => cmd::score::run(a),
         Command::Generate(a) => cmd::generate::run(a),
         Command::Plan(a) => cmd::plan::run(a),
+        Command::Sft(a) => cmd::sft::run(a),
     }
 }

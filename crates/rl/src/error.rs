@@ -56,11 +56,50 @@ pub enum Error {
     #[error(transparent)]
     Model(#[from] colo_model::Error),
 
+    // The lower layers' errors are boxed: they are large, and an error
+    // travels through every `?` of the loop.
+    #[error("training engine: {0}")]
+    Train(Box<colo_train::Error>),
+
+    #[error("rollout engine: {0}")]
+    Rollout(Box<colo_rollout::Error>),
+
+    #[error("memory: {0}")]
+    Mem(Box<colo_mem::Error>),
+
+    #[error("algorithm: {0}")]
+    Algo(Box<colo_algo::Error>),
+
+    #[error("tensor: {0}")]
+    Candle(Box<candle_core::Error>),
+
+    /// A phase of the colocated step was asked for in the wrong state.
+    #[error("hybrid worker: cannot {op}: {state}")]
+    Phase { op: &'static str, state: String },
+
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
+
+    /// An error from an engine or a lower layer, with what colo-rl was doing
+    /// when it happened ("evaluating prompt \"12+7=\"", "SFT step 40").
+    #[error("{context}: {source}")]
+    Context {
+        context: String,
+        #[source]
+        source: Box<Error>,
+    },
 }
 
 impl Error {
+    /// Wraps `source` (any error that converts into this crate's) with what
+    /// was being done.
+    pub(crate) fn context(context: impl Into<String>, source: impl Into<Error>) -> Self {
+        Error::Context {
+            context: context.into(),
+            source: Box::new(source.into()),
+        }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
@@ -71,3 +110,21 @@ impl Error {
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+macro_rules! boxed_from {
+    ($($variant:ident($ty:ty)),* $(,)?) => {$(
+        impl From<$ty> for Error {
+            fn from(e: $ty) -> Self {
+                Error::$variant(Box::new(e))
+            }
+        }
+    )*};
+}
+
+boxed_from!(
+    Train(colo_train::Error),
+    Rollout(colo_rollout::Error),
+    Mem(colo_mem::Error),
+    Algo(colo_algo::Error),
+    Candle(candle_core::Error),
+);

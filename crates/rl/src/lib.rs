@@ -61,12 +61,14 @@ mod error;
 
 pub mod config;
 pub mod data;
+pub mod eval;
 pub mod r#loop;
 pub mod metrics;
 pub mod plot;
 pub mod progress;
 pub mod reward;
 pub mod rng;
+pub mod sft;
 pub mod task;
 pub mod vocab;
 

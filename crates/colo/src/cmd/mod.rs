@@ -7,3 +7,4 @@ pub mod bench_train;
 pub mod generate;
 pub mod plan;
 pub mod score;
+pub mod sft;

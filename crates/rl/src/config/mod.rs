@@ -105,6 +105,18 @@ pub enum ModelSource {
     Path(PathBuf),
 }
 
+impl ModelSource {
+    /// The checkpoint directory to load. The built-in model is written out
+    /// into `scratch` (a directory of the run) by
+    /// [`crate::task::builtin_checkpoint`], so both sources load the same way.
+    pub fn resolve(&self, scratch: &Path) -> Result<PathBuf> {
+        match self {
+            ModelSource::Builtin => crate::task::builtin_checkpoint(scratch),
+            ModelSource::Path(p) => Ok(p.clone()),
+        }
+    }
+}
+
 /// Token sampling settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampling {
