@@ -386,15 +386,17 @@ impl Engine {
                     blocks,
                 };
                 // The n samples share the prompt's blocks: one reference
-                // each (the allocation's own reference is sample 0's).
+                // each (the allocation's own reference is sample 0's). All
+                // references are taken before any sample can finish and
+                // give its own back.
+                for _ in 1..n {
+                    for &b in &base.blocks {
+                        self.sched.blocks.retain(b);
+                    }
+                }
                 for i in 0..n {
                     let mut s = base.clone();
                     s.sample = i;
-                    if i > 0 {
-                        for &b in &s.blocks {
-                            self.sched.blocks.retain(b);
-                        }
-                    }
                     let pick = self.sample(&s, &logits);
                     self.push_token(s, pick, finished)?;
                 }

@@ -226,3 +226,30 @@ fn stop_tokens_stop_strings_and_the_context_end() {
         (2, &FinishReason::Length)
     );
 }
+
+/// Regression: when a request's samples stopped at their first token, the
+/// first one gave the shared prompt blocks back before the others had taken
+/// their references (a panic in debug builds, corrupted reference counts in
+/// release builds).
+#[test]
+fn samples_that_stop_at_their_first_token_share_the_prompt_safely() {
+    let (prompt, reference) = greedy_reference("tiny-qwen2").remove(0);
+    let first = reference[0];
+    let mut e = engine("tiny-qwen2", 256, 4);
+    let params = SamplingParams {
+        n: 4,
+        temperature: 0.0,
+        stop_token_ids: vec![first],
+        ..SamplingParams::greedy(8)
+    };
+    for _ in 0..3 {
+        let out = ok(e.generate(requests(&[prompt.clone()], &params)).unwrap());
+        assert_eq!(out[0].len(), 4);
+        assert!(out[0].iter().all(|c| c.tokens == vec![first]));
+        assert_eq!(
+            e.stats().kv_blocks_used,
+            0,
+            "every block is given back exactly once"
+        );
+    }
+}
