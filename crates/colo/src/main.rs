@@ -20,6 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Colocated RL training (GRPO/PPO); with no arguments, the built-in task from its SFT checkpoint.
+    Train(cmd::train::Args),
     /// Measure colo's building blocks and print ratios against baselines measured in the same run.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
@@ -28,7 +30,7 @@ enum Command {
     /// Sample completions of a prompt with colo's rollout engine (paged KV cache, n samples sharing the prompt).
     Generate(cmd::generate::Args),
     /// Plan memory per phase, device mapping and resharding (arithmetic only, no devices needed).
-    Plan(cmd::plan::Args),
+    Plan(Box<cmd::plan::Args>),
     /// Supervised fine-tuning of the built-in model on the built-in task (made `colo train`'s starting checkpoint).
     Sft(cmd::sft::Args),
 }
@@ -36,10 +38,11 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Train(a) => cmd::train::run(a),
         Command::Bench(b) => cmd::bench::run(b),
         Command::Score(a) => cmd::score::run(a),
         Command::Generate(a) => cmd::generate::run(a),
-        Command::Plan(a) => cmd::plan::run(a),
+        Command::Plan(a) => cmd::plan::run(*a),
         Command::Sft(a) => cmd::sft::run(a),
     }
 }

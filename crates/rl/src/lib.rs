@@ -66,11 +66,14 @@ pub mod r#loop;
 pub mod metrics;
 pub mod plot;
 pub mod progress;
+pub mod reference;
 pub mod reward;
 pub mod rng;
+pub mod rollouts;
 pub mod sft;
 pub mod task;
 pub mod vocab;
+pub mod worker;
 
 pub use config::Config;
 pub use data::{Batch, Batches, Dataset, Fields, Prompt};

@@ -1,28 +1,569 @@
-//! The RL loop — **to come**, in this one file, readable top to bottom
-//! (`shared/STYLE.md`, point 6). Nothing is here yet: it needs the training
-//! engine (`colo-train`'s `TrainEngine`) and the rollout engine
-//! (`colo-rollout`'s `RolloutEngine`), which are being written.
+//! The RL loop: GRPO / PPO post-training with the trainer and the rollout
+//! engine sharing one device. Read it top to bottom; it is the whole step.
 //!
-//! What it will do, with the pieces that already exist in this crate:
+//! It follows verl's `RayPPOTrainer.fit` (generate → reward → old and
+//! reference log-probs → advantages → actor update in mini- and
+//! micro-batches) with SGLang's multi-stage awake for the memory (see
+//! `worker.rs`), and departs from verl where one process makes things
+//! simpler: no Ray, no data-proto dictionaries (typed [`Rollouts`] cross
+//! the phase boundary), and the rollout engine's own log-probabilities are
+//! compared with the trainer's every step (the mismatch metrics).
 //!
-//! ```text
-//! config   = Config::from_file(..) / Config::builtin()          config
-//! data     = ArithmeticTask::write_jsonl(run_dir/data) or the   task, data
-//!            user's files → Dataset::from_jsonl(..) (+ split)
-//! reward   = reward::build(&config.reward)                      reward
-//! metrics  = MetricsWriter::create(run_dir/metrics.jsonl)       metrics
-//! eval (step 0) → EvalRecord
-//! for batch in Batches::new(..).from_step(resume_step):
-//!     wake(weights) → sync trainer→rollout → free trainer copy   (colocation
-//!     → wake(kv_cache) → generate n per prompt (logprobs)         mode picks
-//!     → sleep(kv_cache, weights) → reload trainer params          the order)
-//!     rewards: reward.score_batch(RewardInput { sample, prompt_id, .. })
-//!     ref / old logprobs → colo_algo::compute_advantage (grouped by prompt_id)
-//!     → actor update: BatchPlan's mini- and micro-batches, colo_algo losses
-//!     → StepMetrics (memory/peak_device_bytes from the pool's statistics)
-//!     → Progress::update, checkpoints every save_freq, eval every test_freq
-//! eval (end) → EvalRecord; plot::memory_timeline(pool events), plot::reward_curve
-//! ```
-//!
-//! The hybrid worker (actor + rollout + reference on one device, and its
-//! phase state machine) will live beside it, in its own file.
+//! Not yet here: a critic (GAE's values) and ReMax's greedy baselines;
+//! the config accepts those estimators and the loop refuses them with a
+//! clear error.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::Tensor;
+use colo_algo::kl::{apply_kl_penalty, KlController};
+use colo_algo::mismatch::mismatch_metrics;
+use colo_algo::{compute_advantage, AdvEstimator, AdvantageInputs};
+use colo_mem::{Pool, PoolConfig};
+use colo_model::Tokenizer;
+use colo_rollout::{EngineConfig, FinishReason, Request, SamplingParams};
+use colo_train::{LossConfig, PolicyBatch, PolicyMetrics, TrainEngine};
+
+use crate::config::{Capacity, Config, DataSource, KvBudget, ModelSource, ValSource};
+use crate::data::{Batch, Batches, Dataset};
+use crate::eval::{self, EvalConfig};
+use crate::metrics::{EvalRecord, MetricsWriter, StepMetrics};
+use crate::progress::{Progress, Status};
+use crate::reward::{self, Reward, RewardInput};
+use crate::rollouts::Rollouts;
+use crate::worker::HybridWorker;
+use crate::{plot, Error, Result};
+
+/// What a finished run reports.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    pub run_dir: PathBuf,
+    /// Steps completed in total (including those before a resume).
+    pub steps: usize,
+    /// Held-out accuracy of the starting checkpoint and at the end.
+    pub first_accuracy: Option<f64>,
+    pub last_accuracy: Option<f64>,
+    pub peak_device_bytes: u64,
+}
+
+/// Everything the steps share.
+struct Run<'a> {
+    config: &'a Config,
+    worker: HybridWorker,
+    tokenizer: Tokenizer,
+    reward: Box<dyn Reward>,
+    val: Dataset,
+    eos: u32,
+    pad: u32,
+    metrics: MetricsWriter,
+    /// β of the KL penalty in the reward, when `use_kl_in_reward`.
+    kl_ctrl: Option<KlController>,
+}
+
+/// Runs `config` into `out` (the run directory). With `resume`, continues
+/// from the latest checkpoint in `out/checkpoints`.
+pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
+    // ---- setup: files, model, data, reward, device, worker ----------------
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let model_dir = config.model.resolve(&out.join("base"))?;
+    let tokenizer = Tokenizer::from_dir(&model_dir)?;
+    let (train, val) = load_data(config, out, &tokenizer)?;
+    let eos = tokenizer
+        .special
+        .eos
+        .as_ref()
+        .map(|t| t.id)
+        .ok_or_else(|| Error::Phase {
+            op: "generate",
+            state: "the tokenizer has no end-of-sequence token".into(),
+        })?;
+    let pad = tokenizer.special.pad.as_ref().map_or(eos, |t| t.id);
+    if matches!(
+        config.algorithm.advantage.adv_estimator,
+        AdvEstimator::Gae | AdvEstimator::Remax
+    ) {
+        return Err(Error::Phase {
+            op: "run this estimator",
+            state: "GAE needs a critic and ReMax greedy baselines, which the loop does not have yet; use grpo, rloo or reinforce_plus_plus".into(),
+        });
+    }
+
+    let pool = Pool::host(PoolConfig::with_capacity(device_capacity(config)?))?;
+    let worker = HybridWorker::new(
+        Arc::clone(&pool),
+        &model_dir,
+        &trainer_config(config),
+        engine_config(config),
+        &config.memory,
+        config.algorithm.needs_ref(&config.actor),
+        out.join("scratch"),
+    )?;
+
+    // ---- resume: the latest checkpoint's weights, optimizer and step -------
+    let ckpt_dir = out.join("checkpoints");
+    let mut run = Run {
+        config,
+        worker,
+        tokenizer,
+        reward: reward::build(&config.reward)?,
+        val,
+        eos,
+        pad,
+        kl_ctrl: config
+            .algorithm
+            .kl_in_reward
+            .as_ref()
+            .map(|k| KlController::new(&k.ctrl))
+            .transpose()?,
+        metrics: if resume {
+            MetricsWriter::append(&out.join("metrics.jsonl"))?
+        } else {
+            MetricsWriter::create(&out.join("metrics.jsonl"))?
+        },
+    };
+    let first_step = match resume.then(|| latest_checkpoint(&ckpt_dir)).flatten() {
+        Some((step, dir)) => {
+            run.worker.actor.load_checkpoint(&dir)?;
+            step
+        }
+        None => 0,
+    };
+
+    let batches = Batches::new(
+        &train,
+        config.batch.prompts_per_step,
+        config.data.seed,
+        config.data.shuffle,
+    )?;
+    let total = config.total_steps(train.len());
+    let mut progress = Progress::stderr(total);
+    let mut first_accuracy = None;
+    let mut last_accuracy = None;
+    if config.trainer.val_before_train && first_step == 0 {
+        first_accuracy = Some(run.evaluate(0)?);
+        last_accuracy = first_accuracy;
+    }
+
+    // ---- the steps ---------------------------------------------------------
+    let mut peak = 0;
+    for step in first_step..total {
+        let m = run.step(&batches.batch(step))?;
+        peak = peak.max(m.peak_device_bytes);
+        run.metrics.step(&m)?;
+        let done = step + 1;
+        if config.trainer.save_freq.is_some_and(|f| done % f == 0) && done < total {
+            run.save(&ckpt_dir, done)?;
+        }
+        if config.trainer.test_freq.is_some_and(|f| done % f == 0) && done < total {
+            last_accuracy = Some(run.evaluate(done)?);
+        }
+        progress.update(
+            done,
+            Status {
+                score: m.score_mean,
+                accuracy: last_accuracy,
+            },
+        );
+    }
+
+    // ---- the end: evaluation, checkpoint, pictures -------------------------
+    if first_step < total || last_accuracy.is_none() {
+        last_accuracy = Some(run.evaluate(total)?);
+    }
+    run.save(&ckpt_dir, total)?;
+    draw(out, &pool)?;
+    Ok(RunSummary {
+        run_dir: out.to_owned(),
+        steps: total,
+        first_accuracy,
+        last_accuracy,
+        peak_device_bytes: peak,
+    })
+}
+
+impl Run<'_> {
+    /// One RL step on `batch`'s prompts.
+    fn step(&mut self, batch: &Batch) -> Result<StepMetrics> {
+        let (cfg, plan) = (self.config, self.config.batch);
+        let t_step = Instant::now();
+        self.worker.pool().reset_peak();
+
+        // 1. Generate n samples per prompt (memory: train → rollout → train).
+        let t = Instant::now();
+        let switch = self.worker.to_rollout()?;
+        let rollouts = self.generate(batch)?;
+        let back = self.worker.to_train()?;
+        let timing_gen = t.elapsed().as_secs_f64();
+        let n = rollouts.len(); // samples = prompts × n
+
+        // 2. Rewards: one score per sample.
+        let t = Instant::now();
+        let inputs: Vec<RewardInput> = (0..n)
+            .map(|i| {
+                let p = batch.prompts[rollouts.batch_prompt[i]];
+                RewardInput {
+                    sample: i as u64,
+                    prompt_id: p.prompt_id,
+                    prompt: &p.text,
+                    completion: &rollouts.texts[i],
+                    ground_truth: &p.ground_truth,
+                    extra: Some(&p.extra),
+                }
+            })
+            .collect();
+        let scores = self.reward.score_batch(&inputs)?; // (samples,)
+        let timing_reward = t.elapsed().as_secs_f64();
+
+        // 3. Old, reference and rollout log-probs, (samples, seq) aligned with the tokens.
+        let seqs = rollouts.seq_batch(0..n, self.pad)?;
+        let t = Instant::now();
+        let old = self.worker.actor.score(&seqs, false)?.log_probs;
+        let timing_old = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let micro = cfg.batch.micro_batch_samples;
+        let reference = self.worker.ref_log_probs(&seqs, micro)?;
+        let timing_ref = t.elapsed().as_secs_f64();
+        let rollout_lp = rollouts.to_token_layout(&rollouts.logprobs, 0..n, seqs.seq_len())?;
+        let mismatch = mismatch_metrics(&old, &rollout_lp, seqs.response_mask())?;
+
+        // 4. Advantages in colo-algo's layout, (samples, max_response_len),
+        //    grouped by prompt id, then moved to the trainer's layout.
+        let t = Instant::now();
+        let (mut rewards, resp_mask) =
+            rollouts.response_layout(&rollouts.outcome_rewards(&scores))?;
+        if let (Some(kl), Some(ref_lp), Some(ctrl)) =
+            (&cfg.algorithm.kl_in_reward, &reference, &mut self.kl_ctrl)
+        {
+            // verl's use_kl_in_reward: token rewards minus β·KL(π_old ‖ π_ref).
+            let (old_r, _) = rollouts.response_layout(&rollouts.from_token_layout(&old)?)?;
+            let (ref_r, _) = rollouts.response_layout(&rollouts.from_token_layout(ref_lp)?)?;
+            let p = apply_kl_penalty(
+                &rewards,
+                &old_r,
+                &ref_r,
+                &resp_mask,
+                kl.estimator,
+                ctrl.value(),
+            )?;
+            ctrl.update(p.kl, n);
+            rewards = p.token_level_rewards;
+        }
+        let adv = compute_advantage(
+            &cfg.algorithm.advantage,
+            &AdvantageInputs {
+                token_level_rewards: &rewards,
+                response_mask: &resp_mask,
+                values: None,
+                index: Some(&rollouts.prompt_ids),
+                reward_baselines: None,
+            },
+        )?;
+        let adv_rows: Vec<Vec<f32>> = adv
+            .advantages
+            .to_vec2::<f32>()?
+            .into_iter()
+            .zip(&rollouts.responses)
+            .map(|(row, r)| row[..r.len()].to_vec())
+            .collect();
+        let advantages = rollouts.to_token_layout(&adv_rows, 0..n, seqs.seq_len())?;
+        let timing_adv = t.elapsed().as_secs_f64();
+
+        // 5. Actor update: ppo_epochs × mini-batches of whole prompts, each
+        //    one optimizer step accumulated over micro-batches.
+        let t = Instant::now();
+        let loss = loss_config(cfg);
+        let mut updates: Vec<PolicyMetrics> = Vec::new();
+        for _epoch in 0..cfg.actor.ppo_epochs {
+            for k in 0..plan.mini_batches_per_step {
+                let rows = k * plan.mini_batch_samples..(k + 1) * plan.mini_batch_samples;
+                let mb = rollouts.seq_batch(rows.clone(), self.pad)?;
+                let cut = |t: &Tensor| -> Result<Tensor> {
+                    Ok(t.narrow(0, rows.start, rows.len())?
+                        .narrow(1, 0, mb.seq_len())?)
+                };
+                let pb = PolicyBatch::new(
+                    mb.clone(),
+                    &cut(&old)?,
+                    &cut(&advantages)?,
+                    reference.as_ref().map(cut).transpose()?.as_ref(),
+                    Some(&cut(&rollout_lp)?),
+                )?;
+                updates.push(self.worker.actor.update_policy(&pb, &loss)?);
+            }
+        }
+        let timing_update = t.elapsed().as_secs_f64();
+
+        // 6. Metrics with verl's names.
+        let mean = |f: fn(&PolicyMetrics) -> f64| {
+            updates.iter().map(f).sum::<f64>() / updates.len().max(1) as f64
+        };
+        let resp_lens: Vec<f64> = rollouts.responses.iter().map(|r| r.len() as f64).collect();
+        let tokens: usize = rollouts
+            .prompts
+            .iter()
+            .chain(&rollouts.responses)
+            .map(Vec::len)
+            .sum();
+        let step_s = t_step.elapsed().as_secs_f64();
+        Ok(StepMetrics {
+            step: batch.step + 1,
+            epoch: batch.epoch,
+            timing_step: step_s,
+            timing_gen,
+            timing_update_weights: switch.sync_s,
+            timing_switch_to_rollout: switch.total_s,
+            timing_switch_to_train: back.total_s,
+            timing_reward,
+            timing_old_log_prob: timing_old,
+            timing_ref,
+            timing_adv,
+            timing_update_actor: timing_update,
+            pg_loss: mean(|m| m.pg_loss),
+            pg_clipfrac: mean(|m| m.pg_clipfrac),
+            ppo_kl: mean(|m| m.ppo_kl),
+            entropy: mean(|m| m.entropy),
+            grad_norm: mean(|m| m.grad_norm),
+            lr: updates.last().map_or(0.0, |m| m.lr),
+            kl_loss: loss.use_kl_loss.then(|| mean(|m| m.kl_loss.unwrap_or(0.0))),
+            score_mean: mean_f32(&scores),
+            score_max: scores.iter().copied().fold(f32::MIN, f32::max) as f64,
+            score_min: scores.iter().copied().fold(f32::MAX, f32::min) as f64,
+            rewards_mean: rewards.sum_all()?.to_scalar::<f32>()? as f64 / n as f64,
+            advantages_mean: adv_rows.iter().flatten().map(|&a| a as f64).sum::<f64>()
+                / adv_rows.iter().map(Vec::len).sum::<usize>().max(1) as f64,
+            response_length_mean: resp_lens.iter().sum::<f64>() / n as f64,
+            response_length_max: resp_lens.iter().copied().fold(0.0, f64::max),
+            response_length_clip_ratio: rollouts.truncated.iter().filter(|&&t| t).count() as f64
+                / n as f64,
+            throughput: tokens as f64 / step_s,
+            peak_device_bytes: self.worker.pool().stats().peak_resident_bytes,
+            reward_failures: 0,
+            mismatch: Some(mismatch.into()),
+        })
+    }
+
+    /// Generates `n` samples for each prompt of `batch` (rollout phase).
+    fn generate(&mut self, batch: &Batch) -> Result<Rollouts> {
+        let cfg = self.config;
+        let mut requests = Vec::with_capacity(batch.prompts.len());
+        for p in &batch.prompts {
+            let ids = self.tokenizer.encode(&p.text, true)?;
+            let params = SamplingParams {
+                n: cfg.batch.n,
+                max_new_tokens: cfg.rollout.max_new_tokens,
+                temperature: cfg.rollout.sampling.temperature,
+                top_p: cfg.rollout.sampling.top_p,
+                top_k: cfg.rollout.sampling.top_k,
+                stop_token_ids: vec![self.eos],
+                stop_strings: Vec::new(),
+                // Seeded by run, step and prompt: a resumed run draws the
+                // same samples as an uninterrupted one.
+                seed: mix(cfg.trainer.seed, batch.step as u64, p.prompt_id),
+            };
+            requests.push(Request::new(ids, params));
+        }
+        let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
+        let outputs = self.worker.generate(requests)?;
+        let mut r = Rollouts::default();
+        for (k, out) in outputs.into_iter().enumerate() {
+            let out = out.map_err(|e| Error::Phase {
+                op: "generate",
+                state: format!("prompt {}: {e}", batch.prompts[k].prompt_id),
+            })?;
+            for c in out.completions {
+                let body = c.tokens.strip_suffix(&[self.eos]).unwrap_or(&c.tokens);
+                r.texts.push(self.tokenizer.decode(body, true)?);
+                r.prompt_ids.push(batch.prompts[k].prompt_id);
+                r.batch_prompt.push(k);
+                r.prompts.push(prompts[k].clone());
+                r.truncated
+                    .push(matches!(c.finish_reason, FinishReason::Length));
+                r.responses.push(c.tokens);
+                r.logprobs.push(c.logprobs);
+            }
+        }
+        Ok(r)
+    }
+
+    /// Greedy accuracy on the held-out set after `step` steps, logged.
+    fn evaluate(&mut self, step: usize) -> Result<f64> {
+        let t = Instant::now();
+        self.worker.to_rollout()?;
+        let ecfg = EvalConfig::greedy(self.config.rollout.max_new_tokens, vec![self.eos]);
+        let result = eval::evaluate(
+            self.worker.engine()?,
+            &self.val,
+            &self.tokenizer,
+            self.reward.as_mut(),
+            &ecfg,
+        );
+        self.worker.to_train()?;
+        let result = result?;
+        self.metrics.eval(&EvalRecord {
+            step,
+            accuracy: result.accuracy,
+            score_mean: result.accuracy,
+            n_samples: result.n,
+            timing: t.elapsed().as_secs_f64(),
+        })?;
+        Ok(result.accuracy)
+    }
+
+    /// Writes `checkpoints/step-N` (atomically, by the trainer).
+    fn save(&self, dir: &Path, step: usize) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        self.worker
+            .actor
+            .save_checkpoint(&dir.join(format!("step-{step}")))?;
+        Ok(())
+    }
+}
+
+// ---- setup helpers ----------------------------------------------------------
+
+/// Training and held-out prompts.
+fn load_data(config: &Config, out: &Path, tokenizer: &Tokenizer) -> Result<(Dataset, Dataset)> {
+    let fields = &config.data.fields;
+    match &config.data.source {
+        DataSource::Builtin(task) => {
+            let (train, val) = task.write_jsonl(&out.join("data"))?;
+            Ok((
+                Dataset::from_jsonl(&[train], fields, Some(tokenizer))?,
+                Dataset::from_jsonl(&[val], fields, Some(tokenizer))?,
+            ))
+        }
+        DataSource::Files { train, val } => {
+            let data = Dataset::from_jsonl(train, fields, Some(tokenizer))?;
+            match val {
+                ValSource::Files(v) => Ok((data, Dataset::from_jsonl(v, fields, Some(tokenizer))?)),
+                ValSource::Fraction(f) => data.split(*f, config.data.seed),
+            }
+        }
+    }
+}
+
+/// The device capacity of the built-in run when the config says `auto`:
+/// its training phase peaks near 100 MiB (parameters, gradients, AdamW
+/// state and activations) and its rollout phase holds the weights and half
+/// of the rest as KV cache, so the two fit one after the other but not
+/// together — the colocation choreography is what makes the run fit.
+pub const BUILTIN_CAPACITY: u64 = 128 << 20;
+
+/// The device capacity: the config's; on `auto`, [`BUILTIN_CAPACITY`] for
+/// the built-in model and the machine's memory for others (what a CUDA
+/// device would report as its size).
+fn device_capacity(config: &Config) -> Result<u64> {
+    match (config.memory.capacity, &config.model) {
+        (Capacity::Bytes(b), _) => Ok(b),
+        (Capacity::Auto, ModelSource::Builtin) => Ok(BUILTIN_CAPACITY),
+        (Capacity::Auto, ModelSource::Path(_)) => Ok(meminfo_total()?),
+    }
+}
+
+fn meminfo_total() -> colo_mem::Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").map_err(|source| colo_mem::Error::Io {
+        path: "/proc/meminfo".into(),
+        source,
+    })?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| colo_mem::Error::Invalid("no MemTotal in /proc/meminfo".into()))
+}
+
+fn trainer_config(config: &Config) -> colo_train::TrainerConfig {
+    let a = &config.actor.optim;
+    colo_train::TrainerConfig {
+        optim: colo_train::OptimConfig {
+            lr: a.lr,
+            weight_decay: a.weight_decay,
+            warmup_steps: a.warmup_steps as u64,
+            grad_clip: (a.grad_clip > 0.0).then_some(a.grad_clip),
+            ..colo_train::OptimConfig::default()
+        },
+        micro_batch: colo_train::MicroBatchConfig {
+            micro_batch_size: config.batch.micro_batch_samples,
+            score_micro_batch_size: None,
+        },
+        value_head: None,
+    }
+}
+
+fn engine_config(config: &Config) -> EngineConfig {
+    let (mem_fraction, max_kv_tokens) = match config.rollout.kv {
+        KvBudget::Fraction(f) => (Some(f), None),
+        KvBudget::Tokens(t) => (None, Some(t)),
+    };
+    EngineConfig {
+        mem_fraction,
+        max_kv_tokens,
+        max_batch: config.batch.samples_per_step.max(1),
+        ..EngineConfig::default()
+    }
+}
+
+fn loss_config(config: &Config) -> LossConfig {
+    let a = &config.actor;
+    LossConfig {
+        policy: a.policy_loss.clone(),
+        entropy_coeff: a.entropy_coeff,
+        use_kl_loss: a.kl_loss.is_some(),
+        kl_loss_coef: a.kl_loss.map_or(0.0, |k| k.coef),
+        kl_loss_type: a
+            .kl_loss
+            .map_or(LossConfig::default().kl_loss_type, |k| k.estimator),
+        rollout_correction: config.algorithm.rollout_correction.clone(),
+        loss_scale_factor: None,
+    }
+}
+
+/// `checkpoints/step-N` with the largest N.
+fn latest_checkpoint(dir: &Path) -> Option<(usize, PathBuf)> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let step = e
+                .file_name()
+                .to_str()?
+                .strip_prefix("step-")?
+                .parse::<usize>()
+                .ok()?;
+            Some((step, e.path()))
+        })
+        .max_by_key(|(s, _)| *s)
+}
+
+/// The memory timeline and the reward curve, as SVG in the run directory.
+fn draw(out: &Path, pool: &Pool) -> Result<()> {
+    let events = pool.timeline();
+    pool.write_timeline(&out.join("timeline.jsonl"))?;
+    let cap = Some(pool.capacity()).filter(|&c| c != u64::MAX);
+    let svg = plot::memory_timeline(&events, cap, "colo: device memory per tag");
+    std::fs::write(out.join("memory_timeline.svg"), svg).map_err(|e| Error::io(out, e))?;
+    let records = crate::metrics::read(&out.join("metrics.jsonl"))?;
+    let (mut scores, mut acc) = (Vec::new(), Vec::new());
+    for r in records {
+        match r {
+            crate::metrics::Record::Step(s) => scores.push((s.step, s.score_mean)),
+            crate::metrics::Record::Eval(e) => acc.push((e.step, e.accuracy)),
+        }
+    }
+    let svg = plot::reward_curve(&scores, &acc, "colo: reward and held-out accuracy");
+    std::fs::write(out.join("reward_curve.svg"), svg).map_err(|e| Error::io(out, e))
+}
+
+fn mean_f32(v: &[f32]) -> f64 {
+    v.iter().map(|&x| x as f64).sum::<f64>() / v.len().max(1) as f64
+}
+
+/// SplitMix64-style mixing of three numbers into a seed.
+fn mix(a: u64, b: u64, c: u64) -> u64 {
+    let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ c.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

@@ -32,6 +32,12 @@ pub struct StepMetrics {
     /// Trainer → rollout weight sync.
     #[serde(rename = "timing_s/update_weights")]
     pub timing_update_weights: f64,
+    /// The memory switch train → rollout (wake-ups, sync, offloads).
+    #[serde(rename = "timing_s/switch_to_rollout", default)]
+    pub timing_switch_to_rollout: f64,
+    /// The memory switch rollout → train (releases, reloads).
+    #[serde(rename = "timing_s/switch_to_train", default)]
+    pub timing_switch_to_train: f64,
     #[serde(rename = "timing_s/reward")]
     pub timing_reward: f64,
     #[serde(rename = "timing_s/old_log_prob")]

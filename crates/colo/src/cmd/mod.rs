@@ -8,3 +8,4 @@ pub mod generate;
 pub mod plan;
 pub mod score;
 pub mod sft;
+pub mod train;

@@ -274,7 +274,7 @@ fn map(a: MapArgs) -> Result<()> {
         other => bail!("unknown --gpu `{other}`; valid: h100, h200"),
     };
     if let Some(g) = a.device_gib {
-        if !(g > 0.0) {
+        if g.is_nan() || g <= 0.0 {
             bail!("--device-gib must be > 0, got {g}");
         }
         hardware.device_bytes = (g * GIB as f64) as u64;

@@ -1,0 +1,181 @@
+//! What generation hands to training: one step's samples as a typed
+//! struct, and its conversions to the trainer's (batch, seq) layout and to
+//! colo-algo's (batch, response_len) layout.
+//!
+//! Rows are samples, grouped by prompt: prompt `k`'s `n` samples are rows
+//! `k·n .. (k+1)·n`, so a mini-batch of whole prompts is a contiguous run
+//! of rows.
+
+use candle_core::{Device, Tensor};
+use colo_train::SeqBatch;
+
+use crate::Result;
+
+/// One step's generated samples.
+#[derive(Debug, Clone, Default)]
+pub struct Rollouts {
+    /// (samples,) the dataset's prompt id of each row (GRPO's groups).
+    pub prompt_ids: Vec<u64>,
+    /// (samples,) index of the row's prompt in the step's batch.
+    pub batch_prompt: Vec<usize>,
+    /// (samples, prompt_len_i) prompt token ids.
+    pub prompts: Vec<Vec<u32>>,
+    /// (samples, response_len_i) generated token ids (a final stop token
+    /// included).
+    pub responses: Vec<Vec<u32>>,
+    /// (samples, response_len_i) the rollout engine's log-probabilities.
+    pub logprobs: Vec<Vec<f32>>,
+    /// (samples,) whether the response was cut at `max_new_tokens`.
+    pub truncated: Vec<bool>,
+    /// (samples,) the response's text, special tokens removed.
+    pub texts: Vec<String>,
+}
+
+impl Rollouts {
+    pub fn len(&self) -> usize {
+        self.responses.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.responses.is_empty()
+    }
+
+    /// The longest response, at least 1 (the width of the algo layout).
+    pub fn max_response_len(&self) -> usize {
+        self.responses
+            .iter()
+            .map(Vec::len)
+            .max()
+            .unwrap_or(0)
+            .max(1)
+    }
+
+    /// Rows `rows` as the trainer's right-padded sequences.
+    pub fn seq_batch(&self, rows: std::ops::Range<usize>, pad_id: u32) -> Result<SeqBatch> {
+        let pairs: Vec<(&[u32], &[u32])> = rows
+            .map(|i| (self.prompts[i].as_slice(), self.responses[i].as_slice()))
+            .collect();
+        Ok(SeqBatch::from_prompt_response(&pairs, pad_id)?)
+    }
+
+    /// Per-response values (one `Vec` per row, as long as its response)
+    /// placed in the trainer's layout for rows `rows`: (rows, seq_len) with
+    /// row `i`'s values at columns `prompt_len_i ..`, zero elsewhere.
+    pub fn to_token_layout(
+        &self,
+        values: &[Vec<f32>],
+        rows: std::ops::Range<usize>,
+        seq_len: usize,
+    ) -> Result<Tensor> {
+        let n = rows.len();
+        let mut out = vec![0f32; n * seq_len];
+        for (r, i) in rows.enumerate() {
+            let start = r * seq_len + self.prompts[i].len();
+            out[start..start + values[i].len()].copy_from_slice(&values[i]);
+        }
+        Ok(Tensor::from_vec(out, (n, seq_len), &Device::Cpu)?)
+    }
+
+    /// The inverse of `to_token_layout` for every row: (samples, seq) → one
+    /// `Vec` per row, as long as its response.
+    pub fn from_token_layout(&self, t: &Tensor) -> Result<Vec<Vec<f32>>> {
+        let rows = t.to_vec2::<f32>()?;
+        Ok(rows
+            .into_iter()
+            .enumerate()
+            .map(|(i, row)| {
+                let p = self.prompts[i].len();
+                row[p..p + self.responses[i].len()].to_vec()
+            })
+            .collect())
+    }
+
+    /// colo-algo's layout, (samples, max_response_len): `values` left-aligned
+    /// per row, and the response mask.
+    pub fn response_layout(&self, values: &[Vec<f32>]) -> Result<(Tensor, Tensor)> {
+        let (n, w) = (self.len(), self.max_response_len());
+        let mut v = vec![0f32; n * w];
+        let mut m = vec![0f32; n * w];
+        for i in 0..n {
+            let len = self.responses[i].len();
+            v[i * w..i * w + len].copy_from_slice(&values[i]);
+            m[i * w..i * w + len].fill(1.0);
+        }
+        Ok((
+            Tensor::from_vec(v, (n, w), &Device::Cpu)?,
+            Tensor::from_vec(m, (n, w), &Device::Cpu)?,
+        ))
+    }
+
+    /// Outcome scores as token-level rewards: each row's score on its last
+    /// response token (verl's `token_level_scores`), one `Vec` per row.
+    pub fn outcome_rewards(&self, scores: &[f32]) -> Vec<Vec<f32>> {
+        self.responses
+            .iter()
+            .zip(scores)
+            .map(|(r, &s)| {
+                let mut v = vec![0f32; r.len()];
+                if let Some(last) = v.last_mut() {
+                    *last = s;
+                }
+                v
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two() -> Rollouts {
+        Rollouts {
+            prompt_ids: vec![7, 7],
+            batch_prompt: vec![0, 0],
+            prompts: vec![vec![1, 2, 3], vec![1, 2, 3]],
+            responses: vec![vec![9, 2], vec![8, 8, 2]],
+            logprobs: vec![vec![-0.5, -0.25], vec![-1.0, -2.0, -3.0]],
+            truncated: vec![false, false],
+            texts: vec!["a".into(), "bb".into()],
+        }
+    }
+
+    #[test]
+    fn token_layout_round_trips_and_aligns_with_the_response_mask() {
+        let r = two();
+        let seqs = r.seq_batch(0..2, 0).unwrap();
+        let t = r
+            .to_token_layout(&r.logprobs, 0..2, seqs.seq_len())
+            .unwrap();
+        assert_eq!(
+            t.to_vec2::<f32>().unwrap(),
+            vec![
+                vec![0., 0., 0., -0.5, -0.25, 0.],
+                vec![0., 0., 0., -1., -2., -3.]
+            ]
+        );
+        // Non-zero exactly where the trainer's response mask is 1.
+        let mask = seqs.response_mask().to_vec2::<f32>().unwrap();
+        assert_eq!(
+            mask,
+            vec![vec![0., 0., 0., 1., 1., 0.], vec![0., 0., 0., 1., 1., 1.]]
+        );
+        assert_eq!(r.from_token_layout(&t).unwrap(), r.logprobs);
+    }
+
+    #[test]
+    fn response_layout_and_outcome_rewards() {
+        let r = two();
+        let rewards = r.outcome_rewards(&[1.0, 0.0]);
+        assert_eq!(rewards, vec![vec![0.0, 1.0], vec![0.0, 0.0, 0.0]]);
+        let (v, m) = r.response_layout(&rewards).unwrap();
+        assert_eq!(
+            v.to_vec2::<f32>().unwrap(),
+            vec![vec![0., 1., 0.], vec![0., 0., 0.]]
+        );
+        assert_eq!(
+            m.to_vec2::<f32>().unwrap(),
+            vec![vec![1., 1., 0.], vec![1., 1., 1.]]
+        );
+    }
+}

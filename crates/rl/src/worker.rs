@@ -1,0 +1,304 @@
+//! The hybrid worker: actor (training engine), rollout engine and reference
+//! model on one device, and the memory transitions between training and
+//! generation.
+//!
+//! The worker is always in one of two phases. [`HybridWorker::to_rollout`]
+//! and [`HybridWorker::to_train`] switch between them; every change of
+//! what is resident is an explicit call on the memory layer, under a phase
+//! label that the pool's timeline records. The colocation mode picks the
+//! order (the seeds' story, each mode a step further):
+//!
+//! | mode | train → rollout | rollout → train |
+//! |---|---|---|
+//! | `naive` | sync weights | — |
+//! | `restart` | write the actor's safetensors, offload it, build a new engine from disk | drop the engine, reload the actor |
+//! | `sleep` | offload optimizer/grads, wake weights **and** KV cache, sync, offload params | release KV cache and weights, reload |
+//! | `staged` | offload optimizer/grads, wake weights, sync, offload params, **then** wake the KV cache | release KV cache and weights, reload |
+//!
+//! `staged` is SGLang's multi-stage awake: the trainer's copy of the
+//! weights is gone before the KV cache comes back, so the peak is lower by
+//! the trainer's weight bytes. Offloads follow the config's
+//! `offload_train_param / grad / optimizer` (MindSpeed-RL's switches).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use colo_mem::{tags, Pool};
+use colo_rollout::{Engine, EngineConfig, Request, RequestOutput};
+use colo_train::{ColoTrainer, Offload, TrainEngine};
+
+use crate::config::{Colocation, MemoryConfig};
+use crate::reference::Reference;
+use crate::{Error, Result};
+
+/// Which engine holds the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Train,
+    Rollout,
+}
+
+/// Seconds spent in one switch.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SwitchTiming {
+    /// The whole switch.
+    pub total_s: f64,
+    /// Of which, the trainer → rollout weight sync (or the disk round trip
+    /// in `restart` mode).
+    pub sync_s: f64,
+}
+
+pub struct HybridWorker {
+    pool: Arc<Pool>,
+    pub actor: ColoTrainer,
+    /// `None` in `restart` mode while training.
+    rollout: Option<Engine>,
+    pub reference: Option<Reference>,
+    mode: Colocation,
+    /// What the actor gives up during generation.
+    offload: Offload,
+    offload_ref: bool,
+    engine_cfg: EngineConfig,
+    /// `restart` mode writes the actor here each step.
+    scratch: PathBuf,
+    phase: Phase,
+}
+
+impl HybridWorker {
+    /// Builds the rollout engine first (so a KV fraction is a share of the
+    /// device after the serving weights, like SGLang's), then the actor and
+    /// the reference from `model_dir`, and leaves the worker in the
+    /// training phase.
+    pub fn new(
+        pool: Arc<Pool>,
+        model_dir: &Path,
+        actor_cfg: &colo_train::TrainerConfig,
+        engine_cfg: EngineConfig,
+        memory: &MemoryConfig,
+        with_reference: bool,
+        scratch: PathBuf,
+    ) -> Result<Self> {
+        pool.set_phase("init");
+        let rollout = Engine::from_dir(model_dir, Arc::clone(&pool), &engine_cfg)?;
+        let mut worker = HybridWorker {
+            actor: ColoTrainer::from_dir(Arc::clone(&pool), model_dir, actor_cfg)?,
+            reference: with_reference
+                .then(|| Reference::from_dir(Arc::clone(&pool), model_dir))
+                .transpose()?,
+            pool,
+            rollout: Some(rollout),
+            mode: memory.colocation,
+            // `naive` keeps everything resident, whatever the switches say.
+            offload: match memory.colocation {
+                Colocation::Naive => Offload::NONE,
+                _ => Offload {
+                    params: memory.offload_train_param,
+                    grads: memory.offload_train_grad,
+                    optimizer: memory.offload_train_optimizer,
+                },
+            },
+            offload_ref: memory.offload_ref,
+            engine_cfg,
+            scratch,
+            phase: Phase::Train,
+        };
+        // The engine sleeps until the first step wakes it.
+        match worker.mode {
+            Colocation::Naive => {}
+            Colocation::Restart => {
+                worker.rollout = None;
+                worker.pool.empty_cache();
+            }
+            Colocation::Sleep | Colocation::Staged => {
+                worker.engine()?.release(&[tags::KV_CACHE, tags::WEIGHTS])?;
+            }
+        }
+        worker.settle_reference()?;
+        worker.pool.set_phase("train");
+        Ok(worker)
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    fn expect(&self, op: &'static str, phase: Phase) -> Result<()> {
+        if self.phase != phase {
+            return Err(Error::Phase {
+                op,
+                state: format!("the worker is in the {:?} phase", self.phase),
+            });
+        }
+        Ok(())
+    }
+
+    /// Train → rollout, in the order the colocation mode says.
+    pub fn to_rollout(&mut self) -> Result<SwitchTiming> {
+        self.expect("switch to rollout", Phase::Train)?;
+        let start = Instant::now();
+        let not_params = Offload {
+            params: false,
+            ..self.offload
+        };
+        let sync_s = match self.mode {
+            Colocation::Naive => {
+                self.pool.set_phase("sync_weights");
+                self.sync()?
+            }
+            Colocation::Restart => {
+                self.pool.set_phase("save_weights");
+                let t = Instant::now();
+                std::fs::create_dir_all(&self.scratch).map_err(|e| Error::io(&self.scratch, e))?;
+                self.actor.model().save_dir(&self.scratch)?;
+                self.offload_actor(self.offload)?;
+                self.pool.set_phase("restart_engine");
+                self.rollout = Some(Engine::from_dir(
+                    &self.scratch,
+                    Arc::clone(&self.pool),
+                    &self.engine_cfg,
+                )?);
+                t.elapsed().as_secs_f64()
+            }
+            Colocation::Sleep => {
+                self.pool.set_phase("offload_optimizer");
+                self.offload_actor(not_params)?;
+                self.pool.set_phase("wake_all");
+                self.engine()?.resume(&[tags::WEIGHTS, tags::KV_CACHE])?;
+                self.pool.set_phase("sync_weights");
+                let s = self.sync()?;
+                self.pool.set_phase("free_trainer_weights");
+                self.offload_actor(Offload {
+                    params: self.offload.params,
+                    ..Offload::NONE
+                })?;
+                s
+            }
+            Colocation::Staged => {
+                self.pool.set_phase("offload_optimizer");
+                self.offload_actor(not_params)?;
+                self.pool.set_phase("wake_weights");
+                self.engine()?.resume(&[tags::WEIGHTS])?;
+                self.pool.set_phase("sync_weights");
+                let s = self.sync()?;
+                self.pool.set_phase("free_trainer_weights");
+                self.offload_actor(Offload {
+                    params: self.offload.params,
+                    ..Offload::NONE
+                })?;
+                self.pool.set_phase("wake_kv_cache");
+                self.engine()?.resume(&[tags::KV_CACHE])?;
+                s
+            }
+        };
+        self.pool.set_phase("generate");
+        self.phase = Phase::Rollout;
+        Ok(SwitchTiming {
+            total_s: start.elapsed().as_secs_f64(),
+            sync_s,
+        })
+    }
+
+    /// Rollout → train: the engine's memory goes, the actor's comes back.
+    pub fn to_train(&mut self) -> Result<SwitchTiming> {
+        self.expect("switch to training", Phase::Rollout)?;
+        let start = Instant::now();
+        match self.mode {
+            Colocation::Naive => {}
+            Colocation::Restart => {
+                self.pool.set_phase("drop_engine");
+                self.rollout = None;
+                self.pool.empty_cache();
+                self.reload_actor()?;
+            }
+            Colocation::Sleep | Colocation::Staged => {
+                self.pool.set_phase("sleep_engine");
+                self.engine()?.release(&[tags::KV_CACHE, tags::WEIGHTS])?;
+                self.reload_actor()?;
+            }
+        }
+        self.pool.set_phase("train");
+        self.phase = Phase::Train;
+        Ok(SwitchTiming {
+            total_s: start.elapsed().as_secs_f64(),
+            sync_s: 0.0,
+        })
+    }
+
+    /// Generates (rollout phase only).
+    pub fn generate(
+        &mut self,
+        requests: Vec<Request>,
+    ) -> Result<Vec<colo_rollout::Result<RequestOutput>>> {
+        self.expect("generate", Phase::Rollout)?;
+        Ok(self.engine()?.generate(requests)?)
+    }
+
+    /// The rollout engine, if one exists right now (not in `restart` mode
+    /// during training).
+    pub fn engine(&mut self) -> Result<&mut Engine> {
+        self.rollout.as_mut().ok_or(Error::Phase {
+            op: "use the rollout engine",
+            state: "it is not built (restart mode, training phase)".into(),
+        })
+    }
+
+    /// Reference log-probabilities (training phase), reloading and
+    /// offloading the reference's weights around the pass if configured.
+    pub fn ref_log_probs(
+        &mut self,
+        seqs: &colo_train::SeqBatch,
+        micro: usize,
+    ) -> Result<Option<candle_core::Tensor>> {
+        self.expect("score with the reference", Phase::Train)?;
+        let Some(r) = &self.reference else {
+            return Ok(None);
+        };
+        if self.offload_ref {
+            self.pool.set_phase("ref_log_prob");
+            r.reload()?;
+        }
+        let lp = r.score(seqs, micro)?;
+        if self.offload_ref {
+            r.offload()?;
+            self.pool.set_phase("train");
+        }
+        Ok(Some(lp))
+    }
+
+    /// Offloads the reference if configured (at start, after loading).
+    fn settle_reference(&mut self) -> Result<()> {
+        match (&self.reference, self.offload_ref) {
+            (Some(r), true) => r.offload(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Copies the actor's parameters into the engine's weights, in place.
+    fn sync(&mut self) -> Result<f64> {
+        let t = Instant::now();
+        let params = self.actor.named_parameters();
+        self.engine()?.update_weights(&params)?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    fn offload_actor(&mut self, what: Offload) -> Result<()> {
+        if what != Offload::NONE {
+            self.actor.release_cache();
+            self.actor.offload(what)?;
+        }
+        Ok(())
+    }
+
+    fn reload_actor(&mut self) -> Result<()> {
+        if self.offload != Offload::NONE {
+            self.pool.set_phase("reload_trainer");
+            self.actor.reload(self.offload)?;
+        }
+        Ok(())
+    }
+}
