@@ -151,7 +151,10 @@ fn cycles(n: usize, policy: Policy, count: usize) -> Result<Cycles> {
 fn soak(n: usize, count: usize) -> Result<(i64, i64)> {
     // The timeline is bounded so that its (intended) growth does not hide
     // or fake a leak.
-    let pool = Pool::host(PoolConfig { timeline_limit: 64, ..PoolConfig::default() })?;
+    let pool = Pool::host(PoolConfig {
+        timeline_limit: 64,
+        ..PoolConfig::default()
+    })?;
     pool.set_policy("weights", Policy::Backup)?;
     let w = pool.alloc("weights", n)?;
     pool.write(w, 0, &vec![3u8; n])?;
