@@ -181,7 +181,7 @@ pub fn run(cfg: &SftConfig, out: &Path, mut on_event: impl FnMut(&SftEvent)) -> 
             on_event(&SftEvent::Eval { step, result });
         }
     }
-    trainer.model().save_dir(out)?;
+    trainer.model()?.save_dir(out)?;
     Ok(report)
 }
 

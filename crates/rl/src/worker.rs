@@ -154,7 +154,7 @@ impl HybridWorker {
                 self.pool.set_phase("save_weights");
                 let t = Instant::now();
                 std::fs::create_dir_all(&self.scratch).map_err(|e| Error::io(&self.scratch, e))?;
-                self.actor.model().save_dir(&self.scratch)?;
+                self.actor.model()?.save_dir(&self.scratch)?;
                 self.offload_actor(self.offload)?;
                 self.pool.set_phase("restart_engine");
                 self.rollout = Some(Engine::from_dir(

@@ -64,7 +64,7 @@ fn tokens(out: Vec<colo_rollout::Result<colo_rollout::RequestOutput>>) -> Vec<Ve
 /// What a fresh engine built from the actor's current weights generates.
 fn reference_tokens(w: &HybridWorker, prompts: &[Vec<u32>], tag: &str) -> Vec<Vec<u32>> {
     let dir = std::env::temp_dir().join(format!("colo-worker-ref-{}-{tag}", std::process::id()));
-    w.actor.model().save_dir(&dir).unwrap();
+    w.actor.model().unwrap().save_dir(&dir).unwrap();
     let pool = Pool::host(PoolConfig::default()).unwrap();
     let cfg = EngineConfig {
         max_kv_tokens: Some(512),

@@ -149,8 +149,11 @@ impl ColoTrainer {
     }
 
     /// The trainable model (its parameters are updated in place by steps).
-    pub fn model(&self) -> &Model {
-        &self.model
+    /// An error while the parameters are offloaded: the model's tensors
+    /// point into released memory, and reading them would fault.
+    pub fn model(&self) -> Result<&Model> {
+        crate::offload::require_resident(&self.pool, "use the model", &[crate::offload::PARAMS])?;
+        Ok(&self.model)
     }
 
     pub fn value_head(&self) -> Option<&ValueHead> {

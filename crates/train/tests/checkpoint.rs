@@ -39,7 +39,7 @@ fn resume_from_a_checkpoint_gives_identical_steps() {
 
     // A bare model directory is not a trainer checkpoint.
     let model_only = dir.with_file_name("model-only");
-    a.model().save_dir(&model_only).unwrap();
+    a.model().unwrap().save_dir(&model_only).unwrap();
     let msg = fresh.load_checkpoint(&model_only).unwrap_err().to_string();
     assert!(msg.contains("trainer_state.json"), "{msg}");
 }
@@ -80,7 +80,7 @@ fn the_model_half_is_a_hugging_face_checkpoint_and_saves_replace_atomically() {
     // colo-model (and so transformers) loads it, with the trained weights.
     let ckpt = Checkpoint::from_dir(&dir, DType::F32, &Device::Cpu).unwrap();
     let ids = seqs().input_ids().clone();
-    let want = e.model().forward(&ids).unwrap();
+    let want = e.model().unwrap().forward(&ids).unwrap();
     let got = ckpt.model.forward(&ids).unwrap();
     assert_eq!(to_vec(&got), to_vec(&want));
 }

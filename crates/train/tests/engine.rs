@@ -41,7 +41,7 @@ fn score_matches_unpadded_rows_and_ignores_micro_batching() {
                 .unwrap()
                 .unsqueeze(0)
                 .unwrap();
-            let logits = one.model().forward(&row).unwrap();
+            let logits = one.model().unwrap().forward(&row).unwrap();
             let want = loss::next_token_logprobs(&logits, &row)
                 .unwrap()
                 .to_vec2::<f32>()

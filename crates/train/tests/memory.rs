@@ -166,3 +166,16 @@ fn training_is_bit_identical_with_and_without_offload() {
         "state differs after the cycle"
     );
 }
+
+/// Regression: `model()` handed out tensors over offloaded parameters, and
+/// reading them faulted the process.
+#[test]
+fn the_model_is_not_handed_out_while_its_parameters_are_offloaded() {
+    let mut e = engine("tiny-qwen2", 2);
+    assert!(e.model().is_ok());
+    e.offload(Offload::PARAMS).unwrap();
+    let err = e.model().err().unwrap();
+    assert!(matches!(err, Error::Offloaded { .. }), "{err}");
+    e.reload(Offload::PARAMS).unwrap();
+    assert!(e.model().is_ok());
+}
