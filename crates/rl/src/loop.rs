@@ -9,9 +9,10 @@
 //! the phase boundary), and the rollout engine's own log-probabilities are
 //! compared with the trainer's every step (the mismatch metrics).
 //!
-//! Not yet here: a critic (GAE's values) and ReMax's greedy baselines;
-//! the config accepts those estimators and the loop refuses them with a
-//! clear error.
+//! PPO with GAE gets a critic: the same checkpoint with a value head,
+//! trained beside the actor on the clipped value loss (it shares the
+//! actor's optimizer settings; a separate `[critic]` section is future
+//! work). ReMax gets its baselines from one extra greedy sample per prompt.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,7 +25,10 @@ use colo_algo::{compute_advantage, AdvEstimator, AdvantageInputs};
 use colo_mem::{Pool, PoolConfig};
 use colo_model::Tokenizer;
 use colo_rollout::{EngineConfig, FinishReason, Request, SamplingParams};
-use colo_train::{LossConfig, PolicyBatch, PolicyMetrics, TrainEngine};
+use colo_train::{
+    CriticBatch, CriticLossConfig, CriticMetrics, LossConfig, PolicyBatch, PolicyMetrics,
+    TrainEngine,
+};
 
 use crate::config::{Capacity, Config, DataSource, KvBudget, ModelSource, ValSource};
 use crate::data::{Batch, Batches, Dataset};
@@ -33,7 +37,7 @@ use crate::metrics::{EvalRecord, MetricsWriter, StepMetrics};
 use crate::progress::{Progress, Status};
 use crate::reward::{self, Reward, RewardInput};
 use crate::rollouts::Rollouts;
-use crate::worker::HybridWorker;
+use crate::worker::{HybridWorker, WorkerSpec};
 use crate::{plot, Error, Result};
 
 /// What a finished run reports.
@@ -80,26 +84,17 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
             state: "the tokenizer has no end-of-sequence token".into(),
         })?;
     let pad = tokenizer.special.pad.as_ref().map_or(eos, |t| t.id);
-    if matches!(
-        config.algorithm.advantage.adv_estimator,
-        AdvEstimator::Gae | AdvEstimator::Remax
-    ) {
-        return Err(Error::Phase {
-            op: "run this estimator",
-            state: "GAE needs a critic and ReMax greedy baselines, which the loop does not have yet; use grpo, rloo or reinforce_plus_plus".into(),
-        });
-    }
-
     let pool = Pool::host(PoolConfig::with_capacity(device_capacity(config)?))?;
-    let worker = HybridWorker::new(
-        Arc::clone(&pool),
-        &model_dir,
-        &trainer_config(config),
-        engine_config(config),
-        &config.memory,
-        config.algorithm.needs_ref(&config.actor),
-        out.join("scratch"),
-    )?;
+    let spec = WorkerSpec {
+        model_dir: model_dir.clone(),
+        actor: trainer_config(config),
+        critic: uses_critic(config).then(|| critic_config(config)),
+        engine: engine_config(config),
+        memory: config.memory.clone(),
+        reference: config.algorithm.needs_ref(&config.actor),
+        scratch: out.join("scratch"),
+    };
+    let worker = HybridWorker::new(Arc::clone(&pool), &spec)?;
 
     // ---- resume: the latest checkpoint's weights, optimizer and step -------
     let ckpt_dir = out.join("checkpoints");
@@ -193,7 +188,7 @@ impl Run<'_> {
         // 1. Generate n samples per prompt (memory: train → rollout → train).
         let t = Instant::now();
         let switch = self.worker.to_rollout()?;
-        let rollouts = self.generate(batch)?;
+        let (rollouts, greedy) = self.generate(batch)?;
         let back = self.worker.to_train()?;
         let timing_gen = t.elapsed().as_secs_f64();
         let n = rollouts.len(); // samples = prompts × n
@@ -214,6 +209,34 @@ impl Run<'_> {
             })
             .collect();
         let scores = self.reward.score_batch(&inputs)?; // (samples,)
+                                                        // ReMax: each row's baseline is its prompt's greedy score.
+        let baselines = match greedy {
+            Some(texts) => {
+                let inputs: Vec<RewardInput> = batch
+                    .prompts
+                    .iter()
+                    .zip(&texts)
+                    .enumerate()
+                    .map(|(k, (p, t))| RewardInput {
+                        sample: (n + k) as u64,
+                        prompt_id: p.prompt_id,
+                        prompt: &p.text,
+                        completion: t,
+                        ground_truth: &p.ground_truth,
+                        extra: Some(&p.extra),
+                    })
+                    .collect();
+                let per_prompt = self.reward.score_batch(&inputs)?;
+                Some(
+                    rollouts
+                        .batch_prompt
+                        .iter()
+                        .map(|&k| per_prompt[k])
+                        .collect::<Vec<f32>>(),
+                )
+            }
+            None => None,
+        };
         let timing_reward = t.elapsed().as_secs_f64();
 
         // 3. Old, reference and rollout log-probs, (samples, seq) aligned with the tokens.
@@ -225,6 +248,10 @@ impl Run<'_> {
         let micro = cfg.batch.micro_batch_samples;
         let reference = self.worker.ref_log_probs(&seqs, micro)?;
         let timing_ref = t.elapsed().as_secs_f64();
+        let values = match &mut self.worker.critic {
+            Some(c) => Some(c.values(&seqs)?), // (samples, seq)
+            None => None,
+        };
         let rollout_lp = rollouts.to_token_layout(&rollouts.logprobs, 0..n, seqs.seq_len())?;
         let mismatch = mismatch_metrics(&old, &rollout_lp, seqs.response_mask())?;
 
@@ -250,24 +277,30 @@ impl Run<'_> {
             ctrl.update(p.kl, n);
             rewards = p.token_level_rewards;
         }
+        let values_resp = match &values {
+            Some(v) => Some(rollouts.response_layout(&rollouts.from_token_layout(v)?)?.0),
+            None => None,
+        };
         let adv = compute_advantage(
             &cfg.algorithm.advantage,
             &AdvantageInputs {
                 token_level_rewards: &rewards,
                 response_mask: &resp_mask,
-                values: None,
+                values: values_resp.as_ref(),
                 index: Some(&rollouts.prompt_ids),
-                reward_baselines: None,
+                reward_baselines: baselines.as_deref(),
             },
         )?;
-        let adv_rows: Vec<Vec<f32>> = adv
-            .advantages
-            .to_vec2::<f32>()?
-            .into_iter()
-            .zip(&rollouts.responses)
-            .map(|(row, r)| row[..r.len()].to_vec())
-            .collect();
+        let adv_rows = rows_of(&adv.advantages, &rollouts)?;
         let advantages = rollouts.to_token_layout(&adv_rows, 0..n, seqs.seq_len())?;
+        let returns = match values {
+            Some(_) => Some(rollouts.to_token_layout(
+                &rows_of(&adv.returns, &rollouts)?,
+                0..n,
+                seqs.seq_len(),
+            )?),
+            None => None,
+        };
         let timing_adv = t.elapsed().as_secs_f64();
 
         // 5. Actor update: ppo_epochs × mini-batches of whole prompts, each
@@ -275,6 +308,7 @@ impl Run<'_> {
         let t = Instant::now();
         let loss = loss_config(cfg);
         let mut updates: Vec<PolicyMetrics> = Vec::new();
+        let mut critic_updates: Vec<CriticMetrics> = Vec::new();
         for _epoch in 0..cfg.actor.ppo_epochs {
             for k in 0..plan.mini_batches_per_step {
                 let rows = k * plan.mini_batch_samples..(k + 1) * plan.mini_batch_samples;
@@ -291,6 +325,10 @@ impl Run<'_> {
                     Some(&cut(&rollout_lp)?),
                 )?;
                 updates.push(self.worker.actor.update_policy(&pb, &loss)?);
+                if let (Some(c), Some(v), Some(r)) = (&mut self.worker.critic, &values, &returns) {
+                    let cb = CriticBatch::new(mb.clone(), &cut(v)?, &cut(r)?)?;
+                    critic_updates.push(c.update_critic(&cb, &CriticLossConfig::default())?);
+                }
             }
         }
         let timing_update = t.elapsed().as_secs_f64();
@@ -331,6 +369,9 @@ impl Run<'_> {
             score_max: scores.iter().copied().fold(f32::MIN, f32::max) as f64,
             score_min: scores.iter().copied().fold(f32::MAX, f32::min) as f64,
             rewards_mean: rewards.sum_all()?.to_scalar::<f32>()? as f64 / n as f64,
+            vf_loss: mean_of(&critic_updates, |m| m.vf_loss),
+            vf_clipfrac: mean_of(&critic_updates, |m| m.vf_clipfrac),
+            vpred_mean: mean_of(&critic_updates, |m| m.vpred_mean),
             advantages_mean: adv_rows.iter().flatten().map(|&a| a as f64).sum::<f64>()
                 / adv_rows.iter().map(Vec::len).sum::<usize>().max(1) as f64,
             response_length_mean: resp_lens.iter().sum::<f64>() / n as f64,
@@ -345,7 +386,7 @@ impl Run<'_> {
     }
 
     /// Generates `n` samples for each prompt of `batch` (rollout phase).
-    fn generate(&mut self, batch: &Batch) -> Result<Rollouts> {
+    fn generate(&mut self, batch: &Batch) -> Result<(Rollouts, Option<Vec<String>>)> {
         let cfg = self.config;
         let mut requests = Vec::with_capacity(batch.prompts.len());
         for p in &batch.prompts {
@@ -365,7 +406,18 @@ impl Run<'_> {
             requests.push(Request::new(ids, params));
         }
         let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
-        let outputs = self.worker.generate(requests)?;
+        let remax = cfg.algorithm.advantage.adv_estimator == AdvEstimator::Remax;
+        if remax {
+            for p in &prompts {
+                let greedy = SamplingParams {
+                    stop_token_ids: vec![self.eos],
+                    ..SamplingParams::greedy(cfg.rollout.max_new_tokens)
+                };
+                requests.push(Request::new(p.clone(), greedy));
+            }
+        }
+        let mut outputs = self.worker.generate(requests)?;
+        let greedy_outputs = outputs.split_off(prompts.len());
         let mut r = Rollouts::default();
         for (k, out) in outputs.into_iter().enumerate() {
             let out = out.map_err(|e| Error::Phase {
@@ -384,7 +436,16 @@ impl Run<'_> {
                 r.logprobs.push(c.logprobs);
             }
         }
-        Ok(r)
+        if !remax {
+            return Ok((r, None));
+        }
+        let mut texts = Vec::with_capacity(greedy_outputs.len());
+        for out in greedy_outputs {
+            let c = &out?.completions[0];
+            let body = c.tokens.strip_suffix(&[self.eos]).unwrap_or(&c.tokens);
+            texts.push(self.tokenizer.decode(body, true)?);
+        }
+        Ok((r, Some(texts)))
     }
 
     /// Greedy accuracy on the held-out set after `step` steps, logged.
@@ -554,6 +615,33 @@ fn draw(out: &Path, pool: &Pool) -> Result<()> {
     }
     let svg = plot::reward_curve(&scores, &acc, "colo: reward and held-out accuracy");
     std::fs::write(out.join("reward_curve.svg"), svg).map_err(|e| Error::io(out, e))
+}
+
+/// Whether the run trains a critic (GAE needs its values).
+fn uses_critic(config: &Config) -> bool {
+    config.algorithm.advantage.adv_estimator == AdvEstimator::Gae
+}
+
+/// The critic's engine: the actor's settings plus a value head.
+fn critic_config(config: &Config) -> colo_train::TrainerConfig {
+    colo_train::TrainerConfig {
+        value_head: Some(Default::default()),
+        ..trainer_config(config)
+    }
+}
+
+/// A (samples, max_response_len) tensor as one `Vec` per row, as long as
+/// the row's response.
+fn rows_of(t: &Tensor, rollouts: &Rollouts) -> Result<Vec<Vec<f32>>> {
+    Ok(t.to_vec2::<f32>()?
+        .into_iter()
+        .zip(&rollouts.responses)
+        .map(|(row, r)| row[..r.len()].to_vec())
+        .collect())
+}
+
+fn mean_of<T>(v: &[T], f: impl Fn(&T) -> f64) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().map(f).sum::<f64>() / v.len() as f64)
 }
 
 fn mean_f32(v: &[f32]) -> f64 {

@@ -80,6 +80,25 @@ pub struct StepMetrics {
     pub rewards_mean: f64,
     #[serde(rename = "critic/advantages/mean")]
     pub advantages_mean: f64,
+    /// The critic's update (GAE runs only).
+    #[serde(
+        rename = "critic/vf_loss",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub vf_loss: Option<f64>,
+    #[serde(
+        rename = "critic/vf_clipfrac",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub vf_clipfrac: Option<f64>,
+    #[serde(
+        rename = "critic/vpred_mean",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub vpred_mean: Option<f64>,
 
     #[serde(rename = "response_length/mean")]
     pub response_length_mean: f64,

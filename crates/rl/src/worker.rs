@@ -20,7 +20,7 @@
 //! the trainer's weight bytes. Offloads follow the config's
 //! `offload_train_param / grad / optimizer` (MindSpeed-RL's switches).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -49,9 +49,30 @@ pub struct SwitchTiming {
     pub sync_s: f64,
 }
 
+/// What a worker is built from.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// The Hugging Face checkpoint that actor, critic, reference and rollout
+    /// engine start from.
+    pub model_dir: PathBuf,
+    pub actor: colo_train::TrainerConfig,
+    /// A critic (same checkpoint with a value head), for GAE.
+    pub critic: Option<colo_train::TrainerConfig>,
+    pub engine: EngineConfig,
+    pub memory: MemoryConfig,
+    /// Whether to load a reference model (for a KL term).
+    pub reference: bool,
+    /// Where `restart` mode writes the actor's weights each step.
+    pub scratch: PathBuf,
+}
+
 pub struct HybridWorker {
     pool: Arc<Pool>,
     pub actor: ColoTrainer,
+    /// A value model for GAE: the same checkpoint with a value head. It
+    /// lives in the actor's tags (`train_params`, `train_grads`,
+    /// `optimizer`), so the actor's offloads and reloads move it too.
+    pub critic: Option<ColoTrainer>,
     /// `None` in `restart` mode while training.
     rollout: Option<Engine>,
     pub reference: Option<Reference>,
@@ -67,23 +88,22 @@ pub struct HybridWorker {
 
 impl HybridWorker {
     /// Builds the rollout engine first (so a KV fraction is a share of the
-    /// device after the serving weights, like SGLang's), then the actor and
-    /// the reference from `model_dir`, and leaves the worker in the
-    /// training phase.
-    pub fn new(
-        pool: Arc<Pool>,
-        model_dir: &Path,
-        actor_cfg: &colo_train::TrainerConfig,
-        engine_cfg: EngineConfig,
-        memory: &MemoryConfig,
-        with_reference: bool,
-        scratch: PathBuf,
-    ) -> Result<Self> {
+    /// device after the serving weights, like SGLang's), then the actor, the
+    /// critic and the reference from `spec.model_dir`, and leaves the worker
+    /// in the training phase.
+    pub fn new(pool: Arc<Pool>, spec: &WorkerSpec) -> Result<Self> {
+        let (model_dir, memory) = (spec.model_dir.as_path(), &spec.memory);
         pool.set_phase("init");
-        let rollout = Engine::from_dir(model_dir, Arc::clone(&pool), &engine_cfg)?;
+        let rollout = Engine::from_dir(model_dir, Arc::clone(&pool), &spec.engine)?;
         let mut worker = HybridWorker {
-            actor: ColoTrainer::from_dir(Arc::clone(&pool), model_dir, actor_cfg)?,
-            reference: with_reference
+            actor: ColoTrainer::from_dir(Arc::clone(&pool), model_dir, &spec.actor)?,
+            critic: spec
+                .critic
+                .as_ref()
+                .map(|c| ColoTrainer::from_dir(Arc::clone(&pool), model_dir, c))
+                .transpose()?,
+            reference: spec
+                .reference
                 .then(|| Reference::from_dir(Arc::clone(&pool), model_dir))
                 .transpose()?,
             pool,
@@ -99,8 +119,8 @@ impl HybridWorker {
                 },
             },
             offload_ref: memory.offload_ref,
-            engine_cfg,
-            scratch,
+            engine_cfg: spec.engine.clone(),
+            scratch: spec.scratch.clone(),
             phase: Phase::Train,
         };
         // The engine sleeps until the first step wakes it.
@@ -289,6 +309,9 @@ impl HybridWorker {
     fn offload_actor(&mut self, what: Offload) -> Result<()> {
         if what != Offload::NONE {
             self.actor.release_cache();
+            if let Some(c) = &mut self.critic {
+                c.release_cache();
+            }
             self.actor.offload(what)?;
         }
         Ok(())

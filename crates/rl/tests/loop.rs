@@ -20,6 +20,10 @@ fn tmp(name: &str) -> PathBuf {
 
 /// A config for `steps` steps on a few arithmetic prompts.
 fn config(dir: &Path, steps: usize, mode: &str) -> Config {
+    config_with(dir, steps, mode, "grpo")
+}
+
+fn config_with(dir: &Path, steps: usize, mode: &str, estimator: &str) -> Config {
     let data = dir.join("train.jsonl");
     let lines: Vec<String> = (0..16)
         .map(|i| {
@@ -62,6 +66,9 @@ lr = 1e-3
 warmup_steps = 0
 ppo_mini_batch_size = 1
 ppo_micro_batch_size = 2
+
+[algorithm]
+adv_estimator = "{estimator}"
 
 [reward]
 kind = "external"
@@ -186,6 +193,32 @@ fn every_colocation_mode_runs_a_step() {
         let dir = tmp(mode);
         let s = colo_rl::r#loop::run(&config(&dir, 1, mode), &dir.join("run"), false).unwrap();
         assert_eq!(s.steps, 1, "{mode}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
+#[test]
+fn gae_trains_a_critic_and_remax_uses_greedy_baselines() {
+    for estimator in ["gae", "remax", "rloo", "reinforce_plus_plus"] {
+        let dir = tmp(estimator);
+        colo_rl::r#loop::run(
+            &config_with(&dir, 2, "staged", estimator),
+            &dir.join("run"),
+            false,
+        )
+        .unwrap();
+        let steps = steps_of(&dir.join("run"));
+        assert_eq!(steps.len(), 2, "{estimator}");
+        let critic = steps[1].vf_loss;
+        if estimator == "gae" {
+            assert!(
+                critic.is_some_and(|l| l.is_finite() && l > 0.0),
+                "{estimator}: {critic:?}"
+            );
+            assert!(steps[1].vpred_mean.is_some());
+        } else {
+            assert!(critic.is_none(), "{estimator} trains no critic");
+        }
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use colo_mem::{tags, Pool, PoolConfig, TagState};
 use colo_rl::config::{Capacity, Colocation, MemoryConfig};
-use colo_rl::worker::{HybridWorker, Phase};
+use colo_rl::worker::{HybridWorker, Phase, WorkerSpec};
 use colo_rollout::{Engine, EngineConfig, Request, SamplingParams};
 use colo_train::{SeqBatch, TrainEngine, TrainerConfig};
 
@@ -45,7 +45,16 @@ fn worker_kv(mode: Colocation, scratch: &str, kv_tokens: usize) -> HybridWorker 
         },
         ..Default::default()
     };
-    HybridWorker::new(pool, &fixture(), &trainer, engine, &memory(mode), true, dir).unwrap()
+    let spec = WorkerSpec {
+        model_dir: fixture(),
+        actor: trainer,
+        critic: None,
+        engine,
+        memory: memory(mode),
+        reference: true,
+        scratch: dir,
+    };
+    HybridWorker::new(pool, &spec).unwrap()
 }
 
 fn greedy(prompts: &[Vec<u32>]) -> Vec<Request> {
