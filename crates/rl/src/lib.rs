@@ -70,6 +70,7 @@ pub mod reference;
 pub mod reward;
 pub mod rng;
 pub mod rollouts;
+mod setup;
 pub mod sft;
 pub mod task;
 pub mod vocab;

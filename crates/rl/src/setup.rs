@@ -1,0 +1,166 @@
+//! What a run is set up from: the data, the device capacity, the engines'
+//! configurations translated from the run's config, checkpoints on disk,
+//! and the pictures drawn at the end. Kept apart from `loop.rs` so that the
+//! loop reads as the step and nothing else.
+
+use std::path::{Path, PathBuf};
+
+use colo_algo::AdvEstimator;
+use colo_mem::Pool;
+use colo_model::Tokenizer;
+use colo_rollout::EngineConfig;
+use colo_train::LossConfig;
+
+use crate::config::{Capacity, Config, DataSource, KvBudget, ModelSource, ValSource};
+use crate::data::Dataset;
+use crate::{plot, Error, Result};
+
+/// Training and held-out prompts.
+pub(crate) fn load_data(
+    config: &Config,
+    out: &Path,
+    tokenizer: &Tokenizer,
+) -> Result<(Dataset, Dataset)> {
+    let fields = &config.data.fields;
+    match &config.data.source {
+        DataSource::Builtin(task) => {
+            let (train, val) = task.write_jsonl(&out.join("data"))?;
+            Ok((
+                Dataset::from_jsonl(&[train], fields, Some(tokenizer))?,
+                Dataset::from_jsonl(&[val], fields, Some(tokenizer))?,
+            ))
+        }
+        DataSource::Files { train, val } => {
+            let data = Dataset::from_jsonl(train, fields, Some(tokenizer))?;
+            match val {
+                ValSource::Files(v) => Ok((data, Dataset::from_jsonl(v, fields, Some(tokenizer))?)),
+                ValSource::Fraction(f) => data.split(*f, config.data.seed),
+            }
+        }
+    }
+}
+
+/// The device capacity of the built-in run when the config says `auto`:
+/// its training phase peaks near 100 MiB (parameters, gradients, AdamW
+/// state and activations) and its rollout phase holds the weights and half
+/// of the rest as KV cache, so the two fit one after the other but not
+/// together — the colocation choreography is what makes the run fit.
+pub const BUILTIN_CAPACITY: u64 = 128 << 20;
+
+/// The device capacity: the config's; on `auto`, [`BUILTIN_CAPACITY`] for
+/// the built-in model and the machine's memory for others (what a CUDA
+/// device would report as its size).
+pub(crate) fn device_capacity(config: &Config) -> Result<u64> {
+    match (config.memory.capacity, &config.model) {
+        (Capacity::Bytes(b), _) => Ok(b),
+        (Capacity::Auto, ModelSource::Builtin) => Ok(BUILTIN_CAPACITY),
+        (Capacity::Auto, ModelSource::Path(_)) => Ok(meminfo_total()?),
+    }
+}
+
+pub(crate) fn meminfo_total() -> colo_mem::Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").map_err(|source| colo_mem::Error::Io {
+        path: "/proc/meminfo".into(),
+        source,
+    })?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| colo_mem::Error::Invalid("no MemTotal in /proc/meminfo".into()))
+}
+
+pub(crate) fn trainer_config(config: &Config) -> colo_train::TrainerConfig {
+    let a = &config.actor.optim;
+    colo_train::TrainerConfig {
+        optim: colo_train::OptimConfig {
+            lr: a.lr,
+            weight_decay: a.weight_decay,
+            warmup_steps: a.warmup_steps as u64,
+            grad_clip: (a.grad_clip > 0.0).then_some(a.grad_clip),
+            ..colo_train::OptimConfig::default()
+        },
+        micro_batch: colo_train::MicroBatchConfig {
+            micro_batch_size: config.batch.micro_batch_samples,
+            score_micro_batch_size: None,
+        },
+        value_head: None,
+    }
+}
+
+pub(crate) fn engine_config(config: &Config) -> EngineConfig {
+    let (mem_fraction, max_kv_tokens) = match config.rollout.kv {
+        KvBudget::Fraction(f) => (Some(f), None),
+        KvBudget::Tokens(t) => (None, Some(t)),
+    };
+    EngineConfig {
+        mem_fraction,
+        max_kv_tokens,
+        max_batch: config.batch.samples_per_step.max(1),
+        ..EngineConfig::default()
+    }
+}
+
+pub(crate) fn loss_config(config: &Config) -> LossConfig {
+    let a = &config.actor;
+    LossConfig {
+        policy: a.policy_loss.clone(),
+        entropy_coeff: a.entropy_coeff,
+        use_kl_loss: a.kl_loss.is_some(),
+        kl_loss_coef: a.kl_loss.map_or(0.0, |k| k.coef),
+        kl_loss_type: a
+            .kl_loss
+            .map_or(LossConfig::default().kl_loss_type, |k| k.estimator),
+        rollout_correction: config.algorithm.rollout_correction.clone(),
+        loss_scale_factor: None,
+    }
+}
+
+/// `checkpoints/step-N` with the largest N.
+pub(crate) fn latest_checkpoint(dir: &Path) -> Option<(usize, PathBuf)> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let step = e
+                .file_name()
+                .to_str()?
+                .strip_prefix("step-")?
+                .parse::<usize>()
+                .ok()?;
+            Some((step, e.path()))
+        })
+        .max_by_key(|(s, _)| *s)
+}
+
+/// The memory timeline and the reward curve, as SVG in the run directory.
+pub(crate) fn draw(out: &Path, pool: &Pool) -> Result<()> {
+    let events = pool.timeline();
+    pool.write_timeline(&out.join("timeline.jsonl"))?;
+    let cap = Some(pool.capacity()).filter(|&c| c != u64::MAX);
+    let svg = plot::memory_timeline(&events, cap, "colo: device memory per tag");
+    std::fs::write(out.join("memory_timeline.svg"), svg).map_err(|e| Error::io(out, e))?;
+    let records = crate::metrics::read(&out.join("metrics.jsonl"))?;
+    let (mut scores, mut acc) = (Vec::new(), Vec::new());
+    for r in records {
+        match r {
+            crate::metrics::Record::Step(s) => scores.push((s.step, s.score_mean)),
+            crate::metrics::Record::Eval(e) => acc.push((e.step, e.accuracy)),
+        }
+    }
+    let svg = plot::reward_curve(&scores, &acc, "colo: reward and held-out accuracy");
+    std::fs::write(out.join("reward_curve.svg"), svg).map_err(|e| Error::io(out, e))
+}
+
+/// Whether the run trains a critic (GAE needs its values).
+pub(crate) fn uses_critic(config: &Config) -> bool {
+    config.algorithm.advantage.adv_estimator == AdvEstimator::Gae
+}
+
+/// The critic's engine: the actor's settings plus a value head.
+pub(crate) fn critic_config(config: &Config) -> colo_train::TrainerConfig {
+    colo_train::TrainerConfig {
+        value_head: Some(Default::default()),
+        ..trainer_config(config)
+    }
+}
