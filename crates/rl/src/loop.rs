@@ -396,6 +396,16 @@ impl Run<'_> {
         let mut requests = Vec::with_capacity(batch.prompts.len());
         for p in &batch.prompts {
             let ids = self.tokenizer.encode(&p.text, true)?;
+            if ids.len() > cfg.data.max_prompt_length {
+                // verl's `truncation = "error"`: a silently cut prompt
+                // would train on a different question.
+                return Err(Error::Dataset(format!(
+                    "prompt {} has {} tokens, more than data.max_prompt_length = {}",
+                    p.prompt_id,
+                    ids.len(),
+                    cfg.data.max_prompt_length
+                )));
+            }
             let params = SamplingParams {
                 n: cfg.batch.n,
                 max_new_tokens: cfg.rollout.max_new_tokens,
