@@ -228,7 +228,12 @@ fn a_prompt_longer_than_max_prompt_length_is_an_error_naming_it() {
     let dir = tmp("long");
     let mut cfg = config(&dir, 1, "staged");
     cfg.data.max_prompt_length = 3;
-    let err = colo_rl::r#loop::run(&cfg, &dir.join("run"), false).unwrap_err().to_string();
-    assert!(err.contains("max_prompt_length = 3") && err.contains("prompt "), "{err}");
+    let err = colo_rl::r#loop::run(&cfg, &dir.join("run"), false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("max_prompt_length = 3") && err.contains("prompt "),
+        "{err}"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
