@@ -164,6 +164,23 @@ pub struct PlanInput {
     pub mem_fraction: Option<f64>,
     /// An explicit KV-cache budget in tokens per generation replica.
     pub kv_tokens: Option<u64>,
+    /// The KV cache takes this share of the memory left after the
+    /// runtime and the engine's weights (colo-rollout's `mem_fraction`,
+    /// vLLM-style). Exclusive with `mem_fraction` and `kv_tokens`.
+    pub kv_free_fraction: Option<f64>,
+    /// The KV cache is allocated in blocks of this many tokens (a paged
+    /// cache: 16 in colo-rollout); budgets round to whole blocks.
+    pub kv_block_tokens: u64,
+    /// `flash` (fused attention, Korthikanti et al.; the default) or
+    /// `eager` (every op's output kept for backward, the `seq × seq`
+    /// scores materialised: colo's own CPU trainer). `eager` needs
+    /// `seq_len`.
+    pub activation_model: String,
+    /// Tokens per sequence (prompt + response), for `eager` activations.
+    pub seq_len: Option<u64>,
+    /// Response tokens per sequence: the window that gets the LM head in
+    /// `eager`; defaults to `seq_len`.
+    pub response_len: Option<u64>,
     pub mode: String,
     pub offload: Offload,
     pub weight_sync: WeightSync,
@@ -193,6 +210,11 @@ impl Default for PlanInput {
             gen_tp: 1,
             mem_fraction: None,
             kv_tokens: None,
+            kv_free_fraction: None,
+            kv_block_tokens: 1,
+            activation_model: "flash".into(),
+            seq_len: None,
+            response_len: None,
             mode: "staged".into(),
             offload: Offload::default(),
             weight_sync: WeightSync::Full,
@@ -224,6 +246,20 @@ pub enum KvBudget {
     Fraction(f64),
     /// Tokens per generation replica.
     Tokens(u64),
+    /// This share of what the runtime and the engine's weights leave
+    /// (colo-rollout's `mem_fraction`).
+    FreeFraction(f64),
+}
+
+/// How activations are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum ActivationModel {
+    /// Fused attention, selective recomputation optional (Korthikanti et
+    /// al., 2022): what GPU frameworks run.
+    Flash,
+    /// Every op's output kept for backward (colo's CPU trainer); see
+    /// [`crate::model::ModelSpec::eager_elems_per_token_layer`].
+    Eager { seq_len: u64, response_len: u64 },
 }
 
 /// A validated plan request. Built only by [`PlanInput::validate`].
@@ -243,6 +279,9 @@ pub struct Plan {
     pub gen_pp: u64,
     pub gen_tp: u64,
     pub kv_budget: KvBudget,
+    /// Tokens per KV-cache block (budgets round to whole blocks).
+    pub kv_block_tokens: u64,
+    pub activations: ActivationModel,
     pub mode: Mode,
     pub offload: Offload,
     pub weight_sync: WeightSync,
@@ -354,6 +393,74 @@ impl PlanInput {
         Ok(train)
     }
 
+    /// The engine's KV budget: one of `mem_fraction`, `kv_tokens` and
+    /// `kv_free_fraction` (0.9 of the device when none is given).
+    fn kv_budget(&self) -> Result<KvBudget> {
+        let given = [
+            self.mem_fraction.is_some(),
+            self.kv_tokens.is_some(),
+            self.kv_free_fraction.is_some(),
+        ];
+        if given.iter().filter(|g| **g).count() > 1 {
+            return Err(out_of_range(
+                "mem_fraction / kv_tokens / kv_free_fraction",
+                "more than one given",
+                "one of them: a fraction of the device, a KV token budget, or a fraction of the free memory",
+            ));
+        }
+        let fraction = |name, f: f64| {
+            if f > 0.0 && f <= 1.0 {
+                Ok(f)
+            } else {
+                Err(out_of_range(name, f, "in (0, 1]"))
+            }
+        };
+        Ok(
+            match (self.mem_fraction, self.kv_tokens, self.kv_free_fraction) {
+                (Some(f), _, _) => KvBudget::Fraction(fraction("mem_fraction", f)?),
+                (_, Some(0), _) => return Err(out_of_range("kv_tokens", 0, ">= 1")),
+                (_, Some(t), _) => KvBudget::Tokens(t),
+                (_, _, Some(f)) => KvBudget::FreeFraction(fraction("kv_free_fraction", f)?),
+                (None, None, None) => KvBudget::Fraction(0.9),
+            },
+        )
+    }
+
+    fn activation_model(&self) -> Result<ActivationModel> {
+        match self.activation_model.to_ascii_lowercase().as_str() {
+            "flash" => Ok(ActivationModel::Flash),
+            "eager" => {
+                let seq_len = match self.seq_len {
+                    Some(s) if s > 0 => s,
+                    other => {
+                        return Err(out_of_range(
+                            "seq_len",
+                            other.map_or("absent".into(), |s| s.to_string()),
+                            ">= 1 (eager activations hold seq × seq attention scores)",
+                        ))
+                    }
+                };
+                let response_len = self.response_len.unwrap_or(seq_len);
+                if response_len == 0 || response_len > seq_len {
+                    return Err(out_of_range(
+                        "response_len",
+                        response_len,
+                        format!("in [1, {seq_len}] (the sequence length)"),
+                    ));
+                }
+                Ok(ActivationModel::Eager {
+                    seq_len,
+                    response_len,
+                })
+            }
+            other => Err(PlanError::UnknownKeyword {
+                what: "activation model",
+                value: other.into(),
+                valid: "flash, eager".into(),
+            }),
+        }
+    }
+
     /// Check every number once and resolve defaults.
     pub fn validate(&self) -> Result<Plan> {
         let model = self.model_spec()?;
@@ -399,24 +506,11 @@ impl PlanInput {
                 ),
             ));
         }
-        let kv_budget = match (self.mem_fraction, self.kv_tokens) {
-            (Some(_), Some(_)) => {
-                return Err(out_of_range(
-                    "mem_fraction",
-                    "given with kv_tokens",
-                    "given alone: a fraction or a KV token budget, not both",
-                ))
-            }
-            (Some(f), None) => {
-                if !(f > 0.0 && f <= 1.0) {
-                    return Err(out_of_range("mem_fraction", f, "in (0, 1]"));
-                }
-                KvBudget::Fraction(f)
-            }
-            (None, Some(0)) => return Err(out_of_range("kv_tokens", 0, ">= 1")),
-            (None, Some(t)) => KvBudget::Tokens(t),
-            (None, None) => KvBudget::Fraction(0.9),
-        };
+        let kv_budget = self.kv_budget()?;
+        if self.kv_block_tokens == 0 {
+            return Err(out_of_range("kv_block_tokens", 0, ">= 1"));
+        }
+        let activations = self.activation_model()?;
         if self.tokens_per_micro_batch == 0 {
             return Err(out_of_range("tokens_per_micro_batch", 0, ">= 1"));
         }
@@ -440,6 +534,8 @@ impl PlanInput {
             gen_pp: pg,
             gen_tp: tg,
             kv_budget,
+            kv_block_tokens: self.kv_block_tokens,
+            activations,
             mode: Mode::parse(&self.mode)?,
             offload: self.offload,
             weight_sync: self.weight_sync,

@@ -91,10 +91,15 @@
 //! # Design decisions
 //!
 //! - Input is a serde struct ([`config::PlanInput`]) validated once into
-//!   [`config::Plan`]; a `colo train` TOML run config will deserialise its
-//!   relevant sections into the same struct, so the planner and the run
-//!   cannot disagree about what the run is. Checking a prediction against a
-//!   real run's memory timeline waits for the RL loop.
+//!   [`config::Plan`]; `colo plan --config run.toml` maps a `colo train`
+//!   run config onto the same struct (in the CLI, so this crate needs
+//!   nothing of colo-rl), and its predicted peak is checked against real
+//!   runs' timelines (`crates/colo/tests/plan_vs_run.rs`, within 10%).
+//! - colo's own CPU runs use two extensions: a KV budget as a share of
+//!   the memory free after the weights, in blocks
+//!   ([`config::KvBudget::FreeFraction`]), and eager activations
+//!   ([`config::ActivationModel::Eager`]), where every op's output is kept
+//!   for backward.
 //! - Phases are a walk over the same transitions the memory layer records,
 //!   so the estimate and colo's timeline can be compared line by line.
 //! - Integers (bytes) for memory, `f64` only for times and fractions.

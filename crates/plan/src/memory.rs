@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::{KvBudget, Mode, Optimizer, Plan, TrainLayout, WeightSync};
+use crate::config::{ActivationModel, KvBudget, Mode, Optimizer, Plan, TrainLayout, WeightSync};
 use crate::error::{out_of_range, Result};
 use crate::report::{Component, MemoryReport, PhaseKind, PhaseMemory};
 
@@ -88,7 +88,7 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
     let logits = |tok: u64| tok * m.vocab * 4 / t;
     let full_weights = params * plan.param_dtype.bytes();
     let (pg, tg) = (plan.gen_pp, plan.gen_tp);
-    ComponentSizes {
+    let mut sizes = ComponentSizes {
         train_params: (params * pb).div_ceil(state_shards),
         train_grads: (params * gb).div_ceil(state_shards),
         optimizer: (params * ob).div_ceil(opt_shards),
@@ -105,6 +105,89 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
             WeightSync::InPlace => 0,
             WeightSync::Bucket(b) => b.min(full_weights),
         },
+    };
+    if let ActivationModel::Eager {
+        seq_len,
+        response_len,
+    } = plan.activations
+    {
+        eager_activations(plan, &mut sizes, seq_len, response_len);
+    }
+    sizes
+}
+
+/// Activations of an eager trainer (colo's, on candle): the graph of a
+/// micro-batch — every layer's op outputs
+/// ([`crate::model::ModelSpec::eager_elems_per_token_layer`]), the
+/// embedding and final norm (`2h`), and over the response window the
+/// logits and their log-softmax (`2 · vocab`) — lives until backward
+/// ends. Backward makes a gradient of the same size for each of those
+/// while they are alive, and a caching allocator keeps the freed gradient
+/// blocks mapped, so the tag's high-water mark is twice the graph, plus
+/// one gradient per parameter before it is added to the accumulators.
+/// A forward-only pass frees each layer's outputs as the next one runs:
+/// one layer's working set and the logits. Both include the logits, so
+/// the `logits` component stays empty.
+fn eager_activations(plan: &Plan, s: &mut ComponentSizes, seq: u64, response: u64) {
+    let m = &plan.model;
+    let b = plan.param_dtype.bytes();
+    let per_layer = m.eager_elems_per_token_layer(seq);
+    let graph = |tokens: u64| {
+        let window = tokens * response / seq;
+        (tokens * (m.layers * per_layer + 2 * m.hidden) + window * 2 * m.vocab) * b
+    };
+    let grad_bytes = match plan.optimizer {
+        Optimizer::AdamwMixed => plan.param_dtype.bytes(),
+        Optimizer::AdamwFp32 => 4,
+    };
+    s.train_activations = 2 * graph(plan.tokens_per_micro_batch) + m.params() * grad_bytes;
+    s.train_logits = 0;
+    let lp = plan.logprob_tokens_per_micro_batch;
+    s.forward_activations =
+        (lp * (per_layer + 2 * m.hidden) + lp * response / seq * 2 * m.vocab) * b;
+    s.forward_logits = 0;
+}
+
+/// KV-cache bytes and the engine's share of the device (weights + KV).
+fn kv_cache(plan: &Plan, s: &ComponentSizes) -> Result<(u64, f64)> {
+    let device = plan.device_bytes;
+    let block = s.kv_bytes_per_token * plan.kv_block_tokens;
+    let weights = s.rollout_weights;
+    let share = |kv: u64| (kv + weights) as f64 / device as f64;
+    match plan.kv_budget {
+        KvBudget::Fraction(f) => {
+            let engine = (f * device as f64) as u64;
+            if engine <= weights {
+                return Err(out_of_range(
+                    "mem_fraction",
+                    f,
+                    format!(
+                        "in ({:.4}, 1]: the engine's weights alone take that share of the device",
+                        weights as f64 / device as f64
+                    ),
+                ));
+            }
+            Ok(((engine - weights) / block * block, f))
+        }
+        KvBudget::Tokens(t) => {
+            let kv = t.div_ceil(plan.kv_block_tokens) * block;
+            Ok((kv, share(kv)))
+        }
+        KvBudget::FreeFraction(f) => {
+            let free = device.saturating_sub(plan.runtime_overhead_bytes + weights);
+            let kv = (f * free as f64) as u64 / block * block;
+            if kv == 0 {
+                return Err(out_of_range(
+                    "kv_free_fraction",
+                    f,
+                    format!(
+                        "large enough for one KV block of {block} bytes: {} bytes are free after the weights",
+                        free
+                    ),
+                ));
+            }
+            Ok((kv, share(kv)))
+        }
     }
 }
 
@@ -154,26 +237,7 @@ pub fn estimate(plan: &Plan) -> Result<MemoryReport> {
     use Component::*;
     let s = component_sizes(plan);
     let device = plan.device_bytes;
-    let (kv_bytes, fraction) = match plan.kv_budget {
-        KvBudget::Fraction(f) => {
-            let engine = (f * device as f64) as u64;
-            if engine <= s.rollout_weights {
-                return Err(out_of_range(
-                    "mem_fraction",
-                    f,
-                    format!(
-                        "in ({:.4}, 1]: the engine's weights alone take that share of the device",
-                        s.rollout_weights as f64 / device as f64
-                    ),
-                ));
-            }
-            (engine - s.rollout_weights, f)
-        }
-        KvBudget::Tokens(t) => {
-            let kv = t * s.kv_bytes_per_token;
-            (kv, (kv + s.rollout_weights) as f64 / device as f64)
-        }
-    };
+    let (kv_bytes, fraction) = kv_cache(plan, &s)?;
     let off = plan.offload;
     let naive = plan.mode == Mode::Naive;
     let mut tl = Timeline {

@@ -137,7 +137,13 @@ impl MemoryReport {
             .collect();
         cols.sort();
         cols.dedup();
-        let gib = |b: u64| format!("{:.1}", b as f64 / GIB as f64);
+        // GiB for real devices, MiB for colo's small CPU runs.
+        let (unit, scale) = if self.device_bytes >= GIB {
+            ("GiB", GIB)
+        } else {
+            ("MiB", 1 << 20)
+        };
+        let gib = |b: u64| format!("{:.1}", b as f64 / scale as f64);
         let name_w = self
             .phases
             .iter()
@@ -170,7 +176,7 @@ impl MemoryReport {
         }
         let _ = writeln!(
             out,
-            "\npeak {} GiB in `{}` of {} GiB per device: {}",
+            "\npeak {} {unit} in `{}` of {} {unit} per device: {}",
             gib(self.peak_bytes),
             self.peak_phase,
             gib(self.device_bytes),
@@ -178,7 +184,7 @@ impl MemoryReport {
         );
         let _ = writeln!(
             out,
-            "engine: mem fraction {:.3}, KV cache {} GiB = {} tokens per replica",
+            "engine: mem fraction {:.3}, KV cache {} {unit} = {} tokens per replica",
             self.mem_fraction,
             gib(self.kv_cache_bytes),
             self.kv_tokens

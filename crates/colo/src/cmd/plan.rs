@@ -3,7 +3,9 @@
 //! `colo plan reshard`: a 3D-HybridEngine resharding plan.
 //!
 //! All arithmetic lives in `colo-plan`; this file turns flags into its
-//! input types and prints its answers.
+//! input types and prints its answers. `--config run.toml` (a `colo
+//! train` run config) goes through `plan_config`, which predicts that
+//! run's memory timeline.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args as ClapArgs, Subcommand};
@@ -37,9 +39,17 @@ struct MemoryArgs {
     /// Model preset (see the error of an unknown one for the list).
     #[arg(long, default_value = "qwen2.5-7b", conflicts_with = "config")]
     preset: String,
-    /// A Hugging Face config.json instead of a preset.
+    /// A Hugging Face config.json instead of a preset, or a `colo train`
+    /// run config (*.toml): then everything else comes from the run
+    /// config (device capacity, f32 on one device, colocation mode and
+    /// offloads, KV budget, micro-batches, sequence length from the data)
+    /// and the plan predicts the run's peak device bytes.
     #[arg(long)]
     config: Option<String>,
+    /// Plan the built-in `colo train` run (what `colo train` runs without
+    /// a config).
+    #[arg(long, conflicts_with_all = ["config", "preset"])]
+    builtin_run: bool,
     /// Weights' dtype.
     #[arg(long, default_value = "bf16")]
     param_dtype: String,
@@ -211,7 +221,44 @@ fn parse_sync(s: &str) -> Result<WeightSync> {
     })
 }
 
+/// `colo plan --config run.toml` / `--builtin-run`.
+fn run_config(a: &MemoryArgs) -> Result<Option<super::plan_config::RunPlan>> {
+    use super::plan_config;
+    if a.builtin_run {
+        return Ok(Some(plan_config::from_config(&colo_rl::Config::builtin())?));
+    }
+    match &a.config {
+        Some(path) if path.ends_with(".toml") => {
+            let path = std::path::Path::new(path);
+            if !path.is_file() {
+                bail!("--config `{}`: no such run config file", path.display());
+            }
+            Ok(Some(plan_config::from_file(path)?))
+        }
+        _ => Ok(None),
+    }
+}
+
 fn memory(a: MemoryArgs) -> Result<()> {
+    if let Some(run) = run_config(&a)? {
+        let plan = run.input.validate()?;
+        let report = estimate(&plan)?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            let m = &plan.model;
+            println!(
+                "colo train run: {:.2}M params (f32), capacity {:.1} MiB, mode {}, longest prompt {} tokens, {} KV tokens\n",
+                m.params() as f64 / 1e6,
+                run.capacity as f64 / (1u64 << 20) as f64,
+                run.input.mode,
+                run.max_prompt_tokens,
+                report.kv_tokens,
+            );
+            print!("{}", report.table());
+        }
+        return Ok(());
+    }
     let input = PlanInput {
         model: match a.config {
             Some(path) => ModelSource::ConfigPath(path),
@@ -239,6 +286,7 @@ fn memory(a: MemoryArgs) -> Result<()> {
         offload: parse_offload(&a.offload)?,
         weight_sync: parse_sync(&a.weight_sync)?,
         reference: a.reference,
+        ..PlanInput::default()
     };
     let plan = input.validate()?;
     let report = estimate(&plan)?;

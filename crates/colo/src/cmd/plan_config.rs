@@ -1,0 +1,207 @@
+//! `colo plan --config run.toml`: a `colo train` run config turned into
+//! colo-plan's input, so that the planner predicts what that run's memory
+//! timeline will measure.
+//!
+//! colo-plan stays arithmetic-only; everything that needs colo's own
+//! crates (the run config, the built-in model, the tokenizer that says how
+//! long the prompts are) happens here. The translation follows what the
+//! run does (`colo_rl::worker`, `colo_rl::loop`):
+//!
+//! - one device of the run's capacity (`auto`: 128 MiB for the built-in
+//!   model, the machine's memory otherwise), no runtime overhead (the host
+//!   backend has no CUDA context), no sharding;
+//! - float32 everywhere: parameters, gradients and both AdamW moments
+//!   (`adamw-fp32`, 4 + 4 + 8 bytes per parameter), weights and KV cache;
+//! - the rollout engine is built first, so `rollout.mem_fraction` is a
+//!   share of the capacity left after its weights, in blocks of 16 tokens
+//!   (`max_kv_tokens` rounds up to whole blocks);
+//! - the weight sync copies the trainer's parameters into the engine's
+//!   weights in place; with `offload_train_param` the trainer's copy stays
+//!   until the sync is done and is freed after it (the plan's `full` sync),
+//!   otherwise it simply stays (`in-place`);
+//! - `naive` keeps everything resident whatever the offload switches say;
+//! - activations are the eager model (every op's output kept for
+//!   backward) over micro-batches of `ppo_micro_batch_size` sequences as
+//!   long as the longest prompt of the training data plus
+//!   `max_new_tokens` — the longest a micro-batch can be padded to.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use colo_model::{ModelConfig, Tokenizer};
+use colo_plan::config::{ModelSource, Offload, PlanInput, WeightSync, GIB};
+use colo_plan::model::HfConfig;
+use colo_rl::config::{
+    Capacity, Colocation, Config, DataSource, KvBudget, ModelSource as RunModel,
+};
+
+/// Tokens per KV-cache block in colo-rollout (`EngineConfig::default`).
+const KV_BLOCK_TOKENS: u64 = 16;
+
+/// The planner's input for a run, and what was read to build it.
+#[derive(Debug, Clone)]
+pub struct RunPlan {
+    pub input: PlanInput,
+    /// The device capacity the run enforces.
+    pub capacity: u64,
+    /// The longest training prompt in tokens (special tokens included).
+    pub max_prompt_tokens: u64,
+}
+
+/// Reads a run config file (as `colo train --config` does).
+pub fn from_file(path: &Path) -> Result<RunPlan> {
+    let config = Config::from_file(path)?;
+    from_config(&config)
+}
+
+/// Translates a validated run config.
+pub fn from_config(config: &Config) -> Result<RunPlan> {
+    let mode = match config.memory.colocation {
+        Colocation::Naive => "naive",
+        Colocation::Sleep => "sleep",
+        Colocation::Staged => "staged",
+        Colocation::Restart => bail!(
+            "colocation `restart` is not modelled by colo plan (the engine is rebuilt from disk each step); \
+             plan the run as naive, sleep or staged"
+        ),
+    };
+    let (model_cfg, model_dir) = model(config)?;
+    let max_prompt_tokens = longest_prompt(config, model_dir.as_deref())?;
+    let seq_len = max_prompt_tokens + config.rollout.max_new_tokens as u64;
+    let capacity = capacity(config)?;
+    let mem = &config.memory;
+    let naive = mem.colocation == Colocation::Naive;
+    let offload = Offload {
+        train_param: !naive && mem.offload_train_param,
+        train_grad: !naive && mem.offload_train_grad,
+        optimizer: !naive && mem.offload_train_optimizer,
+        ref_param: mem.offload_ref,
+    };
+    let (kv_free_fraction, kv_tokens) = match config.rollout.kv {
+        KvBudget::Fraction(f) => (Some(f), None),
+        KvBudget::Tokens(t) => (None, Some(t as u64)),
+    };
+    let micro_tokens = config.batch.micro_batch_samples as u64 * seq_len;
+    let input = PlanInput {
+        model: ModelSource::Config(hf_config(&model_cfg)),
+        param_dtype: "f32".into(),
+        kv_dtype: "f32".into(),
+        devices: 1,
+        device_memory_gib: capacity as f64 / GIB as f64,
+        runtime_overhead_gib: 0.0,
+        optimizer: "adamw-fp32".into(),
+        activation_checkpointing: false,
+        tokens_per_micro_batch: micro_tokens,
+        logprob_tokens_per_micro_batch: Some(micro_tokens),
+        kv_free_fraction,
+        kv_tokens,
+        kv_block_tokens: KV_BLOCK_TOKENS,
+        activation_model: "eager".into(),
+        seq_len: Some(seq_len),
+        response_len: Some(config.rollout.max_new_tokens as u64),
+        mode: mode.into(),
+        offload,
+        weight_sync: if offload.train_param {
+            WeightSync::Full
+        } else {
+            WeightSync::InPlace
+        },
+        reference: config.algorithm.needs_ref(&config.actor),
+        ..PlanInput::default()
+    };
+    Ok(RunPlan {
+        input,
+        capacity,
+        max_prompt_tokens,
+    })
+}
+
+/// The model's config, and its directory (none for the built-in model).
+fn model(config: &Config) -> Result<(ModelConfig, Option<PathBuf>)> {
+    match &config.model {
+        RunModel::Builtin => Ok((colo_rl::task::model_config(), None)),
+        RunModel::Path(dir) => {
+            let file = dir.join("config.json");
+            let cfg = ModelConfig::from_file(&file).with_context(|| {
+                format!(
+                    "model.path `{}`: cannot read the model's config.json",
+                    dir.display()
+                )
+            })?;
+            Ok((cfg, Some(dir.clone())))
+        }
+    }
+}
+
+/// colo-model's config in the fields of a Hugging Face `config.json`.
+fn hf_config(m: &ModelConfig) -> HfConfig {
+    // Qwen2's q/k/v biases without an o bias are what `model_type: qwen2`
+    // means to colo-plan; anything else is Llama's `attention_bias`.
+    let qwen2 = m.qkv_bias && !m.o_bias;
+    HfConfig {
+        model_type: qwen2.then(|| "qwen2".into()),
+        hidden_size: m.hidden_size as u64,
+        intermediate_size: m.intermediate_size as u64,
+        num_hidden_layers: m.num_layers as u64,
+        num_attention_heads: m.num_heads as u64,
+        num_key_value_heads: Some(m.num_kv_heads as u64),
+        head_dim: Some(m.head_dim as u64),
+        vocab_size: m.vocab_size as u64,
+        tie_word_embeddings: m.tie_word_embeddings,
+        attention_bias: (!qwen2).then_some(m.qkv_bias),
+    }
+}
+
+/// The longest training prompt in tokens, encoded as the run encodes it.
+fn longest_prompt(config: &Config, model_dir: Option<&Path>) -> Result<u64> {
+    let tokenizer = match model_dir {
+        Some(dir) => Tokenizer::from_dir(dir).with_context(|| {
+            format!("model.path `{}`: cannot load its tokenizer", dir.display())
+        })?,
+        None => {
+            let dir = std::env::temp_dir().join(format!("colo-plan-{}", std::process::id()));
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            colo_rl::task::write_model_files(&dir)?;
+            let t = Tokenizer::from_dir(&dir);
+            let _ = std::fs::remove_dir_all(&dir);
+            t?
+        }
+    };
+    let prompts: Vec<String> = match &config.data.source {
+        DataSource::Builtin(task) => task.generate()?.0.into_iter().map(|p| p.prompt).collect(),
+        DataSource::Files { train, .. } => {
+            colo_rl::Dataset::from_jsonl(train, &config.data.fields, None)?
+                .prompts
+                .into_iter()
+                .map(|p| p.text)
+                .collect()
+        }
+    };
+    let mut longest = 0;
+    for p in &prompts {
+        longest = longest.max(tokenizer.encode(p, true)?.len() as u64);
+    }
+    if longest == 0 {
+        bail!("the run's training data have no prompts");
+    }
+    Ok(longest)
+}
+
+/// The capacity the run's memory layer enforces (as `colo_rl::loop` picks
+/// it).
+fn capacity(config: &Config) -> Result<u64> {
+    match (config.memory.capacity, &config.model) {
+        (Capacity::Bytes(b), _) => Ok(b),
+        (Capacity::Auto, RunModel::Builtin) => Ok(colo_rl::r#loop::BUILTIN_CAPACITY),
+        (Capacity::Auto, RunModel::Path(_)) => {
+            let text = std::fs::read_to_string("/proc/meminfo")
+                .context("memory.capacity = \"auto\": cannot read /proc/meminfo")?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map(|kb| kb * 1024)
+                .context("memory.capacity = \"auto\": no MemTotal in /proc/meminfo; set a capacity")
+        }
+    }
+}
