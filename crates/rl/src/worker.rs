@@ -93,21 +93,51 @@ impl HybridWorker {
     /// in the training phase.
     pub fn new(pool: Arc<Pool>, spec: &WorkerSpec) -> Result<Self> {
         let (model_dir, memory) = (spec.model_dir.as_path(), &spec.memory);
-        pool.set_phase("init");
-        let rollout = Engine::from_dir(model_dir, Arc::clone(&pool), &spec.engine)?;
-        let mut worker = HybridWorker {
-            actor: ColoTrainer::from_dir(Arc::clone(&pool), model_dir, &spec.actor)?,
-            critic: spec
-                .critic
-                .as_ref()
-                .map(|c| ColoTrainer::from_dir(Arc::clone(&pool), model_dir, c))
-                .transpose()?,
-            reference: spec
-                .reference
-                .then(|| Reference::from_dir(Arc::clone(&pool), model_dir))
-                .transpose()?,
+        pool.set_phase("init_rollout");
+        let mut rollout = Some(Engine::from_dir(
+            model_dir,
+            Arc::clone(&pool),
+            &spec.engine,
+        )?);
+        // The engine sleeps before the trainer is built (and until the first
+        // step wakes it), so start-up never holds both: a device that fits
+        // the choreography fits its start too.
+        match memory.colocation {
+            Colocation::Naive => {}
+            Colocation::Restart => {
+                rollout = None;
+                pool.empty_cache();
+            }
+            Colocation::Sleep | Colocation::Staged => {
+                if let Some(e) = rollout.as_mut() {
+                    e.release(&[tags::KV_CACHE, tags::WEIGHTS])?;
+                }
+            }
+        }
+        pool.set_phase("init_trainer");
+        let actor = ColoTrainer::from_dir(Arc::clone(&pool), model_dir, &spec.actor)?;
+        let critic = spec
+            .critic
+            .as_ref()
+            .map(|c| ColoTrainer::from_dir(Arc::clone(&pool), model_dir, c))
+            .transpose()?;
+        let reference = match spec.reference {
+            true => {
+                let r = Reference::from_dir(Arc::clone(&pool), model_dir)?;
+                if memory.offload_ref && memory.colocation != Colocation::Naive {
+                    r.offload()?;
+                }
+                Some(r)
+            }
+            false => None,
+        };
+        pool.set_phase("train");
+        Ok(HybridWorker {
+            actor,
+            critic,
+            reference,
             pool,
-            rollout: Some(rollout),
+            rollout,
             mode: memory.colocation,
             // `naive` keeps everything resident, whatever the switches say.
             offload: match memory.colocation {
@@ -118,25 +148,11 @@ impl HybridWorker {
                     optimizer: memory.offload_train_optimizer,
                 },
             },
-            offload_ref: memory.offload_ref,
+            offload_ref: memory.offload_ref && memory.colocation != Colocation::Naive,
             engine_cfg: spec.engine.clone(),
             scratch: spec.scratch.clone(),
             phase: Phase::Train,
-        };
-        // The engine sleeps until the first step wakes it.
-        match worker.mode {
-            Colocation::Naive => {}
-            Colocation::Restart => {
-                worker.rollout = None;
-                worker.pool.empty_cache();
-            }
-            Colocation::Sleep | Colocation::Staged => {
-                worker.engine()?.release(&[tags::KV_CACHE, tags::WEIGHTS])?;
-            }
-        }
-        worker.settle_reference()?;
-        worker.pool.set_phase("train");
-        Ok(worker)
+        })
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -288,14 +304,6 @@ impl HybridWorker {
             self.pool.set_phase("train");
         }
         Ok(Some(lp))
-    }
-
-    /// Offloads the reference if configured (at start, after loading).
-    fn settle_reference(&mut self) -> Result<()> {
-        match (&self.reference, self.offload_ref) {
-            (Some(r), true) => r.offload(),
-            _ => Ok(()),
-        }
     }
 
     /// Copies the actor's parameters into the engine's weights, in place.

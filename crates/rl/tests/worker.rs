@@ -224,3 +224,34 @@ fn reference_scores_only_while_resident_and_offloads_after() {
     assert_eq!(w.pool().tag_state(tags::REF), Some(TagState::Paused));
     let _ = Arc::clone(w.pool());
 }
+
+/// Regression: start-up built the trainer while the engine's weights and KV
+/// cache were still resident, a peak no step reaches.
+#[test]
+fn start_up_never_holds_the_engine_and_the_trainer_together() {
+    let mut w = worker_kv(Colocation::Staged, "startup", 4096);
+    let startup_peak = w.pool().stats().peak_resident_bytes;
+    let bytes = |w: &HybridWorker, tags: &[&str]| -> u64 {
+        let s = w.pool().stats();
+        tags.iter()
+            .map(|t| s.tag(t).map_or(0, |x| x.resident_bytes + x.paused_bytes))
+            .sum()
+    };
+    let trainer = bytes(
+        &w,
+        &[
+            tags::TRAIN_PARAMS,
+            tags::TRAIN_GRADS,
+            tags::OPTIMIZER,
+            tags::REF,
+        ],
+    );
+    w.to_rollout().unwrap();
+    let engine = bytes(&w, &[tags::WEIGHTS, tags::KV_CACHE]);
+    // Loading a model briefly holds its file's bytes beside its tensors.
+    let loading = bytes(&w, &[tags::WEIGHTS]);
+    assert!(
+        startup_peak <= engine.max(trainer) + loading,
+        "start-up peak {startup_peak} > max(engine {engine}, trainer {trainer}) + {loading}"
+    );
+}
