@@ -12,10 +12,10 @@ pub fn reward_curve(scores: &[(usize, f64)], accuracy: &[(usize, f64)], title: &
     let x = extent(all().map(|p| p.0 as f64)).unwrap_or((0.0, 1.0));
     let y = extent(all().map(|p| p.1)).unwrap_or((0.0, 1.0));
     let frame = Frame {
-        width: 800.0,
+        width: 900.0,
         height: 400.0,
         left: 60.0,
-        right: 170.0,
+        right: 270.0,
         top: 40.0,
         bottom: 50.0,
         x: if x.1 > x.0 { x } else { (x.0, x.0 + 1.0) },

@@ -140,13 +140,25 @@ fn step_outline(f: &Frame, events: &[Event], below: &[f64], above: &[f64]) -> St
     d
 }
 
-/// A dashed line at each phase change, labelled where there is room (a
-/// long run has more phases than pixels; every label is in the line's
-/// tooltip).
+/// A dashed line at each phase change, labelled where there is room (every
+/// line has its phase in a tooltip). A long run has more phase changes than
+/// pixels: past `MAX_PHASE_LINES` only each phase's first change is drawn,
+/// so the first step's choreography is labelled and the rest stays legible.
 fn phase_labels(s: &mut String, f: &Frame, events: &[Event]) {
+    const MAX_PHASE_LINES: usize = 60;
     s.push_str("<g class=\"phases\" font-size=\"10\" fill=\"#555\">\n");
+    let phases: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Phase)
+        .collect();
+    let dense = phases.len() > MAX_PHASE_LINES;
+    let mut seen = std::collections::HashSet::new();
     let mut last_label = f64::NEG_INFINITY;
-    for e in events.iter().filter(|e| e.kind == EventKind::Phase) {
+    for e in phases {
+        let first = seen.insert(e.phase.as_str());
+        if dense && !first {
+            continue;
+        }
         let x = f.px(e.t_s);
         let name = escape(&e.phase);
         let _ = writeln!(
