@@ -35,8 +35,19 @@ enum Command {
     Sft(cmd::sft::Args),
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+/// Errors are printed as one message with their causes (`a: b: c`), never
+/// as a panic or a backtrace, and the exit status is 1.
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Train(a) => cmd::train::run(a),
         Command::Bench(b) => cmd::bench::run(b),
