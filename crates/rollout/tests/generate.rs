@@ -243,7 +243,9 @@ fn samples_that_stop_at_their_first_token_share_the_prompt_safely() {
         ..SamplingParams::greedy(8)
     };
     for _ in 0..3 {
-        let out = ok(e.generate(requests(&[prompt.clone()], &params)).unwrap());
+        let out = ok(e
+            .generate(requests(std::slice::from_ref(&prompt), &params))
+            .unwrap());
         assert_eq!(out[0].len(), 4);
         assert!(out[0].iter().all(|c| c.tokens == vec![first]));
         assert_eq!(
