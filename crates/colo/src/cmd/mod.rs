@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_colocate;
 pub mod bench_mem;
 pub mod bench_rollout;
 pub mod bench_train;
