@@ -11,7 +11,7 @@ use crate::Result;
 /// Below this many bytes one thread does all the work.
 const PARALLEL_MIN: usize = 32 << 20;
 /// Bytes per backend call.
-const CHUNK: usize = 16 << 20;
+const CHUNK: usize = 64 << 20;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Work {
