@@ -1,12 +1,19 @@
-//! # colo-rl: the pieces of colocated RL post-training around the engines
+//! # colo-rl: colocated RL post-training
 //!
-//! Everything an RL run needs besides the training and rollout engines:
-//! rewards, prompt datasets, the built-in task, the run configuration, and
-//! the run's output (metrics, pictures, progress). The RL loop and the hybrid
-//! worker that drive the engines come next, in [`r#loop`].
+//! The hybrid worker that keeps the actor, the rollout engine and the
+//! reference on one device and switches memory between them
+//! ([`worker`]), the RL loop that drives it (`r#loop`, one file: `src/loop.rs`), and
+//! everything a run needs around the engines: rewards, prompt datasets, the
+//! built-in task, the run configuration, and the run's output (metrics,
+//! pictures, progress).
 //!
 //! | module | holds |
 //! |---|---|
+//! | `r#loop` | `run(config, out, resume)`: the RL step top to bottom, checkpoints, evaluation |
+//! | [`worker`] | [`worker::HybridWorker`]: `to_rollout` / `to_train` in the colocation modes naive, restart, sleep, staged |
+//! | [`reference`](mod@reference) | the frozen reference model in tag `ref` |
+//! | [`rollouts`] | [`rollouts::Rollouts`]: the typed step data from generation to training |
+//! | [`eval`], [`sft`] | held-out greedy accuracy and pass@k; the supervised run behind `colo sft` |
 //! | [`config`] | the run's TOML file → validated [`Config`] (batch sizes checked, errors with line and field) |
 //! | [`data`] | prompts from JSONL ([`Dataset`]), seeded epochs of batches ([`Batches`]), held-out split |
 //! | [`reward`] | the [`Reward`] trait; exact / numeric / `\boxed{}` / format rules, weighted sums, external commands |
