@@ -140,6 +140,10 @@ pub(crate) fn draw(out: &Path, pool: &Pool) -> Result<()> {
     let cap = Some(pool.capacity()).filter(|&c| c != u64::MAX);
     let svg = plot::memory_timeline(&events, cap, "colo: device memory per tag");
     std::fs::write(out.join("memory_timeline.svg"), svg).map_err(|e| Error::io(out, e))?;
+    if let Some(step) = one_step(&events) {
+        let svg = plot::memory_transitions(step, cap, "colo: one step, transition by transition");
+        std::fs::write(out.join("memory_step.svg"), svg).map_err(|e| Error::io(out, e))?;
+    }
     let records = crate::metrics::read(&out.join("metrics.jsonl"))?;
     let (mut scores, mut acc) = (Vec::new(), Vec::new());
     for r in records {
@@ -163,4 +167,28 @@ pub(crate) fn critic_config(config: &Config) -> colo_train::TrainerConfig {
         value_head: Some(Default::default()),
         ..trainer_config(config)
     }
+}
+
+/// The events of one whole step, from the start of one train → rollout
+/// switch to the start of the next: the third such window when the run has
+/// one (the first is often the evaluation before training), else the
+/// first. Where the whole run's picture is too long to read, this one shows
+/// the choreography (wake, sync, free, KV cache, generate, sleep, train).
+fn one_step(events: &[colo_mem::Event]) -> Option<&[colo_mem::Event]> {
+    const SWITCH_STARTS: [&str; 3] = ["offload_optimizer", "sync_weights", "save_weights"];
+    let starts: Vec<usize> = events
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| {
+            e.kind == colo_mem::EventKind::Phase
+                && SWITCH_STARTS.contains(&e.phase.as_str())
+                // `sync_weights` starts a switch only in naive mode, where
+                // nothing comes before it.
+                && (e.phase != "sync_weights"
+                    || !events[..*i].iter().rev().find(|p| p.kind == colo_mem::EventKind::Phase).is_some_and(|p| p.phase == "wake_weights" || p.phase == "wake_all"))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let pick = if starts.len() >= 4 { 2 } else { 0 };
+    Some(&events[*starts.get(pick)?..*starts.get(pick + 1)?])
 }

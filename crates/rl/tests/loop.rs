@@ -166,6 +166,18 @@ fn a_run_writes_metrics_pictures_and_checkpoints() {
     }
     let svg = std::fs::read_to_string(run.join("memory_timeline.svg")).unwrap();
     assert!(svg.starts_with("<svg") || svg.starts_with("<?xml"));
+    // The one-step picture shows the staged choreography, stage by stage.
+    let step = std::fs::read_to_string(run.join("memory_step.svg")).unwrap();
+    for stage in [
+        "wake_weights",
+        "sync_weights",
+        "free_trainer_weights",
+        "wake_kv_cache",
+        "generate",
+        "sleep_engine",
+    ] {
+        assert!(step.contains(stage), "memory_step.svg lacks {stage}");
+    }
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -11,7 +11,7 @@ mod curve;
 mod timeline;
 
 pub use curve::reward_curve;
-pub use timeline::memory_timeline;
+pub use timeline::{memory_timeline, memory_transitions};
 
 use std::fmt::Write;
 

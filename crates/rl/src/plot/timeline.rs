@@ -42,6 +42,30 @@ fn tag_order(events: &[Event]) -> Vec<String> {
 /// The timeline of `events` as an SVG document; `capacity` (bytes) is drawn
 /// as a line when given.
 pub fn memory_timeline(events: &[Event], capacity: Option<u64>, title: &str) -> String {
+    chart(events, capacity, title, "time (s)")
+}
+
+/// The same picture with every transition given the same width instead of
+/// its duration: for one step, where a switch takes milliseconds beside a
+/// generation of seconds but is the thing to see.
+pub fn memory_transitions(events: &[Event], capacity: Option<u64>, title: &str) -> String {
+    let spaced: Vec<Event> = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| Event {
+            t_s: i as f64,
+            ..e.clone()
+        })
+        .collect();
+    chart(
+        &spaced,
+        capacity,
+        title,
+        "transition (equal widths, not time)",
+    )
+}
+
+fn chart(events: &[Event], capacity: Option<u64>, title: &str, x_label: &str) -> String {
     let order = tag_order(events);
     let t = extent(events.iter().map(|e| e.t_s)).unwrap_or((0.0, 1.0));
     let top = extent(
@@ -63,7 +87,7 @@ pub fn memory_timeline(events: &[Event], capacity: Option<u64>, title: &str) -> 
     };
     let mut s = frame.open(
         title,
-        "time (s)",
+        x_label,
         &|v| {
             format!("{v:.3}")
                 .trim_end_matches('0')
