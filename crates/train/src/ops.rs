@@ -216,7 +216,10 @@ mod tests {
                 .unwrap()
                 .to_scalar::<f32>()
                 .unwrap();
-            assert!(diff < 1e-5, "gradient differs by {diff}");
+            // The inputs are random (std 3, 5000 classes) and the two paths
+            // sum in different orders: f32 rounding reaches ~1e-5 on some
+            // draws, a wrong gradient is off by O(0.1) or more.
+            assert!(diff < 1e-4, "gradient differs by {diff}");
         }
     }
 
