@@ -11,14 +11,25 @@ fn read(path: &str) -> Result<String> {
     })
 }
 
-/// A `kB` field of `/proc/self/status` (`VmRSS`, `RssShmem`, …), in bytes.
-pub fn status_bytes(field: &str) -> Result<u64> {
-    let text = read("/proc/self/status")?;
+/// A `Field:   123 kB` line of a `/proc` file, in bytes.
+fn kb_field(path: &str, field: &str) -> Result<u64> {
+    let text = read(path)?;
     text.lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':').map(str::trim))
         .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
-        .ok_or_else(|| Error::Invalid(format!("no field `{field}` in /proc/self/status")))
+        .ok_or_else(|| Error::Invalid(format!("no field `{field}` in {path}")))
+}
+
+/// A `kB` field of `/proc/self/status` (`VmRSS`, `RssShmem`, …), in bytes.
+pub fn status_bytes(field: &str) -> Result<u64> {
+    kb_field("/proc/self/status", field)
+}
+
+/// The machine's memory (`MemTotal` of `/proc/meminfo`): on the host
+/// backend, the size of the "device".
+pub fn machine_memory_bytes() -> Result<u64> {
+    kb_field("/proc/meminfo", "MemTotal")
 }
 
 /// The process's resident set size (`VmRSS`).
@@ -78,6 +89,11 @@ mod tests {
             Some((0x7f00, 0x7f10))
         );
         assert_eq!(mapping_range("Rss:                 4 kB"), None);
+    }
+
+    #[test]
+    fn the_machine_has_more_memory_than_this_process_uses() {
+        assert!(machine_memory_bytes().unwrap() > resident_bytes().unwrap());
     }
 
     #[test]

@@ -37,13 +37,13 @@ use crate::progress::{Progress, Status};
 use crate::reward::{self, Reward, RewardInput};
 use crate::rollouts::Rollouts;
 use crate::setup::{
-    critic_config, device_capacity, draw, engine_config, latest_checkpoint, load_data, loss_config,
-    trainer_config, uses_critic,
+    critic_config, draw, engine_config, latest_checkpoint, load_data, loss_config, trainer_config,
+    uses_critic,
 };
 use crate::worker::{HybridWorker, WorkerSpec};
 use crate::{Error, Result};
 
-pub use crate::setup::BUILTIN_CAPACITY;
+pub use crate::setup::{device_capacity, BUILTIN_CAPACITY};
 
 /// What a finished run reports.
 #[derive(Debug, Clone)]

@@ -49,25 +49,14 @@ pub const BUILTIN_CAPACITY: u64 = 128 << 20;
 
 /// The device capacity: the config's; on `auto`, [`BUILTIN_CAPACITY`] for
 /// the built-in model and the machine's memory for others (what a CUDA
-/// device would report as its size).
-pub(crate) fn device_capacity(config: &Config) -> Result<u64> {
+/// device would report as its size). `colo plan --config` plans with the
+/// same number.
+pub fn device_capacity(config: &Config) -> Result<u64> {
     match (config.memory.capacity, &config.model) {
         (Capacity::Bytes(b), _) => Ok(b),
         (Capacity::Auto, ModelSource::Builtin) => Ok(BUILTIN_CAPACITY),
-        (Capacity::Auto, ModelSource::Path(_)) => Ok(meminfo_total()?),
+        (Capacity::Auto, ModelSource::Path(_)) => Ok(colo_mem::os::machine_memory_bytes()?),
     }
-}
-
-pub(crate) fn meminfo_total() -> colo_mem::Result<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").map_err(|source| colo_mem::Error::Io {
-        path: "/proc/meminfo".into(),
-        source,
-    })?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .ok_or_else(|| colo_mem::Error::Invalid("no MemTotal in /proc/meminfo".into()))
 }
 
 pub(crate) fn trainer_config(config: &Config) -> colo_train::TrainerConfig {

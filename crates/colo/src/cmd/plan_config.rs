@@ -31,9 +31,7 @@ use anyhow::{bail, Context, Result};
 use colo_model::{ModelConfig, Tokenizer};
 use colo_plan::config::{ModelSource, Offload, PlanInput, WeightSync, GIB};
 use colo_plan::model::HfConfig;
-use colo_rl::config::{
-    Capacity, Colocation, Config, DataSource, KvBudget, ModelSource as RunModel,
-};
+use colo_rl::config::{Colocation, Config, DataSource, KvBudget, ModelSource as RunModel};
 
 /// Tokens per KV-cache block in colo-rollout (`EngineConfig::default`).
 const KV_BLOCK_TOKENS: u64 = 16;
@@ -188,20 +186,8 @@ fn longest_prompt(config: &Config, model_dir: Option<&Path>) -> Result<u64> {
     Ok(longest)
 }
 
-/// The capacity the run's memory layer enforces (as `colo_rl::loop` picks
-/// it).
+/// The capacity the run's memory layer enforces (the run's own rule).
 fn capacity(config: &Config) -> Result<u64> {
-    match (config.memory.capacity, &config.model) {
-        (Capacity::Bytes(b), _) => Ok(b),
-        (Capacity::Auto, RunModel::Builtin) => Ok(colo_rl::r#loop::BUILTIN_CAPACITY),
-        (Capacity::Auto, RunModel::Path(_)) => {
-            let text = std::fs::read_to_string("/proc/meminfo")
-                .context("memory.capacity = \"auto\": cannot read /proc/meminfo")?;
-            text.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                .map(|kb| kb * 1024)
-                .context("memory.capacity = \"auto\": no MemTotal in /proc/meminfo; set a capacity")
-        }
-    }
+    colo_rl::r#loop::device_capacity(config)
+        .context("memory.capacity = \"auto\": cannot read the machine's memory; set a capacity")
 }
