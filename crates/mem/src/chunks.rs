@@ -113,13 +113,15 @@ unsafe fn do_chunk(backend: &dyn Backend, c: &Chunk<'_>, work: Work) -> Result<(
                 }
                 backend.discard(c.block.handle, c.offset, c.len)
             }
-            Work::Resume => {
+            // Only memory about to be restored is populated up front. A
+            // chunk without a backup (a `Discard` tag such as the KV cache)
+            // gets its pages when it is first touched, so waking a large
+            // budget costs only the pages the next phase uses.
+            Work::Resume if c.copy_len > 0 => {
                 backend.populate(dev, c.len)?;
-                if c.copy_len > 0 {
-                    backend.copy_from_host(dev, std::slice::from_raw_parts(host, c.copy_len))?;
-                }
-                Ok(())
+                backend.copy_from_host(dev, std::slice::from_raw_parts(host, c.copy_len))
             }
+            Work::Resume => Ok(()),
         }
     }
 }

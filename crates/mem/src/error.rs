@@ -98,7 +98,7 @@ pub enum Error {
     #[error("address space of the pool is exhausted: {requested} bytes requested, {reserved} reserved in all")]
     AddressSpace { requested: u64, reserved: u64 },
 
-    #[error("`region` needs colo's global allocator, which this build does not install (feature `global-allocator` of colo-mem is off)")]
+    #[error("`region` needs colo-mem to be libtorch's CPU allocator, but libtorch kept another one (was a higher-priority allocator registered?)")]
     AllocatorNotInstalled,
 
     #[error("too many pools serve regions in this process (at most {0})")]

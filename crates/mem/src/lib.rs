@@ -21,9 +21,10 @@
 //!   tag, and a resume that fails part way undoes itself.
 //! - **Accounted.** Statistics per tag and a timeline of every transition
 //!   with the caller's phase label (`set_phase`), exportable as JSON lines.
-//! - **Any Rust allocation.** `pool.region(tag)` routes the current thread's
-//!   large allocations (candle's CPU tensors are `Vec`s) into the tag through
-//!   colo's global allocator.
+//! - **Beneath libtorch.** `pool.region(tag)` routes the tensors libtorch
+//!   allocates on the current thread into the tag: colo-mem's C++ shim is
+//!   libtorch's CPU allocator. Tensor memory made outside any region is
+//!   counted as untagged ([`untagged`]).
 //!
 //! ```
 //! use colo_mem::{Pool, PoolConfig, Policy};
@@ -83,6 +84,7 @@ mod region;
 mod stats;
 pub mod tags;
 pub mod timeline;
+pub mod torch;
 mod transition;
 mod va;
 
@@ -90,9 +92,10 @@ pub use backend::{Backend, DevicePtr, PhysHandle};
 pub use error::{Error, Result, TagBytes, TagState};
 pub use host::HostBackend;
 pub use pool::{Policy, Pool, PoolConfig};
-pub use region::{ColoAlloc, RegionGuard, MAX_REGION_POOLS};
+pub use region::{RegionGuard, MAX_REGION_POOLS};
 pub use stats::{PoolStats, TagStats};
 pub use timeline::{Event, EventKind};
+pub use torch::{untagged, Untagged};
 
 /// Bytes in human units, for messages: `1.5 GiB`, `12.0 MiB`, `512 B`.
 pub fn fmt_bytes(b: u64) -> String {

@@ -10,7 +10,6 @@
 use crate::backend::{Backend, DevicePtr, PhysHandle};
 use crate::error::{TagBytes, TagState};
 use crate::host::HostBackend;
-use crate::region::heap_only;
 use crate::timeline::{Event, EventKind};
 use crate::va::AddressSpace;
 use crate::{Error, Result};
@@ -142,7 +141,6 @@ impl Pool {
 
     /// A pool over any backend; reserves `cfg.address_space` up front.
     pub fn new(backend: Box<dyn Backend>, cfg: PoolConfig) -> Result<std::sync::Arc<Pool>> {
-        let _h = heap_only();
         let gran = backend.granularity() as u64;
         if gran == 0 || !gran.is_power_of_two() {
             return Err(Error::Invalid(format!(
@@ -210,7 +208,6 @@ impl Pool {
     /// allowed while the tag is paused or in a transition, because the
     /// backups a paused tag needs would appear or vanish under it.
     pub fn set_policy(&self, tag: &str, policy: Policy) -> Result<()> {
-        let _h = heap_only();
         let mut st = self.lock();
         let id = st.tag_id_or_create(tag);
         let t = &mut st.tags[id];
@@ -237,7 +234,6 @@ impl Pool {
     /// new). The address stays the same for the allocation's whole life,
     /// across any number of pause/resume cycles.
     pub fn alloc(&self, tag: &str, bytes: usize) -> Result<DevicePtr> {
-        let _h = heap_only();
         let mut st = self.lock();
         let id = st.tag_id_or_create(tag);
         self.alloc_locked(&mut st, id, bytes).map(|(p, _)| p)
@@ -428,7 +424,6 @@ impl Pool {
     /// and its backup dropped. During another thread's pause or resume of
     /// the tag the free is carried out when that transition finishes.
     pub fn free(&self, addr: DevicePtr) -> Result<()> {
-        let _h = heap_only();
         let mut st = self.lock();
         let Some(a) = st.allocs.get(&addr) else {
             return Err(Error::UnknownAddress { op: "free", addr });
@@ -448,7 +443,6 @@ impl Pool {
 
     /// Returns every cached block of every active tag to the device.
     pub fn empty_cache(&self) -> u64 {
-        let _h = heap_only();
         let start = Instant::now();
         let mut st = self.lock();
         let released = self.drop_caches(&mut st, None);
@@ -460,7 +454,6 @@ impl Pool {
     /// (tests, metadata): the pool lock is held during the copy so the tag
     /// cannot be paused under it.
     pub fn write(&self, addr: DevicePtr, offset: usize, data: &[u8]) -> Result<()> {
-        let _h = heap_only();
         let st = self.lock();
         st.check_access("write", addr, offset, data.len())?;
         // SAFETY: the range lies inside a live allocation of an active tag
@@ -470,7 +463,6 @@ impl Pool {
 
     /// Copies from allocation `addr` at `offset` into `out`; see `write`.
     pub fn read(&self, addr: DevicePtr, offset: usize, out: &mut [u8]) -> Result<()> {
-        let _h = heap_only();
         let st = self.lock();
         st.check_access("read", addr, offset, out.len())?;
         // SAFETY: as in `write`.
@@ -479,21 +471,18 @@ impl Pool {
 
     /// Forgets the peak so far (e.g. at the start of a training step).
     pub fn reset_peak(&self) {
-        let _h = heap_only();
         let mut st = self.lock();
         st.peak = st.resident;
     }
 
     /// The state of `tag`, or `None` if the pool does not know it.
     pub fn tag_state(&self, tag: &str) -> Option<TagState> {
-        let _h = heap_only();
         let st = self.lock();
         st.tag_id(tag).map(|id| st.tags[id].state)
     }
 
     /// The tag of the live allocation at `addr`.
     pub fn tag_of(&self, addr: DevicePtr) -> Option<String> {
-        let _h = heap_only();
         let st = self.lock();
         st.allocs.get(&addr).map(|a| st.tags[a.tag].name.clone())
     }
@@ -598,7 +587,6 @@ impl State {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        let _h = heap_only();
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         let sizes: HashMap<u64, u64> = st
             .allocs

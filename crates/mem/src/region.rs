@@ -1,37 +1,40 @@
-//! `region(tag)`: allocations made by any Rust code on the current thread go
-//! to a pool under a tag — colo's equivalent of torch_memory_saver's
-//! `with region(tag)`. This is how candle's CPU tensors (plain `Vec`s) end
-//! up in tagged, pausable memory.
+//! `region(tag)`: tensors libtorch allocates on the current thread go to a
+//! pool under a tag — colo's equivalent of torch_memory_saver's
+//! `with region(tag)`.
 //!
-//! How it works: colo-mem installs a global allocator (`ColoAlloc`, feature
-//! `global-allocator`, on by default). While a `RegionGuard` is alive on a
-//! thread, that thread's allocations of at least the pool's
-//! `region_threshold` bytes (and alignment at most the granularity) are made
-//! by `Pool::alloc` under the guard's tag. Frees are routed by address, on
-//! any thread: an address inside a registered pool's reserved range goes
-//! back to that pool, anything else to the system allocator. The check is a
-//! range comparison per registered pool, with no lock and no syscall.
+//! How it works: colo-mem's C++ shim (`csrc/cpu_alloc.cpp`) is libtorch's
+//! CPU allocator, installed when the binary loads and never removed. Every
+//! c10 allocation asks [`colo_mem_region_alloc`] first: while a
+//! `RegionGuard` is alive on the thread, allocations of at least the pool's
+//! `region_threshold` bytes are made by `Pool::alloc` under the guard's tag;
+//! otherwise (null) the shim uses libtorch's default allocator and counts
+//! the bytes as untagged ([`untagged`]). Frees are routed by address, on any
+//! thread: an address inside a registered pool's reserved range goes back to
+//! that pool, anything else to libtorch's default. The check is a range
+//! comparison per registered pool, with no lock and no syscall.
 //!
-//! What stays on the ordinary heap:
-//! - allocations smaller than the threshold (a `Vec`'s header lives wherever
-//!   its owner is; its buffer is what matters);
-//! - allocations of other threads, including worker threads a library
-//!   spawns (candle's matmul threads, rayon): only the thread that holds the
-//!   guard is redirected;
-//! - allocations made by the pool itself (its bookkeeping and host backups);
+//! What stays outside the pool:
+//! - tensors smaller than the threshold;
+//! - allocations of other threads, including the worker threads libtorch
+//!   runs kernels on (OpenMP; e.g. bf16 attention backward makes scratch
+//!   buffers there): only the thread that holds the guard is redirected.
+//!   They are counted as untagged, not lost from the accounting;
+//! - memory libraries below libtorch keep for themselves (MKL and oneDNN
+//!   scratch, OpenMP stacks), which never passes through c10;
 //! - allocations a pool refuses (tag paused, out of memory). These fall back
-//!   to the heap so that the program keeps running; the failure is recorded
-//!   and returned by `RegionGuard::finish`, and counted in the tag's
-//!   `region_fallback_bytes`.
+//!   to libtorch's default so that the program keeps running; the failure is
+//!   recorded and returned by `RegionGuard::finish`, and counted in the
+//!   tag's `region_fallback_bytes`.
 //!
-//! A pool that has served a region stays alive for the rest of the process
-//! (the registry holds it), because buffers from it may be freed at any
-//! later time by any code.
+//! Guards nest and the innermost live one wins, whatever order they are
+//! dropped in. A pool that has served a region stays alive for the rest of
+//! the process (the registry holds it), because tensors from it may be
+//! freed at any later time by any code.
 
 use crate::pool::{Pool, TagId};
 use crate::{Error, Result};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -71,24 +74,11 @@ struct Active {
 }
 
 thread_local! {
+    /// The innermost live region of this thread (the top of `OPEN`), read
+    /// on every allocation.
     static ACTIVE: Cell<Option<Active>> = const { Cell::new(None) };
-    /// Nonzero while pool code runs on this thread: its own allocations must
-    /// go to the heap (and must not re-enter the pool).
-    static HEAP_ONLY: Cell<u32> = const { Cell::new(0) };
-}
-
-/// While alive, this thread's allocations go to the ordinary heap.
-pub(crate) struct HeapOnly(());
-
-pub(crate) fn heap_only() -> HeapOnly {
-    let _ = HEAP_ONLY.try_with(|c| c.set(c.get() + 1));
-    HeapOnly(())
-}
-
-impl Drop for HeapOnly {
-    fn drop(&mut self) {
-        let _ = HEAP_ONLY.try_with(|c| c.set(c.get() - 1));
-    }
+    /// Every live region of this thread, oldest first.
+    static OPEN: RefCell<Vec<Active>> = const { RefCell::new(Vec::new()) };
 }
 
 fn registered(slot: usize) -> &'static Pool {
@@ -146,8 +136,7 @@ impl Pool {
         tag: &str,
         threshold: usize,
     ) -> Result<RegionGuard> {
-        let _h = heap_only();
-        if !cfg!(feature = "global-allocator") {
+        if !crate::torch::install() {
             return Err(Error::AllocatorNotInstalled);
         }
         let tag_id = {
@@ -171,10 +160,10 @@ impl Pool {
             threshold: threshold.max(1),
             guard,
         };
-        let prev = ACTIVE.with(|a| a.replace(Some(active)));
+        OPEN.with(|o| o.borrow_mut().push(active));
+        ACTIVE.with(|a| a.set(Some(active)));
         Ok(RegionGuard {
             pool: Arc::clone(self),
-            prev,
             guard,
             _not_send: PhantomData,
         })
@@ -194,7 +183,6 @@ impl Pool {
 #[must_use = "the region closes when the guard is dropped"]
 pub struct RegionGuard {
     pool: Arc<Pool>,
-    prev: Option<Active>,
     guard: u64,
     /// A region belongs to the thread that opened it.
     _not_send: PhantomData<*const ()>,
@@ -204,7 +192,6 @@ impl RegionGuard {
     /// Closes the region and reports the first allocation the pool refused
     /// while it was open (the allocation itself was served from the heap).
     pub fn finish(self) -> Result<()> {
-        let _h = heap_only();
         let mut st = self.pool.lock();
         match st
             .region_failures
@@ -219,105 +206,54 @@ impl RegionGuard {
 
 impl Drop for RegionGuard {
     fn drop(&mut self) {
-        ACTIVE.with(|a| a.set(self.prev));
+        let _ = OPEN.try_with(|o| {
+            let mut open = o.borrow_mut();
+            open.retain(|a| a.guard != self.guard);
+            let _ = ACTIVE.try_with(|a| a.set(open.last().copied()));
+        });
     }
 }
 
-/// colo's global allocator; see the module docs. Installed by colo-mem
-/// itself when the `global-allocator` feature is on.
-pub struct ColoAlloc;
-
-impl ColoAlloc {
-    /// The pool allocation for `layout` if a region applies to it.
-    fn try_pool(&self, layout: Layout) -> Option<(*mut u8, bool)> {
-        let active = ACTIVE.try_with(|a| a.get()).ok().flatten()?;
-        if layout.size() < active.threshold || HEAP_ONLY.try_with(|c| c.get()).unwrap_or(1) != 0 {
-            return None;
-        }
-        let pool = registered(active.slot);
-        if layout.align() > pool.granularity() {
-            return None;
-        }
-        let _h = heap_only();
-        let result = pool.alloc_locked(&mut pool.lock(), active.tag, layout.size());
-        match result {
-            Ok((addr, fresh)) => Some((addr as *mut u8, fresh)),
-            Err(e) => {
-                pool.note_region_failure(active.tag, layout.size(), active.guard, e);
-                None
-            }
+/// The pool block for a c10 allocation of `bytes` on this thread, if a
+/// region applies to it.
+fn region_alloc(bytes: usize) -> Option<u64> {
+    let active = ACTIVE.try_with(|a| a.get()).ok().flatten()?;
+    if bytes < active.threshold {
+        return None;
+    }
+    let pool = registered(active.slot);
+    let result = pool.alloc_locked(&mut pool.lock(), active.tag, bytes);
+    match result {
+        Ok((addr, _fresh)) => Some(addr),
+        Err(e) => {
+            pool.note_region_failure(active.tag, bytes, active.guard, e);
+            None
         }
     }
 }
 
-// SAFETY: every block is either from `System` (and returned to it) or from a
-// registered pool (and returned to it, found by address range); a pool
-// block is a whole live allocation, granularity-aligned, at least
-// `layout.size()` bytes.
-unsafe impl GlobalAlloc for ColoAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        match self.try_pool(layout) {
-            Some((p, _)) => p,
-            // SAFETY: forwarded contract.
-            None => unsafe { System.alloc(layout) },
-        }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        match self.try_pool(layout) {
-            Some((p, fresh)) => {
-                if !fresh {
-                    // SAFETY: `p` is a live block of at least `layout.size()`
-                    // bytes that we own.
-                    unsafe { std::ptr::write_bytes(p, 0, layout.size()) };
-                }
-                p
-            }
-            // SAFETY: forwarded contract.
-            None => unsafe { System.alloc_zeroed(layout) },
-        }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        match owner(ptr as u64) {
-            Some(pool) => {
-                if let Err(e) = pool.free(ptr as u64) {
-                    // Unreachable for a correct program; leaking beats
-                    // crashing in a deallocation.
-                    let _h = heap_only();
-                    eprintln!("colo-mem: {e}");
-                }
-            }
-            // SAFETY: not a pool address, so it came from `System`.
-            None => unsafe { System.dealloc(ptr, layout) },
-        }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let into_region = ACTIVE
-            .try_with(|a| a.get())
-            .ok()
-            .flatten()
-            .is_some_and(|a| new_size >= a.threshold);
-        if owner(ptr as u64).is_none() && !into_region {
-            // SAFETY: forwarded contract; the block is from `System`.
-            return unsafe { System.realloc(ptr, layout, new_size) };
-        }
-        // SAFETY: `layout` with `new_size` is valid per the caller's contract.
-        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-        // SAFETY: forwarded contract.
-        let new = unsafe { self.alloc(new_layout) };
-        if !new.is_null() {
-            // SAFETY: both blocks are live, distinct, and at least this long.
-            unsafe {
-                std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
-                self.dealloc(ptr, layout);
-            }
-        }
-        new
-    }
+/// Called by the C++ shim for every c10 CPU allocation: a pool block, or
+/// null for libtorch's default allocator.
+#[no_mangle]
+pub extern "C" fn colo_mem_region_alloc(bytes: usize) -> *mut c_void {
+    // A panic must not unwind into C++; a failure means "not ours".
+    std::panic::catch_unwind(|| region_alloc(bytes))
+        .ok()
+        .flatten()
+        .map_or(std::ptr::null_mut(), |a| a as *mut c_void)
 }
 
-#[cfg(feature = "global-allocator")]
-#[global_allocator]
-static GLOBAL: ColoAlloc = ColoAlloc;
+/// Called by the C++ shim for every free: true if `ptr` was a pool block
+/// (and is freed now), false if it belongs to libtorch's default allocator.
+#[no_mangle]
+pub extern "C" fn colo_mem_region_free(ptr: *mut c_void) -> bool {
+    let Some(pool) = owner(ptr as u64) else {
+        return false;
+    };
+    if let Err(e) = pool.free(ptr as u64) {
+        // Unreachable for a correct program; leaking beats crashing in a
+        // deallocation.
+        eprintln!("colo-mem: {e}");
+    }
+    true
+}

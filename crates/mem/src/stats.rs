@@ -2,7 +2,6 @@
 
 use crate::error::TagState;
 use crate::pool::Pool;
-use crate::region::heap_only;
 use crate::Policy;
 use serde::Serialize;
 
@@ -47,6 +46,10 @@ pub struct PoolStats {
     pub resident_bytes: u64,
     /// Highest `resident_bytes` since the pool was made or `reset_peak`.
     pub peak_resident_bytes: u64,
+    /// Tensor memory libtorch holds outside any region, process-wide (the
+    /// CPU allocator shim counts it; worker-thread scratch such as bf16
+    /// attention backward lands here): shown as "untagged", not lost.
+    pub untagged: crate::Untagged,
     pub tags: Vec<TagStats>,
 }
 
@@ -60,7 +63,6 @@ impl PoolStats {
 impl Pool {
     /// What the pool holds now, per tag.
     pub fn stats(&self) -> PoolStats {
-        let _h = heap_only();
         let st = self.lock();
         let mut tags: Vec<TagStats> = st
             .tags
@@ -95,6 +97,7 @@ impl Pool {
             capacity_bytes: self.cfg.capacity,
             resident_bytes: st.resident,
             peak_resident_bytes: st.peak,
+            untagged: crate::untagged(),
             tags,
         }
     }

@@ -4,7 +4,6 @@
 //! multi-stage-awake RFC shows as "5.8 → 36.6 → 98.1 → 37.6 → 131.8 GB".
 
 use crate::pool::{Pool, State};
-use crate::region::heap_only;
 use crate::{Error, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -43,6 +42,9 @@ pub struct Event {
     pub resident_bytes: u64,
     /// Bytes mapped per tag after the transition.
     pub per_tag: BTreeMap<String, u64>,
+    /// Tensor bytes libtorch held outside any region at that moment
+    /// (process-wide; see `colo_mem::untagged`).
+    pub untagged_bytes: u64,
 }
 
 /// Writes events as JSON lines, one object per event.
@@ -58,7 +60,6 @@ impl Pool {
     /// Sets the phase label recorded with later timeline events, and records
     /// the change.
     pub fn set_phase(&self, phase: &str) {
-        let _h = heap_only();
         let mut st = self.lock();
         st.phase = phase.to_string();
         self.record(&mut st, EventKind::Phase, Vec::new(), Duration::ZERO);
@@ -66,26 +67,22 @@ impl Pool {
 
     /// Records a snapshot of the resident bytes in the timeline.
     pub fn mark(&self) {
-        let _h = heap_only();
         let mut st = self.lock();
         self.record(&mut st, EventKind::Mark, Vec::new(), Duration::ZERO);
     }
 
     pub fn phase(&self) -> String {
-        let _h = heap_only();
         self.lock().phase.clone()
     }
 
     /// The timeline so far (the last `timeline_limit` events).
     pub fn timeline(&self) -> Vec<Event> {
-        let _h = heap_only();
         self.lock().timeline.iter().cloned().collect()
     }
 
     /// Writes the timeline as JSON lines to `path`.
     pub fn write_timeline(&self, path: &std::path::Path) -> Result<()> {
         let events = self.timeline();
-        let _h = heap_only();
         let io = |source| Error::Io {
             path: path.display().to_string(),
             source,
@@ -114,6 +111,7 @@ impl Pool {
                 .iter()
                 .map(|t| (t.name.clone(), t.resident))
                 .collect(),
+            untagged_bytes: crate::torch::untagged().live_bytes,
         };
         if st.timeline.len() >= self.cfg.timeline_limit.max(1) {
             st.timeline.pop_front();

@@ -13,7 +13,6 @@ use crate::backend::PhysHandle;
 use crate::chunks::{self, Block, Work};
 use crate::error::TagState;
 use crate::pool::{Pool, State, TagId};
-use crate::region::heap_only;
 use crate::timeline::EventKind;
 use crate::{Error, Policy, Result};
 use std::time::Instant;
@@ -41,7 +40,6 @@ impl Pool {
     ///
     /// Errors (nothing changed): a tag unknown, not active, or named twice.
     pub fn pause(&self, tags: &[&str]) -> Result<()> {
-        let _h = heap_only();
         let start = Instant::now();
         let (ids, mut jobs) = {
             let mut st = self.lock();
@@ -127,7 +125,6 @@ impl Pool {
     /// again, the tags stay paused with their backups, and the error names
     /// the request and the resident bytes per tag.
     pub fn resume(&self, tags: &[&str]) -> Result<()> {
-        let _h = heap_only();
         let start = Instant::now();
         let (ids, mut jobs) = {
             let mut st = self.lock();

@@ -1,6 +1,8 @@
-//! `region(tag)`: allocations made by ordinary Rust code land in the pool.
+//! `region(tag)`: tensors libtorch allocates inside a region land in the
+//! pool, through colo-mem's c10 CPU allocator.
 
-use colo_mem::{os, Error, Policy, Pool, PoolConfig, TagState};
+use colo_mem::{os, untagged, Error, Policy, Pool, PoolConfig, TagState};
+use tch::{Kind, Tensor};
 
 const MIB: usize = 1 << 20;
 
@@ -9,73 +11,91 @@ fn os_resident(p: &Pool) -> u64 {
     os::resident_in_range(base, len).unwrap()
 }
 
+/// A float32 tensor of `mib` MiB filled with 0, 1, 2, …
+fn ramp(mib: usize) -> Tensor {
+    Tensor::arange((mib * MIB / 4) as i64, (Kind::Float, tch::Device::Cpu))
+}
+
+fn addr(t: &Tensor) -> u64 {
+    t.data_ptr() as u64
+}
+
+fn checksum(t: &Tensor) -> f64 {
+    t.sum(Kind::Double).double_value(&[])
+}
+
 #[test]
-fn a_vec_made_inside_a_region_is_counted_under_its_tag_and_paused_with_it() {
+fn a_tensor_made_inside_a_region_is_counted_under_its_tag_and_paused_with_it() {
     let pool = Pool::host(PoolConfig::default()).unwrap();
     pool.set_policy("weights", Policy::Backup).unwrap();
     let guard = pool.region("weights").unwrap();
-    let v: Vec<f32> = (0..4 * MIB).map(|i| i as f32).collect();
-    let small = Vec::from([1u8; 100]); // below the threshold: ordinary heap
+    let t = ramp(16);
+    let small = Tensor::from_slice(&[1f32; 25]); // below the threshold: libtorch's default
     guard.finish().unwrap();
-    let outside = vec![2u8; 8 * MIB]; // after the region: ordinary heap
+    let outside = ramp(8); // after the region: libtorch's default
 
-    let addr = v.as_ptr() as u64;
-    assert!(pool.contains(addr));
-    assert_eq!(pool.tag_of(addr).as_deref(), Some("weights"));
-    assert!(!pool.contains(small.as_ptr() as u64));
-    assert!(!pool.contains(outside.as_ptr() as u64));
+    let a = addr(&t);
+    assert_eq!(pool.tag_of(a).as_deref(), Some("weights"));
+    assert!(!pool.contains(addr(&small)));
+    assert!(!pool.contains(addr(&outside)));
     let w = pool.stats().tag("weights").unwrap().clone();
-    assert_eq!(w.allocated_bytes, 16 * MIB as u64);
+    assert_eq!((w.allocations, w.allocated_bytes), (1, 16 * MIB as u64));
+    let sum_before = checksum(&t);
 
     let before = os_resident(&pool);
     pool.pause(&["weights"]).unwrap();
     assert!(before - os_resident(&pool) >= 16 * MIB as u64 * 95 / 100);
     assert_eq!(pool.stats().tag("weights").unwrap().resident_bytes, 0);
+    // libtorch keeps working while the tag is paused.
+    assert_eq!(checksum(&(&outside * 2.0)), 2.0 * checksum(&outside));
     pool.resume(&["weights"]).unwrap();
-    assert_eq!(v.as_ptr() as u64, addr);
-    assert!(
-        v.iter().enumerate().all(|(i, &x)| x == i as f32),
-        "restored bit-exactly"
-    );
-    drop(v);
+    assert_eq!(addr(&t), a, "same address after resume");
+    assert_eq!(checksum(&t), sum_before, "restored bit-exactly");
+    assert!(t.equal(&ramp(16)));
+    drop(t);
     assert_eq!(
         pool.stats().tag("weights").unwrap().allocations,
         0,
-        "drop routed the free to the pool"
+        "dropping the tensor freed its block in the pool"
     );
 }
 
 #[test]
-fn a_candle_tensor_made_inside_a_region_lives_in_the_pool() {
-    use candle_core::{Device, Tensor};
+fn autograd_and_in_place_updates_stay_in_the_tag() {
     let pool = Pool::host(PoolConfig::default()).unwrap();
-    pool.set_policy("weights", Policy::Backup).unwrap();
-    let t = {
-        let _g = pool.region("weights").unwrap();
-        Tensor::arange(0f32, (2 * MIB) as f32, &Device::Cpu)
-            .unwrap()
-            .reshape((2048, 1024))
-            .unwrap()
+    pool.set_policy("params", Policy::Backup).unwrap();
+    let mut w = {
+        let _g = pool.region_with_threshold("params", 1).unwrap();
+        Tensor::randn([256, 256], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true)
     };
-    let w = pool.stats().tag("weights").unwrap().clone();
-    assert_eq!((w.allocations, w.allocated_bytes), (1, 8 * MIB as u64));
-    let sum_before = t.sum_all().unwrap().to_scalar::<f32>().unwrap();
-
-    pool.pause(&["weights"]).unwrap();
-    assert_eq!(pool.stats().resident_bytes, 0);
-    assert!(os_resident(&pool) < MIB as u64 / 2);
-    pool.resume(&["weights"]).unwrap();
-    assert_eq!(t.sum_all().unwrap().to_scalar::<f32>().unwrap(), sum_before);
-    drop(t);
-    assert_eq!(pool.stats().tag("weights").unwrap().allocations, 0);
+    let a = addr(&w);
+    let x = Tensor::randn([8, 256], (Kind::Float, tch::Device::Cpu));
+    {
+        let _g = pool.region("activations").unwrap();
+        x.matmul(&w).sum(Kind::Float).backward();
+    }
+    let g = w.grad();
+    assert_eq!(
+        pool.tag_of(addr(&g)).as_deref(),
+        Some("activations"),
+        "backward ran in the region"
+    );
+    tch::no_grad(|| {
+        let _ = w.f_sub_(&(&g * 0.1)).unwrap();
+    });
+    assert_eq!(addr(&w), a, "an in-place update keeps the storage");
+    let before = checksum(&w);
+    pool.pause(&["params"]).unwrap();
+    pool.resume(&["params"]).unwrap();
+    assert_eq!(checksum(&w), before);
 }
 
 #[test]
 fn frees_on_other_threads_are_routed_by_address() {
     let pool = Pool::host(PoolConfig::default()).unwrap();
-    let bufs: Vec<Vec<u8>> = {
+    let bufs: Vec<Tensor> = {
         let _g = pool.region("kv_cache").unwrap();
-        (0..8).map(|i| vec![i as u8; MIB]).collect()
+        (0..8).map(|_| ramp(1)).collect()
     };
     assert_eq!(pool.stats().tag("kv_cache").unwrap().allocations, 8);
     std::thread::spawn(move || drop(bufs)).join().unwrap();
@@ -83,32 +103,55 @@ fn frees_on_other_threads_are_routed_by_address() {
 }
 
 #[test]
-fn only_the_guarding_thread_is_redirected() {
+fn only_the_guarding_thread_is_redirected_and_the_rest_is_counted_untagged() {
     let pool = Pool::host(PoolConfig::default()).unwrap();
     let _g = pool.region("weights").unwrap();
-    let other = std::thread::spawn(|| vec![0u8; 4 * MIB]).join().unwrap();
-    assert!(!pool.contains(other.as_ptr() as u64));
-    let mine = vec![0u8; 4 * MIB];
-    assert!(pool.contains(mine.as_ptr() as u64));
+    let before = untagged().live_bytes;
+    let other = std::thread::spawn(|| ramp(4)).join().unwrap();
+    assert!(!pool.contains(addr(&other)));
+    let counted = untagged().live_bytes;
+    assert!(
+        counted >= before + 4 * MIB as u64 - MIB as u64,
+        "{before} → {counted}"
+    );
+    let mine = ramp(4);
+    assert!(pool.contains(addr(&mine)));
+    drop(other);
+    assert!(untagged().live_bytes < counted);
 }
 
 #[test]
-fn guards_nest_and_restore() {
+fn guards_nest_and_the_innermost_live_one_wins_in_any_drop_order() {
     let pool = Pool::host(PoolConfig::default()).unwrap();
+    let tag = |t: &Tensor| pool.tag_of(addr(t));
+
     let outer = pool.region("a").unwrap();
-    let x = vec![0u8; MIB];
+    let x = ramp(1);
     let inner = pool.region("b").unwrap();
-    let y = vec![0u8; MIB];
+    let y = ramp(1);
     drop(inner);
-    let z = vec![0u8; MIB];
+    let z = ramp(1);
     drop(outer);
-    let w = vec![0u8; MIB];
-    let tag = |v: &Vec<u8>| pool.tag_of(v.as_ptr() as u64);
+    let w = ramp(1);
     assert_eq!(
         (tag(&x).as_deref(), tag(&y).as_deref(), tag(&z).as_deref()),
         (Some("a"), Some("b"), Some("a"))
     );
     assert_eq!(tag(&w), None);
+
+    // Out of order: the outer guard goes first; the inner one stays in
+    // force, and once both are gone nothing is redirected.
+    let g1 = pool.region("outer").unwrap();
+    let g2 = pool.region("inner").unwrap();
+    drop(g1);
+    let still_inner = ramp(1);
+    drop(g2);
+    let none = ramp(1);
+    assert_eq!(tag(&still_inner).as_deref(), Some("inner"));
+    assert_eq!(tag(&none), None);
+    pool.pause(&["outer"]).unwrap();
+    let after_pause = ramp(1);
+    assert_eq!(tag(&after_pause), None);
 }
 
 #[test]
@@ -124,16 +167,16 @@ fn a_region_in_a_paused_tag_is_refused() {
 }
 
 #[test]
-fn refused_region_allocations_fall_back_to_the_heap_and_are_reported() {
+fn refused_region_allocations_fall_back_to_libtorch_and_are_reported() {
     let pool = Pool::host(PoolConfig::with_capacity(4 * MIB as u64)).unwrap();
     let guard = pool.region("weights").unwrap();
-    let fits = vec![0u8; 3 * MIB];
-    let too_big = vec![7u8; 2 * MIB]; // over capacity: served by the heap
+    let fits = ramp(3);
+    let too_big = Tensor::full([MIB as i64 / 2], 7.0, (Kind::Float, tch::Device::Cpu)); // 2 MiB: over capacity
     let err = guard.finish().unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
-    assert!(pool.contains(fits.as_ptr() as u64));
-    assert!(!pool.contains(too_big.as_ptr() as u64));
-    assert!(too_big.iter().all(|&b| b == 7));
+    assert!(pool.contains(addr(&fits)));
+    assert!(!pool.contains(addr(&too_big)));
+    assert_eq!(checksum(&too_big), 7.0 * (MIB / 2) as f64);
     assert_eq!(
         pool.stats().tag("weights").unwrap().region_fallback_bytes,
         2 * MIB as u64
@@ -142,15 +185,18 @@ fn refused_region_allocations_fall_back_to_the_heap_and_are_reported() {
 }
 
 #[test]
-fn vec_growth_inside_a_region_stays_in_the_pool() {
+fn transient_tensors_are_reused_from_the_tag_cache() {
     let pool = Pool::host(PoolConfig::default()).unwrap();
-    let _g = pool.region("kv_cache").unwrap();
-    let mut v: Vec<u64> = Vec::new();
-    for i in 0..(1 << 20) {
-        v.push(i);
+    let _g = pool.region("activations").unwrap();
+    let mut acc = ramp(1);
+    for _ in 0..100 {
+        acc = (&acc + 1.0) * 0.5; // a fresh 1 MiB tensor each time, the old one freed
     }
-    assert!(pool.contains(v.as_ptr() as u64));
-    assert!(v.iter().enumerate().all(|(i, &x)| x == i as u64));
-    // Intermediate buffers were freed into the cache: one live allocation.
-    assert_eq!(pool.stats().tag("kv_cache").unwrap().allocations, 1);
+    assert!(pool.contains(addr(&acc)));
+    let s = pool.stats().tag("activations").unwrap().clone();
+    assert!(s.allocations <= 2, "{s:?}");
+    assert!(
+        s.resident_bytes <= 4 * MIB as u64,
+        "freed blocks were reused: {s:?}"
+    );
 }

@@ -42,10 +42,45 @@ fn pause_returns_pages_to_the_os_and_resume_brings_them_back() {
 
     p.resume(&["weights", "kv_cache"]).unwrap();
     let after = os_resident(&p);
-    assert!(after >= total, "os sees {after} after resume");
+    // The backed-up weights are restored; the KV cache (Discard) gets its
+    // pages when it is touched.
+    assert!(after >= 32 * MIB as u64, "os sees {after} after resume");
+    p.write(addrs[1], 0, &vec![1; 40 * MIB]).unwrap();
+    let touched = os_resident(&p);
+    assert!(
+        touched >= total,
+        "os sees {touched} after the KV cache is written"
+    );
     let mut b = vec![0u8; 8 * MIB];
     p.read(addrs[2], 0, &mut b).unwrap();
     assert!(b.iter().all(|&x| x == 0xAB));
+}
+
+#[test]
+fn waking_a_discard_tag_costs_only_the_pages_then_touched() {
+    let p = Pool::host(PoolConfig::default()).unwrap();
+    let kv = p.alloc("kv_cache", 256 * MIB).unwrap();
+    p.write(kv, 0, &vec![7; 256 * MIB]).unwrap();
+    p.pause(&["kv_cache"]).unwrap();
+    let paused = os_resident(&p);
+    p.resume(&["kv_cache"]).unwrap();
+    assert_eq!(
+        p.stats().resident_bytes,
+        256 * MIB as u64,
+        "mapped and charged in full"
+    );
+    assert!(
+        os_resident(&p) <= paused + MIB as u64,
+        "no page provided before use: {} → {}",
+        paused,
+        os_resident(&p)
+    );
+    p.write(kv, 0, &vec![1; 8 * MIB]).unwrap();
+    let used = os_resident(&p) - paused;
+    assert!((8 * MIB as u64..=9 * MIB as u64).contains(&used), "{used}");
+    let mut b = vec![9u8; MIB];
+    p.read(kv, 200 * MIB, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0), "an untouched page reads as zero");
 }
 
 #[test]

@@ -1,0 +1,47 @@
+//! Build-script helper shared by every colo package that produces a binary
+//! or a test binary.
+//!
+//! `cargo:rustc-link-arg` applies only to the package whose build script
+//! prints it, so each such package calls [`link_libtorch`] from its
+//! `build.rs`. It adds:
+//!
+//! - an rpath to libtorch's `lib/` directory, so binaries run without
+//!   `LD_LIBRARY_PATH` (torch's own libraries carry `$ORIGIN` rpaths that
+//!   find libc10, libgomp and the CUDA libraries from there);
+//! - `libtorch_cuda` as a needed library even though no symbol of it is
+//!   referenced: with rustc's default `--as-needed` it would be dropped,
+//!   libtorch would not register its CUDA backend, and a GPU would read as
+//!   unavailable.
+//!
+//! libtorch is found through `LIBTORCH`, which `.cargo/config.toml` points at
+//! the project's virtual environment (made by `./x`).
+
+use std::path::PathBuf;
+
+/// libtorch's root (`include/`, `lib/`), resolved through symlinks.
+pub fn libtorch_dir() -> PathBuf {
+    println!("cargo:rerun-if-env-changed=LIBTORCH");
+    let dir = std::env::var_os("LIBTORCH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!("LIBTORCH is not set; run cargo from the repository (see .cargo/config.toml)")
+        });
+    match dir.canonicalize() {
+        Ok(d) if d.join("lib/libtorch_cpu.so").is_file() => d,
+        _ => panic!(
+            "libtorch not found at {} (no lib/libtorch_cpu.so): run `./x setup` once, \
+             which installs torch==2.11.0 from PyPI into .venv",
+            dir.display()
+        ),
+    }
+}
+
+/// Prints the link arguments described in the crate docs.
+pub fn link_libtorch() {
+    let lib = libtorch_dir().join("lib");
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    if lib.join("libtorch_cuda.so").is_file() {
+        println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
+    }
+}
