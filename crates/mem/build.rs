@@ -17,6 +17,41 @@ fn main() {
         .warnings(false)
         .file("csrc/cpu_alloc.cpp")
         .compile("colo_torch_shim");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        build_cuda_shim(&torch, &abi);
+    }
     colo_build::link_libtorch();
     println!("cargo:rustc-link-lib=c10");
+}
+
+/// The CUDA side (feature `cuda`): compiled against the CUDA headers of the
+/// venv's `nvidia-*` wheels (`./x setup` adds `nvidia-cuda-crt`, which torch
+/// does not pull in but `cuda_runtime.h` needs), linked against
+/// libtorch_cuda and libc10_cuda. Builds without a GPU; runs only with one.
+fn build_cuda_shim(torch: &std::path::Path, abi: &str) {
+    println!("cargo:rerun-if-changed=csrc/cuda_alloc.cpp");
+    let cuda_include = torch.join("../nvidia/cu13/include");
+    if !cuda_include.join("crt/host_config.h").is_file() {
+        panic!(
+            "the cuda feature needs CUDA headers at {} (with crt/): run `./x setup`",
+            cuda_include.display()
+        );
+    }
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .define("_GLIBCXX_USE_CXX11_ABI", abi)
+        .include(torch.join("include"))
+        .include(torch.join("include/torch/csrc/api/include"))
+        .include(&cuda_include)
+        .warnings(false)
+        .file("csrc/cuda_alloc.cpp")
+        .compile("colo_torch_cuda_shim");
+    println!("cargo:rustc-link-lib=torch_cuda");
+    println!("cargo:rustc-link-lib=c10_cuda");
+    // Inline CUDA-runtime calls in c10's headers; the wheel ships only the
+    // versioned library. colo-build's rpath covers this directory.
+    let cuda_lib = torch.join("../nvidia/cu13/lib");
+    println!("cargo:rustc-link-search=native={}", cuda_lib.display());
+    println!("cargo:rustc-link-lib=dylib:+verbatim=libcudart.so.13");
 }

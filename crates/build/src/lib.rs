@@ -41,6 +41,12 @@ pub fn link_libtorch() {
     let lib = libtorch_dir().join("lib");
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    // The CUDA runtime of the nvidia-* wheels, for colo-mem's CUDA shim
+    // (feature `cuda`), which links libcudart directly.
+    let cuda = lib.join("../../nvidia/cu13/lib");
+    if let Ok(cuda) = cuda.canonicalize() {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", cuda.display());
+    }
     if lib.join("libtorch_cuda.so").is_file() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
     }

@@ -39,6 +39,13 @@ pub trait Backend: Send + Sync {
     /// mappings (`cuMemGetAllocationGranularity`; the page size on the host).
     fn granularity(&self) -> usize;
 
+    /// The CUDA device ordinal whose memory this backend maps, if any:
+    /// regions on such a pool route libtorch's CUDA caching allocator
+    /// (feature `cuda`) instead of its CPU allocator.
+    fn cuda_device(&self) -> Option<i32> {
+        None
+    }
+
     /// Whether `copy_to_host`/`copy_from_host` may run on several threads
     /// at once over disjoint ranges (true for the host backend).
     fn parallel_copies(&self) -> bool {

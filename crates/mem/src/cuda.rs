@@ -49,6 +49,19 @@ fn check(call: &'static str, status: sys::CUresult) -> Result<()> {
     })
 }
 
+/// Free and total memory of the current context's device, as the driver
+/// reports them (`cuMemGetInfo`): what the GPU checks compare before and
+/// after a pause.
+pub fn mem_get_info() -> Result<(u64, u64)> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: two valid out-parameters; a context is current on this thread
+    // once any CudaBackend or libtorch has used the device.
+    check("cuMemGetInfo", unsafe {
+        sys::cuMemGetInfo_v2(&mut free, &mut total)
+    })?;
+    Ok((free as u64, total as u64))
+}
+
 /// Why the CUDA backend cannot run here, or `None` if a driver and a device
 /// are present. Tests use this to print why they were skipped.
 pub fn unavailable_reason() -> Option<String> {
@@ -166,6 +179,10 @@ impl Drop for CudaBackend {
 impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         NAME
+    }
+
+    fn cuda_device(&self) -> Option<i32> {
+        Some(self.ordinal)
     }
 
     fn granularity(&self) -> usize {

@@ -76,6 +76,8 @@ mod backend;
 mod chunks;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_region;
 mod error;
 mod host;
 pub mod os;

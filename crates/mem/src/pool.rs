@@ -182,6 +182,11 @@ impl Pool {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The CUDA device this pool's memory is on, if it is a CUDA pool.
+    pub fn cuda_device(&self) -> Option<i32> {
+        self.backend.cuda_device()
+    }
+
     pub fn backend_name(&self) -> &'static str {
         self.backend.name()
     }

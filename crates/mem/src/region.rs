@@ -81,7 +81,7 @@ thread_local! {
     static OPEN: RefCell<Vec<Active>> = const { RefCell::new(Vec::new()) };
 }
 
-fn registered(slot: usize) -> &'static Pool {
+pub(crate) fn registered(slot: usize) -> &'static Pool {
     // SAFETY: slots below SLOT_COUNT hold a pointer from `Arc::into_raw`
     // that is never released, so the pool lives for the rest of the process.
     unsafe { &*SLOTS[slot].pool.load(Ordering::Acquire) }
@@ -153,6 +153,10 @@ impl Pool {
             id
         };
         let slot = register(self)?;
+        let cuda = self.cuda_device().map(|device| (slot, tag_id, device));
+        if let Some((slot, tag, device)) = cuda {
+            cuda_begin(slot, tag, device)?;
+        }
         let guard = NEXT_GUARD.fetch_add(1, Ordering::Relaxed);
         let active = Active {
             slot,
@@ -164,6 +168,7 @@ impl Pool {
         ACTIVE.with(|a| a.set(Some(active)));
         Ok(RegionGuard {
             pool: Arc::clone(self),
+            cuda,
             guard,
             _not_send: PhantomData,
         })
@@ -183,6 +188,8 @@ impl Pool {
 #[must_use = "the region closes when the guard is dropped"]
 pub struct RegionGuard {
     pool: Arc<Pool>,
+    /// On a CUDA pool: (slot, tag, device) of the MemPool routing to end.
+    cuda: Option<(usize, TagId, i32)>,
     guard: u64,
     /// A region belongs to the thread that opened it.
     _not_send: PhantomData<*const ()>,
@@ -206,12 +213,30 @@ impl RegionGuard {
 
 impl Drop for RegionGuard {
     fn drop(&mut self) {
+        if let Some((slot, tag, device)) = self.cuda {
+            if let Err(e) = cuda_end(slot, tag, device) {
+                eprintln!("colo-mem: {e}");
+            }
+        }
         let _ = OPEN.try_with(|o| {
             let mut open = o.borrow_mut();
             open.retain(|a| a.guard != self.guard);
             let _ = ACTIVE.try_with(|a| a.set(open.last().copied()));
         });
     }
+}
+
+#[cfg(feature = "cuda")]
+use crate::cuda_region::{begin as cuda_begin, end as cuda_end};
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_begin(_: usize, _: TagId, _: i32) -> Result<()> {
+    unreachable!("a CUDA pool exists only with the cuda feature")
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_end(_: usize, _: TagId, _: i32) -> Result<()> {
+    Ok(())
 }
 
 /// The pool block for a c10 allocation of `bytes` on this thread, if a

@@ -41,6 +41,10 @@ impl Pool {
     /// Errors (nothing changed): a tag unknown, not active, or named twice.
     pub fn pause(&self, tags: &[&str]) -> Result<()> {
         let start = Instant::now();
+        // libtorch's CUDA caching allocator keeps freed segments of a tag;
+        // they go back to the pool first, so only live tensors are paused.
+        #[cfg(feature = "cuda")]
+        crate::cuda_region::empty_tags(self, tags)?;
         let (ids, mut jobs) = {
             let mut st = self.lock();
             let ids = begin(&mut st, "pause", tags, TagState::Active, TagState::Pausing)?;

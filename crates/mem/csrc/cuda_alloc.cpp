@@ -1,0 +1,128 @@
+// colo-mem's shim against libtorch's CUDA caching allocator (feature `cuda`):
+// one MemPool per (pool, tag), each with a pluggable allocator whose segments
+// come from colo-mem's CUDA virtual-memory backend — torch_memory_saver's
+// mechanism.
+//
+// Contract
+// - colo_cuda_region_begin(slot, tag, device) makes every CUDA allocation on
+//   `device`, from any thread, come from the tag's MemPool until
+//   colo_cuda_region_end. The routing is a process-wide decision (a filter
+//   that accepts every stream), not a thread filter: the autograd engine's
+//   device thread, which allocates the gradients, is caught as well.
+// - The caching allocator asks for whole segments (2 MiB or more) through
+//   colo_mem_cuda_segment_alloc (Rust, cuda_region.rs), which allocates them
+//   in the pool under the tag; it still sub-allocates tensors inside them.
+// - colo_cuda_empty_tag(slot, tag, device) returns the tag's cached free
+//   segments to Rust (colo_mem_cuda_segment_free); the pool calls it before a
+//   pause so that only live tensors' segments are paused.
+// - Errors are returned as nonzero with a message in `err`; nothing throws
+//   into Rust.
+#include <ATen/cuda/MemPool.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+extern "C" {
+void* colo_mem_cuda_segment_alloc(uint32_t slot, uint32_t tag, size_t bytes);
+void colo_mem_cuda_segment_free(void* ptr);
+}
+
+namespace {
+
+struct TagPool {
+  std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator;
+  std::unique_ptr<at::cuda::MemPool> pool;
+};
+
+std::mutex g_mu;
+std::map<std::pair<uint32_t, uint32_t>, TagPool> g_pools;
+
+int fail(const char* what, char* err, size_t len) {
+  if (err != nullptr && len > 0) {
+    std::strncpy(err, what, len - 1);
+    err[len - 1] = '\0';
+  }
+  return 1;
+}
+
+TagPool& tag_pool(uint32_t slot, uint32_t tag, int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  TagPool& tp = g_pools[{slot, tag}];
+  if (!tp.pool) {
+    tp.allocator = torch::cuda::CUDAPluggableAllocator::createCustomAllocator(
+        [slot, tag](size_t bytes, int, cudaStream_t) {
+          return colo_mem_cuda_segment_alloc(slot, tag, bytes);
+        },
+        [](void* ptr, size_t, int, cudaStream_t) { colo_mem_cuda_segment_free(ptr); });
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    tp.pool = std::make_unique<at::cuda::MemPool>(tp.allocator, /*is_user_created=*/true,
+                                                  /*use_on_oom=*/false, /*no_split=*/false);
+  }
+  return tp;
+}
+
+}  // namespace
+
+extern "C" {
+
+int colo_cuda_region_begin(uint32_t slot, uint32_t tag, int device, char* err, size_t len) {
+  try {
+    auto id = tag_pool(slot, tag, device).pool->id();
+    c10::cuda::CUDACachingAllocator::beginAllocateToPool(
+        static_cast<c10::DeviceIndex>(device), id, [](cudaStream_t) { return true; });
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e.what(), err, len);
+  }
+}
+
+int colo_cuda_region_end(uint32_t slot, uint32_t tag, int device, char* err, size_t len) {
+  try {
+    auto id = tag_pool(slot, tag, device).pool->id();
+    auto dev = static_cast<c10::DeviceIndex>(device);
+    // begin took a reference on the pool; end + release give it back, as
+    // torch.cuda.use_mem_pool does.
+    c10::cuda::CUDACachingAllocator::endAllocateToPool(dev, id);
+    c10::cuda::CUDACachingAllocator::releasePool(dev, id);
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e.what(), err, len);
+  }
+}
+
+int colo_cuda_empty_tag(uint32_t slot, uint32_t tag, int device, char* err, size_t len) {
+  try {
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      if (g_pools.find({slot, tag}) == g_pools.end()) return 0;
+    }
+    auto id = tag_pool(slot, tag, device).pool->id();
+    c10::cuda::CUDACachingAllocator::emptyCache(id);
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e.what(), err, len);
+  }
+}
+
+// Bytes the caching allocator holds in tensors on `device` (all pools): the
+// device's tensor memory; colo subtracts its own tags to show the untagged.
+int colo_cuda_allocated_bytes(int device, int64_t* bytes, char* err, size_t len) {
+  try {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+        static_cast<c10::DeviceIndex>(device));
+    *bytes = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+                 .current;
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e.what(), err, len);
+  }
+}
+
+}  // extern "C"
