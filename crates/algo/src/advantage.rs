@@ -2,24 +2,32 @@
 //! GAE, REINFORCE++ and ReMax. The group-baseline ones (GRPO, Dr. GRPO, RLOO,
 //! REINFORCE++-baseline) are in [`crate::group`].
 //!
-//! Representation: inputs and outputs are (batch, response_len) tensors so they
-//! travel with the rest of the batch, but the estimators are not
-//! differentiated (inputs are read as data) and their recurrences are
-//! sequential, so each copies its inputs to the host, computes in plain Rust,
-//! and returns tensors of the input's dtype on the input's device. Per-sequence
-//! data (prompt ids, baseline scores) are plain slices, one entry per row.
+//! Representation: inputs and outputs are (batch, response_len) tensors on one
+//! device; the estimators are not differentiated (inputs are read as data and
+//! detached) and run as tensor ops on that device, so the batch never makes a
+//! round trip through the host. The outputs have the rewards' kind; the
+//! arithmetic runs in [`acc_kind`](crate::masked::acc_kind) (f32 for bf16).
+//! Per-sequence data (prompt ids, baseline scores) are plain slices, one entry
+//! per row, uploaded once.
+//!
+//! The recurrences of GAE and REINFORCE++ run backwards in time. Instead of
+//! one step per token (verl's Python loop: response_len launches of a few
+//! kernels each), both are written as the linear recurrence
+//! x_t = b_t + a_t·x_{t+1} and solved by recursive doubling
+//! (`reverse_linear_scan`): ⌈log₂ response_len⌉ rounds of element-wise ops
+//! over the whole batch.
 //!
 //! Conventions shared by all estimators: rewards are read through the mask
 //! (r·mask, NaN-safe), and both outputs are zero on padding. verl leaves
 //! whitened values on padding positions; since every consumer masks them, the
 //! only visible difference is cleaner tensors.
 
-use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
+use tch::Tensor;
 
 use crate::error::{Error, Result};
 use crate::group;
-use crate::masked::{check_all, from_rows, masked_whiten, rows};
+use crate::masked::{check_all, masked_whiten, upcast, zero_padding};
 
 /// Which advantage estimator. Config names are verl's (`adv_estimator = "grpo"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,14 +114,26 @@ pub struct AdvantageInputs<'a> {
     pub reward_baselines: Option<&'a [f32]>,
 }
 
-/// The estimator's output; both (batch, response_len), zero on padding, detached.
-#[derive(Clone, Debug)]
+/// The estimator's output; both (batch, response_len) of the rewards' kind,
+/// zero on padding, detached.
+#[derive(Debug)]
 pub struct Advantages {
     /// Â, what the policy loss multiplies.
     pub advantages: Tensor,
     /// Targets for the critic (GAE: Â + V before whitening); outcome estimators
-    /// return their returns as verl does (for most, equal to the advantages).
+    /// return their returns as verl does (for most, equal to the advantages,
+    /// and then the same storage).
     pub returns: Tensor,
+}
+
+/// A clone shares both tensors' storage with the original (`shallow_clone`).
+impl Clone for Advantages {
+    fn clone(&self) -> Self {
+        Advantages {
+            advantages: self.advantages.shallow_clone(),
+            returns: self.returns.shallow_clone(),
+        }
+    }
 }
 
 /// Runs the configured estimator, after checking that the inputs it needs are there.
@@ -157,45 +177,52 @@ pub fn compute_advantage(cfg: &AdvantageConfig, x: &AdvantageInputs) -> Result<A
     }
 }
 
-/// A (batch, response_len) matrix on the host.
-pub(crate) type Rows = Vec<Vec<f32>>;
-
-/// Host copies of rewards (read through the mask, NaN-safe) and the mask.
-pub(crate) fn host_rewards(
+/// Rewards read through the mask (r·mask, NaN-safe) and the mask, both
+/// detached and in the accumulation kind, after checking shapes, kinds and devices.
+pub(crate) fn clean_rewards(
     token_level_rewards: &Tensor,
     response_mask: &Tensor,
-) -> Result<(Rows, Rows)> {
+) -> Result<(Tensor, Tensor)> {
     check_all(
         ("token_level_rewards", token_level_rewards),
         &[("response_mask", response_mask)],
     )?;
-    let mask = rows(response_mask)?;
-    let mut r = rows(token_level_rewards)?;
-    for (row, m_row) in r.iter_mut().zip(&mask) {
-        for (x, &w) in row.iter_mut().zip(m_row) {
-            *x = if w == 0.0 { 0.0 } else { *x * w };
-        }
-    }
-    Ok((r, mask))
-}
-
-/// Element-wise product with the mask, as a tensor like `like`.
-pub(crate) fn masked_tensor(
-    mut data: Vec<Vec<f32>>,
-    mask: &[Vec<f32>],
-    like: &Tensor,
-) -> Result<Tensor> {
-    for (row, m_row) in data.iter_mut().zip(mask) {
-        for (x, &w) in row.iter_mut().zip(m_row) {
-            *x *= w;
-        }
-    }
-    from_rows(data, like)
+    let mask = upcast(&response_mask.detach());
+    let rewards = zero_padding(&upcast(&token_level_rewards.detach()), &mask) * &mask;
+    Ok((rewards, mask))
 }
 
 /// Whitens over the mask (verl `masked_whiten`, unbiased variance) and zeroes padding.
 pub(crate) fn whiten_masked(t: &Tensor, mask: &Tensor) -> Result<Tensor> {
-    Ok(masked_whiten(t, mask, true)?.mul(mask)?)
+    Ok(masked_whiten(t, mask, true)? * mask)
+}
+
+/// `x` moved `d` columns to the left, zero-filled on the right: column t holds x_{t+d}.
+fn shift_left(x: &Tensor, d: i64) -> Tensor {
+    let len = x.size()[1];
+    let d = d.min(len);
+    x.narrow(1, d, len - d).constant_pad_nd([0, d])
+}
+
+/// Solves x_t = b_t + a_t·x_{t+1} backwards along each row of (batch, len)
+/// tensors, with x = 0 past the end, by recursive doubling (the scan of
+/// Hillis & Steele 1986 applied to affine maps; Blelloch 1990, "Prefix Sums
+/// and Their Applications", §1.4).
+///
+/// After the round with stride d, (a_t, b_t) describe the segment [t, t + 2d):
+/// x_t = b_t + a_t·x_{t+2d}. Composing two segments is
+/// (a_t·a_{t+d}, b_t + a_t·b_{t+d}), and past the end both are 0. So
+/// ⌈log₂ len⌉ rounds of element-wise ops replace len sequential steps.
+pub(crate) fn reverse_linear_scan(a: &Tensor, b: &Tensor) -> Tensor {
+    let len = a.size()[1];
+    let (mut a, mut b) = (a.shallow_clone(), b.shallow_clone());
+    let mut d = 1;
+    while d < len {
+        b = b.addcmul(&a, &shift_left(&b, d));
+        a = &a * shift_left(&a, d);
+        d *= 2;
+    }
+    b
 }
 
 /// Generalized Advantage Estimation (Schulman et al. 2016, "High-Dimensional
@@ -226,35 +253,27 @@ pub fn gae(
         ("token_level_rewards", token_level_rewards),
         &[("values", values)],
     )?;
-    let (r, mask) = host_rewards(token_level_rewards, response_mask)?;
-    let v = rows(values)?;
-    let (gamma, lam) = (gamma as f32, lam as f32);
-    let mut adv = vec![vec![0f32; r.first().map_or(0, Vec::len)]; r.len()];
-    let mut ret = adv.clone();
-    for i in 0..r.len() {
-        let (mut next_value, mut last_gae) = (0f32, 0f32);
-        for t in (0..r[i].len()).rev() {
-            if mask[i][t] == 0.0 {
-                adv[i][t] = last_gae;
-                continue;
-            }
-            let delta = r[i][t] + gamma * next_value - v[i][t];
-            last_gae = delta + gamma * lam * last_gae;
-            next_value = v[i][t];
-            adv[i][t] = last_gae;
-            ret[i][t] = last_gae + v[i][t];
-        }
-    }
-    let returns = masked_tensor(ret, &mask, token_level_rewards)?;
-    let adv = masked_tensor(adv, &mask, token_level_rewards)?;
+    let (r, mask) = clean_rewards(token_level_rewards, response_mask)?;
+    let v = zero_padding(&upcast(&values.detach()), &mask);
+    let keep = mask.ne(0.0).to_kind(mask.kind());
+    let skip = 1.0 - &keep;
+    // c_t = V_t if t is kept, else c_{t+1}: the value of the first kept position
+    // at or after t. V_next of position t is c_{t+1}.
+    let next_value = shift_left(&reverse_linear_scan(&skip, &v), 1);
+    let delta = (r + next_value * gamma - &v) * &keep;
+    // A_t = δ_t + γλ·A_next where kept; masked positions pass A_next through.
+    let adv = reverse_linear_scan(&(&keep * (gamma * lam) + skip), &delta);
+    let returns = (&adv + v) * &mask;
+    let adv = adv * &mask;
     let advantages = if whiten {
-        whiten_masked(&adv, response_mask)?
+        whiten_masked(&adv, &mask)?
     } else {
         adv
     };
+    let kind = token_level_rewards.kind();
     Ok(Advantages {
-        advantages,
-        returns,
+        advantages: advantages.to_kind(kind),
+        returns: returns.to_kind(kind),
     })
 }
 
@@ -271,22 +290,14 @@ pub fn reinforce_plus_plus(
     response_mask: &Tensor,
     gamma: f64,
 ) -> Result<Advantages> {
-    let (r, mask) = host_rewards(token_level_rewards, response_mask)?;
-    let gamma = gamma as f32;
-    let mut ret = r.clone();
-    for (row, m_row) in ret.iter_mut().zip(&mask) {
-        let mut running = 0f32;
-        for t in (0..row.len()).rev() {
-            running = row[t] + gamma * running;
-            row[t] = running;
-            running *= m_row[t];
-        }
-    }
-    let returns = masked_tensor(ret, &mask, token_level_rewards)?;
-    let advantages = whiten_masked(&returns, response_mask)?;
+    let (r, mask) = clean_rewards(token_level_rewards, response_mask)?;
+    // G_t = r_t + γ·mask_{t+1}·G_{t+1} (verl multiplies the running return by the mask).
+    let returns = reverse_linear_scan(&(shift_left(&mask, 1) * gamma), &r) * &mask;
+    let advantages = whiten_masked(&returns, &mask)?;
+    let kind = token_level_rewards.kind();
     Ok(Advantages {
-        advantages,
-        returns,
+        advantages: advantages.to_kind(kind),
+        returns: returns.to_kind(kind),
     })
 }
 
@@ -303,45 +314,34 @@ pub fn remax(
     response_mask: &Tensor,
     reward_baselines: &[f32],
 ) -> Result<Advantages> {
-    let (r, mask) = host_rewards(token_level_rewards, response_mask)?;
-    if reward_baselines.len() != r.len() {
+    let (r, mask) = clean_rewards(token_level_rewards, response_mask)?;
+    let batch = r.size()[0] as usize;
+    if reward_baselines.len() != batch {
         return Err(Error::LengthMismatch {
             arg: "reward_baselines",
             got: reward_baselines.len(),
-            expected: r.len(),
+            expected: batch,
         });
     }
-    let mut ret = r;
-    for row in ret.iter_mut() {
-        let mut acc = 0f32;
-        for x in row.iter_mut().rev() {
-            acc += *x;
-            *x = acc;
-        }
-    }
-    let adv: Vec<Vec<f32>> = ret
-        .iter()
-        .zip(reward_baselines)
-        .map(|(row, &b)| row.iter().map(|&g| g - b).collect())
-        .collect();
+    let returns = r.flip(1).cumsum(1, r.kind()).flip(1); // Σ_{s ≥ t} r_s
+    let baselines = Tensor::from_slice(reward_baselines)
+        .to_device(r.device())
+        .to_kind(r.kind())
+        .unsqueeze(1); // (batch, 1)
+    let kind = token_level_rewards.kind();
     Ok(Advantages {
-        advantages: masked_tensor(adv, &mask, token_level_rewards)?,
-        returns: masked_tensor(ret, &mask, token_level_rewards)?,
+        advantages: ((&returns - baselines) * &mask).to_kind(kind),
+        returns: (returns * mask).to_kind(kind),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
-
-    fn t2(data: &[&[f32]]) -> Tensor {
-        let rows: Vec<Vec<f32>> = data.iter().map(|r| r.to_vec()).collect();
-        Tensor::new(rows, &Device::Cpu).unwrap()
-    }
+    use crate::masked::test_util::*;
 
     fn assert_rows(t: &Tensor, want: &[&[f32]], tol: f32) {
-        let got = rows(t).unwrap();
+        let got = rows(t);
         assert_eq!(got.len(), want.len());
         for (g, w) in got.iter().zip(want) {
             for (a, b) in g.iter().zip(w.iter()) {
@@ -452,6 +452,99 @@ mod tests {
                 e => panic!("{e}"),
             }
         }
+    }
+
+    type Rows = Vec<Vec<f32>>;
+
+    /// The recurrences one step per token (verl's loop), on the host.
+    fn sequential(r: &[Vec<f32>], v: &[Vec<f32>], m: &[Vec<f32>], g: f32, l: f32) -> [Rows; 3] {
+        let (mut adv, mut ret, mut rpp) = (r.to_vec(), r.to_vec(), r.to_vec());
+        for i in 0..r.len() {
+            let (mut next_value, mut last_gae, mut running) = (0f32, 0f32, 0f32);
+            for t in (0..r[i].len()).rev() {
+                let rt = if m[i][t] == 0.0 {
+                    0.0
+                } else {
+                    r[i][t] * m[i][t]
+                };
+                running = rt + g * running;
+                rpp[i][t] = running * m[i][t];
+                running *= m[i][t];
+                if m[i][t] != 0.0 {
+                    let delta = rt + g * next_value - v[i][t];
+                    last_gae = delta + g * l * last_gae;
+                    next_value = v[i][t];
+                }
+                adv[i][t] = last_gae * m[i][t];
+                ret[i][t] = (last_gae + v[i][t]) * m[i][t];
+            }
+        }
+        [adv, ret, rpp]
+    }
+
+    #[test]
+    fn scans_match_the_sequential_recurrences() {
+        // 5 rows of 37 tokens (not a power of two), holes inside rows, an empty
+        // row, NaN on padding: recursive doubling must agree with the loop.
+        let (b, len) = (5usize, 37usize);
+        let pseudo = |k: usize| ((k * 7919 % 1000) as f32 / 500.0) - 1.0;
+        let mut r: Rows = (0..b)
+            .map(|i| (0..len).map(|t| pseudo(i * len + t)).collect())
+            .collect();
+        let mut v: Rows = (0..b)
+            .map(|i| (0..len).map(|t| pseudo(3 * i * len + t + 1)).collect())
+            .collect();
+        let m: Rows = (0..b)
+            .map(|i| {
+                (0..len)
+                    .map(|t| f32::from(i != 3 && t < 30 - 4 * i && (t + i) % 9 != 4))
+                    .collect()
+            })
+            .collect();
+        let want = sequential(&r, &v, &m, 0.95, 0.9);
+        for i in 0..b {
+            for t in 0..len {
+                if m[i][t] == 0.0 {
+                    (r[i][t], v[i][t]) = (f32::NAN, f32::INFINITY);
+                }
+            }
+        }
+        let tensor = |x: &Rows| Tensor::from_slice2(x);
+        let (rt, vt, mt) = (tensor(&r), tensor(&v), tensor(&m));
+        let g = gae(&rt, &vt, &mt, 0.95, 0.9, false).unwrap();
+        let rpp = reinforce_plus_plus(&rt, &mt, 0.95).unwrap();
+        for (got, want) in [
+            (&g.advantages, &want[0]),
+            (&g.returns, &want[1]),
+            (&rpp.returns, &want[2]),
+        ] {
+            let got = rows(got);
+            for (gr, wr) in got.iter().zip(want) {
+                for (x, y) in gr.iter().zip(wr) {
+                    assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_rewards_give_bf16_advantages() {
+        let r = t2(&[&[0.0, 0.0, 1.0], &[0.0, 2.0, 3.0]]);
+        let m = t2(&[&[1.0, 1.0, 1.0], &[1.0, 1.0, 0.0]]);
+        let want = remax(&r, &m, &[0.25, 1.0]).unwrap();
+        let bf = |t: &Tensor| t.to_kind(tch::Kind::BFloat16);
+        let got = remax(&bf(&r), &bf(&m), &[0.25, 1.0]).unwrap();
+        let close = |a: &Tensor, b: &Tensor, tol: f32| {
+            for (x, y) in rows(a).iter().flatten().zip(rows(b).iter().flatten()) {
+                assert!((x - y).abs() < tol, "{a:?} vs {b:?}");
+            }
+        };
+        assert_eq!(got.advantages.kind(), tch::Kind::BFloat16);
+        close(&got.advantages, &want.advantages, 1e-2);
+        let got = gae(&bf(&r), &bf(&r), &bf(&m), 0.9, 0.8, true).unwrap();
+        let want = gae(&r, &r, &m, 0.9, 0.8, true).unwrap();
+        assert_eq!(got.returns.kind(), tch::Kind::BFloat16);
+        close(&got.advantages, &want.advantages, 2e-2);
     }
 
     #[test]

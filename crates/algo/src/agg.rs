@@ -10,11 +10,11 @@
 //! arXiv:2503.14476) argues for token-mean. The definitions are verl's
 //! `agg_loss`, including which denominators can be replaced by global counts.
 
-use candle_core::{DType, Tensor, D};
 use serde::{Deserialize, Serialize};
+use tch::Tensor;
 
 use crate::error::{Error, Result};
-use crate::masked::{check_like, dims2, masked_sum, MASK_EPS};
+use crate::masked::{check_like, dims2, masked_sum, masked_sum_rows, upcast, MASK_EPS};
 
 /// How per-token losses are reduced to a scalar. Config names are verl's
 /// (`loss_agg_mode = "seq-mean-token-mean"`).
@@ -86,7 +86,7 @@ fn positive(field: &'static str, v: Option<f64>) -> Result<Option<f64>> {
 }
 
 /// Aggregates `loss_mat` (batch, response_len) under `response_mask` (same
-/// shape and dtype, 1.0 for response tokens, 0.0 for padding) into a scalar
+/// shape and kind, 1.0 for response tokens, 0.0 for padding) into a scalar
 /// tensor, differentiably in `loss_mat`. (verl `agg_loss`.)
 ///
 /// With B the batch, L = response_len, n_i = Σ_t mask_it, S_i = Σ_t loss_it·mask_it,
@@ -99,42 +99,46 @@ fn positive(field: &'static str, v: Option<f64>) -> Result<Option<f64>> {
 /// | seq-mean-token-mean | Σ_{i: n_i>0} (S_i / n_i) / (`global_batch_size` or N_seq) |
 /// | seq-mean-token-sum-norm | Σ_i S_i / (`loss_scale_factor` or L) |
 ///
+/// The sums are accumulated, and the scalar returned, in
+/// [`acc_kind`](crate::masked::acc_kind) (f32 for bf16 inputs). Counts stay on
+/// the device: nothing is read back to the host.
+///
 /// Departure from verl: where verl would divide 0 by 0 (an all-padding batch
 /// under token-mean or the seq-mean modes) the result here is 0, with zero
 /// gradient, instead of NaN.
 pub fn agg_loss(loss_mat: &Tensor, response_mask: &Tensor, agg: LossAgg) -> Result<Tensor> {
     let (_, len) = dims2("loss_mat", loss_mat)?;
     check_like("loss_mat", loss_mat, "response_mask", response_mask)?;
+    let (loss_mat, mask) = (upcast(loss_mat), upcast(response_mask));
+    let kind = mask.kind();
     let scale = agg.scale;
-    let host = |t: Tensor| -> Result<f64> { Ok(t.to_dtype(DType::F64)?.to_scalar::<f64>()?) };
-    // A zero denominator only occurs with a zero numerator; dividing by 1 gives 0.
-    let nonzero = |d: f64| if d > 0.0 { d } else { 1.0 };
+    // `total` divided by the configured denominator, or else by `count` (a
+    // tensor). A zero count only occurs with a zero total; dividing by 1 gives 0.
+    let divide = |total: Tensor, configured: Option<f64>, count: Tensor| match configured {
+        Some(n) => total / n,
+        None => total / count.where_scalarother(&count.gt(0.0), 1.0),
+    };
     match agg.mode {
         LossAggMode::TokenMean => {
-            let n = match positive("batch_num_tokens", scale.batch_num_tokens)? {
-                Some(n) => n,
-                None => host(response_mask.sum_all()?)?,
-            };
-            Ok(masked_sum(loss_mat, response_mask)?.affine(1.0 / nonzero(n), 0.0)?)
+            let n = positive("batch_num_tokens", scale.batch_num_tokens)?;
+            Ok(divide(masked_sum(&loss_mat, &mask)?, n, mask.sum(kind)))
         }
         LossAggMode::SeqMeanTokenSum | LossAggMode::SeqMeanTokenMean => {
-            let counts = response_mask.sum(D::Minus1)?; // (batch,)
-            let seq_mask = counts.gt(0.0)?.to_dtype(loss_mat.dtype())?; // (batch,)
-            let mut seq_losses = crate::masked::masked_sum_rows(loss_mat, response_mask)?;
-            if agg.mode == LossAggMode::SeqMeanTokenMean {
-                seq_losses = seq_losses.div(&counts.affine(1.0, MASK_EPS)?)?;
-            }
-            let n = match positive("global_batch_size", scale.global_batch_size)? {
-                Some(n) => n,
-                None => host(seq_mask.sum_all()?)?,
+            let n = positive("global_batch_size", scale.global_batch_size)?;
+            let counts = mask.sum_dim_intlist(-1, false, kind); // (batch,)
+            let seq_mask = counts.gt(0.0).to_kind(kind); // (batch,)
+            let seq_sums = masked_sum_rows(&loss_mat, &mask)?; // (batch,)
+            let seq_losses = match agg.mode {
+                LossAggMode::SeqMeanTokenMean => seq_sums / (counts + MASK_EPS),
+                _ => seq_sums,
             };
             let total = masked_sum(&seq_losses, &seq_mask)?;
-            Ok(total.affine(1.0 / nonzero(n), 0.0)?)
+            Ok(divide(total, n, seq_mask.sum(kind)))
         }
         LossAggMode::SeqMeanTokenSumNorm => {
-            let norm =
-                positive("loss_scale_factor", scale.loss_scale_factor)?.unwrap_or(len as f64);
-            Ok(masked_sum(loss_mat, response_mask)?.affine(1.0 / nonzero(norm), 0.0)?)
+            let norm = positive("loss_scale_factor", scale.loss_scale_factor)?
+                .unwrap_or(if len > 0 { len as f64 } else { 1.0 });
+            Ok(masked_sum(&loss_mat, &mask)? / norm)
         }
     }
 }
@@ -142,13 +146,7 @@ pub fn agg_loss(loss_mat: &Tensor, response_mask: &Tensor, agg: LossAgg) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::masked::scalar;
-    use candle_core::{Device, Var};
-
-    fn t2(data: &[&[f32]]) -> Tensor {
-        let rows: Vec<Vec<f32>> = data.iter().map(|r| r.to_vec()).collect();
-        Tensor::new(rows, &Device::Cpu).unwrap()
-    }
+    use crate::masked::test_util::*;
 
     // loss = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]]
     // mask = [[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]]
@@ -162,7 +160,7 @@ mod tests {
 
     fn agg(mode: LossAggMode, scale: AggScale) -> f64 {
         let (l, m) = case();
-        scalar(&agg_loss(&l, &m, LossAgg { mode, scale }).unwrap()).unwrap()
+        scalar(&agg_loss(&l, &m, LossAgg { mode, scale }).unwrap())
     }
 
     #[test]
@@ -226,10 +224,7 @@ mod tests {
             LossAggMode::SeqMeanTokenMean,
             LossAggMode::SeqMeanTokenSumNorm,
         ] {
-            assert_eq!(
-                scalar(&agg_loss(&l, &m, mode.into()).unwrap()).unwrap(),
-                0.0
-            );
+            assert_eq!(scalar(&agg_loss(&l, &m, mode.into()).unwrap()), 0.0);
         }
     }
 
@@ -237,10 +232,10 @@ mod tests {
     fn gradient_of_seq_mean_token_mean() {
         // d/dloss_it = mask_it / (n_i · N_seq): row 0 → 1/(3·2) = 1/6, row 1 → 1/(1·2) = 1/2.
         let (l, m) = case();
-        let v = Var::from_tensor(&l).unwrap();
-        let loss = agg_loss(v.as_tensor(), &m, LossAggMode::SeqMeanTokenMean.into()).unwrap();
-        let g = loss.backward().unwrap();
-        let g = g.get(v.as_tensor()).unwrap().to_vec2::<f32>().unwrap();
+        let v = var(&l);
+        let loss = agg_loss(&v, &m, LossAggMode::SeqMeanTokenMean.into()).unwrap();
+        loss.backward();
+        let g = rows(&v.grad());
         assert!((g[0][0] - 1.0 / 6.0).abs() < 1e-6, "{g:?}");
         assert!((g[1][0] - 0.5).abs() < 1e-6, "{g:?}");
         assert_eq!(g[0][3], 0.0);

@@ -5,33 +5,34 @@
 //! 2017, eq. 9) keeps the policy from collapsing early. The caller subtracts
 //! `entropy_coeff · entropy_bonus(..)` from the loss (verl `actor.entropy_coeff`).
 
-use candle_core::{Tensor, D};
+use tch::Tensor;
 
 use crate::agg::{agg_loss, LossAgg};
 use crate::error::{Error, Result};
-use crate::masked::check_all;
+use crate::masked::{acc_kind, check_all};
 
-/// Categorical entropy per position, H = logsumexp(z) − Σ softmax(z)·z.
+/// Categorical entropy per position, H = −Σ_k p_k log p_k with log p = log_softmax(z).
 ///
-/// Shapes: `logits` (batch, response_len, vocab) → (batch, response_len).
-/// Differentiable in `logits`; the max subtracted for stability is detached,
-/// which does not change the value or the gradient (H is shift-invariant).
-/// (verl `entropy_from_logits`.)
+/// Shapes: `logits` (batch, response_len, vocab) → (batch, response_len), of
+/// the logits' kind. Differentiable in `logits`. `log_softmax` subtracts the
+/// maximum internally, so large logits do not overflow; for bf16 logits it
+/// runs in f32 (one f32 copy of the logits), since a sum over a vocabulary of
+/// 150k terms is beyond bf16's precision. (verl `entropy_from_logits`.)
 pub fn entropy_from_logits(logits: &Tensor) -> Result<Tensor> {
-    if logits.rank() != 3 {
+    if logits.dim() != 3 || !logits.is_floating_point() {
         return Err(Error::InvalidInput {
             arg: "logits",
             reason: format!(
-                "expected (batch, response_len, vocab), got shape {:?}",
-                logits.dims()
+                "expected a floating-point (batch, response_len, vocab) tensor, got shape {:?} of {:?}",
+                logits.size(),
+                logits.kind()
             ),
         });
     }
-    let z = logits.broadcast_sub(&logits.max_keepdim(D::Minus1)?.detach())?;
-    let lse = z.exp()?.sum_keepdim(D::Minus1)?.log()?; // (b, l, 1)
-    let p = z.broadcast_sub(&lse)?.exp()?;
-    let h = lse.squeeze(D::Minus1)?.sub(&p.mul(&z)?.sum(D::Minus1)?)?;
-    Ok(h)
+    let kind = acc_kind(logits.kind());
+    let log_p = logits.log_softmax(-1, kind);
+    let h = -(log_p.exp() * &log_p).sum_dim_intlist(-1, false, kind);
+    Ok(h.to_kind(logits.kind()))
 }
 
 /// The entropy term: `agg_loss(entropy, response_mask, agg)`, a scalar tensor.
@@ -47,22 +48,21 @@ pub fn entropy_bonus(entropy: &Tensor, response_mask: &Tensor, agg: LossAgg) -> 
 mod tests {
     use super::*;
     use crate::agg::LossAggMode;
-    use crate::masked::{rows, scalar};
-    use candle_core::{Device, Var};
+    use crate::masked::test_util::*;
+    use tch::Kind;
 
     #[test]
     fn uniform_and_peaked_logits() {
         // Uniform over 4 → ln 4 = 1.386294. Logits [0, ln 3] → p = [1/4, 3/4]:
         // H = −(¼ ln ¼ + ¾ ln ¾) = 0.562335. Large logits must not overflow.
-        let l = Tensor::new(
-            &[
-                [[0f32, 0., 0., 0.], [1000., 1000., 1000., 1000.]],
-                [[0., 3f32.ln(), -1e30, -1e30], [0., 0., 0., 0.]],
-            ],
-            &Device::Cpu,
-        )
-        .unwrap();
-        let h = rows(&entropy_from_logits(&l).unwrap()).unwrap();
+        let l = Tensor::from_slice2(&[
+            [0f32, 0., 0., 0.],
+            [1000., 1000., 1000., 1000.],
+            [0., 3f32.ln(), -1e30, -1e30],
+            [0., 0., 0., 0.],
+        ])
+        .reshape([2, 2, 4]);
+        let h = rows(&entropy_from_logits(&l).unwrap());
         assert!((h[0][0] - 1.386_294).abs() < 1e-5, "{h:?}");
         assert!((h[0][1] - 1.386_294).abs() < 1e-5, "{h:?}");
         assert!((h[1][0] - 0.562_335).abs() < 1e-5, "{h:?}");
@@ -72,15 +72,13 @@ mod tests {
     fn gradient_matches_closed_form() {
         // dH/dz_k = −p_k (log p_k + H). For p = [¼, ¾], H = 0.562335:
         // dH/dz_0 = −¼ (ln ¼ + H) = 0.205990, dH/dz_1 = −0.205990.
-        let z =
-            Var::from_tensor(&Tensor::new(&[[[0f32, 3f32.ln()]]], &Device::Cpu).unwrap()).unwrap();
-        let h = entropy_from_logits(z.as_tensor()).unwrap();
-        let mask = Tensor::new(&[[1f32]], &Device::Cpu).unwrap();
+        let z = var(&Tensor::from_slice(&[0f32, 3f32.ln()]).reshape([1, 1, 2]));
+        let h = entropy_from_logits(&z).unwrap();
+        let mask = t2(&[&[1.0]]);
         let bonus = entropy_bonus(&h, &mask, LossAggMode::TokenMean.into()).unwrap();
-        assert!((scalar(&bonus).unwrap() - 0.562_335).abs() < 1e-5);
-        let g = bonus.backward().unwrap();
-        let g = g.get(z.as_tensor()).unwrap().flatten_all().unwrap();
-        let g = g.to_vec1::<f32>().unwrap();
+        assert!((scalar(&bonus) - 0.562_335).abs() < 1e-5);
+        bonus.backward();
+        let g = Vec::<f32>::try_from(z.grad().flatten(0, -1)).unwrap();
         assert!(
             (g[0] - 0.205_990).abs() < 1e-5 && (g[1] + 0.205_990).abs() < 1e-5,
             "{g:?}"
@@ -88,11 +86,24 @@ mod tests {
     }
 
     #[test]
-    fn rejects_2d_logits() {
-        let l = Tensor::new(&[[0f32, 1.]], &Device::Cpu).unwrap();
-        assert!(matches!(
-            entropy_from_logits(&l).unwrap_err(),
-            Error::InvalidInput { arg: "logits", .. }
-        ));
+    fn rejects_2d_and_integer_logits() {
+        for l in [
+            t2(&[&[0.0, 1.0]]),
+            Tensor::zeros([1, 1, 2], (Kind::Int64, tch::Device::Cpu)),
+        ] {
+            assert!(matches!(
+                entropy_from_logits(&l).unwrap_err(),
+                Error::InvalidInput { arg: "logits", .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn bf16_logits_give_bf16_entropy_computed_in_f32() {
+        // Uniform over 50k: ln 50000 = 10.819778; bf16 keeps ~3 significant digits.
+        let l = Tensor::zeros([1, 1, 50_000], (Kind::BFloat16, tch::Device::Cpu));
+        let h = entropy_from_logits(&l).unwrap();
+        assert_eq!(h.kind(), Kind::BFloat16);
+        assert!((scalar(&h) - 10.819_778).abs() < 0.05, "{h:?}");
     }
 }

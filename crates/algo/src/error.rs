@@ -4,12 +4,12 @@
 ///
 /// Misuse (inputs of the wrong shape, a missing input an estimator needs, a
 /// configuration value outside its range) is reported with the argument or
-/// field by name; numerical failures inside candle are wrapped as they are.
+/// field by name; failures inside libtorch are wrapped as they are.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// An error raised by a candle tensor operation.
+    /// An error raised by a libtorch operation (through `tch`).
     #[error(transparent)]
-    Candle(#[from] candle_core::Error),
+    Torch(#[from] tch::TchError),
 
     /// An input tensor does not have the shape the others fix.
     #[error("shape mismatch: `{arg}` has shape {got:?}, but `{reference}` has shape {expected:?}")]
@@ -44,17 +44,30 @@ pub enum Error {
         expected: usize,
     },
 
-    /// The inputs do not share one floating-point dtype.
+    /// The inputs do not share one floating-point kind (dtype).
     #[error("dtype mismatch: `{arg}` is {got:?}, but `{reference}` is {expected:?}")]
     DTypeMismatch {
-        /// The argument with the unexpected dtype.
+        /// The argument with the unexpected kind.
         arg: &'static str,
-        /// Its dtype.
-        got: candle_core::DType,
-        /// The argument whose dtype the others must match.
+        /// Its kind.
+        got: tch::Kind,
+        /// The argument whose kind the others must match.
         reference: &'static str,
-        /// That argument's dtype.
-        expected: candle_core::DType,
+        /// That argument's kind.
+        expected: tch::Kind,
+    },
+
+    /// The inputs are not all on one device.
+    #[error("device mismatch: `{arg}` is on {got:?}, but `{reference}` is on {expected:?}")]
+    DeviceMismatch {
+        /// The argument on the unexpected device.
+        arg: &'static str,
+        /// Its device.
+        got: tch::Device,
+        /// The argument whose device the others must match.
+        reference: &'static str,
+        /// That argument's device.
+        expected: tch::Device,
     },
 
     /// An estimator was asked for without an input it needs.
@@ -112,5 +125,15 @@ mod tests {
             arg: "values",
         };
         assert!(e.to_string().contains("`gae` needs `values`"));
+        let e = Error::DeviceMismatch {
+            arg: "response_mask",
+            got: tch::Device::Cpu,
+            reference: "log_prob",
+            expected: tch::Device::Cuda(0),
+        };
+        assert_eq!(
+            e.to_string(),
+            "device mismatch: `response_mask` is on Cpu, but `log_prob` is on Cuda(0)"
+        );
     }
 }

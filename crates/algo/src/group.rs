@@ -11,75 +11,86 @@
 //! score itself (divided by 1 + ε for GRPO): there is nothing to compare with,
 //! and verl chose not to drop the sample. Inputs and outputs follow the
 //! conventions in [`crate::advantage`].
+//!
+//! The group statistics run on the rewards' device, accumulated in f32 (f64
+//! for f64 rewards): the prompt ids are numbered on the host, and a
+//! (groups, batch) membership matrix turns per-group sums into one
+//! matrix-vector product — deterministic, unlike scatter-adds, whose atomic
+//! float additions on a GPU vary in order from run to run.
 
 use std::collections::HashMap;
 
-use candle_core::Tensor;
+use tch::{Kind, Tensor};
 
-use crate::advantage::{host_rewards, masked_tensor, whiten_masked, Advantages};
+use crate::advantage::{clean_rewards, whiten_masked, Advantages};
 use crate::error::{Error, Result};
 
-/// Group statistics of the scores.
-struct Group {
-    n: usize,
-    mean: f64,
-    /// Unbiased (n − 1) standard deviation, as `torch.std`.
-    std: f64,
+/// Per-row scores and the statistics of each row's group, all (batch,).
+struct Scored {
+    /// s_i, the summed reward of row i.
+    score: Tensor,
+    /// The size n of row i's group.
+    n: Tensor,
+    /// Its group's mean score (0 for a group of one).
+    mean: Tensor,
+    /// Its group's unbiased (n − 1) standard deviation, as `torch.std` (1 for a group of one).
+    std: Tensor,
 }
 
-/// Per-row scores and the statistics of each row's group.
-fn scores_and_groups(
-    rewards: &[Vec<f32>],
-    index: &[u64],
-) -> Result<(Vec<f64>, HashMap<u64, Group>)> {
-    if index.len() != rewards.len() {
+/// Scores of the (cleaned) rewards and their group statistics.
+fn scores_and_groups(rewards: &Tensor, index: &[u64]) -> Result<Scored> {
+    let batch = rewards.size()[0] as usize;
+    if index.len() != batch {
         return Err(Error::LengthMismatch {
             arg: "index",
             got: index.len(),
-            expected: rewards.len(),
+            expected: batch,
         });
     }
-    let scores: Vec<f64> = rewards
+    // Number the groups on the host, in order of first appearance.
+    let mut ids: HashMap<u64, i64> = HashMap::new();
+    let group: Vec<i64> = index
         .iter()
-        .map(|row| row.iter().map(|&x| f64::from(x)).sum())
-        .collect();
-    let mut members: HashMap<u64, Vec<f64>> = HashMap::new();
-    for (&id, &s) in index.iter().zip(&scores) {
-        members.entry(id).or_default().push(s);
-    }
-    let groups = members
-        .into_iter()
-        .map(|(id, v)| {
-            let n = v.len();
-            let g = if n == 1 {
-                Group {
-                    n,
-                    mean: 0.0,
-                    std: 1.0,
-                }
-            } else {
-                let mean = v.iter().sum::<f64>() / n as f64;
-                let var = v.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
-                Group {
-                    n,
-                    mean,
-                    std: var.sqrt(),
-                }
-            };
-            (id, g)
+        .map(|id| {
+            let next = ids.len() as i64;
+            *ids.entry(*id).or_insert(next)
         })
         .collect();
-    Ok((scores, groups))
+    let (kind, device) = (rewards.kind(), rewards.device());
+    let group = Tensor::from_slice(&group).to_device(device); // (batch,)
+    let members = Tensor::arange(ids.len() as i64, (Kind::Int64, device))
+        .unsqueeze(1)
+        .eq_tensor(&group.unsqueeze(0))
+        .to_kind(kind); // (groups, batch): 1 where row j is in group g
+    let per_row = |per_group: &Tensor| per_group.index_select(0, &group);
+
+    let score = rewards.sum_dim_intlist(-1, false, kind); // (batch,)
+    let n_group = members.sum_dim_intlist(-1, false, kind); // (groups,)
+    let several = n_group.gt(1.0);
+    let mean = (members.mv(&score) / &n_group).where_scalarother(&several, 0.0);
+    let centred = &score - per_row(&mean);
+    let var = members.mv(&centred.square()) / (&n_group - 1.0).clamp_min(1.0);
+    let std = var.sqrt().where_scalarother(&several, 1.0);
+    Ok(Scored {
+        n: per_row(&n_group),
+        mean: per_row(&mean),
+        std: per_row(&std),
+        score,
+    })
 }
 
-/// One advantage per row, broadcast over that row's response tokens.
-fn broadcast(per_row: &[f64], mask: &[Vec<f32>], like: &Tensor) -> Result<Tensor> {
-    let data = per_row
-        .iter()
-        .zip(mask)
-        .map(|(&a, m_row)| vec![a as f32; m_row.len()])
-        .collect();
-    masked_tensor(data, mask, like)
+/// One advantage per row (batch,), broadcast over that row's response tokens,
+/// in the rewards' kind.
+fn broadcast(per_row: &Tensor, mask: &Tensor, like: &Tensor) -> Tensor {
+    (per_row.unsqueeze(1) * mask).to_kind(like.kind())
+}
+
+/// Outcome advantages whose returns are the advantages (the same storage).
+fn outcome(advantages: Tensor) -> Advantages {
+    Advantages {
+        returns: advantages.shallow_clone(),
+        advantages,
+    }
 }
 
 /// GRPO's outcome advantage (Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300,
@@ -98,25 +109,15 @@ pub fn grpo(
     epsilon: f64,
     norm_by_std: bool,
 ) -> Result<Advantages> {
-    let (r, mask) = host_rewards(token_level_rewards, response_mask)?;
-    let (scores, groups) = scores_and_groups(&r, index)?;
-    let adv: Vec<f64> = scores
-        .iter()
-        .zip(index)
-        .map(|(&s, id)| {
-            let g = &groups[id];
-            if norm_by_std {
-                (s - g.mean) / (g.std + epsilon)
-            } else {
-                s - g.mean
-            }
-        })
-        .collect();
-    let advantages = broadcast(&adv, &mask, token_level_rewards)?;
-    Ok(Advantages {
-        returns: advantages.clone(),
-        advantages,
-    })
+    let (r, mask) = clean_rewards(token_level_rewards, response_mask)?;
+    let g = scores_and_groups(&r, index)?;
+    let centred = g.score - g.mean;
+    let adv = if norm_by_std {
+        centred / (g.std + epsilon)
+    } else {
+        centred
+    };
+    Ok(outcome(broadcast(&adv, &mask, token_level_rewards)))
 }
 
 /// RLOO, REINFORCE with a leave-one-out baseline (Kool et al. 2019, "Buy 4
@@ -130,26 +131,12 @@ pub fn rloo(
     response_mask: &Tensor,
     index: &[u64],
 ) -> Result<Advantages> {
-    let (r, mask) = host_rewards(token_level_rewards, response_mask)?;
-    let (scores, groups) = scores_and_groups(&r, index)?;
-    let adv: Vec<f64> = scores
-        .iter()
-        .zip(index)
-        .map(|(&s, id)| {
-            let g = &groups[id];
-            if g.n > 1 {
-                let n = g.n as f64;
-                (s - g.mean) * n / (n - 1.0)
-            } else {
-                s
-            }
-        })
-        .collect();
-    let advantages = broadcast(&adv, &mask, token_level_rewards)?;
-    Ok(Advantages {
-        returns: advantages.clone(),
-        advantages,
-    })
+    let (r, mask) = clean_rewards(token_level_rewards, response_mask)?;
+    let g = scores_and_groups(&r, index)?;
+    // n/(n − 1)·(s − mean); a group of one has mean 0 and keeps s (the factor is moot).
+    let factor = &g.n / (&g.n - 1.0).clamp_min(1.0);
+    let adv = ((&g.score - &g.mean) * factor).where_self(&g.n.gt(1.0), &g.score);
+    Ok(outcome(broadcast(&adv, &mask, token_level_rewards)))
 }
 
 /// REINFORCE++-baseline (Hu 2025, arXiv:2501.03262); verl
@@ -164,31 +151,17 @@ pub fn reinforce_plus_plus_baseline(
     response_mask: &Tensor,
     index: &[u64],
 ) -> Result<Advantages> {
-    let (r, mask) = host_rewards(token_level_rewards, response_mask)?;
-    let (scores, groups) = scores_and_groups(&r, index)?;
-    let centred: Vec<f64> = scores
-        .iter()
-        .zip(index)
-        .map(|(&s, id)| s - groups[id].mean)
-        .collect();
-    let centred = broadcast(&centred, &mask, token_level_rewards)?;
-    let advantages = whiten_masked(&centred, response_mask)?;
-    Ok(Advantages {
-        returns: advantages.clone(),
-        advantages,
-    })
+    let (r, mask) = clean_rewards(token_level_rewards, response_mask)?;
+    let g = scores_and_groups(&r, index)?;
+    let centred = (g.score - g.mean).unsqueeze(1) * &mask; // (batch, response_len)
+    let advantages = whiten_masked(&centred, &mask)?.to_kind(token_level_rewards.kind());
+    Ok(outcome(advantages))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::masked::rows;
-    use candle_core::Device;
-
-    fn t2(data: &[&[f32]]) -> Tensor {
-        let rows: Vec<Vec<f32>> = data.iter().map(|r| r.to_vec()).collect();
-        Tensor::new(rows, &Device::Cpu).unwrap()
-    }
+    use crate::masked::test_util::*;
 
     /// Outcome rewards on the last response token of each row; returns (rewards, mask).
     /// Row lengths 2, 1, 2, 2, 1; scores 1, 0, 0, 3, 5.
@@ -203,7 +176,7 @@ mod tests {
     const INDEX: [u64; 5] = [7, 7, 7, 9, 4];
 
     fn per_row(t: &Tensor) -> Vec<f32> {
-        rows(t).unwrap().iter().map(|r| r[0]).collect()
+        rows(t).iter().map(|r| r[0]).collect()
     }
 
     #[test]
@@ -219,7 +192,7 @@ mod tests {
             assert!((x - w).abs() < 1e-4, "{a:?}");
         }
         // broadcast over response tokens only
-        let full = rows(&out.advantages).unwrap();
+        let full = rows(&out.advantages);
         assert_eq!(full[1][1], 0.0);
         assert!((full[0][1] - 1.154_699).abs() < 1e-4);
         // Dr. GRPO: no division.
@@ -264,8 +237,7 @@ mod tests {
             &reinforce_plus_plus_baseline(&r, &m, &INDEX)
                 .unwrap()
                 .advantages,
-        )
-        .unwrap();
+        );
         let want = [
             [z(2. / 3.), z(2. / 3.)],
             [z(-1. / 3.), 0.0],

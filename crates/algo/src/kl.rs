@@ -17,12 +17,12 @@
 //! Ziegler et al. 2019 ("Fine-Tuning Language Models from Human Preferences",
 //! arXiv:1909.08593), as verl's `kl_ctrl`.
 
-use candle_core::{Tensor, D};
 use serde::{Deserialize, Serialize};
+use tch::Tensor;
 
 use crate::agg::{agg_loss, LossAgg};
 use crate::error::{Error, Result};
-use crate::masked::{check_all, masked_mean, masked_mean_rows, scalar};
+use crate::masked::{check_all, host_means, masked_mean_rows, upcast, zero_padding};
 
 /// Bound on log r before the exponential in k3 (verl's value).
 pub const K3_LOG_RATIO_CLAMP: f64 = 20.0;
@@ -47,29 +47,36 @@ pub enum KlEstimator {
     K3,
 }
 
-/// Per-token KL estimate, shape (batch, response_len) like both inputs.
+/// Per-token KL estimate, shape (batch, response_len) like both inputs, and
+/// of their kind (computed in f32 for bf16 inputs, where k3's r − 1 − log r
+/// would cancel to nothing).
 ///
 /// Differentiable in `log_prob` (and `ref_log_prob`, though the reference is
 /// normally a constant). Padding positions are *not* zeroed: aggregate with a
 /// mask, or use [`kl_loss`]. (verl `kl_penalty_forward`.)
 pub fn kl_estimate(log_prob: &Tensor, ref_log_prob: &Tensor, est: KlEstimator) -> Result<Tensor> {
     check_all(("log_prob", log_prob), &[("ref_log_prob", ref_log_prob)])?;
-    let diff = log_prob.sub(ref_log_prob)?;
-    Ok(match est {
+    Ok(estimate(&upcast(log_prob), &upcast(ref_log_prob), est).to_kind(log_prob.kind()))
+}
+
+/// [`kl_estimate`] without checks, in the inputs' kind.
+fn estimate(log_prob: &Tensor, ref_log_prob: &Tensor, est: KlEstimator) -> Tensor {
+    let diff = log_prob - ref_log_prob;
+    match est {
         KlEstimator::K1 => diff,
-        KlEstimator::Abs => diff.abs()?,
-        KlEstimator::K2 => diff.sqr()?.affine(0.5, 0.0)?,
+        KlEstimator::Abs => diff.abs(),
+        KlEstimator::K2 => diff.square() * 0.5,
         KlEstimator::K3 => {
-            let log_r = diff.neg()?.clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)?;
-            let k3 = log_r.exp()?.sub(&log_r)?.affine(1.0, -1.0)?;
-            k3.clamp(-K3_CLAMP, K3_CLAMP)?
+            let log_r = (-diff).clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP);
+            (log_r.exp() - &log_r - 1.0).clamp(-K3_CLAMP, K3_CLAMP)
         }
-    })
+    }
 }
 
 /// The KL term of the actor loss: `agg_loss(kl_estimate(..), response_mask, agg)`,
-/// a scalar tensor; the caller multiplies it by `kl_loss_coef` and adds it to
-/// the policy loss (GRPO's formulation, verl's `use_kl_loss`).
+/// a scalar tensor (f32 for bf16 inputs); the caller multiplies it by
+/// `kl_loss_coef` and adds it to the policy loss (GRPO's formulation, verl's
+/// `use_kl_loss`).
 ///
 /// Shapes: all three inputs (batch, response_len).
 pub fn kl_loss(
@@ -79,16 +86,19 @@ pub fn kl_loss(
     est: KlEstimator,
     agg: LossAgg,
 ) -> Result<Tensor> {
-    check_all(("log_prob", log_prob), &[("response_mask", response_mask)])?;
-    agg_loss(
-        &kl_estimate(log_prob, ref_log_prob, est)?,
-        response_mask,
-        agg,
-    )
+    check_all(
+        ("log_prob", log_prob),
+        &[
+            ("ref_log_prob", ref_log_prob),
+            ("response_mask", response_mask),
+        ],
+    )?;
+    let kl = estimate(&upcast(log_prob), &upcast(ref_log_prob), est);
+    agg_loss(&kl, &upcast(response_mask), agg)
 }
 
 /// Rewards with the KL penalty applied, and the KL that was measured.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct KlPenalty {
     /// token_level_scores − β · kl · mask, shape (batch, response_len), detached.
     pub token_level_rewards: Tensor,
@@ -100,12 +110,24 @@ pub struct KlPenalty {
     pub beta: f64,
 }
 
+/// A clone shares the rewards tensor's storage with the original (`shallow_clone`).
+impl Clone for KlPenalty {
+    fn clone(&self) -> Self {
+        KlPenalty {
+            token_level_rewards: self.token_level_rewards.shallow_clone(),
+            kl: self.kl,
+            beta: self.beta,
+        }
+    }
+}
+
 /// KL as a reward penalty (InstructGPT-style PPO, Ouyang et al. 2022,
 /// arXiv:2203.02155; verl's `use_kl_in_reward` / `apply_kl_penalty`):
 /// rewards_it = scores_it − β · kl_it · mask_it.
 ///
-/// Shapes: all four tensors (batch, response_len). The result is detached:
-/// rewards are data, not part of the graph.
+/// Shapes: all four tensors (batch, response_len). The result is detached
+/// (rewards are data, not part of the graph) and of the scores' kind; the
+/// measured KL is the one value read back to the host.
 pub fn apply_kl_penalty(
     token_level_scores: &Tensor,
     old_log_prob: &Tensor,
@@ -122,19 +144,20 @@ pub fn apply_kl_penalty(
             ("response_mask", response_mask),
         ],
     )?;
-    let kl = kl_estimate(&old_log_prob.detach(), &ref_log_prob.detach(), est)?;
+    let mask = upcast(response_mask);
+    let kl = estimate(
+        &upcast(&old_log_prob.detach()),
+        &upcast(&ref_log_prob.detach()),
+        est,
+    );
     // Zero the padding through the mask in a NaN-safe way (as masked_mean does).
-    let keep = response_mask.ne(0.0)?;
-    let kl = keep
-        .where_cond(&kl, &kl.zeros_like()?)?
-        .mul(response_mask)?;
-    let token_level_rewards = token_level_scores.detach().sub(&kl.affine(beta, 0.0)?)?;
-    let per_seq = masked_mean_rows(&kl, response_mask)?; // (batch,)
-    let non_empty = response_mask
-        .sum(D::Minus1)?
-        .gt(0.0)?
-        .to_dtype(per_seq.dtype())?;
-    let current = scalar(&masked_mean(&per_seq, &non_empty)?)?;
+    let kl = zero_padding(&kl, &mask) * &mask;
+    let token_level_rewards =
+        (upcast(&token_level_scores.detach()) - &kl * beta).to_kind(token_level_scores.kind());
+    let per_seq = masked_mean_rows(&kl, &mask)?; // (batch,)
+    let kind = mask.kind();
+    let non_empty = mask.sum_dim_intlist(-1, false, kind).gt(0.0).to_kind(kind);
+    let current = host_means(&[(&per_seq, &non_empty)])?[0];
     Ok(KlPenalty {
         token_level_rewards,
         kl: current,
@@ -255,20 +278,14 @@ impl KlController {
 mod tests {
     use super::*;
     use crate::agg::LossAggMode;
-    use crate::masked::rows;
-    use candle_core::{Device, Var};
-
-    fn t2(data: &[&[f32]]) -> Tensor {
-        let rows: Vec<Vec<f32>> = data.iter().map(|r| r.to_vec()).collect();
-        Tensor::new(rows, &Device::Cpu).unwrap()
-    }
+    use crate::masked::test_util::*;
 
     #[test]
     fn estimators_match_hand_values() {
         // d = lp − ref = [0.5, −1.0, 30.0]
         let lp = t2(&[&[-1.0, -2.0, 0.0]]);
         let rf = t2(&[&[-1.5, -1.0, -30.0]]);
-        let k = |e| rows(&kl_estimate(&lp, &rf, e).unwrap()).unwrap()[0].clone();
+        let k = |e| rows(&kl_estimate(&lp, &rf, e).unwrap())[0].clone();
         assert_eq!(k(KlEstimator::K1), vec![0.5, -1.0, 30.0]);
         assert_eq!(k(KlEstimator::Abs), vec![0.5, 1.0, 30.0]);
         assert_eq!(k(KlEstimator::K2), vec![0.125, 0.5, 450.0]);
@@ -284,19 +301,12 @@ mod tests {
     fn k3_loss_gradient() {
         // d k3 / d lp = 1 − exp(ref − lp). lp = −1, ref = −1.5: 1 − e^{−0.5} = 0.393469.
         // token-mean over two unmasked tokens halves it; the masked token gets 0.
-        let lp = Var::from_tensor(&t2(&[&[-1.0, -2.0, -3.0]])).unwrap();
+        let lp = var(&t2(&[&[-1.0, -2.0, -3.0]]));
         let rf = t2(&[&[-1.5, -2.0, 0.0]]);
         let m = t2(&[&[1.0, 1.0, 0.0]]);
-        let loss = kl_loss(
-            lp.as_tensor(),
-            &rf,
-            &m,
-            KlEstimator::K3,
-            LossAggMode::TokenMean.into(),
-        )
-        .unwrap();
-        let g = loss.backward().unwrap();
-        let g = rows(g.get(lp.as_tensor()).unwrap()).unwrap();
+        let loss = kl_loss(&lp, &rf, &m, KlEstimator::K3, LossAggMode::TokenMean.into()).unwrap();
+        loss.backward();
+        let g = rows(&lp.grad());
         assert!((g[0][0] - 0.393_469 / 2.0).abs() < 1e-6, "{g:?}");
         assert_eq!(g[0][1], 0.0); // lp == ref: 1 − e^0
         assert_eq!(g[0][2], 0.0);
@@ -310,7 +320,7 @@ mod tests {
         let m = t2(&[&[1.0, 1.0, 1.0], &[1.0, 1.0, 0.0]]);
         let p = apply_kl_penalty(&scores, &old, &rf, &m, KlEstimator::K1, 0.5).unwrap();
         // k1 = [[0.2, −0.1, 0], [1.0, 0, (masked)]]; rewards = scores − 0.5·k1.
-        let r = rows(&p.token_level_rewards).unwrap();
+        let r = rows(&p.token_level_rewards);
         let want = [[-0.1, 0.05, 1.0], [-0.5, 2.0, 0.0]];
         for (i, row) in want.iter().enumerate() {
             for (j, w) in row.iter().enumerate() {

@@ -20,18 +20,17 @@
 //! ## Example: one GRPO actor loss
 //!
 //! ```
-//! use candle_core::{Device, Tensor, Var};
 //! use colo_algo::{
 //!     compute_advantage, policy_loss, AdvantageConfig, AdvantageInputs, AggScale,
 //!     PolicyInputs, PolicyLossConfig,
 //! };
+//! use tch::Tensor;
 //!
 //! # fn main() -> colo_algo::Result<()> {
-//! let dev = Device::Cpu;
 //! // Two responses to one prompt (id 0), three tokens each; the second is two long.
-//! let mask = Tensor::new(&[[1f32, 1., 1.], [1., 1., 0.]], &dev)?;
+//! let mask = Tensor::from_slice2(&[[1f32, 1., 1.], [1., 1., 0.]]);
 //! // Outcome reward on the last response token: the first response was right.
-//! let rewards = Tensor::new(&[[0f32, 0., 1.], [0., 0., 0.]], &dev)?;
+//! let rewards = Tensor::from_slice2(&[[0f32, 0., 1.], [0., 0., 0.]]);
 //! let adv = compute_advantage(
 //!     &AdvantageConfig::default(), // adv_estimator = "grpo"
 //!     &AdvantageInputs {
@@ -43,24 +42,23 @@
 //!     },
 //! )?;
 //!
-//! // log π_θ from the trainer (a Var here so we can take its gradient).
-//! let old = Tensor::new(&[[-1f32, -2., -0.5], [-1., -1., 0.]], &dev)?;
-//! let log_prob = Var::from_tensor(&old)?;
+//! // log π_θ from the trainer (a leaf that records gradients, so we can take its gradient).
+//! let old = Tensor::from_slice2(&[[-1f32, -2., -0.5], [-1., -1., 0.]]);
+//! let log_prob = old.copy().set_requires_grad(true);
 //! let out = policy_loss(
 //!     &PolicyLossConfig::default(), // PPO clip, ε = 0.2, token-mean
 //!     &PolicyInputs {
 //!         old_log_prob: &old,
-//!         log_prob: log_prob.as_tensor(),
+//!         log_prob: &log_prob,
 //!         advantages: &adv.advantages,
 //!         response_mask: &mask,
 //!         is_weights: None,
 //!     },
 //!     AggScale::default(),
 //! )?;
-//! let grads = out.loss.backward()?;
-//! let g = grads.get(log_prob.as_tensor()).expect("log_prob is in the graph");
+//! out.loss.backward();
 //! // On-policy, d loss / d log_prob = −A / (number of tokens): the right answer is pushed up.
-//! assert!(g.to_vec2::<f32>()?[0][0] < 0.0);
+//! assert!(log_prob.grad().double_value(&[0, 0]) < 0.0);
 //! assert_eq!(out.metrics.pg_clipfrac, 0.0);
 //! # Ok(())
 //! # }
@@ -73,21 +71,31 @@
 //!   (`adv_estimator = "grpo"`, `loss_agg_mode = "seq-mean-token-mean"`,
 //!   `kl_loss_type = "low_var_kl"`), and a `match` dispatches. Adding an
 //!   algorithm is adding a variant, and the compiler lists every place to update.
-//! - **Differentiated code is candle ops with a backward.** Losses, KL as a loss,
-//!   entropy and aggregation take `candle_core::Tensor`s of shape
-//!   (batch, response_len) with a float mask (1.0 response, 0.0 padding) and
-//!   use only ops that candle can differentiate (`where_cond`, `maximum`,
-//!   `minimum`, `exp`, `sum`, …). Inputs that must not receive gradient
-//!   (old log-probs, advantages, IS weights) are detached inside, so a caller
-//!   cannot differentiate through them by mistake. Tests check gradients
-//!   against hand-derived values.
+//! - **Differentiated code is libtorch ops; autograd does the backward.**
+//!   Losses, KL as a loss, entropy and aggregation take `tch::Tensor`s of shape
+//!   (batch, response_len) with a float mask (1.0 response, 0.0 padding), one
+//!   kind and one device, and are plain tensor expressions (`where`,
+//!   `maximum`, `minimum`, `clamp`, `exp`, `sum`, …) that `backward()`
+//!   differentiates. Inputs that must not receive gradient (old log-probs,
+//!   advantages, IS weights) are detached inside, so a caller cannot
+//!   differentiate through them by mistake. Tests check gradients against
+//!   hand-derived values and finite differences.
 //! - **Padding cannot leak.** Every masked computation replaces padding by zero
-//!   *before* arithmetic (`where_cond`), so NaN or −inf on padding (common for
+//!   *before* arithmetic (`where`), so NaN or −inf on padding (common for
 //!   rollout log-probs) changes neither a loss nor a gradient.
-//! - **Advantages on the host.** Estimators are recurrences and group
-//!   statistics over data, never differentiated; they copy to the host,
-//!   compute in plain Rust (f64 for statistics) and return tensors on the input's
-//!   device. Per-sequence data are plain slices (`index: &[u64]`, `reward_baselines: &[f32]`).
+//! - **Kinds: f32 is the reference, bf16 works.** Everything accepts f32, f64,
+//!   bf16 and f16. Arithmetic on half-precision inputs runs in f32 (a PPO
+//!   ratio of two nearby log-probs, a group mean, a sum over thousands of
+//!   tokens do not fit in bf16's 8 bits); scalar results (losses, masked
+//!   reductions) are returned in that accumulation kind ([`masked::acc_kind`]),
+//!   tensors of the inputs' shape in the inputs' kind.
+//! - **On the device, without round trips.** Advantage estimators are tensor
+//!   ops on the rewards' device: group statistics through a membership matrix,
+//!   GAE's and REINFORCE++'s backward recurrences by recursive doubling
+//!   (log₂ response_len rounds, not one step per token). Per-sequence data are
+//!   plain slices (`index: &[u64]`, `reward_baselines: &[f32]`), uploaded once.
+//!   What comes back to the host is scalar metrics (one transfer per call) and
+//!   the token count that unbiased whitening checks.
 //! - **Typed results.** Losses return the loss tensor with a small metrics struct
 //!   (`pg_clipfrac`, `pg_clipfrac_lower`, `ppo_kl`, `vf_clipfrac`) whose field
 //!   names are verl's metric names, serialisable for `metrics.jsonl`.

@@ -11,11 +11,11 @@
 //! the policy loss; verl implements it as `rollout_correction` (`rollout_is`,
 //! `rollout_is_threshold`) and reports the mismatch metrics computed here.
 
-use candle_core::{Tensor, D};
 use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
 
 use crate::error::{Error, Result};
-use crate::masked::{check_all, masked_sum_rows, rows};
+use crate::masked::{check_all, masked_sum_rows, upcast, zero_padding};
 
 /// Bound on log-ratios before exponentiating (verl's `SAFETY_BOUND`).
 pub const IS_LOG_RATIO_CLAMP: f64 = 20.0;
@@ -47,11 +47,15 @@ pub struct MismatchMetrics {
 }
 
 /// Compares `train_log_prob` with `rollout_log_prob` over `response_mask`, all
-/// (batch, response_len). Computed on the host in f64; nothing is differentiated.
+/// (batch, response_len). Computed on the tensors' device in f64 (k3 of
+/// log-ratios near 1e-4 is ~1e-9, below f32's resolution of r − 1), with one
+/// transfer of the ten sums to the host; nothing is differentiated.
 ///
-/// Needs at least one unmasked token (verl asserts the same). Departure from
-/// verl: sequences with no unmasked token are left out of the per-sequence
-/// averages (verl counts them with perplexity 1).
+/// Token averages are sums over the unmasked tokens only (`masked_select`), so
+/// padding cannot change them by a bit. Needs at least one unmasked token
+/// (verl asserts the same). Departure from verl: sequences with no unmasked
+/// token are left out of the per-sequence averages (verl counts them with
+/// perplexity 1).
 pub fn mismatch_metrics(
     train_log_prob: &Tensor,
     rollout_log_prob: &Tensor,
@@ -64,56 +68,58 @@ pub fn mismatch_metrics(
             ("response_mask", response_mask),
         ],
     )?;
-    let (train, roll, mask) = (
-        rows(train_log_prob)?,
-        rows(rollout_log_prob)?,
-        rows(response_mask)?,
+    let no_token = || Error::InvalidInput {
+        arg: "response_mask",
+        reason: "mismatch metrics need at least one unmasked token".into(),
+    };
+    if response_mask.numel() == 0 {
+        return Err(no_token());
+    }
+    let f64_ = Kind::Double;
+    let keep = response_mask.ne(0.0);
+    let train = zero_padding(&train_log_prob.detach().to_kind(f64_), response_mask);
+    let roll = zero_padding(&rollout_log_prob.detach().to_kind(f64_), response_mask);
+    let log_rho = &train - &roll; // (batch, len), 0 on padding
+    let lr = log_rho.masked_select(&keep); // (n_tokens,)
+    let safe = lr.clamp(-IS_LOG_RATIO_CLAMP, IS_LOG_RATIO_CLAMP);
+    // Per sequence: token counts and mean log-probs.
+    let n_row = keep.sum_dim_intlist(-1, false, f64_); // (batch,)
+    let non_empty = n_row.gt(0.0);
+    let n_safe = n_row.clamp_min(1.0);
+    let t_mean = train.sum_dim_intlist(-1, false, f64_) / &n_safe;
+    let r_mean = roll.sum_dim_intlist(-1, false, f64_) / &n_safe;
+    let seq_sum = |x: Tensor| x.masked_select(&non_empty).sum(f64_);
+    let sums = Tensor::stack(
+        &[
+            keep.sum(f64_),
+            lr.abs().sum(f64_),
+            log_rho.abs().max(),
+            (-&lr).sum(f64_),
+            (lr.exp() - 1.0 - &lr).sum(f64_),
+            (safe * 2.0).exp().sum(f64_),
+            non_empty.sum(f64_),
+            seq_sum((-&t_mean).exp()),
+            seq_sum((-&r_mean).exp()),
+            seq_sum((r_mean - t_mean).exp()),
+        ],
+        0,
     );
-    let mut m = MismatchMetrics::default();
-    let (mut sum_abs, mut sum_k1, mut sum_k3, mut sum_rho2) = (0.0, 0.0, 0.0, 0.0);
-    let (mut n_seq, mut sum_tppl, mut sum_rppl, mut sum_ratio) = (0usize, 0.0, 0.0, 0.0);
-    for ((t_row, r_row), m_row) in train.iter().zip(&roll).zip(&mask) {
-        let (mut n, mut t_sum, mut r_sum) = (0usize, 0.0f64, 0.0f64);
-        for ((&t, &r), &w) in t_row.iter().zip(r_row).zip(m_row) {
-            if w == 0.0 {
-                continue;
-            }
-            let (t, r) = (f64::from(t), f64::from(r));
-            let log_rho = t - r;
-            sum_abs += log_rho.abs();
-            m.max_abs_diff = m.max_abs_diff.max(log_rho.abs());
-            sum_k1 += -log_rho;
-            sum_k3 += log_rho.exp() - 1.0 - log_rho;
-            let safe = log_rho.clamp(-IS_LOG_RATIO_CLAMP, IS_LOG_RATIO_CLAMP);
-            sum_rho2 += (2.0 * safe).exp();
-            n += 1;
-            t_sum += t;
-            r_sum += r;
-        }
-        if n > 0 {
-            let (t_mean, r_mean) = (t_sum / n as f64, r_sum / n as f64);
-            sum_tppl += (-t_mean).exp();
-            sum_rppl += (-r_mean).exp();
-            sum_ratio += (r_mean - t_mean).exp();
-            n_seq += 1;
-            m.n_tokens += n;
-        }
+    let [n_tok, abs, max_abs, k1, k3, rho2, n_seq, tppl, rppl, ratio] =
+        <[f64; 10]>::try_from(Vec::<f64>::try_from(sums)?).expect("ten sums");
+    if n_tok == 0.0 {
+        return Err(no_token());
     }
-    if m.n_tokens == 0 {
-        return Err(Error::InvalidInput {
-            arg: "response_mask",
-            reason: "mismatch metrics need at least one unmasked token".into(),
-        });
-    }
-    let (nt, ns) = (m.n_tokens as f64, n_seq as f64);
-    m.mean_abs_diff = sum_abs / nt;
-    m.kl_k1 = sum_k1 / nt;
-    m.kl_k3 = sum_k3 / nt;
-    m.chi2_token = sum_rho2 / nt - 1.0;
-    m.training_ppl = sum_tppl / ns;
-    m.rollout_ppl = sum_rppl / ns;
-    m.ppl_ratio = sum_ratio / ns;
-    Ok(m)
+    Ok(MismatchMetrics {
+        n_tokens: n_tok as usize,
+        mean_abs_diff: abs / n_tok,
+        max_abs_diff: max_abs,
+        kl_k1: k1 / n_tok,
+        kl_k3: k3 / n_tok,
+        training_ppl: tppl / n_seq,
+        rollout_ppl: rppl / n_seq,
+        ppl_ratio: ratio / n_seq,
+        chi2_token: rho2 / n_tok - 1.0,
+    })
 }
 
 /// At which granularity the importance ratio is taken. Config names are verl's
@@ -164,13 +170,23 @@ pub struct IsMetrics {
 }
 
 /// Truncated importance-sampling weights and their statistics.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct IsWeights {
-    /// (batch, response_len), detached, 0 on padding; pass as
+    /// (batch, response_len), detached, 0 on padding, of the inputs' kind; pass as
     /// [`crate::policy_loss::PolicyInputs::is_weights`].
     pub weights: Tensor,
     /// Statistics before truncation.
     pub metrics: IsMetrics,
+}
+
+/// A clone shares the weights' storage with the original (`shallow_clone`).
+impl Clone for IsWeights {
+    fn clone(&self) -> Self {
+        IsWeights {
+            weights: self.weights.shallow_clone(),
+            metrics: self.metrics,
+        }
+    }
 }
 
 /// TIS weights min(exp(old_log_prob − rollout_log_prob), cap), at token or
@@ -202,69 +218,63 @@ pub fn truncated_is_weights(
             reason: "must be a positive finite number",
         });
     }
-    let keep = response_mask.ne(0.0)?;
-    let zeros = old_log_prob.zeros_like()?;
-    let log_ratio = keep.where_cond(
-        &old_log_prob.detach().sub(&rollout_log_prob.detach())?,
-        &zeros,
-    )?;
+    let mask = upcast(response_mask);
+    let log_ratio = zero_padding(
+        &(upcast(&old_log_prob.detach()) - upcast(&rollout_log_prob.detach())),
+        &mask,
+    );
     let (raw, stats_mask) = match level {
-        IsLevel::Token => (log_ratio, response_mask.clone()),
+        IsLevel::Token => (log_ratio, mask.shallow_clone()),
         IsLevel::Sequence => {
-            let per_seq = masked_sum_rows(&log_ratio, response_mask)?.unsqueeze(1)?; // (b, 1)
-            let has_tokens = response_mask
-                .sum_keepdim(D::Minus1)?
-                .gt(0.0)?
-                .to_dtype(response_mask.dtype())?; // (b, 1)
+            let per_seq = masked_sum_rows(&log_ratio, &mask)?.unsqueeze(1); // (b, 1)
+            let kind = mask.kind();
+            let has_tokens = mask.sum_dim_intlist(-1, true, kind).gt(0.0).to_kind(kind); // (b, 1)
             (per_seq, has_tokens)
         }
     };
-    let untruncated = raw.clamp(-IS_LOG_RATIO_CLAMP, IS_LOG_RATIO_CLAMP)?.exp()?;
+    let untruncated = raw.clamp(-IS_LOG_RATIO_CLAMP, IS_LOG_RATIO_CLAMP).exp();
     let metrics = is_metrics(&untruncated, &stats_mask, cap)?;
-    let weights = untruncated
-        .minimum(cap)?
-        .broadcast_mul(response_mask)?
-        .detach();
+    let weights = (untruncated.clamp_max(cap) * mask).to_kind(old_log_prob.kind());
     Ok(IsWeights { weights, metrics })
 }
 
+/// Mean, max, min and truncated fraction of `w` over `mask`, in f64, read back
+/// in one transfer; the sums run over the selected elements only.
 fn is_metrics(w: &Tensor, mask: &Tensor, cap: f64) -> Result<IsMetrics> {
-    let (w, mask) = (rows(w)?, rows(mask)?);
-    let (mut n, mut sum, mut above) = (0usize, 0.0f64, 0usize);
-    let (mut max, mut min) = (f64::NEG_INFINITY, f64::INFINITY);
-    for (w_row, m_row) in w.iter().zip(&mask) {
-        for (&x, &keep) in w_row.iter().zip(m_row) {
-            if keep == 0.0 {
-                continue;
-            }
-            let x = f64::from(x);
-            n += 1;
-            sum += x;
-            max = max.max(x);
-            min = min.min(x);
-            above += usize::from(x > cap);
-        }
+    if w.numel() == 0 {
+        return Ok(IsMetrics::default());
     }
-    if n == 0 {
+    let f64_ = Kind::Double;
+    let keep = mask.ne(0.0);
+    let w = w.to_kind(f64_);
+    let sel = w.masked_select(&keep);
+    let stats = Tensor::stack(
+        &[
+            keep.sum(f64_),
+            sel.sum(f64_),
+            w.where_scalarother(&keep, f64::NEG_INFINITY).max(),
+            w.where_scalarother(&keep, f64::INFINITY).min(),
+            sel.gt(cap).sum(f64_),
+        ],
+        0,
+    );
+    let [n, sum, max, min, above] =
+        <[f64; 5]>::try_from(Vec::<f64>::try_from(stats)?).expect("five statistics");
+    if n == 0.0 {
         return Ok(IsMetrics::default());
     }
     Ok(IsMetrics {
-        mean: sum / n as f64,
+        mean: sum / n,
         max,
         min,
-        frac_truncated: above as f64 / n as f64,
+        frac_truncated: above / n,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
-
-    fn t2(data: &[&[f32]]) -> Tensor {
-        let rows: Vec<Vec<f32>> = data.iter().map(|r| r.to_vec()).collect();
-        Tensor::new(rows, &Device::Cpu).unwrap()
-    }
+    use crate::masked::test_util::*;
 
     // train − rollout (log ρ) on unmasked tokens: row 0: [0.1, −0.2], row 1: [ln 3].
     #[test]
@@ -317,7 +327,7 @@ mod tests {
         let roll = t2(&[&[0.0, 0.0, 0.0], &[0.0, 0.0, 0.0]]);
         let mask = t2(&[&[1.0, 1.0, 0.0], &[1.0, 1.0, 1.0]]);
         let w = truncated_is_weights(&old, &roll, &mask, IsLevel::Token, 2.0).unwrap();
-        let got = rows(&w.weights).unwrap();
+        let got = rows(&w.weights);
         let want = [[0.5, 2.0, 0.0], [1.5, 1.2, 1.0]];
         for (g, w) in got.iter().flatten().zip(want.iter().flatten()) {
             assert!((g - w).abs() < 1e-5, "{got:?}");
@@ -331,7 +341,7 @@ mod tests {
         assert!((m.min - 0.5).abs() < 1e-6 && (m.frac_truncated - 0.2).abs() < 1e-9);
         // sequence level: Π ρ = 1.5 for row 0, 1.8 for row 1 (both under the cap).
         let w = truncated_is_weights(&old, &roll, &mask, IsLevel::Sequence, 1.6).unwrap();
-        let got = rows(&w.weights).unwrap();
+        let got = rows(&w.weights);
         let want = [[1.5, 1.5, 0.0], [1.6, 1.6, 1.6]];
         for (g, w) in got.iter().flatten().zip(want.iter().flatten()) {
             assert!((g - w).abs() < 1e-5, "{got:?}");

@@ -1,7 +1,7 @@
 //! Policy-gradient losses: PPO's clipped surrogate (with DAPO's decoupled clip
 //! ranges and dual clip) and GSPO's sequence-level variant.
 //!
-//! All inputs are (batch, response_len) tensors of one float dtype:
+//! All inputs are (batch, response_len) tensors of one float kind on one device:
 //! `log_prob` (the current policy, the one differentiated), `old_log_prob` (the
 //! policy that the advantages refer to, computed by the trainer before the
 //! update), `advantages`, `response_mask` (1.0 on response tokens, 0.0 on
@@ -12,13 +12,18 @@
 //! Padding positions are replaced by zeros before any arithmetic, so NaN or
 //! ±inf there (e.g. a rollout engine's −inf log-prob for padding) changes
 //! neither the loss nor any gradient.
+//!
+//! bf16 (or f16) inputs are computed in f32: the ratio exp(log π_θ − log π_old)
+//! of two nearby log-probs is meaningless at bf16's 8-bit precision. The loss
+//! is then an f32 scalar; its gradient reaches `log_prob` in `log_prob`'s kind.
+//! The metrics are read back to the host in one transfer per call.
 
-use candle_core::{Tensor, D};
 use serde::{Deserialize, Serialize};
+use tch::Tensor;
 
 use crate::agg::{agg_loss, AggScale, LossAgg, LossAggMode};
 use crate::error::{Error, Result};
-use crate::masked::{check_all, masked_mean, masked_sum_rows, scalar};
+use crate::masked::{check_all, host_means, masked_sum_rows, upcast, zero_padding};
 
 /// Bound on log(π/π_old) before the exponential in PPO (verl's value).
 pub const LOG_RATIO_CLAMP: f64 = 20.0;
@@ -151,15 +156,26 @@ pub struct PolicyLossMetrics {
 }
 
 /// A scalar loss to differentiate, and its metrics.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct PolicyLoss {
-    /// Scalar tensor; gradients flow to `log_prob` only.
+    /// Scalar tensor (f32 for bf16 inputs); gradients flow to `log_prob` only.
     pub loss: Tensor,
     /// Detached diagnostics.
     pub metrics: PolicyLossMetrics,
 }
 
-/// The checked, padding-sanitised, detached-where-needed inputs.
+/// A clone shares the loss tensor (and its graph) with the original (`shallow_clone`).
+impl Clone for PolicyLoss {
+    fn clone(&self) -> Self {
+        PolicyLoss {
+            loss: self.loss.shallow_clone(),
+            metrics: self.metrics,
+        }
+    }
+}
+
+/// The checked, padding-sanitised, detached-where-needed inputs, in the
+/// accumulation kind.
 struct Prepared {
     log_prob: Tensor,
     old_log_prob: Tensor,
@@ -178,21 +194,24 @@ fn prepare(x: &PolicyInputs) -> Result<Prepared> {
         others.push(("is_weights", w));
     }
     check_all(("log_prob", x.log_prob), &others)?;
-    let keep = x.response_mask.ne(0.0)?;
-    let zeros = x.log_prob.zeros_like()?;
-    let clean = |t: &Tensor| -> Result<Tensor> { Ok(keep.where_cond(t, &zeros)?) };
+    let mask = x.response_mask;
+    let clean = |t: &Tensor| zero_padding(&upcast(t), mask);
     Ok(Prepared {
-        log_prob: clean(x.log_prob)?,
-        old_log_prob: clean(&x.old_log_prob.detach())?,
-        advantages: clean(&x.advantages.detach())?,
-        mask: x.response_mask.detach(),
-        is_weights: x.is_weights.map(|w| clean(&w.detach())).transpose()?,
+        log_prob: clean(x.log_prob),
+        old_log_prob: clean(&x.old_log_prob.detach()),
+        advantages: clean(&x.advantages.detach()),
+        mask: upcast(&mask.detach()),
+        is_weights: x.is_weights.map(|w| clean(&w.detach())),
     })
 }
 
-/// Masked mean of a comparison result (u8) as a fraction.
-fn frac(cond: &Tensor, mask: &Tensor) -> Result<f64> {
-    scalar(&masked_mean(&cond.to_dtype(mask.dtype())?, mask)?)
+/// Per-token losses times the IS weights, if any. (Not `*=`: an in-place
+/// product would overwrite a tensor that autograd may have saved.)
+fn with_is_weights(pg: Tensor, is_weights: &Option<Tensor>) -> Tensor {
+    match is_weights {
+        Some(w) => pg * w,
+        None => pg,
+    }
 }
 
 /// PPO's clipped surrogate with decoupled clip ranges and dual clip; verl's
@@ -216,34 +235,28 @@ fn frac(cond: &Tensor, mask: &Tensor) -> Result<f64> {
 /// the response mask.
 pub fn ppo_clip_loss(x: &PolicyInputs, clip: &ClipRange, agg: LossAgg) -> Result<PolicyLoss> {
     let p = prepare(x)?;
-    let neg_kl = p
-        .log_prob
-        .sub(&p.old_log_prob)?
-        .clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)?;
-    let ratio = neg_kl.exp()?;
-    let neg_adv = p.advantages.neg()?;
-    let l1 = neg_adv.mul(&ratio)?;
-    let l2 = neg_adv.mul(&ratio.clamp(1.0 - clip.low, 1.0 + clip.high)?)?;
-    let clipped = l1.maximum(&l2)?;
-    let l3 = neg_adv.affine(clip.dual_clip_c, 0.0)?;
-    let dual = clipped.minimum(&l3)?;
-    let negative = p.advantages.lt(0.0)?;
-    let mut pg = negative.where_cond(&dual, &clipped)?;
-    if let Some(w) = &p.is_weights {
-        pg = pg.mul(w)?;
-    }
+    let neg_kl = (&p.log_prob - &p.old_log_prob).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
+    let ratio = neg_kl.exp();
+    let neg_adv = -&p.advantages;
+    let l1 = &neg_adv * &ratio;
+    let l2 = &neg_adv * ratio.clamp(1.0 - clip.low, 1.0 + clip.high);
+    let clipped = l1.maximum(&l2);
+    let l3 = &neg_adv * clip.dual_clip_c;
+    let negative = p.advantages.lt(0.0);
+    let pg = clipped.minimum(&l3).where_self(&negative, &clipped);
+    let pg = with_is_weights(pg, &p.is_weights);
     let loss = agg_loss(&pg, &p.mask, agg)?;
 
+    let kind = p.mask.kind();
     let (l1, l2, l3, clipped) = (l1.detach(), l2.detach(), l3.detach(), clipped.detach());
-    let dt = p.mask.dtype();
-    let lower = clipped
-        .gt(&l3)?
-        .to_dtype(dt)?
-        .mul(&negative.to_dtype(dt)?)?;
+    let clipfrac = l2.gt_tensor(&l1).to_kind(kind);
+    let lower = clipped.gt_tensor(&l3).logical_and(&negative).to_kind(kind);
+    let kl = -neg_kl.detach();
+    let m = host_means(&[(&clipfrac, &p.mask), (&lower, &p.mask), (&kl, &p.mask)])?;
     let metrics = PolicyLossMetrics {
-        pg_clipfrac: frac(&l2.gt(&l1)?, &p.mask)?,
-        pg_clipfrac_lower: frac(&lower, &p.mask)?,
-        ppo_kl: scalar(&masked_mean(&neg_kl.detach().neg()?, &p.mask)?)?,
+        pg_clipfrac: m[0],
+        pg_clipfrac_lower: m[1],
+        ppo_kl: m[2],
     };
     Ok(PolicyLoss { loss, metrics })
 }
@@ -271,31 +284,31 @@ pub fn ppo_clip_loss(x: &PolicyInputs, clip: &ClipRange, agg: LossAgg) -> Result
 /// smaller than PPO's (3e-4 / 4e-4), since they bound a per-token geometric mean.
 pub fn gspo_loss(x: &PolicyInputs, clip: &ClipRange, scale: AggScale) -> Result<PolicyLoss> {
     let p = prepare(x)?;
-    let neg_kl = p.log_prob.sub(&p.old_log_prob)?;
-    let seq_len = p.mask.sum(D::Minus1)?.maximum(1.0)?; // (batch,)
-    let seq_log_ratio = masked_sum_rows(&neg_kl, &p.mask)?.div(&seq_len)?; // (batch,)
-    let log_s = p
-        .log_prob
-        .sub(&p.log_prob.detach())?
-        .broadcast_add(&seq_log_ratio.detach().unsqueeze(1)?)?
-        .minimum(GSPO_LOG_RATIO_MAX)?;
-    let s = log_s.exp()?;
-    let neg_adv = p.advantages.neg()?;
-    let l1 = neg_adv.mul(&s)?;
-    let l2 = neg_adv.mul(&s.clamp(1.0 - clip.low, 1.0 + clip.high)?)?;
-    let mut pg = l1.maximum(&l2)?;
-    if let Some(w) = &p.is_weights {
-        pg = pg.mul(w)?;
-    }
+    let neg_kl = &p.log_prob - &p.old_log_prob;
+    let seq_len = p
+        .mask
+        .sum_dim_intlist(-1, false, p.mask.kind())
+        .clamp_min(1.0); // (batch,)
+    let seq_log_ratio = masked_sum_rows(&neg_kl, &p.mask)? / seq_len; // (batch,)
+    let log_s = (&p.log_prob - p.log_prob.detach() + seq_log_ratio.detach().unsqueeze(1))
+        .clamp_max(GSPO_LOG_RATIO_MAX);
+    let s = log_s.exp();
+    let neg_adv = -&p.advantages;
+    let l1 = &neg_adv * &s;
+    let l2 = &neg_adv * s.clamp(1.0 - clip.low, 1.0 + clip.high);
+    let pg = with_is_weights(l1.maximum(&l2), &p.is_weights);
     let agg = LossAgg {
         mode: LossAggMode::SeqMeanTokenMean,
         scale,
     };
     let loss = agg_loss(&pg, &p.mask, agg)?;
+    let clipfrac = l2.detach().gt_tensor(&l1.detach()).to_kind(p.mask.kind());
+    let kl = -neg_kl.detach();
+    let m = host_means(&[(&clipfrac, &p.mask), (&kl, &p.mask)])?;
     let metrics = PolicyLossMetrics {
-        pg_clipfrac: frac(&l2.detach().gt(&l1.detach())?, &p.mask)?,
+        pg_clipfrac: m[0],
         pg_clipfrac_lower: 0.0,
-        ppo_kl: scalar(&masked_mean(&neg_kl.detach().neg()?, &p.mask)?)?,
+        ppo_kl: m[1],
     };
     Ok(PolicyLoss { loss, metrics })
 }
@@ -324,13 +337,7 @@ pub fn policy_loss(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::masked::rows;
-    use candle_core::{Device, Var};
-
-    fn t2(data: &[&[f32]]) -> Tensor {
-        let rows: Vec<Vec<f32>> = data.iter().map(|r| r.to_vec()).collect();
-        Tensor::new(rows, &Device::Cpu).unwrap()
-    }
+    use crate::masked::test_util::*;
 
     /// Loss value and d loss / d log_prob.
     fn run(
@@ -340,18 +347,17 @@ mod tests {
         adv: &Tensor,
         mask: &Tensor,
     ) -> (f64, Vec<Vec<f32>>, PolicyLossMetrics) {
-        let v = Var::from_tensor(lp).unwrap();
+        let v = var(lp);
         let out = f(&PolicyInputs {
             old_log_prob: old,
-            log_prob: v.as_tensor(),
+            log_prob: &v,
             advantages: adv,
             response_mask: mask,
             is_weights: None,
         })
         .unwrap();
-        let g = out.loss.backward().unwrap();
-        let g = rows(g.get(v.as_tensor()).unwrap()).unwrap();
-        (scalar(&out.loss).unwrap(), g, out.metrics)
+        out.loss.backward();
+        (scalar(&out.loss), rows(&v.grad()), out.metrics)
     }
 
     // Four tokens, old log-prob 0, ε_low 0.2, ε_high 0.28, c 3, token-mean over 4:
@@ -387,7 +393,7 @@ mod tests {
         let mask = t2(&[&[1.0, 1.0, 0.0]]);
         let clip = ClipRange::new(0.2, 0.2, 3.0).unwrap();
         let f = |x: &PolicyInputs| ppo_clip_loss(x, &clip, LossAggMode::TokenMean.into());
-        let (loss, g, m) = run(f, &old, &old.copy().unwrap(), &adv, &mask);
+        let (loss, g, m) = run(f, &old, &old.copy(), &adv, &mask);
         assert!((loss + 0.75).abs() < 1e-6, "{loss}"); // −(2 − 0.5)/2
         assert!(
             (g[0][0] + 1.0).abs() < 1e-6 && (g[0][1] - 0.25).abs() < 1e-6,
@@ -425,27 +431,59 @@ mod tests {
         let old = t2(&[&[0.0, 0.0]]);
         let adv = t2(&[&[1.0, 1.0]]);
         let mask = t2(&[&[1.0, 1.0]]);
-        let w = Var::from_tensor(&t2(&[&[0.5, 2.0]])).unwrap();
-        let lp = Var::from_tensor(&old).unwrap();
+        let w = var(&t2(&[&[0.5, 2.0]]));
+        let lp = var(&old);
         let clip = ClipRange::new(0.2, 0.2, 3.0).unwrap();
         let out = ppo_clip_loss(
             &PolicyInputs {
                 old_log_prob: &old,
-                log_prob: lp.as_tensor(),
+                log_prob: &lp,
                 advantages: &adv,
                 response_mask: &mask,
-                is_weights: Some(w.as_tensor()),
+                is_weights: Some(&w),
             },
             &clip,
             LossAggMode::TokenMean.into(),
         )
         .unwrap();
         // loss = −(0.5 + 2)/2 = −1.25; d/d lp = −w/2
-        assert!((scalar(&out.loss).unwrap() + 1.25).abs() < 1e-6);
-        let g = out.loss.backward().unwrap();
-        assert!(g.get(w.as_tensor()).is_none());
-        let glp = rows(g.get(lp.as_tensor()).unwrap()).unwrap();
+        assert!((scalar(&out.loss) + 1.25).abs() < 1e-6);
+        out.loss.backward();
+        assert!(!w.grad().defined());
+        let glp = rows(&lp.grad());
         assert!((glp[0][0] + 0.25).abs() < 1e-6 && (glp[0][1] + 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bf16_inputs_are_computed_in_f32() {
+        // The hand case in bf16: the loss is an f32 computed from the
+        // bf16 values, identical to the f32 loss on the same (rounded) values.
+        let bf = |t: &Tensor| t.to_kind(tch::Kind::BFloat16);
+        let old = bf(&t2(&[&[-1.0, -1.0, -2.0, -0.5]]));
+        let lp = bf(&t2(&[&[-0.6, -1.7, -0.4, -1.2]]));
+        let adv = bf(&t2(&[&[1.0, 1.0, -1.0, -1.0]]));
+        let mask = bf(&t2(&[&[1.0, 1.0, 1.0, 0.0]]));
+        let clip = ClipRange::new(0.2, 0.28, 3.0).unwrap();
+        let f = |x: &PolicyInputs| ppo_clip_loss(x, &clip, LossAggMode::TokenMean.into());
+        let f32_ = |t: &Tensor| t.to_kind(tch::Kind::Float);
+        let (want, g_want, m_want) = run(f, &f32_(&old), &f32_(&lp), &f32_(&adv), &f32_(&mask));
+        let v = var(&lp);
+        let out = f(&PolicyInputs {
+            old_log_prob: &old,
+            log_prob: &v,
+            advantages: &adv,
+            response_mask: &mask,
+            is_weights: None,
+        })
+        .unwrap();
+        assert_eq!(out.loss.kind(), tch::Kind::Float);
+        assert_eq!(scalar(&out.loss), want);
+        assert_eq!(out.metrics, m_want);
+        out.loss.backward();
+        assert_eq!(v.grad().kind(), tch::Kind::BFloat16);
+        for (a, b) in rows(&v.grad())[0].iter().zip(&g_want[0]) {
+            assert!((a - b).abs() <= b.abs() / 128.0, "{a} vs {b}"); // bf16 rounding of the gradient
+        }
     }
 
     #[test]

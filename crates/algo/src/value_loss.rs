@@ -1,11 +1,11 @@
 //! The critic's clipped value loss.
 
-use candle_core::Tensor;
 use serde::Serialize;
+use tch::Tensor;
 
 use crate::agg::{agg_loss, LossAgg};
 use crate::error::{Error, Result};
-use crate::masked::{check_all, masked_mean, scalar};
+use crate::masked::{check_all, host_means, upcast, zero_padding};
 
 /// Diagnostics of one value-loss evaluation (verl's `critic/vf_clipfrac`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -15,12 +15,22 @@ pub struct ValueLossMetrics {
 }
 
 /// A scalar loss to differentiate, and its metrics.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ValueLoss {
-    /// Scalar tensor; gradients flow to `vpreds` only.
+    /// Scalar tensor (f32 for bf16 inputs); gradients flow to `vpreds` only.
     pub loss: Tensor,
     /// Detached diagnostics.
     pub metrics: ValueLossMetrics,
+}
+
+/// A clone shares the loss tensor (and its graph) with the original (`shallow_clone`).
+impl Clone for ValueLoss {
+    fn clone(&self) -> Self {
+        ValueLoss {
+            loss: self.loss.shallow_clone(),
+            metrics: self.metrics,
+        }
+    }
 }
 
 /// PPO's clipped value loss (verl `compute_value_loss`, from TRL; the clipping
@@ -38,6 +48,7 @@ pub struct ValueLoss {
 /// critic's predictions when the batch was collected) and `response_mask`, all
 /// (batch, response_len). `cliprange_value` is ε_v (verl `cliprange_value`), ≥ 0.
 /// Padding positions are zeroed before the arithmetic (NaN there is harmless).
+/// bf16 inputs are computed in f32 and give an f32 loss.
 pub fn value_loss(
     vpreds: &Tensor,
     returns: &Tensor,
@@ -61,25 +72,21 @@ pub fn value_loss(
             reason: "must be ≥ 0",
         });
     }
-    let keep = response_mask.ne(0.0)?;
-    let zeros = vpreds.zeros_like()?;
-    let clean = |t: &Tensor| -> Result<Tensor> { Ok(keep.where_cond(t, &zeros)?) };
-    let vpreds = clean(vpreds)?;
-    let returns = clean(&returns.detach())?;
-    let values = clean(&values.detach())?;
+    let clean = |t: &Tensor| zero_padding(&upcast(t), response_mask);
+    let vpreds = clean(vpreds);
+    let returns = clean(&returns.detach());
+    let values = clean(&values.detach());
+    let mask = upcast(&response_mask.detach());
 
-    let lo = values.affine(1.0, -cliprange_value)?;
-    let hi = values.affine(1.0, cliprange_value)?;
-    let clipped = vpreds.maximum(&lo)?.minimum(&hi)?;
-    let l1 = vpreds.sub(&returns)?.sqr()?;
-    let l2 = clipped.sub(&returns)?.sqr()?;
-    let loss = agg_loss(&l1.maximum(&l2)?, response_mask, agg)?.affine(0.5, 0.0)?;
-    let clipfrac = l2
-        .detach()
-        .gt(&l1.detach())?
-        .to_dtype(response_mask.dtype())?;
+    let clipped = vpreds
+        .maximum(&(&values - cliprange_value))
+        .minimum(&(&values + cliprange_value));
+    let l1 = (&vpreds - &returns).square();
+    let l2 = (clipped - &returns).square();
+    let loss = agg_loss(&l1.maximum(&l2), &mask, agg)? * 0.5;
+    let clipfrac = l2.detach().gt_tensor(&l1.detach()).to_kind(mask.kind());
     let metrics = ValueLossMetrics {
-        vf_clipfrac: scalar(&masked_mean(&clipfrac, response_mask)?)?,
+        vf_clipfrac: host_means(&[(&clipfrac, &mask)])?[0],
     };
     Ok(ValueLoss { loss, metrics })
 }
@@ -88,13 +95,7 @@ pub fn value_loss(
 mod tests {
     use super::*;
     use crate::agg::LossAggMode;
-    use crate::masked::rows;
-    use candle_core::{Device, Var};
-
-    fn t2(data: &[&[f32]]) -> Tensor {
-        let rows: Vec<Vec<f32>> = data.iter().map(|r| r.to_vec()).collect();
-        Tensor::new(rows, &Device::Cpu).unwrap()
-    }
+    use crate::masked::test_util::*;
 
     // ε_v = 0.5, returns 1:
     //  t0: vpred 2.0, old 0 → clip 0.5: l1 = 1, l2 = 0.25 → l1; d l/dv = 2(2 − 1) = 2.
@@ -109,21 +110,13 @@ mod tests {
         let ret = t2(&[&[1.0, 1.0, 1.0, 1.0, 1.0]]);
         let old = t2(&[&[0.0, 0.0, 0.0, 2.9, 3.0]]);
         let mask = t2(&[&[1.0, 1.0, 1.0, 0.0, 1.0]]);
-        let v = Var::from_tensor(&vp).unwrap();
-        let out = value_loss(
-            v.as_tensor(),
-            &ret,
-            &old,
-            &mask,
-            0.5,
-            LossAggMode::TokenMean.into(),
-        )
-        .unwrap();
+        let v = var(&vp);
+        let out = value_loss(&v, &ret, &old, &mask, 0.5, LossAggMode::TokenMean.into()).unwrap();
         // loss = ½ · (1 + 4 + 0.64 + 2.25) / 4 = 0.98625
-        assert!((scalar(&out.loss).unwrap() - 0.986_25).abs() < 1e-6);
+        assert!((scalar(&out.loss) - 0.986_25).abs() < 1e-6);
         assert!((out.metrics.vf_clipfrac - 0.25).abs() < 1e-6);
-        let g = out.loss.backward().unwrap();
-        let g = rows(g.get(v.as_tensor()).unwrap()).unwrap();
+        out.loss.backward();
+        let g = rows(&v.grad());
         // d/dv = ½ · (d l) / 4
         let want = [2.0 / 8.0, -4.0 / 8.0, -1.6 / 8.0, 0.0, 0.0];
         for (a, b) in g[0].iter().zip(want) {

@@ -1,17 +1,18 @@
-//! Every differentiated function's gradient, from candle's backward, against
+//! Every differentiated function's gradient, from libtorch's autograd
+//! (`backward()`, then `.grad()` of the input), against
 //! central finite differences in f64 on random (seeded) inputs with padding.
 //! Random inputs make some tokens clipped and some not, so both branches of
 //! each loss are exercised; the gradients on padding must be exactly zero.
 
 mod common;
 
-use candle_core::Tensor;
 use colo_algo::entropy::{entropy_bonus, entropy_from_logits};
 use colo_algo::kl::kl_loss;
 use colo_algo::masked::masked_whiten;
 use colo_algo::policy_loss::{gspo_loss, ppo_clip_loss};
 use colo_algo::{value_loss, AggScale, ClipRange, KlEstimator, LossAgg, LossAggMode, PolicyInputs};
 use common::*;
+use tch::Tensor;
 
 const MODES: [LossAggMode; 4] = [
     LossAggMode::TokenMean,
@@ -196,7 +197,7 @@ fn entropy_gradient() {
     let logits = Lcg::new(7).matrix(6, 5, -3.0, 3.0);
     let m = t(&mask(&[3, 1], 3));
     let f = |z: &Tensor| {
-        let h = entropy_from_logits(&z.reshape((2, 3, 5)).unwrap()).unwrap();
+        let h = entropy_from_logits(&z.reshape([2, 3, 5])).unwrap();
         entropy_bonus(&h, &m, LossAggMode::TokenMean.into()).unwrap()
     };
     let a = autograd(f, &logits);
@@ -210,16 +211,7 @@ fn whitening_is_differentiable() {
     let x = Lcg::new(8).matrix(3, 4, -2.0, 2.0);
     let c = t(&Lcg::new(9).matrix(3, 4, -1.0, 1.0));
     let m = t(&mask(&[4, 2, 3], 4));
-    let f = |v: &Tensor| {
-        masked_whiten(v, &m, true)
-            .unwrap()
-            .mul(&c)
-            .unwrap()
-            .mul(&m)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-    };
+    let f = |v: &Tensor| (masked_whiten(v, &m, true).unwrap() * &c * &m).sum(tch::Kind::Double);
     assert_close_nonzero(&autograd(f, &x), &numeric_grad(f, &x, H), 1e-5, "whiten");
 }
 

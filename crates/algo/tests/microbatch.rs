@@ -5,10 +5,10 @@
 
 mod common;
 
-use candle_core::Tensor;
 use colo_algo::policy_loss::{gspo_loss, ppo_clip_loss};
 use colo_algo::{value_loss, AggScale, ClipRange, LossAgg, LossAggMode, PolicyInputs};
 use common::*;
+use tch::Tensor;
 
 const LENS: [usize; 4] = [6, 3, 1, 0];
 const W: usize = 6;

@@ -5,7 +5,6 @@
 
 mod common;
 
-use candle_core::Tensor;
 use colo_algo::entropy::entropy_bonus;
 use colo_algo::kl::{apply_kl_penalty, kl_loss};
 use colo_algo::mismatch::{mismatch_metrics, truncated_is_weights};
@@ -15,6 +14,7 @@ use colo_algo::{
     ClipRange, IsLevel, KlEstimator, LossAgg, LossAggMode, PolicyInputs,
 };
 use common::*;
+use tch::Tensor;
 
 const B: usize = 3;
 const L: usize = 4;

@@ -1,7 +1,7 @@
 //! Shared helpers for the integration tests: deterministic data and gradients.
 #![allow(dead_code)]
 
-use candle_core::{DType, Device, Tensor, Var};
+use tch::{Kind, Tensor};
 
 /// A deterministic stream of numbers uniform in [lo, hi) (a 64-bit LCG; the
 /// tests need reproducible, not good, randomness).
@@ -31,19 +31,19 @@ impl Lcg {
     }
 }
 
-/// An f64 tensor from rows.
+/// An f64 tensor from rows (on the CPU).
 pub fn t(rows: &[Vec<f64>]) -> Tensor {
-    Tensor::new(rows.to_vec(), &Device::Cpu).unwrap()
+    Tensor::from_slice2(rows)
 }
 
 /// Rows back from a tensor, as f64.
 pub fn rows(t: &Tensor) -> Vec<Vec<f64>> {
-    t.to_dtype(DType::F64).unwrap().to_vec2::<f64>().unwrap()
+    Vec::<Vec<f64>>::try_from(t.to_kind(Kind::Double)).unwrap()
 }
 
 /// A scalar tensor as f64.
 pub fn scalar(t: &Tensor) -> f64 {
-    t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
+    f64::try_from(t).unwrap()
 }
 
 /// A response mask: row i has lens[i] ones then zeros, `cols` wide.
@@ -53,14 +53,21 @@ pub fn mask(lens: &[usize], cols: usize) -> Vec<Vec<f64>> {
         .collect()
 }
 
-/// d f / d x by candle's backward.
+/// d f / d x by libtorch's autograd: `x` becomes a leaf that records
+/// gradients, `f(x).backward()` fills its `.grad()` (undefined, i.e. zero,
+/// when `f` does not depend on `x`).
 pub fn autograd(f: impl FnOnce(&Tensor) -> Tensor, x: &[Vec<f64>]) -> Vec<Vec<f64>> {
-    let v = Var::from_tensor(&t(x)).unwrap();
-    let loss = f(v.as_tensor());
-    let g = loss.backward().unwrap();
-    match g.get(v.as_tensor()) {
-        Some(g) => rows(g),
-        None => x.iter().map(|r| vec![0.0; r.len()]).collect(),
+    let v = t(x).set_requires_grad(true);
+    let loss = f(&v);
+    assert_eq!(loss.numel(), 1, "the differentiated value must be a scalar");
+    if loss.requires_grad() {
+        loss.backward();
+    }
+    let g = v.grad();
+    if g.defined() {
+        rows(&g)
+    } else {
+        x.iter().map(|r| vec![0.0; r.len()]).collect()
     }
 }
 
