@@ -11,6 +11,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use tch::Kind;
 
 use crate::{Error, Result};
 
@@ -305,7 +306,7 @@ impl ModelConfig {
 
     /// `config.json` content that transformers (4.x and 5.x) loads: the RoPE
     /// base is written both at the top level and in `rope_parameters`.
-    pub fn to_hf_json(&self, dtype: candle_core::DType) -> Value {
+    pub fn to_hf_json(&self, kind: Kind) -> Value {
         let eos: Value = match self.eos_token_ids.as_slice() {
             [] => Value::Null,
             [one] => json!(one),
@@ -330,8 +331,8 @@ impl ModelConfig {
             "bos_token_id": self.bos_token_id,
             "eos_token_id": eos,
             "pad_token_id": self.pad_token_id,
-            "torch_dtype": dtype_name(dtype),
-            "dtype": dtype_name(dtype),
+            "torch_dtype": kind_name(kind),
+            "dtype": kind_name(kind),
         });
         if self.arch == Arch::Llama {
             v["attention_bias"] = json!(self.qkv_bias);
@@ -343,12 +344,12 @@ impl ModelConfig {
     }
 }
 
-fn dtype_name(dtype: candle_core::DType) -> &'static str {
-    use candle_core::DType;
-    match dtype {
-        DType::BF16 => "bfloat16",
-        DType::F16 => "float16",
-        DType::F64 => "float64",
+/// The `torch_dtype` name of a kind (float32 for anything without one).
+fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::BFloat16 => "bfloat16",
+        Kind::Half => "float16",
+        Kind::Double => "float64",
         _ => "float32",
     }
 }
@@ -416,7 +417,7 @@ mod tests {
         v["model_type"] = json!("qwen2");
         v["eos_token_id"] = json!([2, 3]);
         let c = parse(v).unwrap();
-        let back = parse(c.to_hf_json(candle_core::DType::F32)).unwrap();
+        let back = parse(c.to_hf_json(Kind::Float)).unwrap();
         assert_eq!(c, back);
     }
 }

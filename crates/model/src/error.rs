@@ -54,13 +54,23 @@ pub enum Error {
     #[error("{0}")]
     Input(String),
 
-    /// An error from the tensor library.
-    #[error(transparent)]
-    Candle(#[from] candle_core::Error),
+    /// The requested device cannot be used (e.g. CUDA without a GPU).
+    #[error("device {device:?} is not available: {reason}")]
+    DeviceUnavailable { device: tch::Device, reason: String },
 
-    /// An error from the safetensors format library.
-    #[error("safetensors: {0}")]
-    Safetensors(#[from] safetensors::SafeTensorError),
+    /// A safetensors file could not be read or written, or one of its
+    /// tensors could not be converted; names the file and, where one is
+    /// at fault, the tensor.
+    #[error("safetensors file {}{}: {reason}", path.display(), tensor.as_ref().map(|t| format!(", tensor `{t}`")).unwrap_or_default())]
+    Safetensors {
+        path: PathBuf,
+        tensor: Option<String>,
+        reason: String,
+    },
+
+    /// An error from libtorch (through tch).
+    #[error(transparent)]
+    Torch(#[from] tch::TchError),
 }
 
 /// `Result` with this crate's [`Error`].

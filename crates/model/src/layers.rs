@@ -1,17 +1,34 @@
-//! The two parameterised building blocks every other module uses: a linear
-//! projection and RMSNorm.
+//! The pieces every layer of [`crate::model`] shares: linear projections,
+//! RMSNorm, rotary position embedding (tables and position ids) and the
+//! additive attention masks. Re-exported as [`crate::rope`] and
+//! [`crate::mask`] under their former paths.
+//!
+//! Each is a thin layer over one libtorch op with its own backward
+//! (`linear`, `rms_norm`), or a few element-wise ops (RoPE) — autograd
+//! differentiates all of them.
 
-use candle_core::{Tensor, D};
+use tch::{Device, Kind, Tensor};
 
-use crate::ops;
 use crate::weights::Weights;
-use crate::Result;
+use crate::{Error, Result};
+
+// ---------------------------------------------------------------- Linear
 
 /// `y = x Wᵀ + b`, weight stored (out, in) as in PyTorch.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
+}
+
+impl Clone for Linear {
+    /// Shares the parameters (shallow clones).
+    fn clone(&self) -> Self {
+        Linear {
+            weight: self.weight.shallow_clone(),
+            bias: self.bias.as_ref().map(Tensor::shallow_clone),
+        }
+    }
 }
 
 impl Linear {
@@ -31,21 +48,9 @@ impl Linear {
         Ok(Linear { weight, bias })
     }
 
-    /// `x`: (..., in) → (..., out). Leading dimensions are flattened so the
-    /// product is a single matrix multiplication against the transposed view
-    /// of the weight (no copy of either).
+    /// `x`: (..., in) → (..., out), one `addmm` over the flattened rows.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dims = x.dims();
-        let in_dim = dims[dims.len() - 1];
-        let rows = x.elem_count() / in_dim.max(1);
-        let y = x.reshape((rows, in_dim))?.matmul(&self.weight.t()?)?;
-        let y = match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        };
-        let mut out_dims = dims.to_vec();
-        *out_dims.last_mut().expect("rank ≥ 1") = self.weight.dim(0)?;
-        Ok(y.reshape(out_dims)?)
+        Ok(x.f_linear(&self.weight, self.bias.as_ref())?)
     }
 
     /// The weight, (out, in).
@@ -53,19 +58,38 @@ impl Linear {
         &self.weight
     }
 
+    /// The bias, (out), if the layer has one.
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
     pub(crate) fn push_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((format!("{prefix}.weight"), self.weight.clone()));
+        out.push((format!("{prefix}.weight"), self.weight.shallow_clone()));
         if let Some(b) = &self.bias {
-            out.push((format!("{prefix}.bias"), b.clone()));
+            out.push((format!("{prefix}.bias"), b.shallow_clone()));
         }
     }
 }
 
-/// Root-mean-square normalisation with a learned scale.
-#[derive(Debug, Clone)]
+// ---------------------------------------------------------------- RMSNorm
+
+/// Root-mean-square normalisation with a learned scale, as transformers'
+/// `LlamaRMSNorm` / `Qwen2RMSNorm`: normalised in float32, cast back to the
+/// input's kind, then scaled (libtorch's `rms_norm` does exactly that).
+#[derive(Debug)]
 pub struct RmsNorm {
     weight: Tensor,
     eps: f64,
+}
+
+impl Clone for RmsNorm {
+    /// Shares the weight.
+    fn clone(&self) -> Self {
+        RmsNorm {
+            weight: self.weight.shallow_clone(),
+            eps: self.eps,
+        }
+    }
 }
 
 impl RmsNorm {
@@ -79,11 +103,307 @@ impl RmsNorm {
 
     /// `x`: (..., dim) → same shape.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        debug_assert_eq!(x.dim(D::Minus1).ok(), Some(self.weight.elem_count()));
-        Ok(ops::rms_norm(x, &self.weight, self.eps)?)
+        let dim = self.weight.size()[0];
+        Ok(x.f_rms_norm([dim], Some(&self.weight), self.eps)?)
+    }
+
+    /// The scale, (dim).
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
     }
 
     pub(crate) fn push_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((format!("{prefix}.weight"), self.weight.clone()));
+        out.push((format!("{prefix}.weight"), self.weight.shallow_clone()));
+    }
+}
+
+// ---------------------------------------------------------------- RoPE
+
+/// RoPE frequencies for one head size and base (`rope_theta`).
+#[derive(Debug)]
+pub struct RotaryEmbedding {
+    /// `1 / theta^(2i / head_dim)` for `i < head_dim / 2`, float32 as
+    /// transformers computes it, on the model's device.
+    inv_freq: Tensor,
+}
+
+impl Clone for RotaryEmbedding {
+    fn clone(&self) -> Self {
+        RotaryEmbedding {
+            inv_freq: self.inv_freq.shallow_clone(),
+        }
+    }
+}
+
+/// cos and sin of every (row, position, frequency): each (batch or 1, seq,
+/// head_dim / 2), in the model's kind. Build once per forward and share
+/// across layers.
+#[derive(Debug)]
+pub struct RopeTables {
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+impl Clone for RopeTables {
+    fn clone(&self) -> Self {
+        RopeTables {
+            cos: self.cos.shallow_clone(),
+            sin: self.sin.shallow_clone(),
+        }
+    }
+}
+
+impl RotaryEmbedding {
+    pub fn new(head_dim: usize, theta: f64, device: Device) -> Self {
+        let inv_freq: Vec<f32> = (0..head_dim / 2)
+            .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
+            .collect();
+        RotaryEmbedding {
+            inv_freq: Tensor::from_slice(&inv_freq).to_device(device),
+        }
+    }
+
+    /// Tables for position ids (rows, seq) of any integer kind, computed on
+    /// the device: angles in float32, then cos/sin cast to `kind`.
+    pub fn tables_for_positions(&self, positions: &Tensor, kind: Kind) -> Result<RopeTables> {
+        if positions.dim() != 2 {
+            return Err(Error::Input(format!(
+                "position ids must be (batch, seq), got {:?}",
+                positions.size()
+            )));
+        }
+        let angles = positions
+            .f_to_device(self.inv_freq.device())?
+            .to_kind(Kind::Float)
+            .unsqueeze(-1)
+            * &self.inv_freq; // (rows, seq, half)
+        Ok(RopeTables {
+            cos: angles.cos().to_kind(kind),
+            sin: angles.sin().to_kind(kind),
+        })
+    }
+
+    /// Tables for explicit positions, one row per sequence.
+    pub fn tables(&self, positions: &[Vec<u32>], kind: Kind) -> Result<RopeTables> {
+        let seq = positions.first().map_or(0, Vec::len);
+        if positions.iter().any(|p| p.len() != seq) {
+            return Err(Error::Input("position rows differ in length".into()));
+        }
+        let flat: Vec<i64> = positions.iter().flatten().map(|&p| p as i64).collect();
+        let t = Tensor::from_slice(&flat).view([positions.len() as i64, seq as i64]);
+        self.tables_for_positions(&t, kind)
+    }
+
+    /// Tables for positions `start..start + len`, shared by every row.
+    pub fn tables_for_range(&self, start: usize, len: usize, kind: Kind) -> Result<RopeTables> {
+        let p = Tensor::arange_start(
+            start as i64,
+            (start + len) as i64,
+            (Kind::Int64, self.inv_freq.device()),
+        );
+        self.tables_for_positions(&p.unsqueeze(0), kind)
+    }
+}
+
+impl RopeTables {
+    /// (rows, seq, head_dim / 2) of the tables.
+    pub fn dims(&self) -> Vec<i64> {
+        self.cos.size()
+    }
+
+    /// Rotates `x` (batch, seq, heads, head_dim) — a projection's output
+    /// viewed per head — and returns it as (batch, heads, seq, head_dim).
+    /// Rotation as transformers' `rotate_half`: the two halves of each head
+    /// are the (real, imaginary) pairs.
+    ///
+    /// The final `cat` writes the result's memory in one pass, in either
+    /// layout at the same cost: `heads_major` gives a contiguous tensor;
+    /// otherwise the memory stays (batch, seq, heads, head_dim) and the
+    /// result is its transposed view — what the attention kernel reads
+    /// as well, and whose output then needs no transpose copy.
+    pub(crate) fn apply(&self, x: &Tensor, heads_major: bool) -> Tensor {
+        let half = x.size()[3] / 2;
+        let (x, cos, sin) = match heads_major {
+            // (b, heads, s, d) view; tables (rows, 1, s, half).
+            true => (
+                x.transpose(1, 2),
+                self.cos.unsqueeze(1),
+                self.sin.unsqueeze(1),
+            ),
+            // (b, s, heads, d); tables (rows, s, 1, half).
+            false => (
+                x.shallow_clone(),
+                self.cos.unsqueeze(2),
+                self.sin.unsqueeze(2),
+            ),
+        };
+        let (x1, x2) = (x.narrow(-1, 0, half), x.narrow(-1, half, half));
+        let out = Tensor::cat(&[&x1 * &cos - &x2 * &sin, &x2 * &cos + &x1 * &sin], -1);
+        match heads_major {
+            true => out,
+            false => out.transpose(1, 2),
+        }
+    }
+}
+
+/// Position ids (batch, seq), Int64, from an attention mask of 0/1 (any
+/// kind), computed on the mask's device: the count of real tokens before
+/// each one, as transformers' `generate` derives them, so a left-padded row
+/// starts at 0 at its first real token. Padding positions get 0.
+pub fn position_ids_from_mask(mask: &Tensor) -> Result<Tensor> {
+    check_mask_rank(mask)?;
+    let real = mask.f_ne(0)?.to_kind(Kind::Int64);
+    Ok((real.cumsum(1, Kind::Int64) - 1) * real)
+}
+
+/// [`position_ids_from_mask`] as host rows.
+pub fn positions_from_mask(mask: &Tensor) -> Result<Vec<Vec<u32>>> {
+    let p = position_ids_from_mask(mask)?;
+    let rows: Vec<Vec<i64>> = Vec::try_from(&p.to_device(Device::Cpu))?;
+    Ok(rows
+        .into_iter()
+        .map(|r| r.into_iter().map(|v| v as u32).collect())
+        .collect())
+}
+
+fn check_mask_rank(mask: &Tensor) -> Result<()> {
+    if mask.dim() != 2 {
+        return Err(Error::Input(format!(
+            "attention mask must be (batch, seq), got {:?}",
+            mask.size()
+        )));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- masks
+
+/// The masked value of float32 masks. A finite minimum rather than `-inf`,
+/// so that a query with no visible key (a padding query in a left-padded
+/// batch) gets a uniform softmax instead of NaN, as in transformers; such
+/// rows' outputs are meaningless and must be ignored by the caller.
+pub const MASKED: f32 = f32::MIN;
+
+/// The masked value of a kind: its most negative finite value (float32's
+/// for float32 and float64), as transformers' `torch.finfo(dtype).min`.
+/// `f32::MIN` would round to `-inf` in bfloat16 and float16.
+pub fn masked_value(kind: Kind) -> f64 {
+    match kind {
+        Kind::Half => -65504.0,
+        Kind::BFloat16 => -3.389_531_389_251_535_5e38,
+        _ => MASKED as f64,
+    }
+}
+
+/// Causal mask for `q_len` new queries after `k_len - q_len` cached keys:
+/// query `i` sees keys `0..=k_len - q_len + i`. Additive, shape (1, q_len,
+/// k_len): 0 where visible, [`masked_value`] where not.
+pub fn causal(q_len: usize, k_len: usize, kind: Kind, device: Device) -> Result<Tensor> {
+    check_lengths(q_len, k_len)?;
+    let past = (k_len - q_len) as i64;
+    let full = Tensor::f_full(
+        [q_len as i64, k_len as i64],
+        masked_value(kind),
+        (kind, device),
+    )?;
+    Ok(full.triu(past + 1).unsqueeze(0))
+}
+
+/// Causal mask that also hides padding keys. `key_mask`: (batch, k_len) with
+/// 1 for real tokens and 0 for padding (left or right), any kind, covering
+/// the cached keys and the `q_len` new ones. Additive, shape (batch, q_len,
+/// k_len), on the key mask's device.
+pub fn causal_padded(key_mask: &Tensor, q_len: usize, kind: Kind) -> Result<Tensor> {
+    check_mask_rank(key_mask)?;
+    let k_len = key_mask.size()[1] as usize;
+    let padding = key_mask.f_eq(0)?.unsqueeze(1); // (batch, 1, k_len)
+    Ok(causal(q_len, k_len, kind, key_mask.device())?.masked_fill(&padding, masked_value(kind)))
+}
+
+fn check_lengths(q_len: usize, k_len: usize) -> Result<()> {
+    if q_len > k_len {
+        return Err(Error::Input(format!(
+            "mask: {q_len} queries but only {k_len} keys"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows3(t: &Tensor) -> Vec<Vec<Vec<f32>>> {
+        Vec::try_from(&t.to_kind(Kind::Float)).unwrap()
+    }
+
+    #[test]
+    fn positions_skip_left_padding() {
+        let mask = Tensor::from_slice2(&[[0i64, 0, 1, 1], [1, 1, 1, 0]]);
+        assert_eq!(
+            positions_from_mask(&mask).unwrap(),
+            vec![vec![0, 0, 0, 1], vec![0, 1, 2, 0]]
+        );
+        let bool_mask = mask.ne(0);
+        assert_eq!(
+            positions_from_mask(&bool_mask).unwrap(),
+            positions_from_mask(&mask).unwrap()
+        );
+    }
+
+    #[test]
+    fn position_zero_is_identity() {
+        let t = RotaryEmbedding::new(8, 1e4, Device::Cpu)
+            .tables_for_range(0, 2, Kind::Float)
+            .unwrap();
+        assert_eq!(t.dims(), [1, 2, 4]);
+        assert_eq!(rows3(&t.cos)[0][0], vec![1.0; 4]);
+        assert_eq!(rows3(&t.sin)[0][1][0], 1f32.sin());
+    }
+
+    /// The half-split rotation is transformers' `q * cos + rotate_half(q) *
+    /// sin` with full-width tables, in both memory layouts.
+    #[test]
+    fn rope_matches_rotate_half_and_is_contiguous() {
+        let (b, s, h, d) = (2, 5, 3, 8);
+        let rope = RotaryEmbedding::new(d as usize, 1e4, Device::Cpu)
+            .tables_for_range(3, s as usize, Kind::Float)
+            .unwrap();
+        let x = Tensor::randn([b, s, h, d], (Kind::Float, Device::Cpu));
+        let got = rope.apply(&x, true);
+        assert_eq!(got.size(), [b, h, s, d]);
+        assert!(got.is_contiguous());
+        let seq_major = rope.apply(&x, false);
+        assert!(seq_major.transpose(1, 2).is_contiguous());
+        assert!(seq_major.equal(&got));
+        let xt = x.transpose(1, 2);
+        let cos = Tensor::cat(&[&rope.cos, &rope.cos], -1).unsqueeze(1);
+        let sin = Tensor::cat(&[&rope.sin, &rope.sin], -1).unsqueeze(1);
+        let rotated = Tensor::cat(&[-xt.narrow(-1, d / 2, d / 2), xt.narrow(-1, 0, d / 2)], -1);
+        let want = &xt * cos + rotated * sin;
+        let diff = f64::try_from((got - want).abs().max()).unwrap();
+        assert!(diff < 1e-6, "{diff}");
+    }
+
+    #[test]
+    fn causal_with_past_and_padding() {
+        let c = rows3(&causal(2, 3, Kind::Float, Device::Cpu).unwrap());
+        assert_eq!(c[0], vec![vec![0.0, 0.0, MASKED], vec![0.0, 0.0, 0.0]]);
+        let keys = Tensor::from_slice2(&[[0u8, 1, 1]]);
+        let p = rows3(&causal_padded(&keys, 3, Kind::Float).unwrap());
+        assert_eq!(p[0][2], vec![MASKED, 0.0, 0.0]);
+        assert_eq!(p[0][0], vec![MASKED; 3]);
+        assert!(causal(3, 2, Kind::Float, Device::Cpu).is_err());
+    }
+
+    /// bfloat16 masks stay finite (f32::MIN would round to -inf).
+    #[test]
+    fn low_precision_masks_are_finite() {
+        for kind in [Kind::BFloat16, Kind::Half] {
+            let m = causal(2, 2, kind, Device::Cpu).unwrap();
+            assert_eq!(m.kind(), kind);
+            let min = f64::try_from(m.to_kind(Kind::Float).min()).unwrap();
+            assert!(min.is_finite() && min < -6e4, "{kind:?}: {min}");
+        }
     }
 }

@@ -1,17 +1,18 @@
-//! Qwen2 and Llama decoder-only transformers on [candle](candle_core), with
-//! Hugging Face checkpoint loading and saving.
+//! Qwen2 and Llama decoder-only transformers on libtorch (through
+//! [`tch`]), with Hugging Face checkpoint loading and saving.
 //!
 //! This is the model that both of colo's engines run: the trainer (which
 //! needs gradients for every parameter) and the rollout engine (which needs
 //! an incremental forward over its own key/value cache).
 //!
 //! ```no_run
-//! use candle_core::{DType, Device, Tensor};
 //! use colo_model::{loss, Checkpoint};
+//! use tch::{Device, Kind, Tensor};
 //!
-//! let ckpt = Checkpoint::from_dir("testdata/tiny-qwen2".as_ref(), DType::F32, &Device::Cpu)?;
+//! let ckpt = Checkpoint::from_dir("testdata/tiny-qwen2".as_ref(), Kind::Float, Device::Cpu)?;
 //! let ids = ckpt.tokenizer.as_ref().unwrap().encode("The quick brown fox", false)?;
-//! let ids = Tensor::new(ids.as_slice(), &Device::Cpu)?.unsqueeze(0)?; // (1, seq)
+//! let ids: Vec<i64> = ids.into_iter().map(i64::from).collect();
+//! let ids = Tensor::from_slice(&ids).unsqueeze(0); // (1, seq)
 //! let logits = ckpt.model.forward(&ids)?; // (1, seq, vocab)
 //! let logprobs = loss::next_token_logprobs(&logits, &ids)?; // (1, seq - 1)
 //! # Ok::<(), colo_model::Error>(())
@@ -19,73 +20,101 @@
 //!
 //! # Layout
 //!
-//! One file per concern, read top to bottom in the style of
-//! candle-transformers' `llama.rs`: [`config`] (raw `config.json` →
-//! validated [`ModelConfig`]) → [`layers`] (linear, RMSNorm) → [`rope`] →
-//! [`mask`] → [`attention`] → [`mlp`] → [`block`] → [`model`]; [`cache`] is
-//! the reference KV cache, [`weights`] reads and writes safetensors,
-//! [`tokenizer`] wraps `tokenizers`, [`loss`] has log-probabilities and the
-//! next-token loss.
+//! In the style of candle-transformers' `llama.rs` and nanoGPT's
+//! `model.py`: [`config`] (raw `config.json` → validated [`ModelConfig`]),
+//! [`model`] (the architecture in one file, read top to bottom: cache →
+//! attention → MLP → block → model), [`layers`] (the shared pieces: linear,
+//! RMSNorm, RoPE, masks; also reachable as [`rope`] and [`mask`]),
+//! [`weights`] (safetensors in and out), [`tokenizer`] (wraps
+//! `tokenizers`), [`loss`] (log-probabilities and the next-token loss).
 //!
 //! # Design decisions
 //!
-//! - **Every op has a backward.** candle-nn's fused `rms_norm`,
-//!   `softmax_last_dim`, `rope` and `sdpa` define no backward and silently
-//!   drop gradients. [`ops`] has fused float32 CPU kernels for the same
-//!   three operations *with* a backward, and falls back to compositions of
-//!   differentiable tensor ops on other devices and dtypes. A test checks
-//!   that every parameter gets a non-zero gradient and that the gradients
-//!   match PyTorch's.
-//! - **Parameters are shared tensors, optionally `Var`s.** [`Model::load`]
-//!   builds an inference model; [`Model::load_trainable`] makes every
-//!   parameter a [`candle_core::Var`] and [`Model::vars`] hands them to an
-//!   optimizer under their Hugging Face names. Updating a var updates the
-//!   model in place.
+//! - **libtorch does the numerics.** The engine moved from candle to
+//!   libtorch 2.11 through `tch` 0.24: MKL/oneDNN matrix products (AMX or
+//!   AVX-512 BF16 for bfloat16 on the CPU), CUDA, and fused ops that all
+//!   have a backward — `rms_norm`, `scaled_dot_product_attention` (flash
+//!   kernel, grouped-query attention without repeating K/V), `linear`,
+//!   `logsumexp`. The hand-written float32 kernels and custom backwards
+//!   candle needed (its fused ops had none) are gone; autograd
+//!   differentiates everything. Parity tests check every parameter's
+//!   gradient against PyTorch's.
+//! - **Kind and device are parameters.** float32 is the reference path;
+//!   bfloat16 (`Kind::BFloat16`) and float64 work wherever a kind is taken,
+//!   and nothing assumes the CPU. Asking for `Device::Cuda(_)` without a
+//!   GPU is an [`Error::DeviceUnavailable`] naming the device.
+//! - **Parameters are shared tensors.** [`Model::load`] uses the tensors it
+//!   is given (shallow clones: same storage, same `requires_grad`), so a
+//!   trainer or a rollout engine that owns the parameters (e.g. in a
+//!   colo-mem pool) builds a model over them. [`Model::load_trainable`]
+//!   makes fresh copies that require gradients; [`Model::trainable_parameters`]
+//!   hands them out under their Hugging Face names, and updating them in
+//!   place (under `tch::no_grad`) updates the model. Cloning a model is
+//!   shallow.
+//! - **One forward, built once.** The RoPE cos/sin tables and the attention
+//!   mask are computed once per forward, on the device, and shared by all
+//!   layers; an unpadded forward passes no mask at all (the attention
+//!   kernel applies causality and skips masked blocks). Projections are one
+//!   `addmm` each. In the cache-less forward Q, K and V stay in the
+//!   projections' (batch, seq, heads, head_dim) memory (RoPE writes that
+//!   layout, the attention kernel reads strided views and writes its
+//!   output in it), so a layer makes no layout copies; [`Attention::qkv`]
+//!   hands out contiguous (batch, heads, seq, head_dim) for cache writers,
+//!   at the same cost for Q and K.
 //! - **Pieces for a paged KV cache.** [`Model::embed`], per layer
 //!   [`Attention::qkv`] (projection + RoPE) and [`Attention::attend`] (given
 //!   any K/V, e.g. gathered from pages), [`Block::finish`] (MLP half),
 //!   [`Model::final_norm`] and [`Model::lm_head`]. [`Model::forward_with_cache`]
 //!   strings them together over the simple contiguous [`KvCache`].
-//! - **Grouped-query attention without repeating K/V.** The query heads that
-//!   share a KV head are stacked along the row dimension so one batched
-//!   matmul serves the group; the attention scale is folded into the softmax
-//!   kernel and the (seq, heads) transpose into the RoPE kernel.
 //! - **Padding either side.** [`Model::forward_masked`] takes a 0/1
 //!   attention mask and derives position ids from it as transformers'
 //!   `generate` does, so right-padded (training) and left-padded (prompt)
 //!   batches give the same logits at real tokens as unpadded sequences.
+//!   Masks are additive with the kind's most negative finite value, not
+//!   `-inf`, so a query with nothing to attend to gets a uniform row
+//!   instead of NaN (as in transformers).
 //! - **The checkpoint format is Hugging Face's.** Tensor names, tied heads
 //!   left out of the file, `rope_theta` read from the top level or from
 //!   transformers 5's `rope_parameters`, `format: pt` metadata on save.
+//!   Loading converts to the requested kind and device, and every failure
+//!   names the file (and the tensor).
+//! - **Refuse rather than approximate.** Scaled RoPE variants (llama3, yarn,
+//!   …), sliding-window attention, MLP biases and non-SiLU activations are
+//!   config errors, not silently ignored.
 
-pub mod attention;
-pub mod block;
-pub mod cache;
 pub mod config;
 mod error;
 pub mod layers;
 pub mod loss;
-pub mod mask;
-pub mod mlp;
 pub mod model;
-pub mod ops;
-pub mod rope;
 pub mod tokenizer;
 pub mod weights;
 
+/// Rotary position embedding: tables and position ids (defined in
+/// [`layers`]).
+pub mod rope {
+    pub use crate::layers::{
+        position_ids_from_mask, positions_from_mask, RopeTables, RotaryEmbedding,
+    };
+}
+
+/// Additive attention masks: 0 where a query may attend to a key, the
+/// kind's most negative finite value where it may not (defined in
+/// [`layers`]).
+pub mod mask {
+    pub use crate::layers::{causal, causal_padded, masked_value, MASKED};
+}
+
 use std::path::Path;
 
-use candle_core::{DType, Device};
+use tch::{Device, Kind};
 
-pub use attention::Attention;
-pub use block::Block;
-pub use cache::KvCache;
 pub use config::{Arch, HfConfig, ModelConfig, SUPPORTED_MODEL_TYPES};
 pub use error::{Error, Result};
-pub use model::Model;
-pub use rope::RopeTables;
+pub use layers::{Linear, RmsNorm, RopeTables};
+pub use model::{Attention, Block, KvCache, Mlp, Model};
 pub use tokenizer::{ChatMessage, SpecialToken, SpecialTokens, Tokenizer};
-pub use weights::Weights;
+pub use weights::{check_device, Weights};
 
 /// A Hugging Face checkpoint directory: the model and, when the directory
 /// has a `tokenizer.json`, its tokenizer.
@@ -96,10 +125,10 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Loads `config.json`, the safetensors weights, and the tokenizer if
-    /// present.
-    pub fn from_dir(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
-        let model = Model::from_dir(dir, dtype, device)?;
+    /// Loads `config.json`, the safetensors weights (as `kind` on
+    /// `device`), and the tokenizer if present.
+    pub fn from_dir(dir: &Path, kind: Kind, device: Device) -> Result<Self> {
+        let model = Model::from_dir(dir, kind, device)?;
         let tokenizer = match dir.join("tokenizer.json").is_file() {
             true => Some(Tokenizer::from_dir(dir)?),
             false => None,

@@ -1,22 +1,370 @@
-//! The whole decoder: embedding → layers → final norm → LM head.
+//! The Qwen2 / Llama decoder, top to bottom: cache → attention → MLP →
+//! block → model (the configuration is [`crate::config`]; linear, RMSNorm,
+//! RoPE and masks are [`crate::layers`]).
+//!
+//! Every struct holds `tch::Tensor`s that share storage with whoever built
+//! it (a checkpoint, a trainer's parameters, a rollout engine's pooled
+//! copies); cloning is shallow. Forwards are plain libtorch calls, so
+//! autograd differentiates all of them.
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor, Var};
+use tch::{Device, Kind, Tensor};
 
-use crate::block::Block;
-use crate::cache::KvCache;
 use crate::config::ModelConfig;
-use crate::layers::RmsNorm;
-use crate::mask;
-use crate::rope::{position_rows, positions_from_mask, RopeTables, RotaryEmbedding};
-use crate::weights::Weights;
+use crate::layers::{self, Linear, RmsNorm, RopeTables, RotaryEmbedding};
+use crate::weights::{self, Weights};
 use crate::{Error, Result};
 
-/// A Qwen2 / Llama causal language model.
+// ---------------------------------------------------------------- cache
+
+/// A contiguous key/value cache: the reference for incremental decoding.
 ///
-/// Cloning is cheap (tensors are reference counted) and shares weights.
+/// Each step concatenates the new keys and values onto the old ones, which
+/// copies the whole cache every step. That is fine for tests and short
+/// generations; the rollout engine keeps a paged cache of its own and calls
+/// [`Attention::qkv`] / [`Attention::attend`] directly.
+#[derive(Debug, Default)]
+pub struct KvCache {
+    /// Per layer: keys and values, each (batch, kv_heads, len, head_dim).
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    len: usize,
+}
+
+impl Clone for KvCache {
+    /// Shares the cached tensors (appending never writes into them).
+    fn clone(&self) -> Self {
+        KvCache {
+            layers: self
+                .layers
+                .iter()
+                .map(|kv| {
+                    kv.as_ref()
+                        .map(|(k, v)| (k.shallow_clone(), v.shallow_clone()))
+                })
+                .collect(),
+            len: self.len,
+        }
+    }
+}
+
+impl KvCache {
+    pub fn new(num_layers: usize) -> Self {
+        KvCache {
+            layers: (0..num_layers).map(|_| None).collect(),
+            len: 0,
+        }
+    }
+
+    /// Tokens cached so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends a step's keys and values for `layer` and returns all of them.
+    pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (k, v) = match self.layers[layer].take() {
+            None => (k.shallow_clone(), v.shallow_clone()),
+            Some((pk, pv)) => (Tensor::f_cat(&[&pk, k], 2)?, Tensor::f_cat(&[&pv, v], 2)?),
+        };
+        self.layers[layer] = Some((k.shallow_clone(), v.shallow_clone()));
+        Ok((k, v))
+    }
+
+    /// Records that `n` tokens were appended to every layer.
+    pub(crate) fn advance(&mut self, n: usize) {
+        self.len += n;
+    }
+}
+
+// ---------------------------------------------------------------- attention
+
+/// Which keys each query sees, as [`Attention::attend`] applies it.
+#[derive(Clone, Copy)]
+enum Visible<'a> {
+    /// Every key (a single decode step).
+    All,
+    /// Query `i` sees keys `0..=i`; query and key lengths are equal. Lets
+    /// libtorch's attention kernel skip the masked blocks, with no mask
+    /// tensor at all.
+    Causal,
+    /// An additive mask (batch or 1, q_len, k_len) from [`crate::mask`].
+    Mask(&'a Tensor),
+}
+
+/// Grouped-query self-attention with RoPE and optional q/k/v biases
+/// (`model.layers.N.self_attn`).
+///
+/// Split in two so that a rollout engine can keep keys and values in its
+/// own (paged) cache without copying this code: [`Attention::qkv`] projects
+/// and rotates, [`Attention::attend`] takes whatever keys and values the
+/// caller gathered and finishes the layer.
 #[derive(Debug, Clone)]
+pub struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let (q_dim, kv_dim) = (cfg.num_heads * d, cfg.num_kv_heads * d);
+        Ok(Attention {
+            q_proj: Linear::load(w, &format!("{prefix}.q_proj"), h, q_dim, cfg.qkv_bias)?,
+            k_proj: Linear::load(w, &format!("{prefix}.k_proj"), h, kv_dim, cfg.qkv_bias)?,
+            v_proj: Linear::load(w, &format!("{prefix}.v_proj"), h, kv_dim, cfg.qkv_bias)?,
+            o_proj: Linear::load(w, &format!("{prefix}.o_proj"), q_dim, h, cfg.o_bias)?,
+            num_heads: cfg.num_heads,
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim: d,
+        })
+    }
+
+    /// The output projection (`o_proj`), for engines that run attention
+    /// themselves.
+    pub fn o_proj(&self) -> &Linear {
+        &self.o_proj
+    }
+
+    /// Projects `x` (batch, seq, hidden) and applies RoPE.
+    ///
+    /// Returns `q` (batch, heads, seq, head_dim), `k` and `v` (batch,
+    /// kv_heads, seq, head_dim), all contiguous. `rope` covers the same
+    /// (batch or 1, seq) positions as `x`.
+    pub fn qkv(&self, x: &Tensor, rope: &RopeTables) -> Result<(Tensor, Tensor, Tensor)> {
+        self.project(x, rope, true)
+    }
+
+    /// [`Attention::qkv`]; with `heads_major` false the three are
+    /// transposed views of (batch, seq, heads, head_dim) memory instead of
+    /// contiguous — no layout copy at all, for the cache-less forward.
+    fn project(
+        &self,
+        x: &Tensor,
+        rope: &RopeTables,
+        heads_major: bool,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, s, _) = x.size3()?;
+        let d = self.head_dim as i64;
+        let rd = rope.dims();
+        if rd.len() != 3 || (rd[0] != 1 && rd[0] != b) || rd[1] != s || rd[2] * 2 != d {
+            return Err(Error::Input(format!(
+                "qkv: RoPE tables {rd:?} do not fit input {:?} (head_dim {d})",
+                x.size()
+            )));
+        }
+        let heads = |t: Tensor, n: usize| t.view([b, s, n as i64, d]);
+        let q = rope.apply(&heads(self.q_proj.forward(x)?, self.num_heads), heads_major);
+        let k = rope.apply(
+            &heads(self.k_proj.forward(x)?, self.num_kv_heads),
+            heads_major,
+        );
+        let v = heads(self.v_proj.forward(x)?, self.num_kv_heads).transpose(1, 2);
+        let v = if heads_major { v.contiguous() } else { v };
+        Ok((q, k, v))
+    }
+
+    /// Attention of `q` (batch, heads, q_len, head_dim) over `k`, `v`
+    /// (batch, kv_heads, k_len, head_dim), then the output projection:
+    /// returns (batch, q_len, hidden).
+    ///
+    /// `k` and `v` may be views (e.g. `narrow` on the sequence dimension of
+    /// a preallocated cache) with unit stride along head_dim. `mask` is
+    /// additive, (batch or 1, q_len, k_len), from [`crate::mask`], in any
+    /// float kind (converted to `q`'s); `None` lets every query see every
+    /// key (a single decode step).
+    pub fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        self.attend_visible(q, k, v, mask.map_or(Visible::All, Visible::Mask))
+    }
+
+    fn attend_visible(&self, q: &Tensor, k: &Tensor, v: &Tensor, vis: Visible) -> Result<Tensor> {
+        let (b, h, s, d) = q.size4()?;
+        let (kb, kvh, t, kd) = k.size4()?;
+        if h != self.num_heads as i64
+            || kvh != self.num_kv_heads as i64
+            || d != self.head_dim as i64
+            || kb != b
+            || kd != d
+            || v.size() != k.size()
+        {
+            return Err(Error::Input(format!(
+                "attend: q {:?}, k {:?}, v {:?} do not fit {} heads / {} kv heads of size {}",
+                q.size(),
+                k.size(),
+                v.size(),
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim
+            )));
+        }
+        let mask = match vis {
+            Visible::Mask(m) => {
+                let md = m.size();
+                if md.len() != 3 || (md[0] != 1 && md[0] != b) || md[1] != s || md[2] != t {
+                    return Err(Error::Input(format!(
+                        "attend: mask {md:?} does not fit {b} rows, {s} queries, {t} keys"
+                    )));
+                }
+                Some(m.unsqueeze(1).to_kind(q.kind())) // (batch or 1, 1, s, t)
+            }
+            _ => None,
+        };
+        // libtorch's fused attention (flash kernel on CPU and CUDA) with
+        // grouped-query support: K/V are not repeated per query head. Its
+        // output has q's memory layout, so when q is a view of (batch, s,
+        // heads, d) memory (the cache-less forward) the reshape below is
+        // free; otherwise it is one copy.
+        let out = Tensor::f_scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask.as_ref(),
+            0.0,
+            matches!(vis, Visible::Causal),
+            None,
+            h != kvh,
+        )?; // (b, h, s, d)
+        let out = out.transpose(1, 2).reshape([b, s, h * d]);
+        self.o_proj.forward(&out)
+    }
+
+    /// `attend(qkv(x))` for a sequence without cache.
+    pub fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> Result<Tensor> {
+        self.forward_visible(x, rope, mask.map_or(Visible::All, Visible::Mask))
+    }
+
+    fn forward_visible(&self, x: &Tensor, rope: &RopeTables, vis: Visible) -> Result<Tensor> {
+        let (q, k, v) = self.project(x, rope, false)?;
+        self.attend_visible(&q, &k, &v, vis)
+    }
+
+    pub(crate) fn push_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        self.q_proj.push_params(&format!("{prefix}.q_proj"), out);
+        self.k_proj.push_params(&format!("{prefix}.k_proj"), out);
+        self.v_proj.push_params(&format!("{prefix}.v_proj"), out);
+        self.o_proj.push_params(&format!("{prefix}.o_proj"), out);
+    }
+}
+
+// ---------------------------------------------------------------- MLP
+
+/// The SwiGLU feed-forward layer `down(silu(gate(x)) ⊙ up(x))`
+/// (`model.layers.N.mlp`).
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        Ok(Mlp {
+            gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), h, i, false)?,
+            up_proj: Linear::load(w, &format!("{prefix}.up_proj"), h, i, false)?,
+            down_proj: Linear::load(w, &format!("{prefix}.down_proj"), i, h, false)?,
+        })
+    }
+
+    /// `x`: (..., hidden) → (..., hidden).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gated = self.gate_proj.forward(x)?.silu() * self.up_proj.forward(x)?;
+        self.down_proj.forward(&gated)
+    }
+
+    pub(crate) fn push_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        self.gate_proj
+            .push_params(&format!("{prefix}.gate_proj"), out);
+        self.up_proj.push_params(&format!("{prefix}.up_proj"), out);
+        self.down_proj
+            .push_params(&format!("{prefix}.down_proj"), out);
+    }
+}
+
+// ---------------------------------------------------------------- block
+
+/// One pre-norm decoder layer (`model.layers.N`):
+/// `h = x + attn(norm(x)); out = h + mlp(norm(h))`.
+///
+/// Its parts are public so an incremental engine can run `input_layernorm
+/// → self_attn.qkv → (its own cache) → self_attn.attend → residual →
+/// finish` itself; [`Block::forward`] is that sequence without a cache.
+#[derive(Debug, Clone)]
+pub struct Block {
+    pub input_layernorm: RmsNorm,
+    pub self_attn: Attention,
+    pub post_attention_layernorm: RmsNorm,
+    pub mlp: Mlp,
+}
+
+impl Block {
+    pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        let norm = |name: &str| RmsNorm::load(w, &format!("{prefix}.{name}"), h, eps);
+        Ok(Block {
+            input_layernorm: norm("input_layernorm")?,
+            self_attn: Attention::load(w, &format!("{prefix}.self_attn"), cfg)?,
+            post_attention_layernorm: norm("post_attention_layernorm")?,
+            mlp: Mlp::load(w, &format!("{prefix}.mlp"), cfg)?,
+        })
+    }
+
+    /// `x`: (batch, seq, hidden) → same shape. `mask` as in
+    /// [`Attention::attend`].
+    pub fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> Result<Tensor> {
+        self.forward_visible(x, rope, mask.map_or(Visible::All, Visible::Mask))
+    }
+
+    fn forward_visible(&self, x: &Tensor, rope: &RopeTables, vis: Visible) -> Result<Tensor> {
+        let attn = self
+            .self_attn
+            .forward_visible(&self.input_layernorm.forward(x)?, rope, vis)?;
+        self.finish(&(x + attn))
+    }
+
+    /// The part after attention: `h + mlp(norm(h))`, where `h` already holds
+    /// the attention residual.
+    pub fn finish(&self, h: &Tensor) -> Result<Tensor> {
+        let mlp = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(h)?)?;
+        Ok(h + mlp)
+    }
+
+    pub(crate) fn push_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        self.input_layernorm
+            .push_params(&format!("{prefix}.input_layernorm"), out);
+        self.self_attn
+            .push_params(&format!("{prefix}.self_attn"), out);
+        self.post_attention_layernorm
+            .push_params(&format!("{prefix}.post_attention_layernorm"), out);
+        self.mlp.push_params(&format!("{prefix}.mlp"), out);
+    }
+}
+
+// ---------------------------------------------------------------- model
+
+/// A Qwen2 / Llama causal language model: embedding → layers → final norm
+/// → LM head.
+///
+/// Cloning is cheap and shares the weights (shallow clones).
+#[derive(Debug)]
 pub struct Model {
     cfg: ModelConfig,
     embed_tokens: Tensor,
@@ -27,9 +375,25 @@ pub struct Model {
     rotary: RotaryEmbedding,
 }
 
+impl Clone for Model {
+    /// Shares the weights: an in-place update through one clone (an
+    /// optimizer step) is seen by all.
+    fn clone(&self) -> Self {
+        Model {
+            cfg: self.cfg.clone(),
+            embed_tokens: self.embed_tokens.shallow_clone(),
+            layers: self.layers.clone(),
+            norm: self.norm.clone(),
+            lm_head: self.lm_head.as_ref().map(Tensor::shallow_clone),
+            rotary: self.rotary.clone(),
+        }
+    }
+}
+
 impl Model {
     /// Builds the model from Hugging Face-named weights, checking every
-    /// tensor's shape against `cfg`. The tensors are shared, not copied.
+    /// tensor's shape against `cfg`. The tensors are shared, not copied
+    /// (their kind, device and `requires_grad` are the model's).
     pub fn load(cfg: &ModelConfig, w: &Weights) -> Result<Self> {
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
         let embed_tokens = w.get("model.embed_tokens.weight", &[v, h])?;
@@ -40,35 +404,38 @@ impl Model {
             true => None,
             false => Some(w.get("lm_head.weight", &[v, h])?),
         };
+        let rotary = RotaryEmbedding::new(cfg.head_dim, cfg.rope_theta, embed_tokens.device());
         Ok(Model {
             cfg: cfg.clone(),
             embed_tokens,
             layers,
             norm: RmsNorm::load(w, "model.norm", h, cfg.rms_norm_eps)?,
             lm_head,
-            rotary: RotaryEmbedding::new(cfg.head_dim, cfg.rope_theta),
+            rotary,
         })
     }
 
-    /// Like [`Model::load`], but every parameter becomes a fresh
-    /// [`candle_core::Var`] (a copy of the loaded tensor), so a loss computed
-    /// from this model's forward has gradients for all of them. Get the vars
-    /// with [`Model::vars`].
+    /// Like [`Model::load`], but every parameter becomes a fresh copy with
+    /// `requires_grad` set, so a loss computed from this model's forward
+    /// has gradients for all of them. Get them with
+    /// [`Model::trainable_parameters`].
     pub fn load_trainable(cfg: &ModelConfig, w: &Weights) -> Result<Self> {
         let model = Model::load(cfg, w)?;
-        let vars = model
+        let params = model
             .named_parameters()
             .into_iter()
-            .map(|(name, t)| Ok((name, Var::from_tensor(&t)?.as_tensor().clone())))
-            .collect::<Result<_>>()?;
-        Model::load(cfg, &Weights::from_tensors(vars))
+            .map(|(name, t)| (name, t.detach().copy().set_requires_grad(true)))
+            .collect();
+        Model::load(cfg, &Weights::from_tensors(params))
     }
 
     /// Reads `config.json` and the safetensors weights of a Hugging Face
-    /// checkpoint directory.
-    pub fn from_dir(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
+    /// checkpoint directory, as `kind` on `device` (an error naming the
+    /// device if it is not available).
+    pub fn from_dir(dir: &Path, kind: Kind, device: Device) -> Result<Self> {
+        weights::check_device(device)?;
         let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
-        Model::load(&cfg, &Weights::from_dir(dir, dtype, device)?)
+        Model::load(&cfg, &Weights::from_dir(dir, kind, device)?)
     }
 
     /// Writes `config.json` and `model.safetensors` into `dir` (created if
@@ -79,21 +446,19 @@ impl Model {
         let json = serde_json::to_string_pretty(&self.cfg.to_hf_json(self.dtype()))
             .expect("a JSON value serialises");
         std::fs::write(&cfg_path, json + "\n").map_err(|e| Error::io(&cfg_path, e))?;
-        crate::weights::save_safetensors(
-            &self.named_parameters(),
-            &dir.join(crate::weights::WEIGHTS_FILE),
-        )
+        weights::save_safetensors(&self.named_parameters(), &dir.join(weights::WEIGHTS_FILE))
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
 
-    pub fn dtype(&self) -> DType {
-        self.embed_tokens.dtype()
+    /// The parameters' kind (`Kind::Float`, `Kind::BFloat16`, …).
+    pub fn dtype(&self) -> Kind {
+        self.embed_tokens.kind()
     }
 
-    pub fn device(&self) -> &Device {
+    pub fn device(&self) -> Device {
         self.embed_tokens.device()
     }
 
@@ -102,57 +467,72 @@ impl Model {
         &self.layers
     }
 
-    /// Every parameter once, under its Hugging Face name, in a stable order.
+    /// Every parameter once, under its Hugging Face name, in a stable order
+    /// (embedding, layers, final norm, untied head): shallow clones sharing
+    /// storage (and gradients) with the model.
     pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
         let mut out = vec![(
             "model.embed_tokens.weight".to_owned(),
-            self.embed_tokens.clone(),
+            self.embed_tokens.shallow_clone(),
         )];
         for (i, layer) in self.layers.iter().enumerate() {
             layer.push_params(&format!("model.layers.{i}"), &mut out);
         }
         self.norm.push_params("model.norm", &mut out);
         if let Some(head) = &self.lm_head {
-            out.push(("lm_head.weight".to_owned(), head.clone()));
+            out.push(("lm_head.weight".to_owned(), head.shallow_clone()));
         }
         out
     }
 
-    /// The parameters as [`Var`]s sharing storage with the model: updating a
-    /// var (`Var::set`, an optimizer step) updates the model. Errors unless
-    /// the model came from [`Model::load_trainable`].
-    pub fn vars(&self) -> Result<Vec<(String, Var)>> {
+    /// The parameters that require a gradient, named and ordered as in
+    /// [`Model::named_parameters`]: all of them for a model from
+    /// [`Model::load_trainable`] (or loaded from tensors that require
+    /// gradients), none for an inference model. They share storage with the
+    /// model: an in-place update under `tch::no_grad` (an optimizer step)
+    /// updates the model.
+    pub fn trainable_parameters(&self) -> Vec<(String, Tensor)> {
         self.named_parameters()
             .into_iter()
-            .map(|(name, t)| match t.is_variable() {
-                true => Ok((name, Var::from_tensor(&t)?)),
-                false => Err(Error::Input(format!(
-                    "parameter `{name}` is not trainable: load with Model::load_trainable"
-                ))),
-            })
+            .filter(|(_, t)| t.requires_grad())
             .collect()
     }
 
     // ------------------------------------------------------------ pieces
 
-    /// Token embeddings: `input_ids` (batch, seq), u32 or i64 → (batch, seq, hidden).
+    /// Token embeddings: `input_ids` (batch, seq) of an integer kind →
+    /// (batch, seq, hidden). An id outside the vocabulary is an error.
     pub fn embed(&self, input_ids: &Tensor) -> Result<Tensor> {
-        let (b, s) = input_ids.dims2()?;
-        let flat = self
-            .embed_tokens
-            .index_select(&input_ids.flatten_all()?, 0)?;
-        Ok(flat.reshape((b, s, self.cfg.hidden_size))?)
+        check_rank("input_ids", input_ids, 2)?;
+        let ids = match input_ids.kind() {
+            Kind::Int64 | Kind::Int => input_ids.f_to_device(self.device())?,
+            _ => input_ids
+                .f_to_device(self.device())?
+                .f_to_kind(Kind::Int64)?,
+        };
+        Ok(Tensor::f_embedding(
+            &self.embed_tokens,
+            &ids,
+            -1,
+            false,
+            false,
+        )?)
     }
 
     /// RoPE tables for explicit positions, one row per sequence.
     pub fn rope_tables(&self, positions: &[Vec<u32>]) -> Result<RopeTables> {
-        self.rotary.tables(positions, self.dtype(), self.device())
+        self.rotary.tables(positions, self.dtype())
+    }
+
+    /// RoPE tables for position ids (batch or 1, seq) of an integer kind,
+    /// computed on the device (no host round trip).
+    pub fn rope_tables_for_positions(&self, position_ids: &Tensor) -> Result<RopeTables> {
+        self.rotary.tables_for_positions(position_ids, self.dtype())
     }
 
     /// RoPE tables for positions `start..start + len`, shared by all rows.
     pub fn rope_tables_for_range(&self, start: usize, len: usize) -> Result<RopeTables> {
-        self.rotary
-            .tables_for_range(start, len, self.dtype(), self.device())
+        self.rotary.tables_for_range(start, len, self.dtype())
     }
 
     /// The final RMSNorm: (…, hidden) → same shape.
@@ -163,10 +543,8 @@ impl Model {
     /// The LM head on normalised hidden states: (batch, seq, hidden) →
     /// (batch, seq, vocab).
     pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
-        let (b, s, h) = hidden.dims3()?;
         let w = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        let logits = hidden.reshape((b * s, h))?.matmul(&w.t()?)?;
-        Ok(logits.reshape((b, s, self.cfg.vocab_size))?)
+        Ok(hidden.f_linear(w, None::<&Tensor>)?)
     }
 
     // ------------------------------------------------------------ forwards
@@ -178,11 +556,11 @@ impl Model {
     }
 
     /// Logits of a padded batch. `attention_mask` (batch, seq): 1 for real
-    /// tokens, 0 for padding, on either side. `position_ids` (batch, seq)
-    /// default to the count of real tokens before each one (so a
-    /// right-padded row is numbered 0, 1, 2, … like an unpadded one and a
-    /// left-padded row starts at 0 at its first real token). Logits at
-    /// padding positions are meaningless.
+    /// tokens, 0 for padding, on either side, any kind. `position_ids`
+    /// (batch or 1, seq) default to the count of real tokens before each
+    /// one (so a right-padded row is numbered 0, 1, 2, … like an unpadded
+    /// one and a left-padded row starts at 0 at its first real token).
+    /// Logits at padding positions are meaningless.
     pub fn forward_masked(
         &self,
         input_ids: &Tensor,
@@ -195,30 +573,50 @@ impl Model {
     /// Final-normalised hidden states (batch, seq, hidden) — the input of
     /// the LM head, and of a critic's value head. Arguments as in
     /// [`Model::forward_masked`], both optional.
+    ///
+    /// The RoPE tables and the mask are built once and shared by all
+    /// layers; without a mask the attention kernel applies causality itself.
     pub fn hidden_states(
         &self,
         input_ids: &Tensor,
         attention_mask: Option<&Tensor>,
         position_ids: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let (b, s) = input_ids.dims2()?;
-        let positions = match (position_ids, attention_mask) {
-            (Some(p), _) => position_rows(p)?,
-            (None, Some(m)) => positions_from_mask(m)?,
-            (None, None) => vec![(0..s as u32).collect()],
+        check_rank("input_ids", input_ids, 2)?;
+        let (b, s) = input_ids.size2()?;
+        let device = self.device();
+        let rope = match (position_ids, attention_mask) {
+            (Some(p), _) => {
+                let pd = p.size();
+                if pd.len() != 2 || (pd[0] != 1 && pd[0] != b) || pd[1] != s {
+                    return Err(Error::Input(format!(
+                        "position_ids has shape {pd:?}, expected [{b}, {s}] or [1, {s}]"
+                    )));
+                }
+                self.rope_tables_for_positions(p)?
+            }
+            (None, Some(m)) => {
+                check_dims("attention_mask", m, &[b, s])?;
+                self.rope_tables_for_positions(&layers::position_ids_from_mask(m)?)?
+            }
+            (None, None) => self.rope_tables_for_range(0, s as usize)?,
         };
-        let rope = self.rope_tables(&positions)?;
         let mask = match attention_mask {
             Some(m) => {
                 check_dims("attention_mask", m, &[b, s])?;
-                Some(mask::causal_padded(m, s, self.dtype())?)
+                let m = m.f_to_device(device)?;
+                Some(layers::causal_padded(&m, s as usize, self.dtype())?)
             }
-            None if s > 1 => Some(mask::causal(s, s, self.dtype(), self.device())?),
             None => None,
+        };
+        let vis = match &mask {
+            Some(m) => Visible::Mask(m),
+            None if s > 1 => Visible::Causal,
+            None => Visible::All,
         };
         let mut x = self.embed(input_ids)?;
         for layer in &self.layers {
-            x = layer.forward(&x, &rope, mask.as_ref())?;
+            x = layer.forward_visible(&x, &rope, vis)?;
         }
         self.final_norm(&x)
     }
@@ -237,25 +635,29 @@ impl Model {
         cache: &mut KvCache,
         attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let (b, s) = input_ids.dims2()?;
-        let past = cache.len();
+        check_rank("input_ids", input_ids, 2)?;
+        let (b, s) = input_ids.size2()?;
+        let past = cache.len() as i64;
         let (rope, mask) = match attention_mask {
             Some(m) => {
                 check_dims("attention_mask", m, &[b, past + s])?;
-                let positions: Vec<Vec<u32>> = positions_from_mask(m)?
-                    .into_iter()
-                    .map(|r| r[past..].to_vec())
-                    .collect();
+                let m = m.f_to_device(self.device())?;
+                let positions = layers::position_ids_from_mask(&m)?.narrow(1, past, s);
                 (
-                    self.rope_tables(&positions)?,
-                    Some(mask::causal_padded(m, s, self.dtype())?),
+                    self.rope_tables_for_positions(&positions)?,
+                    Some(layers::causal_padded(&m, s as usize, self.dtype())?),
                 )
             }
             None => {
                 let causal = (s > 1)
-                    .then(|| mask::causal(s, past + s, self.dtype(), self.device()))
+                    .then(|| {
+                        layers::causal(s as usize, (past + s) as usize, self.dtype(), self.device())
+                    })
                     .transpose()?;
-                (self.rope_tables_for_range(past, s)?, causal)
+                (
+                    self.rope_tables_for_range(past as usize, s as usize)?,
+                    causal,
+                )
             }
         };
         let mut x = self.embed(input_ids)?;
@@ -264,10 +666,10 @@ impl Model {
                 .self_attn
                 .qkv(&layer.input_layernorm.forward(&x)?, &rope)?;
             let (k, v) = cache.append(i, &k, &v)?;
-            let h = (&x + layer.self_attn.attend(&q, &k, &v, mask.as_ref())?)?;
+            let h = &x + layer.self_attn.attend(&q, &k, &v, mask.as_ref())?;
             x = layer.finish(&h)?;
         }
-        cache.advance(s);
+        cache.advance(s as usize);
         self.lm_head(&self.final_norm(&x)?)
     }
 
@@ -277,11 +679,21 @@ impl Model {
     }
 }
 
-fn check_dims(what: &str, t: &Tensor, expected: &[usize]) -> Result<()> {
-    if t.dims() != expected {
+fn check_rank(what: &str, t: &Tensor, rank: usize) -> Result<()> {
+    if t.dim() != rank {
+        return Err(Error::Input(format!(
+            "{what} must have {rank} dimensions, got shape {:?}",
+            t.size()
+        )));
+    }
+    Ok(())
+}
+
+fn check_dims(what: &str, t: &Tensor, expected: &[i64]) -> Result<()> {
+    if t.size() != expected {
         return Err(Error::Input(format!(
             "{what} has shape {:?}, expected {expected:?}",
-            t.dims()
+            t.size()
         )));
     }
     Ok(())

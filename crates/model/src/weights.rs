@@ -1,9 +1,16 @@
 //! Named tensors in and out of safetensors files, single or sharded.
+//!
+//! Files are read into memory with the `safetensors` crate (no mmap: the
+//! workspace keeps `unsafe` in colo-mem) and each tensor is copied into a
+//! libtorch tensor, then moved to the requested device and kind. Every
+//! failure names the file and, where one is at fault, the tensor.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use safetensors::{Dtype, SafeTensors, View};
+use tch::{Device, Kind, Tensor};
 
 use crate::{Error, ModelConfig, Result};
 
@@ -12,22 +19,60 @@ pub const WEIGHTS_FILE: &str = "model.safetensors";
 /// The index that maps tensor names to shards in a sharded checkpoint.
 pub const WEIGHTS_INDEX_FILE: &str = "model.safetensors.index.json";
 
-/// Tensors by their Hugging Face name, converted to one dtype on one device.
-#[derive(Debug, Clone, Default)]
+/// Tensors by their Hugging Face name, converted to one kind on one device.
+///
+/// The tensors are shared, not copied: [`Weights::get`] and
+/// [`Weights::from_tensors`] hand out shallow clones of the same storage,
+/// so a model built from a trainer's parameters uses those parameters.
+#[derive(Debug, Default)]
 pub struct Weights {
     tensors: HashMap<String, Tensor>,
 }
 
+impl Clone for Weights {
+    /// Shares the tensors.
+    fn clone(&self) -> Self {
+        Weights {
+            tensors: self
+                .tensors
+                .iter()
+                .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                .collect(),
+        }
+    }
+}
+
+/// An error unless tensors can be placed on `device`: CUDA needs a GPU (and
+/// the index to exist), MPS an Apple GPU.
+pub fn check_device(device: Device) -> Result<()> {
+    let unavailable = |reason: String| Err(Error::DeviceUnavailable { device, reason });
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Cuda(_) if !tch::Cuda::is_available() => {
+            unavailable("libtorch sees no CUDA GPU (or was built without CUDA)".into())
+        }
+        Device::Cuda(i) if i as i64 >= tch::Cuda::device_count() => unavailable(format!(
+            "only {} CUDA device(s) present",
+            tch::Cuda::device_count()
+        )),
+        Device::Mps if !tch::utils::has_mps() => unavailable("no MPS device".into()),
+        _ => Ok(()),
+    }
+}
+
 impl Weights {
     /// Wraps tensors already in memory (for tests, or weights handed over
-    /// from a trainer).
+    /// from a trainer). They are used as they are: same storage, kind,
+    /// device and `requires_grad`.
     pub fn from_tensors(tensors: HashMap<String, Tensor>) -> Self {
         Weights { tensors }
     }
 
     /// Reads `model.safetensors`, or every shard that
-    /// `model.safetensors.index.json` names, from a checkpoint directory.
-    pub fn from_dir(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
+    /// `model.safetensors.index.json` names, from a checkpoint directory,
+    /// converting every tensor to `kind` on `device`.
+    pub fn from_dir(dir: &Path, kind: Kind, device: Device) -> Result<Self> {
+        check_device(device)?;
         let single = dir.join(WEIGHTS_FILE);
         let index = dir.join(WEIGHTS_INDEX_FILE);
         let files = if single.is_file() {
@@ -42,50 +87,47 @@ impl Weights {
         };
         let mut tensors = HashMap::new();
         for file in files {
-            let bytes = std::fs::read(&file).map_err(|e| Error::io(&file, e))?;
-            for (name, t) in candle_core::safetensors::load_buffer(&bytes, device)? {
-                let t = if t.dtype() == dtype {
-                    t
-                } else {
-                    t.to_dtype(dtype)?
-                };
-                tensors.insert(name, t);
-            }
+            read_safetensors(&file, kind, device, &mut tensors)?;
         }
         Ok(Weights { tensors })
     }
 
     /// Freshly initialised weights for `cfg` (for tests, benchmarks and
     /// built-in toy models): matrices normal with standard deviation `std`
-    /// as transformers' `initializer_range`, norms one, biases zero.
-    pub fn random(cfg: &ModelConfig, std: f64, dtype: DType, device: &Device) -> Result<Self> {
+    /// as transformers' `initializer_range` (drawn from libtorch's global
+    /// generator, `tch::manual_seed`), norms one, biases zero.
+    pub fn random(cfg: &ModelConfig, std: f64, kind: Kind, device: Device) -> Result<Self> {
+        check_device(device)?;
         let mut tensors = HashMap::new();
         for (name, shape) in cfg.parameter_shapes() {
+            let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
             let t = if name.ends_with("norm.weight") {
-                Tensor::ones(shape, dtype, device)?
+                Tensor::f_ones(&shape, (kind, device))?
             } else if name.ends_with(".bias") {
-                Tensor::zeros(shape, dtype, device)?
+                Tensor::f_zeros(&shape, (kind, device))?
             } else {
-                Tensor::randn(0f32, std as f32, shape, device)?.to_dtype(dtype)?
+                (Tensor::f_randn(&shape, (Kind::Float, device))? * std).f_to_kind(kind)?
             };
             tensors.insert(name, t);
         }
         Ok(Weights { tensors })
     }
 
-    /// The tensor `name`, which must have exactly `shape`.
+    /// The tensor `name` (a shallow clone sharing its storage), which must
+    /// have exactly `shape`.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let t = self.tensors.get(name).ok_or_else(|| Error::MissingTensor {
             name: name.to_owned(),
         })?;
-        if t.dims() != shape {
+        let found: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
+        if found != shape {
             return Err(Error::ShapeMismatch {
                 name: name.to_owned(),
                 expected: shape.to_vec(),
-                found: t.dims().to_vec(),
+                found,
             });
         }
-        Ok(t.clone())
+        Ok(t.shallow_clone())
     }
 
     /// Whether a tensor of this name is present.
@@ -99,6 +141,50 @@ impl Weights {
         names.sort_unstable();
         names
     }
+}
+
+/// Reads every tensor of one safetensors file into `out`, as `kind` on
+/// `device`.
+fn read_safetensors(
+    path: &Path,
+    kind: Kind,
+    device: Device,
+    out: &mut HashMap<String, Tensor>,
+) -> Result<()> {
+    let fail = |tensor: Option<&str>, reason: String| Error::Safetensors {
+        path: path.to_owned(),
+        tensor: tensor.map(str::to_owned),
+        reason,
+    };
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let file = SafeTensors::deserialize(&bytes).map_err(|e| fail(None, e.to_string()))?;
+    for (name, view) in file.tensors() {
+        let src_kind = match view.dtype() {
+            Dtype::F32 => Kind::Float,
+            Dtype::F16 => Kind::Half,
+            Dtype::BF16 => Kind::BFloat16,
+            Dtype::F64 => Kind::Double,
+            Dtype::I64 => Kind::Int64,
+            Dtype::I32 => Kind::Int,
+            Dtype::I16 => Kind::Int16,
+            Dtype::I8 => Kind::Int8,
+            Dtype::U8 => Kind::Uint8,
+            Dtype::BOOL => Kind::Bool,
+            other => {
+                return Err(fail(
+                    Some(&name),
+                    format!("dtype {other:?} is not supported"),
+                ))
+            }
+        };
+        let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+        let t = Tensor::f_from_data_size(view.data(), &shape, src_kind)
+            .and_then(|t| t.f_to_device(device))
+            .and_then(|t| t.f_to_kind(kind))
+            .map_err(|e| fail(Some(&name), e.to_string()))?;
+        out.insert(name, t);
+    }
+    Ok(())
 }
 
 /// The distinct shard file names in a safetensors index, in sorted order.
@@ -115,11 +201,69 @@ fn shard_files(index: &Path) -> Result<BTreeSet<String>> {
     Ok(parsed.weight_map.into_values().collect())
 }
 
-/// Writes named tensors to one safetensors file with the `format: pt`
-/// metadata transformers expects.
+/// A tensor's bytes on the host, in the form `safetensors` serialises.
+struct HostTensor {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl View for &HostTensor {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+fn host_tensor(t: &Tensor) -> std::result::Result<HostTensor, String> {
+    let kind = t.f_kind().map_err(|e| e.to_string())?;
+    let dtype = match kind {
+        Kind::Float => Dtype::F32,
+        Kind::Half => Dtype::F16,
+        Kind::BFloat16 => Dtype::BF16,
+        Kind::Double => Dtype::F64,
+        Kind::Int64 => Dtype::I64,
+        Kind::Int => Dtype::I32,
+        Kind::Int16 => Dtype::I16,
+        Kind::Int8 => Dtype::I8,
+        Kind::Uint8 => Dtype::U8,
+        Kind::Bool => Dtype::BOOL,
+        other => return Err(format!("kind {other:?} has no safetensors dtype")),
+    };
+    let numel = t.numel();
+    let mut data = vec![0u8; numel * kind.elt_size_in_bytes()];
+    // `copy_data_u8` makes a contiguous host copy first where needed.
+    t.f_copy_data_u8(&mut data, numel)
+        .map_err(|e| e.to_string())?;
+    Ok(HostTensor {
+        dtype,
+        shape: t.size().iter().map(|&d| d as usize).collect(),
+        data,
+    })
+}
+
+/// Writes named tensors (any device) to one safetensors file with the
+/// `format: pt` metadata transformers expects.
 pub fn save_safetensors(tensors: &[(String, Tensor)], path: &Path) -> Result<()> {
+    let fail = |tensor: Option<&str>, reason: String| Error::Safetensors {
+        path: path.to_owned(),
+        tensor: tensor.map(str::to_owned),
+        reason,
+    };
+    let host = tensors
+        .iter()
+        .map(|(n, t)| Ok((n.as_str(), host_tensor(t).map_err(|r| fail(Some(n), r))?)))
+        .collect::<Result<Vec<_>>>()?;
     let metadata = HashMap::from([("format".to_owned(), "pt".to_owned())]);
-    let views: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    safetensors::serialize_to_file(views, Some(metadata), path)?;
-    Ok(())
+    let views = host.iter().map(|(n, t)| (*n, t));
+    safetensors::serialize_to_file(views, Some(metadata), path)
+        .map_err(|e| fail(None, e.to_string()))
 }

@@ -6,16 +6,15 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
 use colo_model::{Checkpoint, Error, Model, ModelConfig, Weights};
 use common::*;
+use tch::{Device, Kind, Tensor};
 
-/// Names and shapes of the tensors in a safetensors file.
-fn tensor_shapes(path: &Path) -> BTreeMap<String, Vec<usize>> {
-    candle_core::safetensors::load(path, &Device::Cpu)
-        .unwrap()
+/// Names, shapes and kinds of the tensors in a safetensors file.
+fn tensor_shapes(path: &Path) -> BTreeMap<String, (Vec<i64>, Kind)> {
+    read_tensors(path)
         .into_iter()
-        .map(|(k, v)| (k, v.dims().to_vec()))
+        .map(|(k, v)| (k, (v.size(), v.kind())))
         .collect()
 }
 
@@ -23,7 +22,7 @@ fn tensor_shapes(path: &Path) -> BTreeMap<String, Vec<usize>> {
 fn save_then_reload_gives_identical_logits_and_hf_layout() {
     for name in MODELS {
         let src = fixture_dir(name);
-        let ckpt = Checkpoint::from_dir(&src, DType::F32, &Device::Cpu).unwrap();
+        let ckpt = Checkpoint::from_dir(&src, Kind::Float, Device::Cpu).unwrap();
         let dst = scratch_dir(&format!("save-{name}"));
         ckpt.save_dir(&dst, Some(&src)).unwrap();
         for f in [
@@ -40,17 +39,23 @@ fn save_then_reload_gives_identical_logits_and_hf_layout() {
             tensor_shapes(&dst.join("model.safetensors")),
             tensor_shapes(&src.join("model.safetensors"))
         );
-        let reloaded = Checkpoint::from_dir(&dst, DType::F32, &Device::Cpu).unwrap();
+        let reloaded = Checkpoint::from_dir(&dst, Kind::Float, Device::Cpu).unwrap();
         assert_eq!(reloaded.model.config(), ckpt.model.config());
         let ids = reference(name).input_ids;
         let (a, b) = (
             ckpt.model.forward(&ids).unwrap(),
             reloaded.model.forward(&ids).unwrap(),
         );
+        assert!(a.equal(&b), "{name}: logits changed");
+        // The file says `format: pt`, as transformers expects.
+        let bytes = std::fs::read(dst.join("model.safetensors")).unwrap();
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
         assert_eq!(
-            a.to_vec3::<f32>().unwrap(),
-            b.to_vec3::<f32>().unwrap(),
-            "{name}: logits changed"
+            meta.metadata()
+                .as_ref()
+                .and_then(|m| m.get("format"))
+                .map(String::as_str),
+            Some("pt")
         );
         std::fs::remove_dir_all(dst).unwrap();
     }
@@ -74,18 +79,15 @@ fn sharded_checkpoint_loads() {
     let src = fixture_dir("tiny-llama");
     let dst = scratch_dir("sharded");
     std::fs::copy(src.join("config.json"), dst.join("config.json")).unwrap();
-    let tensors =
-        candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    let tensors = read_tensors(&src.join("model.safetensors"));
     let mut names: Vec<&String> = tensors.keys().collect();
     names.sort();
     let mut weight_map = serde_json::Map::new();
     for (i, chunk) in names.chunks(names.len().div_ceil(2)).enumerate() {
         let file = format!("model-{:05}-of-00002.safetensors", i + 1);
-        let shard: HashMap<&str, Tensor> = chunk
-            .iter()
-            .map(|n| (n.as_str(), tensors[*n].clone()))
-            .collect();
-        candle_core::safetensors::save(&shard, dst.join(&file)).unwrap();
+        let shard: Vec<(&str, &Tensor)> =
+            chunk.iter().map(|n| (n.as_str(), &tensors[*n])).collect();
+        Tensor::write_safetensors(&shard, dst.join(&file)).unwrap();
         for n in chunk {
             weight_map.insert((*n).clone(), file.clone().into());
         }
@@ -93,7 +95,7 @@ fn sharded_checkpoint_loads() {
     let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
     std::fs::write(dst.join("model.safetensors.index.json"), index.to_string()).unwrap();
     let ids = reference("tiny-llama").input_ids;
-    let sharded = Model::from_dir(&dst, DType::F32, &Device::Cpu)
+    let sharded = Model::from_dir(&dst, Kind::Float, Device::Cpu)
         .unwrap()
         .forward(&ids)
         .unwrap();
@@ -105,7 +107,7 @@ fn sharded_checkpoint_loads() {
 #[test]
 fn tokenizer_reproduces_fixture_ids_and_special_tokens() {
     let dir = fixture_dir("tiny-qwen2");
-    let tok = Checkpoint::from_dir(&dir, DType::F32, &Device::Cpu)
+    let tok = Checkpoint::from_dir(&dir, Kind::Float, Device::Cpu)
         .unwrap()
         .tokenizer
         .unwrap();
@@ -152,7 +154,7 @@ fn top_level_rope_theta_is_read() {
         c["rope_theta"] = c["rope_parameters"]["rope_theta"].clone();
         c.as_object_mut().unwrap().remove("rope_parameters");
     });
-    let m = Model::from_dir(&dst, DType::F32, &Device::Cpu).unwrap();
+    let m = Model::from_dir(&dst, Kind::Float, Device::Cpu).unwrap();
     assert_eq!(m.config().rope_theta, 500000.0);
     let ids = reference("tiny-llama").input_ids;
     assert_eq!(
@@ -168,7 +170,7 @@ fn top_level_rope_theta_is_read() {
 #[test]
 fn unsupported_model_type_is_named() {
     let dst = with_config("tiny-qwen2", "gpt2", |c| c["model_type"] = "gpt2".into());
-    match Model::from_dir(&dst, DType::F32, &Device::Cpu) {
+    match Model::from_dir(&dst, Kind::Float, Device::Cpu) {
         Err(e @ Error::UnsupportedModelType { .. }) => {
             let msg = e.to_string();
             assert!(
@@ -184,9 +186,7 @@ fn unsupported_model_type_is_named() {
 fn fixture_weights(name: &str) -> (ModelConfig, HashMap<String, Tensor>) {
     let dir = fixture_dir(name);
     let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
-    let tensors =
-        candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
-    (cfg, tensors)
+    (cfg, read_tensors(&dir.join("model.safetensors")))
 }
 
 #[test]
@@ -209,10 +209,7 @@ fn missing_tensor_is_named() {
 fn mis_shaped_tensor_is_named_with_both_shapes() {
     let (cfg, mut tensors) = fixture_weights("tiny-qwen2");
     let name = "model.layers.0.self_attn.k_proj.bias";
-    tensors.insert(
-        name.into(),
-        Tensor::zeros(7, DType::F32, &Device::Cpu).unwrap(),
-    );
+    tensors.insert(name.into(), Tensor::zeros([7], (Kind::Float, Device::Cpu)));
     match Model::load(&cfg, &Weights::from_tensors(tensors)) {
         Err(e @ Error::ShapeMismatch { .. }) => {
             let Error::ShapeMismatch {
@@ -239,7 +236,7 @@ fn mis_shaped_tensor_is_named_with_both_shapes() {
 #[test]
 fn missing_files_are_named() {
     let dst = scratch_dir("missing");
-    match Model::from_dir(&dst, DType::F32, &Device::Cpu) {
+    match Model::from_dir(&dst, Kind::Float, Device::Cpu) {
         Err(Error::MissingFile { path }) => assert_eq!(path, dst.join("config.json")),
         other => panic!("expected MissingFile, got {other:?}"),
     }
@@ -248,7 +245,7 @@ fn missing_files_are_named() {
         dst.join("config.json"),
     )
     .unwrap();
-    match Model::from_dir(&dst, DType::F32, &Device::Cpu) {
+    match Model::from_dir(&dst, Kind::Float, Device::Cpu) {
         Err(Error::MissingFile { path }) => assert_eq!(path, dst.join("model.safetensors")),
         other => panic!("expected MissingFile, got {other:?}"),
     }
@@ -266,18 +263,151 @@ fn parameter_shapes_describe_the_checkpoint() {
         let listed: BTreeMap<String, Vec<usize>> = cfg.parameter_shapes().into_iter().collect();
         let found: BTreeMap<String, Vec<usize>> = tensors
             .iter()
-            .map(|(k, v)| (k.clone(), v.dims().to_vec()))
+            .map(|(k, v)| (k.clone(), v.size().iter().map(|&d| d as usize).collect()))
             .collect();
         assert_eq!(listed, found, "{name}");
-        let count: usize = tensors.values().map(|t| t.elem_count()).sum();
+        let count: usize = tensors.values().map(|t| t.numel()).sum();
         assert_eq!(cfg.num_parameters(), count, "{name}");
         // A randomly initialised model of the same config loads and runs.
         let model = Model::load(
             &cfg,
-            &Weights::random(&cfg, 0.02, DType::F32, &Device::Cpu).unwrap(),
+            &Weights::random(&cfg, 0.02, Kind::Float, Device::Cpu).unwrap(),
         )
         .unwrap();
         let logits = model.forward(&reference(name).input_ids).unwrap();
-        assert_eq!(logits.dims(), &[3, 10, cfg.vocab_size]);
+        assert_eq!(logits.size(), [3, 10, cfg.vocab_size as i64]);
     }
+}
+
+/// bfloat16 is saved as bfloat16 (config `torch_dtype` too) and loads back
+/// bit-identically; loading converts to the requested kind.
+#[test]
+fn bfloat16_saves_as_bfloat16_and_converts_on_load() {
+    let src = fixture_dir("tiny-llama");
+    let model = Model::from_dir(&src, Kind::BFloat16, Device::Cpu).unwrap();
+    assert!(model
+        .named_parameters()
+        .iter()
+        .all(|(_, t)| t.kind() == Kind::BFloat16));
+    let dst = scratch_dir("bf16");
+    model.save_dir(&dst).unwrap();
+    let shapes = tensor_shapes(&dst.join("model.safetensors"));
+    assert!(shapes.values().all(|(_, k)| *k == Kind::BFloat16));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dst.join("config.json")).unwrap()).unwrap();
+    assert_eq!(v["torch_dtype"], "bfloat16");
+    let back = Model::from_dir(&dst, Kind::Float, Device::Cpu).unwrap();
+    for ((n, a), (_, b)) in model.named_parameters().iter().zip(back.named_parameters()) {
+        assert_eq!(b.kind(), Kind::Float);
+        assert!(a.to_kind(Kind::Float).equal(&b), "{n} changed");
+    }
+    std::fs::remove_dir_all(dst).unwrap();
+}
+
+/// A safetensors file with one valid header and `tensors` (name, dtype,
+/// shape, data bytes).
+fn write_raw_safetensors(path: &Path, tensors: &[(&str, &str, &[usize], &[u8])]) {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, dtype, shape, bytes) in tensors {
+        let start = data.len();
+        data.extend_from_slice(bytes);
+        header.insert(
+            (*name).to_owned(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut header = serde_json::Value::Object(header).to_string().into_bytes();
+    while header.len() % 8 != 0 {
+        header.push(b' ');
+    }
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend(header);
+    out.extend(data);
+    std::fs::write(path, out).unwrap();
+}
+
+#[test]
+fn load_failures_name_the_file_and_tensor() {
+    let dst = scratch_dir("bad-safetensors");
+    let file = dst.join("model.safetensors");
+    // Not a safetensors file at all.
+    std::fs::write(&file, b"not a safetensors file").unwrap();
+    match Weights::from_dir(&dst, Kind::Float, Device::Cpu) {
+        Err(e @ Error::Safetensors { .. }) => {
+            let Error::Safetensors { path, tensor, .. } = &e else {
+                unreachable!()
+            };
+            assert_eq!((path, tensor), (&file, &None));
+            assert!(e.to_string().contains("model.safetensors"), "{e}");
+        }
+        other => panic!("expected Safetensors, got {other:?}"),
+    }
+    // A tensor of a dtype libtorch cannot hold.
+    write_raw_safetensors(
+        &file,
+        &[
+            ("fine", "F32", &[1], &1f32.to_le_bytes()),
+            ("odd", "U32", &[1], &7u32.to_le_bytes()),
+        ],
+    );
+    match Weights::from_dir(&dst, Kind::Float, Device::Cpu) {
+        Err(e @ Error::Safetensors { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("model.safetensors") && msg.contains("`odd`") && msg.contains("U32"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected Safetensors, got {other:?}"),
+    }
+    // A shard the index names but the directory lacks.
+    std::fs::remove_file(&file).unwrap();
+    let index = serde_json::json!({"weight_map": {"a": "model-00001-of-00002.safetensors"}});
+    std::fs::write(dst.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    match Weights::from_dir(&dst, Kind::Float, Device::Cpu) {
+        Err(Error::MissingFile { path }) => {
+            assert_eq!(path, dst.join("model-00001-of-00002.safetensors"))
+        }
+        other => panic!("expected MissingFile, got {other:?}"),
+    }
+    std::fs::remove_dir_all(dst).unwrap();
+}
+
+/// Asking for a GPU that is not there is an error naming the device, not a
+/// panic inside libtorch. With a GPU, the model runs there with the same
+/// logits.
+#[test]
+fn cuda_device_is_checked() {
+    let dir = fixture_dir("tiny-qwen2");
+    let cuda = Device::Cuda(0);
+    if !tch::Cuda::is_available() {
+        for result in [
+            Checkpoint::from_dir(&dir, Kind::Float, cuda).map(|_| ()),
+            Model::from_dir(&dir, Kind::Float, cuda).map(|_| ()),
+            Weights::from_dir(&dir, Kind::Float, cuda).map(|_| ()),
+        ] {
+            match result {
+                Err(e @ Error::DeviceUnavailable { .. }) => {
+                    assert!(e.to_string().contains("Cuda(0)"), "{e}")
+                }
+                other => panic!("expected DeviceUnavailable, got {other:?}"),
+            }
+        }
+        eprintln!("no CUDA device: checked the error only");
+        return;
+    }
+    let r = reference("tiny-qwen2");
+    let model = Model::from_dir(&dir, Kind::Float, cuda).unwrap();
+    assert_eq!(model.device(), cuda);
+    let logits = model.forward(&r.input_ids).unwrap();
+    assert_eq!(logits.device(), cuda);
+    let diff = max_abs_diff(&logits.to_device(Device::Cpu), &r.logits);
+    eprintln!("tiny-qwen2 on CUDA: max |logits - reference| = {diff:.3e}");
+    assert!(diff <= 1e-4, "CUDA logits differ by {diff}");
+    let past = tch::Cuda::device_count() as usize;
+    assert!(matches!(
+        Model::from_dir(&dir, Kind::Float, Device::Cuda(past)),
+        Err(Error::DeviceUnavailable { .. })
+    ));
 }

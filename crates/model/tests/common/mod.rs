@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use candle_core::{DType, Device, Tensor};
 use colo_model::{Model, ModelConfig, Weights};
+use tch::{Device, Kind, Tensor};
 
 /// Both fixture checkpoints: Qwen2 (tied, q/k/v bias) and Llama (untied,
 /// explicit head_dim).
@@ -25,11 +25,20 @@ pub fn scratch_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// All tensors of a safetensors file, by name (tch's reader, independent
+/// of the crate's own).
+pub fn read_tensors(path: &std::path::Path) -> HashMap<String, Tensor> {
+    Tensor::read_safetensors(path)
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
 /// What transformers/PyTorch computed for a fixture.
 pub struct Reference {
-    /// (3, 10), u32.
+    /// (3, 10), int64.
     pub input_ids: Tensor,
-    /// (3, 10, vocab).
+    /// (3, 10, vocab), float32.
     pub logits: Tensor,
     /// Parameter name → gradient of the mean next-token loss.
     pub grads: HashMap<String, Tensor>,
@@ -40,17 +49,19 @@ pub struct Reference {
 
 pub fn reference(name: &str) -> Reference {
     let dir = fixture_dir(name);
-    let mut t =
-        candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu).unwrap();
+    let mut t = read_tensors(&dir.join("reference.safetensors"));
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
     let grads = t
         .iter()
-        .filter_map(|(k, v)| k.strip_prefix("grad.").map(|n| (n.to_owned(), v.clone())))
+        .filter_map(|(k, v)| {
+            k.strip_prefix("grad.")
+                .map(|n| (n.to_owned(), v.shallow_clone()))
+        })
         .collect();
     Reference {
-        input_ids: t.remove("input_ids").unwrap().to_dtype(DType::U32).unwrap(),
+        input_ids: t.remove("input_ids").unwrap(),
         logits: t.remove("logits").unwrap(),
         grads,
         loss: json["loss"].as_f64().unwrap(),
@@ -58,58 +69,47 @@ pub fn reference(name: &str) -> Reference {
     }
 }
 
+pub fn load_as(name: &str, kind: Kind) -> Model {
+    Model::from_dir(&fixture_dir(name), kind, Device::Cpu).unwrap()
+}
+
 pub fn load(name: &str) -> Model {
-    Model::from_dir(&fixture_dir(name), DType::F32, &Device::Cpu).unwrap()
+    load_as(name, Kind::Float)
+}
+
+pub fn load_trainable_as(name: &str, kind: Kind) -> Model {
+    let dir = fixture_dir(name);
+    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    Model::load_trainable(&cfg, &Weights::from_dir(&dir, kind, Device::Cpu).unwrap()).unwrap()
 }
 
 pub fn load_trainable(name: &str) -> Model {
-    let dir = fixture_dir(name);
-    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
-    Model::load_trainable(
-        &cfg,
-        &Weights::from_dir(&dir, DType::F32, &Device::Cpu).unwrap(),
-    )
-    .unwrap()
+    load_trainable_as(name, Kind::Float)
 }
 
+/// max |a - b|, compared in float32 (shapes must match).
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims());
-    (a - b)
-        .unwrap()
+    assert_eq!(a.size(), b.size());
+    let d = (a.to_kind(Kind::Float) - b.to_kind(Kind::Float))
         .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
+        .max();
+    f32::try_from(d).unwrap()
 }
 
+/// The Euclidean norm, in float64.
 pub fn norm(t: &Tensor) -> f64 {
-    t.to_dtype(DType::F64)
-        .unwrap()
-        .sqr()
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .sqrt()
-        .unwrap()
-        .to_scalar()
-        .unwrap()
+    f64::try_from(t.to_kind(Kind::Double).square().sum(None).sqrt()).unwrap()
 }
 
-/// One row of token ids as a (1, len) tensor.
+/// One row of token ids as a (1, len) int64 tensor.
 pub fn ids_tensor(ids: &[u32]) -> Tensor {
-    Tensor::new(ids, &Device::Cpu)
-        .unwrap()
-        .unsqueeze(0)
-        .unwrap()
+    let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+    Tensor::from_slice(&ids).unsqueeze(0)
 }
 
-/// Index of the largest value of a 1-D f32 tensor (first on ties, as torch).
+/// Index of the largest value of a 1-D tensor (first on ties, as torch).
 pub fn argmax(row: &Tensor) -> u32 {
-    let v = row.to_vec1::<f32>().unwrap();
+    let v: Vec<f32> = Vec::try_from(&row.to_kind(Kind::Float)).unwrap();
     let mut best = 0;
     for (i, x) in v.iter().enumerate() {
         if *x > v[best] {
