@@ -1,5 +1,5 @@
-//! AdamW written for colo: float32 moments in the `optimizer` tag, updated
-//! in place together with the parameters in one pass per tensor.
+//! AdamW with its state in the `optimizer` tag, updated in place by
+//! libtorch's element-wise ops.
 //!
 //! Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization"
 //! (arXiv:1711.05101), in PyTorch's `torch.optim.AdamW` arithmetic
@@ -9,20 +9,37 @@
 //! ```text
 //! θ ← θ · (1 − lr·λ)                       decoupled weight decay
 //! m ← m + (1 − β₁)(g − m)                  first moment
-//! v ← β₂·v + (1 − β₂)·g²                   second moment
+//! v ← v + (1 − β₂)(g² − v)                 second moment
 //! θ ← θ − (lr / (1 − β₁ᵗ)) · m / (√v / √(1 − β₂ᵗ) + ε)
 //! ```
 //!
-//! `g` is the accumulated gradient times the clipping coefficient, which is
-//! folded into this pass instead of rescaling the gradients first.
-//! Weight decay applies to every parameter, as in verl's actor optimizer.
+//! `g` is the accumulated gradient times the clipping coefficient (a
+//! temporary, so the accumulators keep the pre-clip gradient for
+//! inspection). Weight decay applies to every parameter, as in verl's
+//! actor optimizer.
+//!
+//! **State in float32 whatever the parameters' kind.** Both moments are
+//! float32. For bfloat16 parameters the optimizer also keeps a float32
+//! master copy of each parameter (mixed-precision training's usual
+//! layout): the update is applied to the master and the parameter is its
+//! rounding. Without it, updates smaller than a bfloat16 ulp of the weight
+//! (lr = 1e-6 against weights ≈ 1e-2: every update) would round away.
+//!
+//! **In place.** Every write is an in-place libtorch op under
+//! `tch::no_grad` (`lerp_`, `mul_`, `addcdiv_`, `copy_`), so the moments,
+//! masters and parameters keep their storage (their `colo-mem`
+//! allocation). tch 0.24 does not expose libtorch's fused
+//! `_fused_adamw_` / `_foreach_*` kernels (ops on tensor lists), so the
+//! update is eight element-wise passes per tensor, with two
+//! parameter-sized temporaries (`g²` and the denominator; `g` too when
+//! clipping is active) that the caller allocates in its activations region.
 
 use std::sync::Arc;
 
-use candle_core::Tensor;
 use colo_mem::{tags, Pool};
+use tch::{Kind, Tensor};
 
-use crate::buffers::{read_f32, write_f32, zeros_in};
+use crate::buffers::{copy_in, done, zeros_in};
 use crate::Result;
 
 /// Validated AdamW hyper-parameters (see [`crate::OptimConfig`]).
@@ -34,11 +51,13 @@ pub struct AdamWParams {
     pub weight_decay: f64,
 }
 
-/// First and second moments of one parameter, shaped like it.
+/// The float32 state of one parameter, shaped like it.
 #[derive(Debug)]
 pub(crate) struct Moments {
     pub(crate) exp_avg: Tensor,
     pub(crate) exp_avg_sq: Tensor,
+    /// The float32 weights of a parameter of another kind.
+    pub(crate) master: Option<Tensor>,
 }
 
 /// The optimizer state: moments per parameter (in the parameters' order)
@@ -52,14 +71,19 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    /// Zero moments for `params`, allocated in the `optimizer` tag.
+    /// Zero moments for `params` (and float32 masters of the ones that
+    /// are not float32), allocated in the `optimizer` tag.
     pub(crate) fn new(pool: &Arc<Pool>, hp: AdamWParams, params: &[Tensor]) -> Result<Self> {
         let moments = params
             .iter()
             .map(|p| {
+                let (size, dev) = (p.size(), p.device());
                 Ok(Moments {
-                    exp_avg: zeros_in(pool, tags::OPTIMIZER, p.shape())?,
-                    exp_avg_sq: zeros_in(pool, tags::OPTIMIZER, p.shape())?,
+                    exp_avg: zeros_in(pool, tags::OPTIMIZER, &size, Kind::Float, dev)?,
+                    exp_avg_sq: zeros_in(pool, tags::OPTIMIZER, &size, Kind::Float, dev)?,
+                    master: (p.kind() != Kind::Float)
+                        .then(|| copy_in(pool, tags::OPTIMIZER, p, Kind::Float, dev, false))
+                        .transpose()?,
                 })
             })
             .collect::<Result<_>>()?;
@@ -69,6 +93,15 @@ impl AdamW {
     /// Updates taken so far.
     pub fn steps_taken(&self) -> u64 {
         self.t
+    }
+
+    /// Bytes of the state (moments and masters).
+    pub(crate) fn bytes(&self) -> u64 {
+        let n = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as u64;
+        self.moments
+            .iter()
+            .map(|m| n(&m.exp_avg) + n(&m.exp_avg_sq) + m.master.as_ref().map_or(0, n))
+            .sum()
     }
 
     /// One update of every parameter in place. `grads[i]` is parameter
@@ -82,66 +115,51 @@ impl AdamW {
         grad_scale: f64,
     ) -> Result<()> {
         self.t += 1;
-        let k = Kernel::new(&self.hp, lr, self.t, grad_scale);
+        let hp = self.hp;
+        let t = self.t as i32;
+        let step_size = lr / (1.0 - hp.beta1.powi(t));
+        let bc2_sqrt = (1.0 - hp.beta2.powi(t)).sqrt();
+        let _no_grad = tch::no_grad_guard();
         for ((p, g), mo) in params.iter().zip(grads).zip(&self.moments) {
-            write_f32(p, |p| {
-                write_f32(&mo.exp_avg, |m| {
-                    write_f32(&mo.exp_avg_sq, |v| read_f32(g, |g| k.apply(p, m, v, g)))
-                })
-            })????;
+            let g = match grad_scale {
+                1.0 => g.shallow_clone(),
+                s => g.f_mul_scalar(s)?,
+            };
+            let mut w = mo.master.as_ref().unwrap_or(p).shallow_clone();
+            done(w.f_mul_scalar_(1.0 - lr * hp.weight_decay))?;
+            done(mo.exp_avg.shallow_clone().f_lerp_(&g, 1.0 - hp.beta1))?;
+            let mut v = mo.exp_avg_sq.shallow_clone();
+            done(v.f_lerp_(&g.f_square()?, 1.0 - hp.beta2))?;
+            // −(√v / √(1 − β₂ᵗ) + ε) / step_size, so that one addcdiv_
+            // (which has no scale argument in tch) applies the step.
+            let mut denom = v.f_sqrt()?;
+            done(denom.f_mul_scalar_(-1.0 / (bc2_sqrt * step_size)))?;
+            done(denom.f_add_scalar_(-hp.eps / step_size))?;
+            done(w.f_addcdiv_(&mo.exp_avg, &denom))?;
+            if mo.master.is_some() {
+                p.shallow_clone().f_copy_(&w)?;
+            }
         }
         Ok(())
-    }
-}
-
-/// The per-element update with its constants resolved.
-struct Kernel {
-    decay: f32,
-    b2: f32,
-    one_minus_b1: f32,
-    one_minus_b2: f32,
-    step_size: f32,
-    bc2_sqrt: f32,
-    eps: f32,
-    grad_scale: f32,
-}
-
-impl Kernel {
-    fn new(hp: &AdamWParams, lr: f64, t: u64, grad_scale: f64) -> Self {
-        let bc1 = 1.0 - hp.beta1.powi(t as i32);
-        let bc2 = 1.0 - hp.beta2.powi(t as i32);
-        Kernel {
-            decay: (1.0 - lr * hp.weight_decay) as f32,
-            b2: hp.beta2 as f32,
-            one_minus_b1: (1.0 - hp.beta1) as f32,
-            one_minus_b2: (1.0 - hp.beta2) as f32,
-            step_size: (lr / bc1) as f32,
-            bc2_sqrt: bc2.sqrt() as f32,
-            eps: hp.eps as f32,
-            grad_scale: grad_scale as f32,
-        }
-    }
-
-    fn apply(&self, p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32]) {
-        debug_assert!(p.len() == m.len() && m.len() == v.len() && v.len() == g.len());
-        for (((p, m), v), &g) in p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
-            let g = g * self.grad_scale;
-            *p *= self.decay;
-            *m += self.one_minus_b1 * (g - *m);
-            *v = self.b2 * *v + self.one_minus_b2 * g * g;
-            let denom = v.sqrt() / self.bc2_sqrt + self.eps;
-            *p -= self.step_size * (*m / denom);
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
     use colo_mem::PoolConfig;
 
-    /// Two steps against values computed by hand with PyTorch's formulas.
+    /// PyTorch's formulas in f64, one element.
+    fn expected(x: f64, g: f64, t: i32, m: &mut f64, v: &mut f64) -> f64 {
+        let x = x * (1.0 - 0.01 * 0.1);
+        *m = 0.9 * *m + 0.1 * g;
+        *v = 0.999 * *v + 0.001 * g * g;
+        let denom = v.sqrt() / (1.0 - 0.999f64.powi(t)).sqrt() + 1e-8;
+        x - 0.01 / (1.0 - 0.9f64.powi(t)) * *m / denom
+    }
+
+    /// Two steps against values computed by hand with PyTorch's formulas,
+    /// for float32 parameters and for bfloat16 ones with a float32 master.
     #[test]
     fn matches_pytorch_adamw_arithmetic() {
         let pool = Pool::host(PoolConfig::default()).unwrap();
@@ -151,55 +169,42 @@ mod tests {
             eps: 1e-8,
             weight_decay: 0.1,
         };
-        let p = Tensor::new(&[1.0f32, -2.0], &Device::Cpu).unwrap();
-        let g = Tensor::new(&[0.5f32, 0.25], &Device::Cpu).unwrap();
-        let mut opt = AdamW::new(&pool, hp, std::slice::from_ref(&p)).unwrap();
-        opt.step(
-            std::slice::from_ref(&p),
-            std::slice::from_ref(&g),
-            0.01,
-            1.0,
-        )
-        .unwrap();
-        // Step 1: m̂ = g, v̂ = g², so the step is lr·sign(g) (up to ε).
-        let expected = |x: f64, g: f64, t: i32, m: &mut f64, v: &mut f64| {
-            let x = x * (1.0 - 0.01 * 0.1);
-            *m = 0.9 * *m + 0.1 * g;
-            *v = 0.999 * *v + 0.001 * g * g;
-            let denom = v.sqrt() / (1.0 - 0.999f64.powi(t)).sqrt() + 1e-8;
-            x - 0.01 / (1.0 - 0.9f64.powi(t)) * *m / denom
-        };
-        let (mut m, mut v) = ([0.0; 2], [0.0; 2]);
-        let mut want = [1.0f64, -2.0];
-        let gs = [0.5, 0.25];
-        for i in 0..2 {
-            want[i] = expected(want[i], gs[i], 1, &mut m[i], &mut v[i]);
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let p = Tensor::from_slice(&[1.0f32, -2.0]).to_kind(kind);
+            let addr = p.data_ptr();
+            let g = Tensor::from_slice(&[0.5f32, 0.25]);
+            let mut opt = AdamW::new(&pool, hp, std::slice::from_ref(&p)).unwrap();
+            assert_eq!(opt.moments[0].master.is_some(), kind == Kind::BFloat16);
+            let (mut m, mut v) = ([0.0; 2], [0.0; 2]);
+            let mut want = [1.0f64, -2.0];
+            let gs = [0.5, 0.25];
+            // Step 1 (m̂ = g, v̂ = g², so the step is lr·sign(g) up to ε),
+            // then step 2 with a clipping coefficient of one half.
+            for (t, coef) in [(1, 1.0), (2, 0.5)] {
+                opt.step(
+                    std::slice::from_ref(&p),
+                    std::slice::from_ref(&g),
+                    0.01,
+                    coef,
+                )
+                .unwrap();
+                for i in 0..2 {
+                    want[i] = expected(want[i], gs[i] * coef, t, &mut m[i], &mut v[i]);
+                }
+                let w = opt.moments[0].master.as_ref().unwrap_or(&p);
+                let got = Vec::<f32>::try_from(&w.to_kind(Kind::Float)).unwrap();
+                for i in 0..2 {
+                    assert!(
+                        (got[i] as f64 - want[i]).abs() < 1e-6,
+                        "{kind:?}: {got:?} vs {want:?}"
+                    );
+                }
+                // The parameter is the master's rounding.
+                let rounded = w.to_kind(kind);
+                assert!(p.equal(&rounded), "{kind:?}");
+            }
+            assert_eq!(p.data_ptr(), addr, "the update moved the parameter");
+            assert_eq!(opt.steps_taken(), 2);
         }
-        let got = p.to_vec1::<f32>().unwrap();
-        for i in 0..2 {
-            assert!(
-                (got[i] as f64 - want[i]).abs() < 1e-6,
-                "{got:?} vs {want:?}"
-            );
-        }
-        // Step 2 with a clipping coefficient of one half.
-        opt.step(
-            std::slice::from_ref(&p),
-            std::slice::from_ref(&g),
-            0.01,
-            0.5,
-        )
-        .unwrap();
-        for i in 0..2 {
-            want[i] = expected(want[i], gs[i] * 0.5, 2, &mut m[i], &mut v[i]);
-        }
-        let got = p.to_vec1::<f32>().unwrap();
-        for i in 0..2 {
-            assert!(
-                (got[i] as f64 - want[i]).abs() < 1e-6,
-                "{got:?} vs {want:?}"
-            );
-        }
-        assert_eq!(opt.steps_taken(), 2);
     }
 }

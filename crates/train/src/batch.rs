@@ -6,8 +6,12 @@
 //! the hidden state at `t − 1`). Column 0 never has one. Sequences are
 //! **right-padded**: each row is its real tokens (prompt then response),
 //! then padding.
+//!
+//! Batches may live on any device; the engine moves each micro-batch to
+//! its own device (a no-op when they already match). Cloning a batch
+//! shares its tensors (nothing here writes a batch's tensors in place).
 
-use candle_core::{DType, Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::{Error, Result};
 
@@ -21,7 +25,7 @@ pub(crate) struct RowSpan {
 }
 
 /// Token sequences with their masks.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct SeqBatch {
     input_ids: Tensor,
     attention_mask: Tensor,
@@ -29,18 +33,30 @@ pub struct SeqBatch {
     rows: Vec<RowSpan>,
 }
 
+impl Clone for SeqBatch {
+    /// Shares the tensors.
+    fn clone(&self) -> Self {
+        SeqBatch {
+            input_ids: self.input_ids.shallow_clone(),
+            attention_mask: self.attention_mask.shallow_clone(),
+            response_mask: self.response_mask.shallow_clone(),
+            rows: self.rows.clone(),
+        }
+    }
+}
+
+fn dims(t: &Tensor) -> Vec<usize> {
+    t.size().iter().map(|&d| d as usize).collect()
+}
+
 fn rows_f32(arg: &'static str, t: &Tensor, shape: (usize, usize)) -> Result<Vec<Vec<f32>>> {
-    if t.dims() != [shape.0, shape.1] {
+    if dims(t) != [shape.0, shape.1] {
         return Err(Error::batch(
             arg,
-            format!(
-                "has shape {:?}, expected {:?}",
-                t.dims(),
-                [shape.0, shape.1]
-            ),
+            format!("has shape {:?}, expected {:?}", dims(t), [shape.0, shape.1]),
         ));
     }
-    Ok(t.to_dtype(DType::F32)?.to_vec2::<f32>()?)
+    Ok(Vec::<Vec<f32>>::try_from(&t.f_to_kind(Kind::Float)?)?)
 }
 
 fn mask_value(arg: &'static str, v: f32) -> Result<bool> {
@@ -52,23 +68,23 @@ fn mask_value(arg: &'static str, v: f32) -> Result<bool> {
 }
 
 impl SeqBatch {
-    /// `input_ids` (batch, seq) of an integer dtype; `attention_mask`
+    /// `input_ids` (batch, seq) of an integer kind; `attention_mask`
     /// (batch, seq), 1 for real tokens then 0 for padding (right padding
     /// only); `response_mask` (batch, seq), 1 on the tokens whose
     /// log-probabilities are trained or scored — a contiguous run of real
-    /// tokens, never column 0. Masks may have any numeric dtype; they are
-    /// kept as float32.
+    /// tokens, never column 0. Masks may have any numeric kind; they are
+    /// kept as float32, the ids as int64, on the ids' device.
     pub fn new(
         input_ids: &Tensor,
         attention_mask: &Tensor,
         response_mask: &Tensor,
     ) -> Result<Self> {
-        let (b, s) = input_ids.dims2().map_err(|_| {
-            Error::batch(
+        let [b, s] = dims(input_ids)[..] else {
+            return Err(Error::batch(
                 "input_ids",
-                format!("must be (batch, seq), got {:?}", input_ids.dims()),
-            )
-        })?;
+                format!("must be (batch, seq), got {:?}", dims(input_ids)),
+            ));
+        };
         if b == 0 || s < 2 {
             return Err(Error::batch(
                 "input_ids",
@@ -113,26 +129,32 @@ impl SeqBatch {
                 resp: (start, end),
             });
         }
-        let input_ids = match input_ids.dtype() {
-            DType::U32 => input_ids.clone(),
-            DType::I64 | DType::U8 => input_ids.to_dtype(DType::U32)?,
+        let input_ids = match input_ids.kind() {
+            Kind::Int64 => input_ids.shallow_clone(),
+            Kind::Int | Kind::Int16 | Kind::Int8 | Kind::Uint8 => {
+                input_ids.f_to_kind(Kind::Int64)?
+            }
             other => {
                 return Err(Error::batch(
                     "input_ids",
-                    format!("has dtype {other:?}, expected u32 or i64"),
+                    format!("has kind {other:?}, expected an integer kind"),
                 ))
             }
         };
+        let dev = input_ids.device();
+        let float =
+            |t: &Tensor| -> Result<Tensor> { Ok(t.f_to_kind(Kind::Float)?.f_to_device(dev)?) };
         Ok(SeqBatch {
+            attention_mask: float(attention_mask)?,
+            response_mask: float(response_mask)?,
             input_ids,
-            attention_mask: attention_mask.to_dtype(DType::F32)?,
-            response_mask: response_mask.to_dtype(DType::F32)?,
             rows,
         })
     }
 
-    /// Builds a right-padded batch from (prompt, response) pairs; the
-    /// response tokens are the ones trained. Padding uses `pad_id`.
+    /// Builds a right-padded batch on the CPU from (prompt, response)
+    /// pairs; the response tokens are the ones trained. Padding uses
+    /// `pad_id`.
     pub fn from_prompt_response(pairs: &[(&[u32], &[u32])], pad_id: u32) -> Result<Self> {
         let s = pairs
             .iter()
@@ -151,22 +173,21 @@ impl SeqBatch {
             ids.extend(
                 p.iter()
                     .chain(r.iter())
-                    .copied()
-                    .chain(std::iter::repeat_n(pad_id, s - n)),
+                    .chain(std::iter::repeat_n(&pad_id, s - n))
+                    .map(|&t| t as i64),
             );
             attn.extend((0..s).map(|t| (t < n) as u8 as f32));
             resp.extend((0..s).map(|t| (t >= p.len() && t < n) as u8 as f32));
         }
-        let dev = Device::Cpu;
-        let shape = (pairs.len(), s);
+        let shape = [pairs.len() as i64, s as i64];
         SeqBatch::new(
-            &Tensor::from_vec(ids, shape, &dev)?,
-            &Tensor::from_vec(attn, shape, &dev)?,
-            &Tensor::from_vec(resp, shape, &dev)?,
+            &Tensor::f_from_slice(&ids)?.f_view(shape)?,
+            &Tensor::f_from_slice(&attn)?.f_view(shape)?,
+            &Tensor::f_from_slice(&resp)?.f_view(shape)?,
         )
     }
 
-    /// (batch, seq), u32.
+    /// (batch, seq), int64.
     pub fn input_ids(&self) -> &Tensor {
         &self.input_ids
     }
@@ -182,7 +203,10 @@ impl SeqBatch {
         self.rows.len()
     }
     pub fn seq_len(&self) -> usize {
-        self.input_ids.dim(1).expect("checked in new")
+        self.input_ids.size()[1] as usize
+    }
+    pub fn device(&self) -> Device {
+        self.input_ids.device()
     }
     /// Response tokens in the whole batch.
     pub fn num_response_tokens(&self) -> usize {
@@ -202,48 +226,90 @@ impl SeqBatch {
         Some((t0, t1))
     }
 
-    /// Rows `start..start + len`, with trailing columns that are padding in
-    /// all of them cut off. Returns the micro-batch and its width.
-    pub(crate) fn micro(&self, start: usize, len: usize) -> Result<(SeqBatch, usize)> {
+    /// Rows `start..start + len` on `device`, with trailing columns that
+    /// are padding in all of them cut off.
+    pub(crate) fn micro(&self, start: usize, len: usize, device: Device) -> Result<Micro> {
         let rows = self.rows[start..start + len].to_vec();
         let w = rows.iter().map(|r| r.len).max().unwrap_or(0).max(2);
-        let cut = |t: &Tensor| -> Result<Tensor> { Ok(t.narrow(0, start, len)?.narrow(1, 0, w)?) };
-        let mb = SeqBatch {
-            input_ids: cut(&self.input_ids)?,
-            attention_mask: cut(&self.attention_mask)?,
-            response_mask: cut(&self.response_mask)?,
+        let seqs = SeqBatch {
+            input_ids: cut(&self.input_ids, start, len, 0, w, device)?,
+            attention_mask: cut(&self.attention_mask, start, len, 0, w, device)?,
+            response_mask: cut(&self.response_mask, start, len, 0, w, device)?,
             rows,
         };
-        Ok((mb, w))
+        let window = seqs.response_window();
+        let mask = window
+            .map(|(t0, t1)| seqs.response_mask.f_narrow(1, t0 as i64, (t1 - t0) as i64))
+            .transpose()?;
+        Ok(Micro {
+            seqs,
+            start,
+            window,
+            mask,
+        })
+    }
+}
+
+/// Rows `start..start + len` and columns `c0..c1` of `t`, on `device`.
+fn cut(t: &Tensor, start: usize, len: usize, c0: usize, c1: usize, dev: Device) -> Result<Tensor> {
+    Ok(t.f_narrow(0, start as i64, len as i64)?
+        .f_narrow(1, c0 as i64, (c1 - c0) as i64)?
+        .f_to_device(dev)?)
+}
+
+/// One micro-batch: its rows (cut to their longest row), and the window of
+/// columns `t0..t1` that holds all their response tokens. Per-token
+/// tensors of a micro-batch are cut to the window: the losses and the LM
+/// head only ever see those columns.
+#[derive(Debug)]
+pub(crate) struct Micro {
+    pub(crate) seqs: SeqBatch,
+    /// First row in the whole batch.
+    pub(crate) start: usize,
+    /// `None` when the rows have no response token.
+    pub(crate) window: Option<(usize, usize)>,
+    /// The response mask in the window, (rows, t1 − t0).
+    pub(crate) mask: Option<Tensor>,
+}
+
+impl Micro {
+    /// Rows of this micro-batch and window columns of a whole-batch
+    /// per-token tensor. Panics without a window.
+    pub(crate) fn window_of(&self, t: &Tensor) -> Result<Tensor> {
+        let (t0, t1) = self.window.expect("a micro-batch with response tokens");
+        cut(
+            t,
+            self.start,
+            self.seqs.batch_size(),
+            t0,
+            t1,
+            self.seqs.device(),
+        )
     }
 }
 
 /// Per-token float32 tensors (batch, seq) of a batch, checked.
 fn check_per_token(arg: &'static str, t: &Tensor, seqs: &SeqBatch) -> Result<Tensor> {
     let want = [seqs.batch_size(), seqs.seq_len()];
-    if t.dims() != want {
+    if dims(t) != want {
         return Err(Error::batch(
             arg,
-            format!("has shape {:?}, expected {want:?} (batch, seq)", t.dims()),
+            format!("has shape {:?}, expected {want:?} (batch, seq)", dims(t)),
         ));
     }
-    if t.dtype() != DType::F32 {
+    if t.kind() != Kind::Float {
         return Err(Error::batch(
             arg,
-            format!("has dtype {:?}, expected f32", t.dtype()),
+            format!("has kind {:?}, expected float32", t.kind()),
         ));
     }
-    Ok(t.clone())
-}
-
-fn cut(t: &Tensor, start: usize, len: usize, w: usize) -> Result<Tensor> {
-    Ok(t.narrow(0, start, len)?.narrow(1, 0, w)?)
+    Ok(t.shallow_clone())
 }
 
 /// What a policy update trains on. All per-token tensors are (batch, seq)
 /// float32, aligned with the sequences' tokens; values outside the
 /// response mask are ignored (NaN there is harmless).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct PolicyBatch {
     pub seqs: SeqBatch,
     /// log π_old of each token (the trainer's own scoring before the update).
@@ -253,6 +319,20 @@ pub struct PolicyBatch {
     pub ref_log_probs: Option<Tensor>,
     /// The rollout engine's log-probs, for truncated importance sampling.
     pub rollout_log_probs: Option<Tensor>,
+}
+
+impl Clone for PolicyBatch {
+    /// Shares the tensors.
+    fn clone(&self) -> Self {
+        let opt = |t: &Option<Tensor>| t.as_ref().map(Tensor::shallow_clone);
+        PolicyBatch {
+            seqs: self.seqs.clone(),
+            old_log_probs: self.old_log_probs.shallow_clone(),
+            advantages: self.advantages.shallow_clone(),
+            ref_log_probs: opt(&self.ref_log_probs),
+            rollout_log_probs: opt(&self.rollout_log_probs),
+        }
+    }
 }
 
 impl PolicyBatch {
@@ -275,23 +355,11 @@ impl PolicyBatch {
             seqs,
         })
     }
-
-    pub(crate) fn micro(&self, start: usize, len: usize) -> Result<PolicyBatch> {
-        let (seqs, w) = self.seqs.micro(start, len)?;
-        let opt = |t: &Option<Tensor>| t.as_ref().map(|t| cut(t, start, len, w)).transpose();
-        Ok(PolicyBatch {
-            seqs,
-            old_log_probs: cut(&self.old_log_probs, start, len, w)?,
-            advantages: cut(&self.advantages, start, len, w)?,
-            ref_log_probs: opt(&self.ref_log_probs)?,
-            rollout_log_probs: opt(&self.rollout_log_probs)?,
-        })
-    }
 }
 
 /// What a critic update trains on: (batch, seq) float32, aligned with the
 /// tokens like [`PolicyBatch`].
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct CriticBatch {
     pub seqs: SeqBatch,
     /// The critic's values when the batch was collected.
@@ -300,21 +368,23 @@ pub struct CriticBatch {
     pub returns: Tensor,
 }
 
+impl Clone for CriticBatch {
+    /// Shares the tensors.
+    fn clone(&self) -> Self {
+        CriticBatch {
+            seqs: self.seqs.clone(),
+            values: self.values.shallow_clone(),
+            returns: self.returns.shallow_clone(),
+        }
+    }
+}
+
 impl CriticBatch {
     pub fn new(seqs: SeqBatch, values: &Tensor, returns: &Tensor) -> Result<Self> {
         Ok(CriticBatch {
             values: check_per_token("values", values, &seqs)?,
             returns: check_per_token("returns", returns, &seqs)?,
             seqs,
-        })
-    }
-
-    pub(crate) fn micro(&self, start: usize, len: usize) -> Result<CriticBatch> {
-        let (seqs, w) = self.seqs.micro(start, len)?;
-        Ok(CriticBatch {
-            seqs,
-            values: cut(&self.values, start, len, w)?,
-            returns: cut(&self.returns, start, len, w)?,
         })
     }
 }
@@ -337,21 +407,22 @@ mod tests {
         assert_eq!(b.seq_len(), 5);
         assert_eq!(b.num_response_tokens(), 4);
         assert_eq!(b.response_window(), Some((2, 5)));
+        let ids = Vec::<Vec<i64>>::try_from(b.input_ids()).unwrap();
+        assert_eq!(ids[1], vec![1, 2, 3, 4, 0]);
+        let mb = b.micro(1, 1, Device::Cpu).unwrap();
         assert_eq!(
-            b.input_ids().to_vec2::<u32>().unwrap()[1],
-            vec![1, 2, 3, 4, 0]
+            (mb.seqs.seq_len(), mb.window, mb.seqs.response_window()),
+            (4, Some((3, 4)), Some((3, 4)))
         );
-        let (mb, w) = b.micro(1, 1).unwrap();
-        assert_eq!(
-            (w, mb.seq_len(), mb.response_window()),
-            (4, 4, Some((3, 4)))
-        );
+        let resp = Vec::<Vec<f32>>::try_from(b.response_mask()).unwrap();
+        let cut = Vec::<Vec<f32>>::try_from(&mb.window_of(b.response_mask()).unwrap()).unwrap();
+        assert_eq!(cut, vec![vec![resp[1][3]]]);
     }
 
     #[test]
     fn rejects_left_padding_and_bad_response_masks() {
-        let ids = Tensor::zeros((1, 4), DType::U32, &Device::Cpu).unwrap();
-        let t = |v: [f32; 4]| Tensor::new(&[v], &Device::Cpu).unwrap();
+        let ids = Tensor::zeros([1, 4], (Kind::Int64, Device::Cpu));
+        let t = |v: [f32; 4]| Tensor::from_slice(&v).view([1, 4]);
         let left = SeqBatch::new(&ids, &t([0., 1., 1., 1.]), &t([0., 0., 1., 1.]));
         assert!(left.unwrap_err().to_string().contains("right-padded"));
         let first = SeqBatch::new(&ids, &t([1., 1., 1., 1.]), &t([1., 1., 0., 0.]));
@@ -360,6 +431,8 @@ mod tests {
         assert!(padding.unwrap_err().to_string().contains("1..2"));
         let holes = SeqBatch::new(&ids, &t([1., 1., 1., 1.]), &t([0., 1., 0., 1.]));
         assert!(holes.unwrap_err().to_string().contains("contiguous"));
+        let floats = SeqBatch::new(&t([1., 1., 1., 1.]), &t([1.; 4]), &t([0., 1., 1., 1.]));
+        assert!(floats.unwrap_err().to_string().contains("integer kind"));
     }
 
     #[test]

@@ -1,145 +1,69 @@
-//! float32 buffers in tagged memory, and direct access to a tensor's
-//! storage for the in-place updates of the optimizer.
+//! The engine's long-lived tensors: each one allocation in its `colo-mem`
+//! tag, made once, then only ever written in place.
 //!
-//! Parameters, gradient accumulators and optimizer moments are `Vec<f32>`s
-//! allocated inside `pool.region_with_threshold(tag, 1)` with nothing else
-//! allocated while the region is open, so each buffer is exactly one pool
-//! allocation of its tag and no tensor header or other bookkeeping ends up
-//! in memory that a pause unmaps. The vector is then moved (not copied)
-//! into a candle tensor.
-//!
-//! Updates go through [`write_f32`], which mutates the tensor's own storage
-//! (a candle in-place op), so a buffer never moves to another allocation
-//! and never leaves its tag.
+//! A buffer is allocated by libtorch inside
+//! `pool.region_with_threshold(tag, 1)` with nothing else allocated while
+//! the region is open, so its storage is exactly one pool allocation of
+//! the tag (the tensor's header is C++ heap memory, not c10's, so nothing
+//! that a pause unmaps is bookkeeping). Contents are written afterwards,
+//! outside the region, by in-place ops (`copy_`, `zero_`, the optimizer's
+//! arithmetic) that keep the storage, so a buffer never moves to another
+//! allocation and never leaves its tag.
 
-use std::cell::RefCell;
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, InplaceOp1, Layout, Shape, Storage, Tensor, Var};
 use colo_mem::Pool;
+use tch::{Device, Kind, TchError, Tensor};
 
-use crate::{Error, Result};
+use crate::Result;
 
-/// A buffer holding a copy of `data` (or zeros), allocated in `tag`.
-pub(crate) fn alloc_in(
-    pool: &Arc<Pool>,
-    tag: &str,
-    n: usize,
-    data: Option<&[f32]>,
-) -> Result<Vec<f32>> {
-    let guard = pool.region_with_threshold(tag, 1)?;
-    let buf = match data {
-        Some(d) => {
-            let mut v = Vec::with_capacity(n);
-            v.extend_from_slice(d);
-            v
-        }
-        None => vec![0f32; n],
-    };
-    guard.finish()?;
-    Ok(buf)
-}
-
-/// A zero tensor of `shape` whose storage is one allocation in `tag`.
-pub(crate) fn zeros_in(pool: &Arc<Pool>, tag: &str, shape: &Shape) -> Result<Tensor> {
-    let buf = alloc_in(pool, tag, shape.elem_count(), None)?;
-    Ok(Tensor::from_vec(buf, shape, &candle_core::Device::Cpu)?)
-}
-
-/// A trainable copy of `t` whose storage is one allocation in `tag`.
-pub(crate) fn var_in(pool: &Arc<Pool>, tag: &str, t: &Tensor) -> Result<Var> {
-    check_cpu_f32("parameter", t)?;
-    let data = t.flatten_all()?.to_vec1::<f32>()?;
-    let buf = alloc_in(pool, tag, data.len(), Some(&data))?;
-    Ok(Var::from_vec(buf, t.shape(), &candle_core::Device::Cpu)?)
-}
-
-pub(crate) fn check_cpu_f32(what: &'static str, t: &Tensor) -> Result<()> {
-    if !t.device().is_cpu() {
-        return Err(Error::Unsupported {
-            what,
-            found: format!("device {:?}", t.device().location()),
-        });
-    }
-    if t.dtype() != candle_core::DType::F32 {
-        return Err(Error::Unsupported {
-            what,
-            found: format!("dtype {:?}", t.dtype()),
-        });
-    }
+/// The result of an in-place tch op (which returns a second handle to the
+/// tensor it wrote), handle dropped.
+pub(crate) fn done(r: std::result::Result<Tensor, TchError>) -> Result<()> {
+    drop(r?);
     Ok(())
 }
 
-/// The slice a contiguous float32 CPU layout covers.
-fn span(l: &Layout, op: &str) -> candle_core::Result<(usize, usize)> {
-    l.contiguous_offsets()
-        .ok_or_else(|| candle_core::Error::Msg(format!("{op}: tensor must be contiguous")))
+/// A zero tensor of `shape` whose storage is one allocation in `tag`.
+pub(crate) fn zeros_in(
+    pool: &Arc<Pool>,
+    tag: &str,
+    shape: &[i64],
+    kind: Kind,
+    device: Device,
+) -> Result<Tensor> {
+    let guard = pool.region_with_threshold(tag, 1)?;
+    let t = Tensor::f_zeros(shape, (kind, device));
+    guard.finish()?;
+    Ok(t?)
 }
 
-/// Calls `f` with the float32 contents of a contiguous CPU tensor, without
-/// copying.
-pub(crate) fn read_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    let (start, end) = span(layout, "read_f32")?;
-    match &*storage {
-        Storage::Cpu(CpuStorage::F32(v)) => Ok(f(&v[start..end])),
-        _ => Err(Error::Unsupported {
-            what: "tensor",
-            found: format!("{:?} on {:?}", t.dtype(), t.device().location()),
-        }),
-    }
-}
-
-/// The address of a CPU tensor's storage (the allocation's start), for
-/// checking which pool tag holds it.
-pub fn storage_addr(t: &Tensor) -> Result<u64> {
-    let (storage, _) = t.storage_and_layout();
-    match &*storage {
-        Storage::Cpu(CpuStorage::F32(v)) => Ok(v.as_ptr() as u64),
-        _ => Err(Error::Unsupported {
-            what: "tensor",
-            found: format!("{:?} on {:?}", t.dtype(), t.device().location()),
-        }),
-    }
-}
-
-/// An in-place op that hands the destination slice to a closure.
-struct WithMut<F, R> {
-    f: RefCell<Option<F>>,
-    out: RefCell<Option<R>>,
-}
-
-impl<F: FnOnce(&mut [f32]) -> R, R> InplaceOp1 for WithMut<F, R> {
-    fn name(&self) -> &'static str {
-        "colo-train-write"
-    }
-
-    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
-        let (start, end) = span(layout, "write_f32")?;
-        let CpuStorage::F32(v) = storage else {
-            candle_core::bail!("write_f32: tensor is not float32");
-        };
-        let f = self.f.borrow_mut().take().expect("called once");
-        *self.out.borrow_mut() = Some(f(&mut v[start..end]));
-        Ok(())
-    }
-}
-
-/// Calls `f` with the float32 contents of a contiguous CPU tensor, mutably
-/// and in place: the storage (and so its allocation and tag) is unchanged.
-/// Any tensor sharing the storage (a model's view of a `Var`) sees the
-/// writes.
-pub(crate) fn write_f32<R>(t: &Tensor, f: impl FnOnce(&mut [f32]) -> R) -> Result<R> {
-    let op = WithMut {
-        f: RefCell::new(Some(f)),
-        out: RefCell::new(None),
-    };
-    t.inplace_op1(&op)?;
-    let out = op.out.into_inner();
-    out.ok_or_else(|| Error::Unsupported {
-        what: "tensor",
-        found: format!("{:?} on {:?}", t.dtype(), t.device().location()),
+/// A copy of `src` (converted to `kind`) whose storage is one allocation
+/// in `tag`; a leaf that requires a gradient if `trainable`.
+pub(crate) fn copy_in(
+    pool: &Arc<Pool>,
+    tag: &str,
+    src: &Tensor,
+    kind: Kind,
+    device: Device,
+    trainable: bool,
+) -> Result<Tensor> {
+    let guard = pool.region_with_threshold(tag, 1)?;
+    let t = Tensor::f_empty(src.size(), (kind, device));
+    guard.finish()?;
+    let mut t = t?;
+    tch::no_grad(|| t.f_copy_(src))?;
+    Ok(match trainable {
+        true => t.f_set_requires_grad(true)?,
+        false => t,
     })
+}
+
+/// The address of a tensor's first element (for a buffer of this module:
+/// its allocation's start), for checking which pool tag holds it with
+/// `Pool::tag_of`.
+pub fn storage_addr(t: &Tensor) -> u64 {
+    t.data_ptr() as u64
 }
 
 #[cfg(test)]
@@ -150,24 +74,23 @@ mod tests {
     #[test]
     fn buffers_are_single_allocations_of_their_tag_and_writes_stay_put() {
         let pool = Pool::host(PoolConfig::default()).unwrap();
-        let src = Tensor::arange(0f32, 8.0, &candle_core::Device::Cpu)
-            .unwrap()
-            .reshape((2, 4))
-            .unwrap();
-        let v = var_in(&pool, "p", &src).unwrap();
-        let addr = storage_addr(v.as_tensor()).unwrap();
+        let src = Tensor::arange(8, (Kind::Float, Device::Cpu)).view([2, 4]);
+        let v = copy_in(&pool, "p", &src, Kind::Float, Device::Cpu, true).unwrap();
+        assert!(v.requires_grad());
+        let addr = storage_addr(&v);
         assert_eq!(pool.tag_of(addr).as_deref(), Some("p"));
         assert_eq!(pool.stats().tag("p").unwrap().allocations, 1);
-        let view = v.as_tensor().clone();
-        write_f32(v.as_tensor(), |s| s.iter_mut().for_each(|x| *x *= 2.0)).unwrap();
-        assert_eq!(storage_addr(v.as_tensor()).unwrap(), addr);
-        assert_eq!(
-            view.to_vec2::<f32>().unwrap()[1],
-            vec![8.0, 10.0, 12.0, 14.0]
-        );
-        let sum = read_f32(&view, |s| s.iter().sum::<f32>()).unwrap();
-        assert_eq!(sum, 56.0);
-        let z = zeros_in(&pool, "g", src.shape()).unwrap();
-        assert_eq!(pool.tag_of(storage_addr(&z).unwrap()).as_deref(), Some("g"));
+        let view = v.detach();
+        done(tch::no_grad(|| v.shallow_clone().f_mul_scalar_(2.0))).unwrap();
+        assert_eq!(storage_addr(&v), addr);
+        let row = Vec::<f32>::try_from(&view.get(1)).unwrap();
+        assert_eq!(row, vec![8.0, 10.0, 12.0, 14.0]);
+        assert_eq!(pool.stats().tag("p").unwrap().allocations, 1);
+        let z = zeros_in(&pool, "g", &[2, 4], Kind::Float, Device::Cpu).unwrap();
+        assert_eq!(pool.tag_of(storage_addr(&z)).as_deref(), Some("g"));
+        assert_eq!(z.sum(Kind::Double).double_value(&[]), 0.0);
+        let bf = copy_in(&pool, "b", &src, Kind::BFloat16, Device::Cpu, false).unwrap();
+        assert_eq!(bf.kind(), Kind::BFloat16);
+        assert_eq!(pool.tag_of(storage_addr(&bf)).as_deref(), Some("b"));
     }
 }

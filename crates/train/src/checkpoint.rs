@@ -7,7 +7,7 @@
 //! |---|---|
 //! | `config.json`, `model.safetensors` | the model, loadable by transformers (colo-model's save) |
 //! | `value_head.safetensors` | `v_head.weight`, for a critic |
-//! | `optimizer.safetensors` | `{name}.exp_avg`, `{name}.exp_avg_sq` per parameter (PyTorch's state names) |
+//! | `optimizer.safetensors` | `{name}.exp_avg`, `{name}.exp_avg_sq` per parameter (PyTorch's state names, float32), and `{name}.master` (the float32 master weights) for a bf16 engine |
 //! | `trainer_state.json` | format, optimizer steps taken, the next learning rate |
 //!
 //! Atomicity: everything is written into a sibling directory with a
@@ -24,10 +24,9 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
+use tch::Tensor;
 
-use crate::buffers::{read_f32, write_f32};
 use crate::offload::{require_resident, OPTIMIZER, PARAMS};
 use crate::trainer::ColoTrainer;
 use crate::value_head::VALUE_HEAD_WEIGHT;
@@ -70,10 +69,8 @@ fn sibling(dir: &Path, what: &str) -> Result<PathBuf> {
     )))
 }
 
-fn save_tensors(tensors: Vec<(String, Tensor)>, path: &Path) -> Result<()> {
-    let views: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    safetensors::serialize_to_file(views, None, path)?;
-    Ok(())
+fn save_tensors(tensors: &[(String, Tensor)], path: &Path) -> Result<()> {
+    Ok(Tensor::write_safetensors(tensors, path)?)
 }
 
 impl ColoTrainer {
@@ -86,15 +83,10 @@ impl ColoTrainer {
         std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
         self.model.save_dir(&tmp)?;
         if let Some(h) = &self.value_head {
-            let w = vec![(VALUE_HEAD_WEIGHT.to_owned(), h.weight().clone())];
-            save_tensors(w, &tmp.join(VALUE_HEAD_FILE))?;
+            let w = [(VALUE_HEAD_WEIGHT.to_owned(), h.weight().detach())];
+            save_tensors(&w, &tmp.join(VALUE_HEAD_FILE))?;
         }
-        let moments = self
-            .optimizer_state()
-            .into_iter()
-            .flat_map(|(n, m, v)| [(format!("{n}.exp_avg"), m), (format!("{n}.exp_avg_sq"), v)])
-            .collect();
-        save_tensors(moments, &tmp.join(OPTIMIZER_FILE))?;
+        save_tensors(&self.optimizer_tensors(), &tmp.join(OPTIMIZER_FILE))?;
         let state = TrainerState {
             format: FORMAT.into(),
             step: self.opt.t,
@@ -143,19 +135,26 @@ impl ColoTrainer {
         if self.value_head.is_some() {
             tensors.extend(read_named(&dir.join(VALUE_HEAD_FILE))?);
         }
-        let params = take_matching(&mut tensors, &self.parameters(), dir)?;
-        let mut moments = read_named(&dir.join(OPTIMIZER_FILE))?;
-        let wanted: Vec<(String, Tensor)> = self
-            .optimizer_state()
-            .into_iter()
-            .flat_map(|(n, m, v)| [(format!("{n}.exp_avg"), m), (format!("{n}.exp_avg_sq"), v)])
-            .collect();
-        let moments_new = take_matching(&mut moments, &wanted, &dir.join(OPTIMIZER_FILE))?;
+        let params = take_matching(&mut tensors, &self.parameters(), dir, false)?;
+        let opt_path = dir.join(OPTIMIZER_FILE);
+        let mut moments = read_named(&opt_path)?;
+        // A checkpoint without master weights (written by a float32
+        // engine) gives the masters of a bf16 engine from its parameters.
+        let masters = take_matching(&mut moments, &self.master_weights_named(), &opt_path, true)?;
+        let wanted = self.optimizer_tensors_without_masters();
+        let moments = take_matching(&mut moments, &wanted, &opt_path, false)?;
 
+        let _no_grad = tch::no_grad_guard();
         for ((_, dst), src) in self.parameters().iter().zip(&params) {
-            copy_into(dst, src)?;
+            copy_into(dst, src.as_ref().expect("required"))?;
         }
-        for ((_, dst), src) in wanted.iter().zip(&moments_new) {
+        for ((_, dst), src) in wanted.iter().zip(&moments) {
+            copy_into(dst, src.as_ref().expect("required"))?;
+        }
+        let param_of: HashMap<String, Tensor> = self.parameters().into_iter().collect();
+        for ((name, dst), src) in self.master_weights_named().iter().zip(&masters) {
+            let master_name = name.trim_end_matches(MASTER_SUFFIX);
+            let src = src.as_ref().unwrap_or(&param_of[master_name]);
             copy_into(dst, src)?;
         }
         self.opt.t = state.step;
@@ -163,7 +162,33 @@ impl ColoTrainer {
     }
 }
 
-/// The tensors of a safetensors file, float32 on the CPU. (A checkpoint
+const MASTER_SUFFIX: &str = ".master";
+
+impl ColoTrainer {
+    /// The optimizer's tensors under their checkpoint names: moments,
+    /// then master weights.
+    fn optimizer_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out = self.optimizer_tensors_without_masters();
+        out.extend(self.master_weights_named());
+        out
+    }
+
+    fn optimizer_tensors_without_masters(&self) -> Vec<(String, Tensor)> {
+        self.optimizer_state()
+            .into_iter()
+            .flat_map(|(n, m, v)| [(format!("{n}.exp_avg"), m), (format!("{n}.exp_avg_sq"), v)])
+            .collect()
+    }
+
+    fn master_weights_named(&self) -> Vec<(String, Tensor)> {
+        self.master_weights()
+            .into_iter()
+            .map(|(n, t)| (format!("{n}{MASTER_SUFFIX}"), t))
+            .collect()
+    }
+}
+
+/// The tensors of a safetensors file, as stored, on the CPU. (A checkpoint
 /// written by [`ColoTrainer::save`] has a single `model.safetensors`.)
 fn read_named(path: &Path) -> Result<HashMap<String, Tensor>> {
     if !path.is_file() {
@@ -172,38 +197,49 @@ fn read_named(path: &Path) -> Result<HashMap<String, Tensor>> {
             reason: "missing file".into(),
         });
     }
-    let bytes = std::fs::read(path).map_err(io(path))?;
-    let mut out = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)?;
-    for t in out.values_mut() {
-        *t = t.to_dtype(DType::F32)?;
-    }
-    Ok(out)
+    Ok(Tensor::read_safetensors(path)?.into_iter().collect())
+}
+
+fn dims(t: &Tensor) -> Vec<usize> {
+    t.size().iter().map(|&d| d as usize).collect()
 }
 
 /// The tensors named in `wanted`, in its order, each checked against the
-/// shape of the engine's tensor; extra tensors are an error too.
+/// shape of the engine's tensor (`None` for a missing one if `optional`).
+/// Unless `optional`, tensors left in `found` are an error too.
 fn take_matching(
     found: &mut HashMap<String, Tensor>,
     wanted: &[(String, Tensor)],
     path: &Path,
-) -> Result<Vec<Tensor>> {
+    optional: bool,
+) -> Result<Vec<Option<Tensor>>> {
     let mut out = Vec::with_capacity(wanted.len());
     for (name, dst) in wanted {
-        let src = found.remove(name).ok_or_else(|| Error::CheckpointMissing {
-            path: path.to_owned(),
-            name: name.clone(),
-        })?;
-        if src.dims() != dst.dims() {
+        let Some(src) = found.remove(name) else {
+            match optional {
+                true => {
+                    out.push(None);
+                    continue;
+                }
+                false => {
+                    return Err(Error::CheckpointMissing {
+                        path: path.to_owned(),
+                        name: name.clone(),
+                    })
+                }
+            }
+        };
+        if src.size() != dst.size() {
             return Err(Error::CheckpointShape {
                 path: path.to_owned(),
                 name: name.clone(),
-                expected: dst.dims().to_vec(),
-                found: src.dims().to_vec(),
+                expected: dims(dst),
+                found: dims(&src),
             });
         }
-        out.push(src);
+        out.push(Some(src));
     }
-    if let Some(extra) = found.keys().min() {
+    if let Some(extra) = found.keys().filter(|_| !optional).min() {
         return Err(Error::CheckpointState {
             path: path.to_owned(),
             reason: format!("tensor `{extra}` has no counterpart in this engine"),
@@ -212,9 +248,9 @@ fn take_matching(
     Ok(out)
 }
 
-/// Copies `src` into `dst`'s storage in place.
+/// Copies `src` into `dst`'s storage in place (converting kind and
+/// device). The caller holds a no-grad guard.
 fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
-    let src = src.contiguous()?;
-    write_f32(dst, |d| read_f32(&src, |s| d.copy_from_slice(s)))??;
+    dst.shallow_clone().f_copy_(src)?;
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! The engine's configuration: raw serde structs as a run's TOML file
 //! writes them, each turned once into a validated plain struct.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use tch::{Device, Kind};
 
 use crate::adamw::AdamWParams;
 use crate::schedule::{LrSchedule, ScheduleKind};
@@ -177,6 +178,118 @@ impl MicroBatchConfig {
     }
 }
 
+/// The parameters' kind as a config names it: `"f32"` or `"bf16"`
+/// (`"float32"`, `"bfloat16"` also read).
+pub fn parse_kind(name: &str) -> Result<Kind> {
+    match name {
+        "f32" | "float32" => Ok(Kind::Float),
+        "bf16" | "bfloat16" => Ok(Kind::BFloat16),
+        other => Err(Error::config("kind", other, "must be \"f32\" or \"bf16\"")),
+    }
+}
+
+/// The config name of a kind the engine trains in.
+pub fn kind_name(kind: Kind) -> Result<&'static str> {
+    match kind {
+        Kind::Float => Ok("f32"),
+        Kind::BFloat16 => Ok("bf16"),
+        other => Err(Error::Unsupported {
+            what: "parameter kind",
+            found: format!("{other:?} (colo-train trains in f32 or bf16)"),
+        }),
+    }
+}
+
+/// A device as a config names it: `"cpu"`, `"cuda"` (GPU 0) or
+/// `"cuda:N"`.
+pub fn parse_device(name: &str) -> Result<Device> {
+    let bad = || Error::config("device", name, "must be \"cpu\", \"cuda\" or \"cuda:N\"");
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda(0)),
+        _ => match name.strip_prefix("cuda:") {
+            Some(i) => i.parse().map(Device::Cuda).map_err(|_| bad()),
+            None => Err(bad()),
+        },
+    }
+}
+
+/// The config name of a device.
+pub fn device_name(device: Device) -> String {
+    match device {
+        Device::Cpu => "cpu".into(),
+        Device::Cuda(i) => format!("cuda:{i}"),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+/// Checks that the engine can run in `kind` on `device`: f32 or bf16, on
+/// the CPU or on a CUDA GPU that exists.
+pub fn check_target(kind: Kind, device: Device) -> Result<()> {
+    kind_name(kind)?;
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Cuda(i) => {
+            let n = tch::Cuda::device_count();
+            match (i as i64) < n {
+                true => Ok(()),
+                false if n == 0 => Err(Error::Unsupported {
+                    what: "device",
+                    found: format!(
+                        "cuda:{i} was asked for, but CUDA is not available here (no NVIDIA GPU or driver visible to libtorch)"
+                    ),
+                }),
+                false => Err(Error::Unsupported {
+                    what: "device",
+                    found: format!("cuda:{i} was asked for, but libtorch sees {n} GPU(s)"),
+                }),
+            }
+        }
+        other => Err(Error::Unsupported {
+            what: "device",
+            found: format!("{other:?} (colo-train runs on the CPU or CUDA)"),
+        }),
+    }
+}
+
+/// serde for a [`Kind`] field (`"f32"` | `"bf16"`).
+pub(crate) mod kind_serde {
+    use super::*;
+
+    pub(crate) fn serialize<S: Serializer>(
+        kind: &Kind,
+        s: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        kind_name(*kind)
+            .map_err(serde::ser::Error::custom)?
+            .serialize(s)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> std::result::Result<Kind, D::Error> {
+        parse_kind(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// serde for a [`Device`] field (`"cpu"` | `"cuda"` | `"cuda:N"`).
+pub(crate) mod device_serde {
+    use super::*;
+
+    pub(crate) fn serialize<S: Serializer>(
+        device: &Device,
+        s: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        device_name(*device).serialize(s)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> std::result::Result<Device, D::Error> {
+        parse_device(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +334,30 @@ mod tests {
         let o = c.validate().unwrap();
         assert_eq!(o.schedule.kind, ScheduleKind::Cosine);
         assert!(serde_json::from_str::<OptimConfig>(r#"{"learning_rate": 1}"#).is_err());
+    }
+
+    #[test]
+    fn kinds_and_devices_by_name() {
+        assert_eq!(parse_kind("bf16").unwrap(), Kind::BFloat16);
+        assert_eq!(kind_name(Kind::Float).unwrap(), "f32");
+        assert!(parse_kind("f16").unwrap_err().to_string().contains("kind"));
+        assert!(kind_name(Kind::Half).is_err());
+        assert_eq!(parse_device("cuda:1").unwrap(), Device::Cuda(1));
+        assert_eq!(parse_device("cuda").unwrap(), Device::Cuda(0));
+        assert_eq!(device_name(Device::Cuda(2)), "cuda:2");
+        assert!(parse_device("gpu")
+            .unwrap_err()
+            .to_string()
+            .contains("device"));
+        assert!(check_target(Kind::BFloat16, Device::Cpu).is_ok());
+        assert!(check_target(Kind::Half, Device::Cpu).is_err());
+        let n = tch::Cuda::device_count();
+        let msg = check_target(Kind::Float, Device::Cuda(n as usize))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("cuda:"), "{msg}");
+        if n == 0 {
+            assert!(msg.contains("CUDA is not available"), "{msg}");
+        }
     }
 }

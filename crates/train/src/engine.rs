@@ -1,13 +1,13 @@
 //! The interface the RL loop drives, and the typed results it gets back.
 //!
 //! A small trait so that the loop does not depend on how the engine runs
-//! (colo's candle implementation is [`crate::ColoTrainer`]; a second backend
-//! implements the same methods instead of copying the worker).
+//! (colo's libtorch implementation is [`crate::ColoTrainer`]; a second
+//! backend implements the same methods instead of copying the worker).
 
 use std::path::Path;
 
-use candle_core::Tensor;
 use serde::Serialize;
+use tch::Tensor;
 
 use crate::batch::{CriticBatch, PolicyBatch, SeqBatch};
 use crate::losses::{CriticLossConfig, LossConfig};
@@ -16,13 +16,24 @@ use crate::Result;
 
 /// Per-token results of a no-grad scoring pass, (batch, seq) float32,
 /// aligned with the tokens (column `t`: token `t` given the ones before
-/// it), zero outside the response mask.
-#[derive(Clone, Debug)]
+/// it), zero outside the response mask, on the engine's device, in
+/// ordinary memory (not in a discardable pool tag).
+#[derive(Debug)]
 pub struct Scores {
     pub log_probs: Tensor,
     /// Entropy of the next-token distribution that produced token `t`, if
     /// asked for.
     pub entropy: Option<Tensor>,
+}
+
+impl Clone for Scores {
+    /// Shares the tensors.
+    fn clone(&self) -> Self {
+        Scores {
+            log_probs: self.log_probs.shallow_clone(),
+            entropy: self.entropy.as_ref().map(Tensor::shallow_clone),
+        }
+    }
 }
 
 /// What one optimizer step did (common to every kind of update).

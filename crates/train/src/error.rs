@@ -39,8 +39,9 @@ pub enum Error {
     #[error("cannot {op}: this engine has no value head (build it with a critic head)")]
     NoValueHead { op: &'static str },
 
-    /// The engine's fast paths run float32 on the CPU only.
-    #[error("unsupported {what}: {found} (colo-train runs float32 on the CPU)")]
+    /// A dtype or device the engine cannot run on (a kind other than
+    /// float32 / bfloat16, CUDA without a GPU).
+    #[error("unsupported {what}: {found}")]
     Unsupported { what: &'static str, found: String },
 
     /// A checkpoint tensor does not have the shape of the engine's tensor.
@@ -79,13 +80,9 @@ pub enum Error {
     #[error(transparent)]
     Mem(#[from] colo_mem::Error),
 
-    /// The tensor library.
+    /// libtorch (through tch): shapes, kinds, devices of user data.
     #[error(transparent)]
-    Candle(#[from] candle_core::Error),
-
-    /// The safetensors format library.
-    #[error("safetensors: {0}")]
-    Safetensors(#[from] safetensors::SafeTensorError),
+    Torch(#[from] tch::TchError),
 }
 
 /// `Result` with this crate's [`Error`].

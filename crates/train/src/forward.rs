@@ -4,13 +4,16 @@
 //! Only the response window gets the LM head: the columns `t0..t1` holding
 //! every response token of the micro-batch are predicted from the hidden
 //! states at `t0 − 1..t1 − 1`, so a long prompt costs its transformer
-//! layers but no (seq, vocab) logits. Results are padded back to the
-//! micro-batch's full width and zeroed outside the response mask.
+//! layers but no (seq, vocab) logits. Results are (rows, t1 − t0), the
+//! window's columns, zero outside the response mask.
+//!
+//! Whether a graph is built is libtorch's grad mode: scoring runs under
+//! `tch::no_grad`, training steps with gradients on.
 
-use candle_core::Tensor;
+use tch::{Kind, Tensor};
 
-use crate::batch::SeqBatch;
-use crate::ops::token_logprobs;
+use crate::batch::Micro;
+use crate::ops::{entropy_from_log_softmax, log_softmax_f32, pick};
 use crate::trainer::ColoTrainer;
 use crate::{Error, Result};
 
@@ -18,62 +21,66 @@ use crate::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Entropy {
     None,
-    /// As a metric: from detached logits, no graph.
+    /// As a metric: from the detached log-probabilities, no graph.
     Detached,
     /// As a loss term: differentiable.
     Differentiable,
 }
 
 impl ColoTrainer {
-    /// Hidden states of the window that predicts the response tokens:
-    /// `(hidden (b, w, h), t0, t1)`, or `None` if `mb` has no response token.
-    fn window_hidden(&self, mb: &SeqBatch, grad: bool) -> Result<Option<(Tensor, usize, usize)>> {
-        let Some((t0, t1)) = mb.response_window() else {
+    /// Hidden states (rows, t1 − t0, hidden) of the window that predicts
+    /// the response tokens, or `None` if `mb` has no response token.
+    fn window_hidden(&self, mb: &Micro) -> Result<Option<Tensor>> {
+        let Some((t0, t1)) = mb.window else {
             return Ok(None);
         };
-        let model = if grad { &self.model } else { &self.frozen };
-        let hidden = model.hidden_states(mb.input_ids(), Some(mb.attention_mask()), None)?;
-        Ok(Some((hidden.narrow(1, t0 - 1, t1 - t0)?, t0, t1)))
+        let s = &mb.seqs;
+        let hidden = self
+            .model
+            .hidden_states(s.input_ids(), Some(s.attention_mask()), None)?;
+        Ok(Some(hidden.f_narrow(1, t0 as i64 - 1, (t1 - t0) as i64)?))
     }
 
-    /// Log-probabilities (b, s) of the micro-batch's tokens, zero outside
-    /// the response mask, with a graph if `grad`; and the entropy if asked.
+    /// Log-probabilities (rows, t1 − t0) of the window's tokens in float32,
+    /// zero outside the response mask; and the entropy if asked.
     pub(crate) fn token_scores(
         &self,
-        mb: &SeqBatch,
-        grad: bool,
+        mb: &Micro,
         entropy: Entropy,
-    ) -> Result<(Tensor, Option<Tensor>)> {
-        let s = mb.seq_len();
-        let Some((hidden, t0, t1)) = self.window_hidden(mb, grad)? else {
-            let zeros = mb.response_mask().zeros_like()?;
-            return Ok((zeros.clone(), (entropy != Entropy::None).then_some(zeros)));
+    ) -> Result<Option<(Tensor, Option<Tensor>)>> {
+        let Some(hidden) = self.window_hidden(mb)? else {
+            return Ok(None);
         };
-        let model = if grad { &self.model } else { &self.frozen };
-        let logits = model.lm_head(&hidden)?; // (b, w, vocab)
-        let targets = mb.input_ids().narrow(1, t0, t1 - t0)?;
-        let lp = token_logprobs(&logits, &targets)?; // (b, w)
+        let (t0, t1) = mb.window.expect("checked above");
+        let mask = mb.mask.as_ref().expect("set with the window");
+        let targets = mb
+            .seqs
+            .input_ids()
+            .f_narrow(1, t0 as i64, (t1 - t0) as i64)?;
+        // The logits are dropped as soon as their log-softmax exists: only
+        // one (rows, window, vocab) tensor is kept for the backward.
+        let lsm = log_softmax_f32(&self.model.lm_head(&hidden)?)?;
+        let lp = pick(&lsm, &targets)?.f_mul(mask)?;
         let ent = match entropy {
             Entropy::None => None,
-            Entropy::Detached => Some(colo_algo::entropy::entropy_from_logits(&logits.detach())?),
-            Entropy::Differentiable => Some(colo_algo::entropy::entropy_from_logits(&logits)?),
+            Entropy::Detached => Some(tch::no_grad(|| entropy_from_log_softmax(&lsm.detach()))?),
+            Entropy::Differentiable => Some(entropy_from_log_softmax(&lsm)?),
         };
-        let mask = mb.response_mask();
-        let pad = |t: Tensor| -> Result<Tensor> { Ok((t.pad_with_zeros(1, t0, s - t1)? * mask)?) };
-        Ok((pad(lp)?, ent.map(pad).transpose()?))
+        Ok(Some((lp, ent.map(|e| e.f_mul(mask)).transpose()?)))
     }
 
-    /// Values (b, s) of the micro-batch's tokens from the value head (the
-    /// value of token `t` is read at the hidden state of `t − 1`, as verl's
-    /// critic does), zero outside the response mask.
-    pub(crate) fn token_values(&self, mb: &SeqBatch, grad: bool) -> Result<Tensor> {
+    /// Values (rows, t1 − t0) of the window's tokens from the value head
+    /// in float32 (the value of token `t` is read at the hidden state of
+    /// `t − 1`, as verl's critic does), zero outside the response mask.
+    pub(crate) fn token_values(&self, mb: &Micro) -> Result<Option<Tensor>> {
         let head = self.value_head.as_ref().ok_or(Error::NoValueHead {
             op: "compute values",
         })?;
-        let Some((hidden, t0, t1)) = self.window_hidden(mb, grad)? else {
-            return Ok(mb.response_mask().zeros_like()?);
+        let Some(hidden) = self.window_hidden(mb)? else {
+            return Ok(None);
         };
-        let v = head.forward(&hidden, grad)?; // (b, w)
-        Ok((v.pad_with_zeros(1, t0, mb.seq_len() - t1)? * mb.response_mask())?)
+        let mask = mb.mask.as_ref().expect("set with the window");
+        let v = head.forward(&hidden)?.f_to_kind(Kind::Float)?;
+        Ok(Some(v.f_mul(mask)?))
     }
 }

@@ -1,13 +1,15 @@
 //! # colo-train: the training engine
 //!
-//! Trains a [`colo_model::Model`] (Qwen2 / Llama on candle) for colo's RL
-//! loop: per-token log-probabilities and entropy of given sequences (a
-//! no-grad scoring pass for old and reference log-probs), a value head for
-//! a critic, policy updates with colo-algo's PPO/GSPO loss, KL loss and
-//! aggregation, a supervised step, AdamW, global gradient-norm clipping,
-//! micro-batches with gradient accumulation, warmup + constant/cosine
-//! learning rates, offload of parameters / gradients / optimizer state to
-//! host memory and back, and atomic checkpoints.
+//! Trains a [`colo_model::Model`] (Qwen2 / Llama on libtorch through
+//! `tch`) for colo's RL loop: per-token log-probabilities and entropy of
+//! given sequences (a no-grad scoring pass for old and reference
+//! log-probs), a value head for a critic, policy updates with colo-algo's
+//! PPO/GSPO loss, KL loss and aggregation, a supervised step, AdamW,
+//! global gradient-norm clipping, micro-batches with gradient
+//! accumulation, warmup + constant/cosine learning rates, offload of
+//! parameters / gradients / optimizer state to host memory and back, and
+//! atomic checkpoints. float32 or bfloat16 parameters, on the CPU or a
+//! CUDA GPU ([`TrainerConfig::kind`], [`TrainerConfig::device`]).
 //!
 //! ```no_run
 //! use colo_mem::{Pool, PoolConfig};
@@ -22,7 +24,7 @@
 //! // Two right-padded sequences: prompt, then the response that is trained.
 //! let seqs = SeqBatch::from_prompt_response(&[(&[1, 5, 9], &[7, 7, 2]), (&[1, 4], &[3, 2])], 0)?;
 //! let old = engine.score(&seqs, false)?.log_probs; // (batch, seq), no grad
-//! let advantages = seqs.response_mask().affine(0.5, 0.0)?; // (batch, seq)
+//! let advantages = seqs.response_mask() * 0.5; // (batch, seq)
 //! let batch = PolicyBatch::new(seqs, &old, &advantages, None, None)?;
 //! let m = engine.update_policy(&batch, &LossConfig::default())?;
 //! println!("pg_loss {} grad_norm {} lr {}", m.pg_loss, m.grad_norm, m.lr);
@@ -45,42 +47,46 @@
 //!
 //! | tag (`colo_mem::tags`) | holds | policy |
 //! |---|---|---|
-//! | `train_params` | parameters (and the value head) | Backup |
-//! | `train_grads` | one gradient accumulator per parameter | Backup |
-//! | `optimizer` | AdamW's two moments per parameter | Backup |
-//! | `activations` | forward/backward transients (while a pass runs) | the pool's default |
+//! | `train_params` | parameters (and the value head), in the engine's kind | Backup |
+//! | `train_grads` | one float32 gradient accumulator per parameter | Backup |
+//! | `optimizer` | AdamW's two float32 moments per parameter (and float32 master weights for bf16) | Backup |
+//! | `activations` | forward/backward transients and the optimizer's temporaries (while a pass runs) | the pool's default |
 //!
-//! Each parameter, accumulator and moment is a single allocation made when
+//! Each parameter, accumulator and optimizer tensor is a single
+//! allocation made by libtorch inside `region_with_threshold(tag, 1)` when
 //! the engine is built; optimizer steps, accumulation and checkpoint loads
-//! write into it in place, so it keeps its address and its tag forever,
-//! and [`TrainEngine::offload`] / [`TrainEngine::reload`] are plain
-//! pause / resume of the tags.
+//! write into it with in-place ops under `tch::no_grad`, so it keeps its
+//! address and its tag forever, and [`TrainEngine::offload`] /
+//! [`TrainEngine::reload`] are plain pause / resume of the tags.
 //!
 //! # Design decisions
 //!
 //! - **A trait for the loop, one implementation.** [`TrainEngine`] is what
-//!   colo-rl calls; [`ColoTrainer`] implements it on candle, float32 on the
-//!   CPU.
-//! - **Hand-written AdamW and accumulation over raw slices**
-//!   ([`adamw`]): one pass per parameter that reads the accumulated
-//!   gradient, folds in the clipping coefficient, and updates the moments
-//!   and the parameter in place — no temporaries, no reallocation, and
-//!   PyTorch's arithmetic.
+//!   colo-rl calls; [`ColoTrainer`] implements it on libtorch.
+//! - **libtorch does the arithmetic.** Forward and backward are autograd's;
+//!   the log-probabilities are `log_softmax` + `gather` ([`ops`]), AdamW is
+//!   libtorch's in-place element-wise ops ([`adamw`]).
+//! - **Gradients are returned, then accumulated in place.** Each
+//!   micro-batch's backward returns the parameters' gradients
+//!   (`torch.autograd.grad`); they are added into the `train_grads`
+//!   accumulators and dropped. No `.grad` is ever set, so autograd holds
+//!   no gradient memory between micro-batches.
 //! - **Batch-wide denominators.** Each micro-batch's loss divides by the
 //!   whole batch's token or sequence count (colo-algo's `AggScale`), so
 //!   the accumulated gradient equals the full-batch gradient (tested).
-//! - **No graph for scoring.** A second model shares the parameters'
-//!   storage through detached tensors; scoring passes build no autograd
-//!   graph and keep no activations alive.
+//! - **No graph for scoring.** Scoring runs the same model under
+//!   `tch::no_grad`: no autograd graph, no activations kept.
 //! - **LM head on the response window only**, so long prompts cost no
-//!   (seq, vocab) logits, and the log-probabilities are one fused op with a
-//!   hand-written backward ([`ops::token_logprobs`]) instead of six passes
-//!   over the logits and as many backward.
-//! - **Results never live in discardable memory.** Tensors returned by a
-//!   pass are copied out of the `activations` tag before they are handed
-//!   back.
+//!   (seq, vocab) logits, and one (batch, window, vocab) float32 tensor is
+//!   kept for the backward.
+//! - **Results are not in discardable memory.** Scoring writes each
+//!   micro-batch's small (rows, window) result into (batch, seq) tensors
+//!   made outside any region; the large tensors never leave the pass.
+//! - **Mixed precision for bf16**: float32 accumulators, moments and
+//!   master weights, float32 log-probabilities.
 //! - **Misuse is an error**: training while something is offloaded,
-//!   offloading twice, a checkpoint of the wrong shape (naming the tensor).
+//!   offloading twice, a checkpoint of the wrong shape (naming the tensor),
+//!   CUDA without a GPU.
 
 pub mod adamw;
 pub mod batch;
@@ -100,7 +106,10 @@ pub mod value_head;
 pub use adamw::{AdamW, AdamWParams};
 pub use batch::{CriticBatch, PolicyBatch, SeqBatch};
 pub use buffers::storage_addr;
-pub use config::{MicroBatchConfig, MicroBatches, Optim, OptimConfig};
+pub use config::{
+    check_target, device_name, kind_name, parse_device, parse_kind, MicroBatchConfig, MicroBatches,
+    Optim, OptimConfig,
+};
 pub use engine::{CriticMetrics, PolicyMetrics, Scores, SftMetrics, StepStats, TrainEngine};
 pub use error::{Error, Result};
 pub use losses::{CriticLossConfig, LossConfig};

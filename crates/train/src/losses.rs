@@ -9,7 +9,6 @@
 //! accumulated gradient equals the full-batch gradient, whatever the
 //! micro-batch size.
 
-use candle_core::Tensor;
 use colo_algo::entropy::entropy_bonus;
 use colo_algo::kl::kl_loss;
 use colo_algo::mismatch::truncated_is_weights;
@@ -18,8 +17,9 @@ use colo_algo::{
     PolicyLossConfig, RolloutCorrectionConfig,
 };
 use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
 
-use crate::batch::{CriticBatch, PolicyBatch, SeqBatch};
+use crate::batch::{CriticBatch, Micro, PolicyBatch, SeqBatch};
 use crate::engine::{CriticMetrics, PolicyMetrics, SftMetrics};
 use crate::forward::Entropy;
 use crate::trainer::ColoTrainer;
@@ -87,7 +87,7 @@ fn batch_scale(seqs: &SeqBatch, loss_scale_factor: Option<f64>) -> AggScale {
 }
 
 fn scalar(t: &Tensor) -> Result<f64> {
-    Ok(t.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?)
+    Ok(t.f_double_value(&[])?)
 }
 
 /// Sums of a micro-batch's metrics: additive terms, and token-weighted
@@ -105,22 +105,28 @@ struct PolicySums {
 impl ColoTrainer {
     fn policy_micro_loss(
         &self,
-        mb: &PolicyBatch,
+        batch: &PolicyBatch,
+        mb: &Micro,
         cfg: &LossConfig,
         scale: AggScale,
-    ) -> Result<(Tensor, PolicySums)> {
+    ) -> Result<Option<(Tensor, PolicySums)>> {
         let ent_mode = match cfg.entropy_coeff != 0.0 {
             true => Entropy::Differentiable,
             false => Entropy::Detached,
         };
-        let (lp, ent) = self.token_scores(&mb.seqs, true, ent_mode)?;
-        let mask = mb.seqs.response_mask();
-        let is_weights = match (cfg.rollout_correction.rollout_is, &mb.rollout_log_probs) {
+        let Some((lp, ent)) = self.token_scores(mb, ent_mode)? else {
+            return Ok(None);
+        };
+        // Every per-token tensor below is (rows, window), like `lp`.
+        let mask = mb.mask.as_ref().expect("set with the window");
+        let old = mb.window_of(&batch.old_log_probs)?;
+        let advantages = mb.window_of(&batch.advantages)?;
+        let is_weights = match (cfg.rollout_correction.rollout_is, &batch.rollout_log_probs) {
             (None, _) => None,
             (Some(level), Some(rollout)) => Some(
                 truncated_is_weights(
-                    &mb.old_log_probs,
-                    rollout,
+                    &old,
+                    &mb.window_of(rollout)?,
                     mask,
                     level,
                     cfg.rollout_correction.rollout_is_threshold,
@@ -137,9 +143,9 @@ impl ColoTrainer {
         let pl = policy_loss(
             &cfg.policy,
             &PolicyInputs {
-                old_log_prob: &mb.old_log_probs,
+                old_log_prob: &old,
                 log_prob: &lp,
-                advantages: &mb.advantages,
+                advantages: &advantages,
                 response_mask: mask,
                 is_weights: is_weights.as_ref(),
             },
@@ -161,18 +167,18 @@ impl ColoTrainer {
         let bonus = entropy_bonus(&ent.expect("asked for"), mask, agg)?;
         sums.entropy = scalar(&bonus)?;
         if cfg.entropy_coeff != 0.0 {
-            loss = (loss - bonus.affine(cfg.entropy_coeff, 0.0)?)?;
+            loss = loss.f_sub(&bonus.f_mul_scalar(cfg.entropy_coeff)?)?;
         }
         if cfg.use_kl_loss {
-            let reference = mb
+            let reference = batch
                 .ref_log_probs
                 .as_ref()
                 .ok_or_else(|| Error::batch("ref_log_probs", "is required by use_kl_loss"))?;
-            let kl = kl_loss(&lp, reference, mask, cfg.kl_loss_type, agg)?;
+            let kl = kl_loss(&lp, &mb.window_of(reference)?, mask, cfg.kl_loss_type, agg)?;
             sums.kl_loss = scalar(&kl)?;
-            loss = (loss + kl.affine(cfg.kl_loss_coef, 0.0)?)?;
+            loss = loss.f_add(&kl.f_mul_scalar(cfg.kl_loss_coef)?)?;
         }
-        Ok((loss, sums))
+        Ok(Some((loss, sums)))
     }
 
     pub(crate) fn policy_update(
@@ -180,11 +186,13 @@ impl ColoTrainer {
         batch: &PolicyBatch,
         cfg: &LossConfig,
     ) -> Result<PolicyMetrics> {
+        if cfg.use_kl_loss && batch.ref_log_probs.is_none() {
+            return Err(Error::batch("ref_log_probs", "is required by use_kl_loss"));
+        }
         let scale = batch_scale(&batch.seqs, cfg.loss_scale_factor);
-        let (parts, stats) =
-            self.train_step("update the policy", batch.seqs.batch_size(), |t, s, l| {
-                t.policy_micro_loss(&batch.micro(s, l)?, cfg, scale)
-            })?;
+        let (parts, stats) = self.train_step("update the policy", &batch.seqs, |t, mb| {
+            t.policy_micro_loss(batch, mb, cfg, scale)
+        })?;
         let n = (batch.seqs.num_response_tokens() as f64).max(1.0);
         let sum = |f: fn(&PolicySums) -> f64| parts.iter().map(f).sum::<f64>();
         Ok(PolicyMetrics {
@@ -213,24 +221,24 @@ impl ColoTrainer {
             mode: cfg.loss_agg_mode,
             scale: batch_scale(&batch.seqs, None),
         };
-        let (parts, stats) =
-            self.train_step("update the critic", batch.seqs.batch_size(), |t, s, l| {
-                let mb = batch.micro(s, l)?;
-                let mask = mb.seqs.response_mask();
-                let vpreds = t.token_values(&mb.seqs, true)?;
-                let vl = value_loss(
-                    &vpreds,
-                    &mb.returns,
-                    &mb.values,
-                    mask,
-                    cfg.cliprange_value,
-                    agg,
-                )?;
-                let n = mb.seqs.num_response_tokens() as f64;
-                let vsum = scalar(&(vpreds.detach() * mask)?.sum_all()?)?;
-                let sums = (scalar(&vl.loss)?, vl.metrics.vf_clipfrac * n, vsum);
-                Ok((vl.loss, sums))
-            })?;
+        let (parts, stats) = self.train_step("update the critic", &batch.seqs, |t, mb| {
+            let Some(vpreds) = t.token_values(mb)? else {
+                return Ok(None);
+            };
+            let mask = mb.mask.as_ref().expect("set with the window");
+            let vl = value_loss(
+                &vpreds,
+                &mb.window_of(&batch.returns)?,
+                &mb.window_of(&batch.values)?,
+                mask,
+                cfg.cliprange_value,
+                agg,
+            )?;
+            let n = mb.seqs.num_response_tokens() as f64;
+            let vsum = scalar(&vpreds.detach().f_mul(mask)?.f_sum(Kind::Double)?)?;
+            let sums = (scalar(&vl.loss)?, vl.metrics.vf_clipfrac * n, vsum);
+            Ok(Some((vl.loss, sums)))
+        })?;
         let n = (batch.seqs.num_response_tokens() as f64).max(1.0);
         Ok(CriticMetrics {
             vf_loss: parts.iter().map(|p| p.0).sum(),
@@ -246,14 +254,15 @@ impl ColoTrainer {
             mode: LossAggMode::TokenMean,
             scale: batch_scale(batch, None),
         };
-        let (parts, stats) =
-            self.train_step("run a supervised step", batch.batch_size(), |t, s, l| {
-                let (mb, _) = batch.micro(s, l)?;
-                let (lp, _) = t.token_scores(&mb, true, Entropy::None)?;
-                let loss = agg_loss(&lp.neg()?, mb.response_mask(), agg)?;
-                let value = scalar(&loss)?;
-                Ok((loss, value))
-            })?;
+        let (parts, stats) = self.train_step("run a supervised step", batch, |t, mb| {
+            let Some((lp, _)) = t.token_scores(mb, Entropy::None)? else {
+                return Ok(None);
+            };
+            let mask = mb.mask.as_ref().expect("set with the window");
+            let loss = agg_loss(&lp.f_neg()?, mask, agg)?;
+            let value = scalar(&loss)?;
+            Ok(Some((loss, value)))
+        })?;
         Ok(SftMetrics {
             loss: parts.iter().sum(),
             tokens: batch.num_response_tokens(),

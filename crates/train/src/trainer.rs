@@ -1,27 +1,36 @@
-//! `ColoTrainer`: colo's training engine on candle, and the machinery of
+//! `ColoTrainer`: colo's training engine on libtorch, and the machinery of
 //! one optimizer step (micro-batches, accumulation, clipping, AdamW).
 //!
-//! Memory: every parameter, gradient accumulator and AdamW moment is one
-//! allocation in its `colo-mem` tag (`train_params`, `train_grads`,
+//! Memory: every parameter, gradient accumulator and AdamW state tensor is
+//! one allocation in its `colo-mem` tag (`train_params`, `train_grads`,
 //! `optimizer`, all `Backup`), made once when the engine is built and
-//! updated in place ever after. Forward and backward passes run inside
-//! `region(activations)`, so their transients are counted in that tag and
-//! their blocks are cached for the next micro-batch; [`ColoTrainer::release_cache`]
-//! hands them back.
+//! updated in place ever after. Forward and backward passes — and the
+//! optimizer's temporaries — run inside `region(activations)`, so their
+//! transients are counted in that tag and its cached blocks are reused by
+//! the next micro-batch; [`crate::TrainEngine::release_cache`] hands them
+//! back.
+//!
+//! Gradients: each micro-batch's backward returns the parameters'
+//! gradients (`torch.autograd.grad`, not `.grad`), which are added into
+//! the accumulators in place and dropped. Autograd never holds a gradient
+//! between micro-batches, so no gradient memory lives outside
+//! `train_grads`, and no parameter ever has a `.grad` to clear.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
 use colo_mem::{tags, Policy, Pool};
 use colo_model::{Model, ModelConfig, Weights};
 use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
 
 use crate::adamw::AdamW;
-use crate::batch::{chunks, SeqBatch};
-use crate::buffers::{read_f32, var_in, write_f32, zeros_in};
-use crate::config::{MicroBatchConfig, MicroBatches, Optim, OptimConfig};
+use crate::batch::{chunks, Micro, SeqBatch};
+use crate::buffers::{copy_in, done, zeros_in};
+use crate::config::{
+    check_target, device_serde, kind_serde, MicroBatchConfig, MicroBatches, Optim, OptimConfig,
+};
 use crate::engine::{Scores, StepStats};
 use crate::forward::Entropy;
 use crate::offload::{self, require_resident, Offload, Part, GRADS, OPTIMIZER, PARAMS};
@@ -48,37 +57,61 @@ impl Default for ValueHeadConfig {
 
 /// Everything that configures a [`ColoTrainer`], as a run's config file
 /// writes it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainerConfig {
     pub optim: OptimConfig,
     pub micro_batch: MicroBatchConfig,
     /// Present for a critic: the engine gets a value head.
     pub value_head: Option<ValueHeadConfig>,
+    /// The parameters' kind: `"f32"` (default) or `"bf16"`. Gradient
+    /// accumulators, AdamW moments and (for bf16) master weights are
+    /// float32 either way; log-probabilities are computed in float32.
+    #[serde(with = "kind_serde")]
+    pub kind: Kind,
+    /// `"cpu"` (default), `"cuda"` or `"cuda:N"`; CUDA without a GPU is an
+    /// error when the engine is built.
+    #[serde(with = "device_serde")]
+    pub device: Device,
 }
 
-/// colo's [`crate::TrainEngine`] on candle, float32 on the CPU.
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        TrainerConfig {
+            optim: OptimConfig::default(),
+            micro_batch: MicroBatchConfig::default(),
+            value_head: None,
+            kind: Kind::Float,
+            device: Device::Cpu,
+        }
+    }
+}
+
+/// colo's [`crate::TrainEngine`] on libtorch.
 pub struct ColoTrainer {
     pub(crate) pool: Arc<Pool>,
-    /// The model whose parameters are `Var`s (forwards build a graph).
+    /// The model; its parameters are the tensors of `params` (shared), so
+    /// in-place updates are the model's. Forwards under `tch::no_grad`
+    /// (scoring) build no graph.
     pub(crate) model: Model,
-    /// The same storage through detached tensors: forwards build no graph
-    /// and keep no activations alive (scoring passes).
-    pub(crate) frozen: Model,
     pub(crate) value_head: Option<ValueHead>,
     /// Parameter names (Hugging Face's, then `v_head.weight`), and in the
-    /// same order the parameters and their gradient accumulators.
+    /// same order the parameters (leaves that require a gradient) and
+    /// their float32 gradient accumulators.
     pub(crate) names: Vec<String>,
     pub(crate) params: Vec<Tensor>,
     pub(crate) grads: Vec<Tensor>,
     pub(crate) opt: AdamW,
     pub(crate) optim: Optim,
     pub(crate) micro: MicroBatches,
+    pub(crate) kind: Kind,
+    pub(crate) device: Device,
 }
 
 impl ColoTrainer {
-    /// Builds the engine from a model config and its weights (copied into
-    /// the `train_params` tag of `pool`; `weights` may be dropped after).
+    /// Builds the engine from a model config and its weights (copied, in
+    /// `cfg.kind` on `cfg.device`, into the `train_params` tag of `pool`;
+    /// `weights` may be dropped after).
     pub fn new(
         pool: Arc<Pool>,
         model_cfg: &ModelConfig,
@@ -87,46 +120,41 @@ impl ColoTrainer {
     ) -> Result<Self> {
         let optim = cfg.optim.validate()?;
         let micro = cfg.micro_batch.validate()?;
+        let (kind, device) = (cfg.kind, cfg.device);
+        check_target(kind, device)?;
         for tag in [tags::TRAIN_PARAMS, tags::TRAIN_GRADS, tags::OPTIMIZER] {
             pool.set_policy(tag, Policy::Backup)?;
         }
         // Checks names and shapes against the config before copying.
         let base = Model::load(model_cfg, weights)?;
         let mut names = Vec::new();
-        let mut vars = HashMap::new();
-        let mut frozen = HashMap::new();
+        let mut params = Vec::new();
+        let mut shared = HashMap::new();
         for (name, t) in base.named_parameters() {
-            let v = var_in(&pool, tags::TRAIN_PARAMS, &t)?;
-            frozen.insert(name.clone(), v.as_tensor().detach());
-            vars.insert(name.clone(), v.as_tensor().clone());
+            let p = copy_in(&pool, tags::TRAIN_PARAMS, &t, kind, device, true)?;
+            shared.insert(name.clone(), p.shallow_clone());
             names.push(name);
+            params.push(p);
         }
         drop(base);
-        let model = Model::load(model_cfg, &Weights::from_tensors(vars))?;
-        let frozen = Model::load(model_cfg, &Weights::from_tensors(frozen))?;
-        let mut params: Vec<Tensor> = model
-            .named_parameters()
-            .into_iter()
-            .map(|(_, t)| t)
-            .collect();
+        let model = Model::load(model_cfg, &Weights::from_tensors(shared))?;
         let value_head = cfg
             .value_head
             .as_ref()
-            .map(|h| ValueHead::new(&pool, model_cfg.hidden_size, h.init_std, h.seed))
+            .map(|h| ValueHead::new(&pool, model_cfg.hidden_size, h, kind, device))
             .transpose()?;
         if let Some(h) = &value_head {
             names.push(VALUE_HEAD_WEIGHT.to_owned());
-            params.push(h.weight().clone());
+            params.push(h.weight().shallow_clone());
         }
         let grads = params
             .iter()
-            .map(|p| zeros_in(&pool, tags::TRAIN_GRADS, p.shape()))
+            .map(|p| zeros_in(&pool, tags::TRAIN_GRADS, &p.size(), Kind::Float, device))
             .collect::<Result<Vec<_>>>()?;
         let opt = AdamW::new(&pool, optim.adamw, &params)?;
         Ok(ColoTrainer {
             pool,
             model,
-            frozen,
             value_head,
             names,
             params,
@@ -134,13 +162,18 @@ impl ColoTrainer {
             opt,
             optim,
             micro,
+            kind,
+            device,
         })
     }
 
     /// Builds the engine from a Hugging Face checkpoint directory.
     pub fn from_dir(pool: Arc<Pool>, dir: &Path, cfg: &TrainerConfig) -> Result<Self> {
+        check_target(cfg.kind, cfg.device)?;
         let model_cfg = ModelConfig::from_file(&dir.join("config.json"))?;
-        let weights = Weights::from_dir(dir, DType::F32, &Device::Cpu)?;
+        // Read on the CPU in float32; `new` converts while copying into
+        // the pool, so no second full copy exists on the device.
+        let weights = Weights::from_dir(dir, Kind::Float, Device::Cpu)?;
         ColoTrainer::new(pool, &model_cfg, &weights, cfg)
     }
 
@@ -148,11 +181,20 @@ impl ColoTrainer {
         &self.pool
     }
 
+    /// The parameters' kind.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
     /// The trainable model (its parameters are updated in place by steps).
     /// An error while the parameters are offloaded: the model's tensors
     /// point into released memory, and reading them would fault.
     pub fn model(&self) -> Result<&Model> {
-        crate::offload::require_resident(&self.pool, "use the model", &[crate::offload::PARAMS])?;
+        require_resident(&self.pool, "use the model", &[PARAMS])?;
         Ok(&self.model)
     }
 
@@ -162,41 +204,62 @@ impl ColoTrainer {
 
     /// Number of trained scalars (the value head included).
     pub fn num_parameters(&self) -> usize {
-        self.params.iter().map(|p| p.elem_count()).sum()
+        self.params.iter().map(|p| p.numel()).sum()
     }
 
     /// Bytes of the parameters, of the gradient accumulators, and of the
     /// optimizer state (as allocated, before page rounding).
     pub fn state_bytes(&self) -> (u64, u64, u64) {
-        let n = 4 * self.num_parameters() as u64;
-        (n, n, 2 * n)
+        let n = self.num_parameters() as u64;
+        (
+            n * self.kind.elt_size_in_bytes() as u64,
+            4 * n,
+            self.opt.bytes(),
+        )
     }
 
-    /// Every trained tensor (the value head included) with its name.
+    /// Every trained tensor (the value head included) with its name;
+    /// detached views of the parameters' storage.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
         self.names
             .iter()
             .cloned()
-            .zip(self.params.iter().cloned())
+            .zip(self.params.iter().map(Tensor::detach))
             .collect()
     }
 
-    /// The gradient accumulators of the last step (before clipping), by
-    /// parameter name. Valid until the next step starts.
+    /// The float32 gradient accumulators of the last step (before
+    /// clipping), by parameter name. Valid until the next step starts.
     pub fn gradients(&self) -> Vec<(String, Tensor)> {
         self.names
             .iter()
             .cloned()
-            .zip(self.grads.iter().cloned())
+            .zip(self.grads.iter().map(Tensor::shallow_clone))
             .collect()
     }
 
-    /// The AdamW moments, `(name, exp_avg, exp_avg_sq)`.
+    /// The AdamW moments (float32), `(name, exp_avg, exp_avg_sq)`.
     pub fn optimizer_state(&self) -> Vec<(String, Tensor, Tensor)> {
         self.names
             .iter()
             .zip(&self.opt.moments)
-            .map(|(n, m)| (n.clone(), m.exp_avg.clone(), m.exp_avg_sq.clone()))
+            .map(|(n, m)| {
+                (
+                    n.clone(),
+                    m.exp_avg.shallow_clone(),
+                    m.exp_avg_sq.shallow_clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// The float32 master weights AdamW keeps for parameters of another
+    /// kind (empty for a float32 engine).
+    pub fn master_weights(&self) -> Vec<(String, Tensor)> {
+        self.names
+            .iter()
+            .zip(&self.opt.moments)
+            .filter_map(|(n, m)| Some((n.clone(), m.master.as_ref()?.shallow_clone())))
             .collect()
     }
 
@@ -218,110 +281,128 @@ impl ColoTrainer {
 
     // ------------------------------------------------------------ passes
 
-    /// Runs `f` inside `region(activations)` and copies its tensors out to
-    /// ordinary memory, so nothing the caller keeps lives in a tag that
-    /// the RL loop may discard.
-    pub(crate) fn in_activations<const N: usize>(
-        &self,
-        f: impl FnOnce() -> Result<[Option<Tensor>; N]>,
-    ) -> Result<[Option<Tensor>; N]> {
-        warm_thread_locals()?;
+    /// Runs `f` inside `region(activations)`.
+    pub(crate) fn in_activations<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let guard = self.pool.region(tags::ACTIVATIONS)?;
         let out = f();
         guard.finish()?;
-        let out = out?;
-        let mut res: [Option<Tensor>; N] = std::array::from_fn(|_| None);
-        for (r, t) in res.iter_mut().zip(out) {
-            *r = t.map(|t| to_heap(&t)).transpose()?;
-        }
-        Ok(res)
+        out
     }
 
-    /// Scores `batch` in micro-batches without a gradient.
+    /// Scores `batch` in micro-batches without a gradient. Each
+    /// micro-batch's window is written into (batch, seq) results made
+    /// outside any region, so what the caller keeps is not in the
+    /// discardable `activations` tag.
     pub(crate) fn score_batch(&self, batch: &SeqBatch, with_entropy: bool) -> Result<Scores> {
         require_resident(&self.pool, "score a batch", &[PARAMS])?;
-        let ent = if with_entropy {
-            Entropy::Detached
-        } else {
-            Entropy::None
+        let ent = match with_entropy {
+            true => Entropy::Detached,
+            false => Entropy::None,
         };
-        let (mut lps, mut ents) = (vec![], vec![]);
+        let shape = [batch.batch_size() as i64, batch.seq_len() as i64];
+        let out = || Tensor::f_zeros(shape, (Kind::Float, self.device));
+        let (log_probs, entropy) = (out()?, with_entropy.then(out).transpose()?);
+        let _no_grad = tch::no_grad_guard();
         for (start, len) in chunks(batch.batch_size(), self.micro.score) {
-            let (mb, w) = batch.micro(start, len)?;
-            let [lp, e] = self.in_activations(|| {
-                let (lp, e) = self.token_scores(&mb, false, ent)?;
-                Ok([Some(lp), e])
-            })?;
-            let pad = batch.seq_len() - w;
-            lps.push(lp.expect("set").pad_with_zeros(1, 0, pad)?);
-            if let Some(e) = e {
-                ents.push(e.pad_with_zeros(1, 0, pad)?);
+            let mb = batch.micro(start, len, self.device)?;
+            let Some((lp, e)) = self.in_activations(|| self.token_scores(&mb, ent))? else {
+                continue;
+            };
+            write_window(&log_probs, &mb, &lp)?;
+            if let (Some(out), Some(e)) = (&entropy, e) {
+                write_window(out, &mb, &e)?;
             }
         }
-        Ok(Scores {
-            log_probs: Tensor::cat(&lps, 0)?,
-            entropy: with_entropy.then(|| Tensor::cat(&ents, 0)).transpose()?,
-        })
+        Ok(Scores { log_probs, entropy })
     }
 
     /// Values of `batch` in micro-batches without a gradient.
     pub(crate) fn value_batch(&self, batch: &SeqBatch) -> Result<Tensor> {
         require_resident(&self.pool, "compute values", &[PARAMS])?;
-        let mut out = vec![];
-        for (start, len) in chunks(batch.batch_size(), self.micro.score) {
-            let (mb, w) = batch.micro(start, len)?;
-            let [v] = self.in_activations(|| Ok([Some(self.token_values(&mb, false)?)]))?;
-            out.push(v.expect("set").pad_with_zeros(1, 0, batch.seq_len() - w)?);
+        if self.value_head.is_none() {
+            return Err(Error::NoValueHead {
+                op: "compute values",
+            });
         }
-        Ok(Tensor::cat(&out, 0)?)
+        let shape = [batch.batch_size() as i64, batch.seq_len() as i64];
+        let out = Tensor::f_zeros(shape, (Kind::Float, self.device))?;
+        let _no_grad = tch::no_grad_guard();
+        for (start, len) in chunks(batch.batch_size(), self.micro.score) {
+            let mb = batch.micro(start, len, self.device)?;
+            if let Some(v) = self.in_activations(|| self.token_values(&mb))? {
+                write_window(&out, &mb, &v)?;
+            }
+        }
+        Ok(out)
     }
 
-    /// One optimizer step: zero the accumulators, run `micro_loss` on each
-    /// micro-batch `(start, len)` of `rows` rows and accumulate its
-    /// gradient, clip, and update. `micro_loss` returns the micro-batch's
-    /// share of the batch loss (scaled by batch-wide denominators, so the
-    /// shares add up to the full-batch loss) and its metrics.
-    pub(crate) fn train_step<M>(
+    /// One optimizer step: run `micro_loss` on each micro-batch of `batch`
+    /// and accumulate its gradient, clip, and update. `micro_loss`
+    /// returns the micro-batch's share of the batch loss (scaled by
+    /// batch-wide denominators, so the shares add up to the full-batch
+    /// loss) and its metrics; no loss for a micro-batch without response
+    /// tokens (it contributes nothing).
+    pub(crate) fn train_step<M: Default>(
         &mut self,
         op: &'static str,
-        rows: usize,
-        mut micro_loss: impl FnMut(&Self, usize, usize) -> Result<(Tensor, M)>,
+        batch: &SeqBatch,
+        mut micro_loss: impl FnMut(&Self, &Micro) -> Result<Option<(Tensor, M)>>,
     ) -> Result<(Vec<M>, StepStats)> {
         const ALL: [Part; 3] = [PARAMS, GRADS, OPTIMIZER];
         require_resident(&self.pool, op, &ALL)?;
-        for g in &self.grads {
-            write_f32(g, |g| g.fill(0.0))?;
-        }
-        warm_thread_locals()?;
         let mut metrics = Vec::new();
+        // Accumulators not yet written this step: the first gradient is
+        // copied in, the following ones added.
+        let mut fresh = vec![true; self.grads.len()];
         let this = &*self;
-        for (start, len) in chunks(rows, this.micro.train) {
-            let guard = this.pool.region(tags::ACTIVATIONS)?;
-            let res = micro_loss(this, start, len).and_then(|(loss, m)| {
-                let grads = loss.backward()?;
-                for (p, acc) in this.params.iter().zip(&this.grads) {
-                    if let Some(g) = grads.get(p) {
-                        accumulate(acc, g)?;
+        for (start, len) in chunks(batch.batch_size(), this.micro.train) {
+            let mb = batch.micro(start, len, this.device)?;
+            let m = this.in_activations(|| {
+                let Some((loss, m)) = micro_loss(this, &mb)? else {
+                    return Ok(M::default());
+                };
+                if loss.requires_grad() {
+                    let grads = Tensor::f_run_backward(&[&loss], &this.params, false, false)?;
+                    drop(loss); // frees the graph's saved activations now
+                    let _no_grad = tch::no_grad_guard();
+                    for ((g, acc), fresh) in grads.iter().zip(&this.grads).zip(&mut fresh) {
+                        if g.defined() {
+                            let mut acc = acc.shallow_clone();
+                            match std::mem::take(fresh) {
+                                true => acc.f_copy_(g)?,
+                                false => done(acc.f_add_(g))?,
+                            }
+                        }
                     }
                 }
                 Ok(m)
-            });
-            guard.finish()?;
-            metrics.push(res?);
+            })?;
+            metrics.push(m);
         }
-        let stats = self.apply_update(metrics.len())?;
-        Ok((metrics, stats))
+        tch::no_grad(|| -> Result<()> {
+            for (acc, fresh) in self.grads.iter().zip(fresh) {
+                if fresh {
+                    done(acc.shallow_clone().f_zero_())?;
+                }
+            }
+            Ok(())
+        })?;
+        // The optimizer's temporaries reuse the activations' cached blocks.
+        let guard = self.pool.region(tags::ACTIVATIONS)?;
+        let stats = self.apply_update(metrics.len());
+        guard.finish()?;
+        Ok((metrics, stats?))
     }
 
     /// Clipping and the AdamW update from the accumulated gradients.
     fn apply_update(&mut self, micro_batches: usize) -> Result<StepStats> {
-        let mut sq = 0f64;
-        for g in &self.grads {
-            sq += read_f32(g, |g| {
-                g.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>()
-            })?;
-        }
-        let grad_norm = sq.sqrt();
+        // The global norm in float64 (one host read per step).
+        let norms = self
+            .grads
+            .iter()
+            .map(|g| g.f_norm_scalaropt_dtype(2, Kind::Double))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let grad_norm = Tensor::f_stack(&norms, 0)?.f_norm()?.f_double_value(&[])?;
         let lr = self.next_lr();
         let mut stats = StepStats {
             grad_norm,
@@ -343,44 +424,14 @@ impl ColoTrainer {
     }
 }
 
-/// `acc += g`, in place.
-fn accumulate(acc: &Tensor, g: &Tensor) -> Result<()> {
-    let g = g.contiguous()?;
-    if g.dims() != acc.dims() {
-        return Err(Error::Unsupported {
-            what: "gradient shape",
-            found: format!("{:?} for a parameter of shape {:?}", g.dims(), acc.dims()),
-        });
-    }
-    write_f32(acc, |a| {
-        read_f32(&g, |g| a.iter_mut().zip(g).for_each(|(a, g)| *a += g))
-    })??;
+/// Writes a micro-batch's window result `(rows, t1 − t0)` into its rows
+/// and columns of the whole batch's (batch, seq) `out`.
+fn write_window(out: &Tensor, mb: &Micro, t: &Tensor) -> Result<()> {
+    let (t0, t1) = mb.window.expect("a result has a window");
+    out.f_narrow(0, mb.start as i64, mb.seqs.batch_size() as i64)?
+        .f_narrow(1, t0 as i64, (t1 - t0) as i64)?
+        .f_copy_(t)?;
     Ok(())
-}
-
-thread_local! {
-    static WARM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Makes this thread's lazily allocated library buffers exist *before* a
-/// region opens: gemm keeps a per-thread packing slab (the size of the L2
-/// cache) that it allocates at the thread's first matrix product and keeps
-/// for the thread's life. Made inside `region(activations)`, it would be a
-/// permanent allocation of that tag, and a pause of the tag would unmap
-/// memory gemm still uses.
-fn warm_thread_locals() -> Result<()> {
-    if !WARM.with(|w| w.get()) {
-        let a = Tensor::ones((64, 64), DType::F32, &Device::Cpu)?;
-        a.matmul(&a)?;
-        WARM.with(|w| w.set(true));
-    }
-    Ok(())
-}
-
-/// A copy of `t` in ordinary (heap) memory, detached.
-fn to_heap(t: &Tensor) -> Result<Tensor> {
-    let data = t.flatten_all()?.to_vec1::<f32>()?;
-    Ok(Tensor::from_vec(data, t.shape(), &Device::Cpu)?)
 }
 
 impl crate::TrainEngine for ColoTrainer {
@@ -425,7 +476,11 @@ impl crate::TrainEngine for ColoTrainer {
     }
 
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.model.named_parameters()
+        self.model
+            .named_parameters()
+            .into_iter()
+            .map(|(n, t)| (n, t.detach()))
+            .collect()
     }
 
     fn step(&self) -> u64 {

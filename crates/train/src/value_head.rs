@@ -4,46 +4,50 @@
 
 use std::sync::Arc;
 
-use candle_core::{Device, Tensor, Var};
 use colo_mem::{tags, Pool};
+use tch::{Device, Kind, Tensor};
 
-use crate::buffers::var_in;
+use crate::buffers::copy_in;
+use crate::trainer::ValueHeadConfig;
 use crate::Result;
 
 /// The head's parameter name in checkpoints and in [`crate::ColoTrainer::gradients`].
 pub const VALUE_HEAD_WEIGHT: &str = "v_head.weight";
 
 /// `value = hidden · wᵀ`, `w`: (1, hidden), a parameter of the engine.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ValueHead {
-    weight: Var,
+    weight: Tensor,
 }
 
 impl ValueHead {
     /// A head with weights drawn from N(0, std²) by a seeded generator, so
-    /// two engines built alike start alike. The weights are allocated in the
-    /// `train_params` tag.
-    pub(crate) fn new(pool: &Arc<Pool>, hidden: usize, std: f64, seed: u64) -> Result<Self> {
-        let w = Tensor::from_vec(normal(hidden, std, seed), (1, hidden), &Device::Cpu)?;
+    /// two engines built alike start alike (whatever libtorch's global
+    /// generator did). The weight is allocated in the `train_params` tag,
+    /// in `kind` on `device`, and requires a gradient.
+    pub(crate) fn new(
+        pool: &Arc<Pool>,
+        hidden: usize,
+        cfg: &ValueHeadConfig,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Self> {
+        let w = Tensor::f_from_slice(&normal(hidden, cfg.init_std, cfg.seed))?
+            .f_view([1, hidden as i64])?;
         Ok(ValueHead {
-            weight: var_in(pool, tags::TRAIN_PARAMS, &w)?,
+            weight: copy_in(pool, tags::TRAIN_PARAMS, &w, kind, device, true)?,
         })
     }
 
+    /// The weight (1, hidden): the engine's parameter itself.
     pub fn weight(&self) -> &Tensor {
-        self.weight.as_tensor()
+        &self.weight
     }
 
-    /// Values of hidden states: (batch, len, hidden) → (batch, len); with
-    /// a graph to the head's weight if `grad`.
-    pub fn forward(&self, hidden: &Tensor, grad: bool) -> Result<Tensor> {
-        let (b, l, h) = hidden.dims3()?;
-        let w = match grad {
-            true => self.weight.as_tensor().clone(),
-            false => self.weight.as_tensor().detach(),
-        };
-        let v = hidden.reshape((b * l, h))?.matmul(&w.t()?)?;
-        Ok(v.reshape((b, l))?)
+    /// Values of hidden states: (batch, len, hidden) → (batch, len), in
+    /// the head's kind; differentiable unless run under `tch::no_grad`.
+    pub fn forward(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(hidden.f_matmul(&self.weight.f_tr()?)?.f_squeeze_dim(-1)?)
     }
 }
 

@@ -4,10 +4,10 @@
 
 mod common;
 
-use candle_core::{DType, Device};
 use colo_model::Checkpoint;
 use colo_train::{LossConfig, TrainEngine, ValueHeadConfig};
 use common::*;
+use tch::{Device, Kind, Tensor};
 
 #[test]
 fn resume_from_a_checkpoint_gives_identical_steps() {
@@ -78,10 +78,10 @@ fn the_model_half_is_a_hugging_face_checkpoint_and_saves_replace_atomically() {
             .unwrap();
     assert_eq!(state["step"], 2);
     // colo-model (and so transformers) loads it, with the trained weights.
-    let ckpt = Checkpoint::from_dir(&dir, DType::F32, &Device::Cpu).unwrap();
-    let ids = seqs().input_ids().clone();
-    let want = e.model().unwrap().forward(&ids).unwrap();
-    let got = ckpt.model.forward(&ids).unwrap();
+    let ckpt = Checkpoint::from_dir(&dir, Kind::Float, Device::Cpu).unwrap();
+    let ids = seqs().input_ids().shallow_clone();
+    let want = tch::no_grad(|| e.model().unwrap().forward(&ids).unwrap());
+    let got = tch::no_grad(|| ckpt.model.forward(&ids).unwrap());
     assert_eq!(to_vec(&got), to_vec(&want));
 }
 
@@ -107,13 +107,45 @@ fn a_checkpoint_of_the_wrong_shape_is_an_error_naming_the_tensor() {
     // Optimizer state of the wrong shape, under the right model.
     let mut other = engine("tiny-qwen2", 2);
     let opt = dir.join("optimizer.safetensors");
-    let t = candle_core::Tensor::zeros((3, 3), DType::F32, &Device::Cpu).unwrap();
-    let mut moments = candle_core::safetensors::load(&opt, &Device::Cpu).unwrap();
-    moments.insert("model.norm.weight.exp_avg".into(), t);
-    candle_core::safetensors::save(&moments, &opt).unwrap();
+    let t = Tensor::zeros([3, 3], (Kind::Float, Device::Cpu));
+    let mut moments = Tensor::read_safetensors(&opt).unwrap();
+    for (name, m) in &mut moments {
+        if name == "model.norm.weight.exp_avg" {
+            *m = t.shallow_clone();
+        }
+    }
+    Tensor::write_safetensors(&moments, &opt).unwrap();
     let msg = other.load_checkpoint(&dir).unwrap_err().to_string();
     assert!(
         msg.contains("`model.norm.weight.exp_avg`") && msg.contains("[3, 3]"),
         "{msg}"
+    );
+}
+
+/// A bf16 engine's checkpoint holds its float32 master weights, and
+/// resuming from it gives the same steps.
+#[test]
+fn bf16_resume_restores_master_weights() {
+    let dir = scratch_dir("bf16").join("ckpt");
+    let mut cfg = config(2);
+    cfg.kind = Kind::BFloat16;
+    let mut a = engine_with("tiny-qwen2", &cfg);
+    let batch = seqs();
+    a.sft_step(&batch).unwrap();
+    a.save_checkpoint(&dir).unwrap();
+    let names: Vec<String> = Tensor::read_safetensors(dir.join("optimizer.safetensors"))
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert!(names.contains(&"model.norm.weight.master".to_owned()));
+    let a2 = a.sft_step(&batch).unwrap();
+    let mut b = engine_with("tiny-qwen2", &cfg);
+    b.load_checkpoint(&dir).unwrap();
+    let b2 = b.sft_step(&batch).unwrap();
+    assert_eq!(a2, b2);
+    assert!(
+        state_bits(&a) == state_bits(&b),
+        "states differ after resuming"
     );
 }

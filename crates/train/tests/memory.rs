@@ -22,12 +22,12 @@ fn pool_rss(e: &ColoTrainer) -> u64 {
 fn placements(e: &ColoTrainer) -> Vec<(u64, &'static str)> {
     let mut out = vec![];
     for ((_, p), (_, g)) in e.parameters().iter().zip(e.gradients()) {
-        out.push((storage_addr(p).unwrap(), tags::TRAIN_PARAMS));
-        out.push((storage_addr(&g).unwrap(), tags::TRAIN_GRADS));
+        out.push((storage_addr(p), tags::TRAIN_PARAMS));
+        out.push((storage_addr(&g), tags::TRAIN_GRADS));
     }
     for (_, m, v) in e.optimizer_state() {
-        out.push((storage_addr(&m).unwrap(), tags::OPTIMIZER));
-        out.push((storage_addr(&v).unwrap(), tags::OPTIMIZER));
+        out.push((storage_addr(&m), tags::OPTIMIZER));
+        out.push((storage_addr(&v), tags::OPTIMIZER));
     }
     out
 }
@@ -66,6 +66,16 @@ fn state_lives_in_its_tags_and_updates_stay_in_place() {
             after.tag(tag).unwrap().allocations,
             stats.tag(tag).unwrap().allocations
         );
+    }
+    // Gradients live in the accumulators only: autograd keeps none.
+    for (n, p) in e.model().unwrap().named_parameters() {
+        assert!(p.requires_grad(), "`{n}` is not trained");
+        assert!(!p.grad().defined(), "`{n}` has a .grad");
+    }
+    // What scoring returns is ordinary memory, not the discardable tag.
+    let scores = e.score(&batch.seqs, true).unwrap();
+    for t in [&scores.log_probs, scores.entropy.as_ref().unwrap()] {
+        assert_eq!(e.pool().tag_of(storage_addr(t)), None);
     }
     // Passes ran in the activations tag, and its cache goes back on request.
     assert!(tag_resident(&e, tags::ACTIVATIONS) > 0);

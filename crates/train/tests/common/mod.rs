@@ -4,11 +4,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use candle_core::{Device, Tensor};
 use colo_mem::{Pool, PoolConfig};
 use colo_train::{
     ColoTrainer, MicroBatchConfig, OptimConfig, PolicyBatch, SeqBatch, TrainEngine, TrainerConfig,
 };
+use tch::{Kind, Tensor};
 
 pub const MODELS: [&str; 2] = ["tiny-qwen2", "tiny-llama"];
 
@@ -39,7 +39,7 @@ pub fn config(micro_batch_size: usize) -> TrainerConfig {
             micro_batch_size,
             score_micro_batch_size: None,
         },
-        value_head: None,
+        ..Default::default()
     }
 }
 
@@ -80,7 +80,7 @@ pub fn advantages(seqs: &SeqBatch) -> Tensor {
     let v: Vec<f32> = (0..b * s)
         .map(|k| ((k * 7) % 5) as f32 * 0.5 - 1.0)
         .collect();
-    (Tensor::from_vec(v, (b, s), &Device::Cpu).unwrap() * seqs.response_mask()).unwrap()
+    Tensor::from_slice(&v).view([b as i64, s as i64]) * seqs.response_mask()
 }
 
 /// An on-policy batch: old log-probs scored by the engine itself, and a
@@ -88,13 +88,19 @@ pub fn advantages(seqs: &SeqBatch) -> Tensor {
 pub fn policy_batch(e: &mut ColoTrainer) -> PolicyBatch {
     let seqs = seqs();
     let old = e.score(&seqs, false).unwrap().log_probs;
-    let reference = (&old - 0.1).unwrap();
+    let reference = &old - 0.1;
     let adv = advantages(&seqs);
     PolicyBatch::new(seqs, &old, &adv, Some(&reference), None).unwrap()
 }
 
+/// Every element as float32, flattened.
 pub fn to_vec(t: &Tensor) -> Vec<f32> {
-    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    Vec::<f32>::try_from(&t.flatten(0, -1).to_kind(Kind::Float)).unwrap()
+}
+
+/// A (batch, seq) tensor as host rows of float32.
+pub fn rows(t: &Tensor) -> Vec<Vec<f32>> {
+    Vec::<Vec<f32>>::try_from(&t.to_kind(Kind::Float)).unwrap()
 }
 
 /// ‖a − b‖ / ‖b‖.
@@ -109,7 +115,7 @@ pub fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
-/// Every parameter and moment, as bits.
+/// Every parameter, moment and master weight, as bits.
 pub fn state_bits(e: &ColoTrainer) -> Vec<Vec<u32>> {
     let mut out: Vec<Vec<u32>> = e
         .parameters()
@@ -119,6 +125,9 @@ pub fn state_bits(e: &ColoTrainer) -> Vec<Vec<u32>> {
     for (_, m, v) in e.optimizer_state() {
         out.push(to_vec(&m).iter().map(|x| x.to_bits()).collect());
         out.push(to_vec(&v).iter().map(|x| x.to_bits()).collect());
+    }
+    for (_, w) in e.master_weights() {
+        out.push(to_vec(&w).iter().map(|x| x.to_bits()).collect());
     }
     out
 }
