@@ -9,6 +9,11 @@
 //! outside the region, by in-place ops (`copy_`, `zero_`, the optimizer's
 //! arithmetic) that keep the storage, so a buffer never moves to another
 //! allocation and never leaves its tag.
+//!
+//! On a CUDA pool the region routes libtorch's caching allocator to the
+//! tag's `MemPool`, whose segments are the pool's allocations; a buffer is
+//! then a block inside one of the tag's segments (same address and tag for
+//! good, but not necessarily an allocation's start).
 
 use std::sync::Arc;
 

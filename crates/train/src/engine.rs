@@ -16,8 +16,8 @@ use crate::Result;
 
 /// Per-token results of a no-grad scoring pass, (batch, seq) float32,
 /// aligned with the tokens (column `t`: token `t` given the ones before
-/// it), zero outside the response mask, on the engine's device, in
-/// ordinary memory (not in a discardable pool tag).
+/// it), zero outside the response mask, on the CPU whatever the engine's
+/// device, in ordinary memory (not in a discardable pool tag).
 #[derive(Debug)]
 pub struct Scores {
     pub log_probs: Tensor,
@@ -94,11 +94,12 @@ pub struct CriticMetrics {
 /// the tokens.
 pub trait TrainEngine {
     /// Log-probabilities (and entropy) of the response tokens without a
-    /// gradient, in micro-batches: old and reference log-probs.
+    /// gradient, in micro-batches: old and reference log-probs, (batch,
+    /// seq) float32 on the CPU.
     fn score(&mut self, batch: &SeqBatch, with_entropy: bool) -> Result<Scores>;
 
-    /// The critic's value of each response token, no gradient. Needs a
-    /// value head.
+    /// The critic's value of each response token, no gradient, (batch,
+    /// seq) float32 on the CPU. Needs a value head.
     fn values(&mut self, batch: &SeqBatch) -> Result<Tensor>;
 
     /// One optimizer step on the policy loss (PPO/GSPO, optional entropy

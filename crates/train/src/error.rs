@@ -40,7 +40,7 @@ pub enum Error {
     NoValueHead { op: &'static str },
 
     /// A dtype or device the engine cannot run on (a kind other than
-    /// float32 / bfloat16, CUDA without a GPU).
+    /// float32 / bfloat16, CUDA without a GPU, a pool of another device).
     #[error("unsupported {what}: {found}")]
     Unsupported { what: &'static str, found: String },
 

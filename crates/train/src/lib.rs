@@ -82,11 +82,16 @@
 //! - **Results are not in discardable memory.** Scoring writes each
 //!   micro-batch's small (rows, window) result into (batch, seq) tensors
 //!   made outside any region; the large tensors never leave the pass.
+//!   Callers build batches on the CPU and read results on the CPU: the
+//!   engine moves each micro-batch to its device and hands log-probs,
+//!   entropy and values back as float32 CPU tensors (no copy on the CPU).
 //! - **Mixed precision for bf16**: float32 accumulators, moments and
 //!   master weights, float32 log-probabilities.
 //! - **Misuse is an error**: training while something is offloaded,
 //!   offloading twice, a checkpoint of the wrong shape (naming the tensor),
-//!   CUDA without a GPU.
+//!   CUDA without a GPU, a pool of another device than the engine's (a
+//!   CUDA engine needs a CUDA pool, whose regions route libtorch's CUDA
+//!   allocations into the tags).
 
 pub mod adamw;
 pub mod batch;

@@ -29,7 +29,8 @@ use crate::adamw::AdamW;
 use crate::batch::{chunks, Micro, SeqBatch};
 use crate::buffers::{copy_in, done, zeros_in};
 use crate::config::{
-    check_target, device_serde, kind_serde, MicroBatchConfig, MicroBatches, Optim, OptimConfig,
+    check_target, device_name, device_serde, kind_serde, MicroBatchConfig, MicroBatches, Optim,
+    OptimConfig,
 };
 use crate::engine::{Scores, StepStats};
 use crate::forward::Entropy;
@@ -122,6 +123,7 @@ impl ColoTrainer {
         let micro = cfg.micro_batch.validate()?;
         let (kind, device) = (cfg.kind, cfg.device);
         check_target(kind, device)?;
+        check_pool(&pool, device)?;
         for tag in [tags::TRAIN_PARAMS, tags::TRAIN_GRADS, tags::OPTIMIZER] {
             pool.set_policy(tag, Policy::Backup)?;
         }
@@ -290,17 +292,18 @@ impl ColoTrainer {
     }
 
     /// Scores `batch` in micro-batches without a gradient. Each
-    /// micro-batch's window is written into (batch, seq) results made
-    /// outside any region, so what the caller keeps is not in the
-    /// discardable `activations` tag.
+    /// micro-batch's window is written into (batch, seq) results made on
+    /// the engine's device outside any region, so what the caller keeps is
+    /// not in the discardable `activations` tag; they are handed back as
+    /// float32 CPU tensors (one device-to-host copy on a GPU, none on the
+    /// CPU).
     pub(crate) fn score_batch(&self, batch: &SeqBatch, with_entropy: bool) -> Result<Scores> {
         require_resident(&self.pool, "score a batch", &[PARAMS])?;
         let ent = match with_entropy {
             true => Entropy::Detached,
             false => Entropy::None,
         };
-        let shape = [batch.batch_size() as i64, batch.seq_len() as i64];
-        let out = || Tensor::f_zeros(shape, (Kind::Float, self.device));
+        let out = || self.per_token_out(batch);
         let (log_probs, entropy) = (out()?, with_entropy.then(out).transpose()?);
         let _no_grad = tch::no_grad_guard();
         for (start, len) in chunks(batch.batch_size(), self.micro.score) {
@@ -313,10 +316,21 @@ impl ColoTrainer {
                 write_window(out, &mb, &e)?;
             }
         }
-        Ok(Scores { log_probs, entropy })
+        Ok(Scores {
+            log_probs: to_host(log_probs)?,
+            entropy: entropy.map(to_host).transpose()?,
+        })
     }
 
-    /// Values of `batch` in micro-batches without a gradient.
+    /// A zero (batch, seq) float32 result on the engine's device, made
+    /// outside any region.
+    fn per_token_out(&self, batch: &SeqBatch) -> Result<Tensor> {
+        let shape = [batch.batch_size() as i64, batch.seq_len() as i64];
+        Ok(Tensor::f_zeros(shape, (Kind::Float, self.device))?)
+    }
+
+    /// Values of `batch` in micro-batches without a gradient, as a
+    /// float32 CPU tensor (like [`Self::score_batch`]).
     pub(crate) fn value_batch(&self, batch: &SeqBatch) -> Result<Tensor> {
         require_resident(&self.pool, "compute values", &[PARAMS])?;
         if self.value_head.is_none() {
@@ -324,8 +338,7 @@ impl ColoTrainer {
                 op: "compute values",
             });
         }
-        let shape = [batch.batch_size() as i64, batch.seq_len() as i64];
-        let out = Tensor::f_zeros(shape, (Kind::Float, self.device))?;
+        let out = self.per_token_out(batch)?;
         let _no_grad = tch::no_grad_guard();
         for (start, len) in chunks(batch.batch_size(), self.micro.score) {
             let mb = batch.micro(start, len, self.device)?;
@@ -333,7 +346,7 @@ impl ColoTrainer {
                 write_window(&out, &mb, &v)?;
             }
         }
-        Ok(out)
+        to_host(out)
     }
 
     /// One optimizer step: run `micro_loss` on each micro-batch of `batch`
@@ -422,6 +435,33 @@ impl ColoTrainer {
         stats.updated = true;
         Ok(stats)
     }
+}
+
+/// The pool must hold the engine's device memory (a host pool for the
+/// CPU, a CUDA pool of the same GPU for CUDA): otherwise the regions would
+/// leave the engine's tensors outside their tags, and offloads would
+/// release nothing.
+fn check_pool(pool: &Pool, device: Device) -> Result<()> {
+    let pool_device = pool
+        .cuda_device()
+        .map_or(Device::Cpu, |i| Device::Cuda(i as usize));
+    match pool_device == device {
+        true => Ok(()),
+        false => Err(Error::Unsupported {
+            what: "pool",
+            found: format!(
+                "the engine runs on {} but its pool ({}) holds {} memory",
+                device_name(device),
+                pool.backend_name(),
+                device_name(pool_device)
+            ),
+        }),
+    }
+}
+
+/// A result as callers read it: on the CPU (a no-op for a CPU engine).
+fn to_host(t: Tensor) -> Result<Tensor> {
+    Ok(t.f_to_device(Device::Cpu)?)
 }
 
 /// Writes a micro-batch's window result `(rows, t1 − t0)` into its rows

@@ -24,6 +24,7 @@ fn score_matches_unpadded_rows_and_ignores_micro_batching() {
         let b = many.score(&seqs, true).unwrap();
         assert_eq!(a.log_probs.size(), [4, seqs.seq_len() as i64]);
         assert_eq!(a.log_probs.kind(), Kind::Float);
+        assert_eq!(a.log_probs.device(), Device::Cpu);
         let d = rel_diff(&a.log_probs, &b.log_probs);
         assert!(
             d < 1e-5,
@@ -286,7 +287,10 @@ fn bf16_engine_scores_close_to_f32_and_learns() {
     let seqs = seqs();
     let a = f32_engine.score(&seqs, true).unwrap();
     let b = e.score(&seqs, true).unwrap();
+    // Results are float32 on the CPU whatever the engine's kind.
     assert_eq!(b.log_probs.kind(), Kind::Float);
+    let ent = b.entropy.as_ref().unwrap();
+    assert_eq!((ent.kind(), ent.device()), (Kind::Float, Device::Cpu));
     // bf16 weights and activations: about three significant digits.
     let d = rel_diff(&b.log_probs, &a.log_probs);
     assert!(d < 0.05, "bf16 log-probs differ from f32 by {d:e}");
@@ -331,4 +335,58 @@ fn trainer_config_reads_kind_and_device_by_name() {
         .unwrap_err()
         .to_string();
     assert!(msg.contains("kind"), "{msg}");
+}
+
+/// On a GPU (`--features cuda`): an engine on CUDA over a CUDA pool takes
+/// batches built on the CPU, keeps its state in the pool's tags, gives
+/// float32 CPU results close to the CPU engine's, and learns; a host pool
+/// for a CUDA engine is an error. Without a GPU there is nothing to run.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_engine_takes_cpu_batches_and_gives_cpu_results() {
+    use colo_mem::{cuda::CudaBackend, tags, Pool, PoolConfig};
+    if !tch::Cuda::is_available() {
+        return;
+    }
+    let mut cfg = config(2);
+    let mut cpu = engine_with("tiny-qwen2", &cfg);
+    cfg.device = Device::Cuda(0);
+    let host = Pool::host(PoolConfig::default()).unwrap();
+    let err = colo_train::ColoTrainer::from_dir(host, &fixture_dir("tiny-qwen2"), &cfg)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("pool"), "{err}");
+    let pool = Pool::new(
+        Box::new(CudaBackend::new(0).unwrap()),
+        PoolConfig::default(),
+    )
+    .unwrap();
+    let mut e = colo_train::ColoTrainer::from_dir(pool, &fixture_dir("tiny-qwen2"), &cfg).unwrap();
+    // On CUDA the caching allocator sub-allocates the tag's segments, so
+    // a tensor is inside the pool's range rather than at an allocation's
+    // start.
+    for (_, p) in e.parameters() {
+        assert_eq!(p.device(), Device::Cuda(0));
+        assert!(e.pool().contains(colo_train::storage_addr(&p)));
+    }
+    let (param_bytes, _, _) = e.state_bytes();
+    let resident = e
+        .pool()
+        .stats()
+        .tag(tags::TRAIN_PARAMS)
+        .unwrap()
+        .resident_bytes;
+    assert!(resident >= param_bytes, "{resident} < {param_bytes}");
+    let seqs = seqs();
+    let a = cpu.score(&seqs, true).unwrap();
+    let b = e.score(&seqs, true).unwrap();
+    assert_eq!(b.log_probs.device(), Device::Cpu);
+    let d = rel_diff(&b.log_probs, &a.log_probs);
+    assert!(d < 1e-4, "CUDA log-probs differ from the CPU's by {d:e}");
+    let adv = advantages(&seqs);
+    let batch = PolicyBatch::new(seqs.clone(), &b.log_probs, &adv, None, None).unwrap();
+    let m = e.update_policy(&batch, &LossConfig::default()).unwrap();
+    assert!(m.grad_norm.is_finite() && m.grad_norm > 0.0, "{m:?}");
+    let ms: Vec<f64> = (0..4).map(|_| e.sft_step(&seqs).unwrap().loss).collect();
+    assert!(ms[3] < ms[0], "{ms:?}");
 }
