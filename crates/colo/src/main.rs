@@ -31,6 +31,8 @@ enum Command {
     Generate(cmd::generate::Args),
     /// Plan memory per phase, device mapping and resharding (arithmetic only, no devices needed).
     Plan(Box<cmd::plan::Args>),
+    /// Check colo on a CUDA device: model parity, colo-mem's CUDA pool under libtorch, `colo train`; one summary.
+    GpuCheck(cmd::gpu_check::Args),
     /// Supervised fine-tuning of the built-in model on the built-in task (made `colo train`'s starting checkpoint).
     Sft(cmd::sft::Args),
 }
@@ -55,5 +57,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(a) => cmd::generate::run(a),
         Command::Plan(a) => cmd::plan::run(*a),
         Command::Sft(a) => cmd::sft::run(a),
+        Command::GpuCheck(a) => cmd::gpu_check::run(a),
     }
 }

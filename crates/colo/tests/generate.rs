@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use candle_core::{DType, Device, Tensor};
+use tch::{Device, Kind, Tensor};
 use colo_model::{loss, Checkpoint};
 
 fn fixture(name: &str) -> PathBuf {
@@ -59,13 +59,11 @@ fn greedy_ids_reproduce_the_fixture_and_logprobs_the_model() {
     );
     assert_eq!(c["finish_reason"], "length");
 
-    let ckpt = Checkpoint::from_dir(&dir, DType::F32, &Device::Cpu).unwrap();
-    let input = Tensor::new(full.as_slice(), &Device::Cpu)
-        .unwrap()
-        .unsqueeze(0)
-        .unwrap();
+    let ckpt = Checkpoint::from_dir(&dir, Kind::Float, Device::Cpu).unwrap();
+    let full: Vec<i64> = full.iter().map(|&t| t as i64).collect();
+    let input = Tensor::from_slice(&full).unsqueeze(0);
     let lp = loss::next_token_logprobs(&ckpt.model.forward(&input).unwrap(), &input).unwrap();
-    let lp: Vec<f32> = lp.squeeze(0).unwrap().to_vec1().unwrap();
+    let lp = Vec::<f32>::try_from(lp.squeeze_dim(0)).unwrap();
     let got: Vec<f32> = serde_json::from_value(c["logprobs"].clone()).unwrap();
     for (a, b) in got.iter().zip(&lp[prompt.len() - 1..]) {
         assert!((a - b).abs() <= 1e-4, "{a} vs {b}");

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use candle_core::{DType, Device, Tensor};
+use tch::{Device, Kind, Tensor};
 use colo_model::{loss, Checkpoint};
 
 fn fixture(name: &str) -> PathBuf {
@@ -30,24 +30,18 @@ fn colo_score(args: &[&str]) -> Vec<f32> {
 }
 
 fn library_logprobs(ckpt: &Checkpoint, ids: &[u32]) -> Vec<f32> {
-    let input = Tensor::new(ids, &Device::Cpu)
-        .unwrap()
-        .unsqueeze(0)
-        .unwrap();
+    let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+    let input = Tensor::from_slice(&ids).unsqueeze(0);
     let logits = ckpt.model.forward(&input).unwrap();
-    loss::next_token_logprobs(&logits, &input)
-        .unwrap()
-        .squeeze(0)
-        .unwrap()
-        .to_vec1()
-        .unwrap()
+    let lp = loss::next_token_logprobs(&logits, &input).unwrap();
+    Vec::<f32>::try_from(lp.squeeze_dim(0)).unwrap()
 }
 
 #[test]
 fn score_ids_and_text_match_the_library() {
     for name in ["tiny-qwen2", "tiny-llama"] {
         let dir = fixture(name);
-        let ckpt = Checkpoint::from_dir(&dir, DType::F32, &Device::Cpu).unwrap();
+        let ckpt = Checkpoint::from_dir(&dir, Kind::Float, Device::Cpu).unwrap();
         let text = "Question: what is 12 + 7? Answer: 19";
         let ids = ckpt.tokenizer.as_ref().unwrap().encode(text, true).unwrap();
         let expected = library_logprobs(&ckpt, &ids);

@@ -71,7 +71,7 @@ pub enum Error {
     Algo(Box<colo_algo::Error>),
 
     #[error("tensor: {0}")]
-    Candle(Box<candle_core::Error>),
+    Torch(Box<tch::TchError>),
 
     /// A phase of the colocated step was asked for in the wrong state.
     #[error("hybrid worker: cannot {op}: {state}")]
@@ -126,5 +126,5 @@ boxed_from!(
     Rollout(colo_rollout::Error),
     Mem(colo_mem::Error),
     Algo(colo_algo::Error),
-    Candle(candle_core::Error),
+    Torch(tch::TchError),
 );

@@ -18,11 +18,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::Tensor;
+use tch::Tensor;
 use colo_algo::kl::{apply_kl_penalty, KlController};
 use colo_algo::mismatch::mismatch_metrics;
 use colo_algo::{compute_advantage, AdvEstimator, AdvantageInputs};
-use colo_mem::{Pool, PoolConfig};
 use colo_model::Tokenizer;
 use colo_rollout::{FinishReason, Request, SamplingParams};
 use colo_train::{
@@ -89,7 +88,7 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
             state: "the tokenizer has no end-of-sequence token".into(),
         })?;
     let pad = tokenizer.special.pad.as_ref().map_or(eos, |t| t.id);
-    let pool = Pool::host(PoolConfig::with_capacity(device_capacity(config)?))?;
+    let pool = crate::setup::make_pool(config)?;
     let spec = WorkerSpec {
         model_dir: model_dir.clone(),
         actor: trainer_config(config),
@@ -319,8 +318,8 @@ impl Run<'_> {
                 let rows = k * plan.mini_batch_samples..(k + 1) * plan.mini_batch_samples;
                 let mb = rollouts.seq_batch(rows.clone(), self.pad)?;
                 let cut = |t: &Tensor| -> Result<Tensor> {
-                    Ok(t.narrow(0, rows.start, rows.len())?
-                        .narrow(1, 0, mb.seq_len())?)
+                    Ok(t.f_narrow(0, rows.start as i64, rows.len() as i64)?
+                        .f_narrow(1, 0, mb.seq_len() as i64)?)
                 };
                 let pb = PolicyBatch::new(
                     mb.clone(),
@@ -373,7 +372,7 @@ impl Run<'_> {
             score_mean: mean_f32(&scores),
             score_max: scores.iter().copied().fold(f32::MIN, f32::max) as f64,
             score_min: scores.iter().copied().fold(f32::MAX, f32::min) as f64,
-            rewards_mean: rewards.sum_all()?.to_scalar::<f32>()? as f64 / n as f64,
+            rewards_mean: rewards.f_sum(tch::Kind::Double)?.double_value(&[]) / n as f64,
             vf_loss: mean_of(&critic_updates, |m| m.vf_loss),
             vf_clipfrac: mean_of(&critic_updates, |m| m.vf_clipfrac),
             vpred_mean: mean_of(&critic_updates, |m| m.vpred_mean),
@@ -500,7 +499,7 @@ impl Run<'_> {
 /// A (samples, max_response_len) tensor as one `Vec` per row, as long as
 /// the row's response.
 fn rows_of(t: &Tensor, rollouts: &Rollouts) -> Result<Vec<Vec<f32>>> {
-    Ok(t.to_vec2::<f32>()?
+    Ok(Vec::<Vec<f32>>::try_from(t.f_to_kind(tch::Kind::Float)?)?
         .into_iter()
         .zip(&rollouts.responses)
         .map(|(row, r)| row[..r.len()].to_vec())

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use tch::{Device, Kind, Tensor};
 use colo_mem::{tags, Policy, Pool, TagState};
 use colo_model::{loss::token_logprobs, Model, Weights};
 use colo_train::SeqBatch;
@@ -21,13 +21,14 @@ pub struct Reference {
 }
 
 impl Reference {
-    /// Loads a Hugging Face checkpoint into the `ref` tag of `pool`.
-    pub fn from_dir(pool: Arc<Pool>, dir: &Path) -> Result<Self> {
+    /// Loads a Hugging Face checkpoint into the `ref` tag of `pool`, in
+    /// `kind` on `device`.
+    pub fn from_dir(pool: Arc<Pool>, dir: &Path, kind: Kind, device: Device) -> Result<Self> {
         pool.set_policy(tags::REF, Policy::Backup)?;
         let model = {
             let region = pool.region(tags::REF)?;
             let cfg = colo_model::ModelConfig::from_file(&dir.join("config.json"))?;
-            let w = Weights::from_dir(dir, DType::F32, &Device::Cpu)?;
+            let w = Weights::from_dir(dir, kind, device)?;
             let m = Model::load(&cfg, &w)?;
             drop(w);
             region.finish()?;
@@ -48,16 +49,21 @@ impl Reference {
             });
         }
         let (b, s) = (seqs.batch_size(), seqs.seq_len());
+        let (b, s) = (b as i64, s as i64);
+        let device = self.model.device();
+        let _no_grad = tch::no_grad_guard();
         let mut rows = Vec::new();
         for start in (0..b).step_by(micro.max(1)) {
-            let len = micro.min(b - start);
-            let ids = seqs.input_ids().narrow(0, start, len)?;
-            let mask = seqs.attention_mask().narrow(0, start, len)?;
+            let len = (micro as i64).min(b - start);
+            let ids = seqs.input_ids().f_narrow(0, start, len)?.f_to_device(device)?;
+            let mask = seqs.attention_mask().f_narrow(0, start, len)?.f_to_device(device)?;
             let logits = self.model.forward_masked(&ids, &mask, None)?; // (len, s, vocab)
-            let lp = token_logprobs(&logits.narrow(1, 0, s - 1)?, &ids.narrow(1, 1, s - 1)?)?; // (len, s-1)
-            rows.push(lp.pad_with_zeros(1, 1, 0)?); // column t: token t
+            let lp = token_logprobs(&logits.f_narrow(1, 0, s - 1)?, &ids.f_narrow(1, 1, s - 1)?)?; // (len, s-1)
+            let lp = lp.f_to_kind(Kind::Float)?.f_to_device(Device::Cpu)?;
+            rows.push(lp.f_constant_pad_nd([1, 0])?); // column t: token t
         }
-        Ok((Tensor::cat(&rows, 0)? * seqs.response_mask())?)
+        let mask = seqs.response_mask().f_to_kind(Kind::Float)?;
+        Ok(Tensor::f_cat(&rows, 0)?.f_mul(&mask)?)
     }
 
     /// Moves the weights to host memory (their device memory is released).

@@ -6,7 +6,7 @@
 //! `k·n .. (k+1)·n`, so a mini-batch of whole prompts is a contiguous run
 //! of rows.
 
-use candle_core::{Device, Tensor};
+use tch::Tensor;
 use colo_train::SeqBatch;
 
 use crate::Result;
@@ -73,13 +73,13 @@ impl Rollouts {
             let start = r * seq_len + self.prompts[i].len();
             out[start..start + values[i].len()].copy_from_slice(&values[i]);
         }
-        Ok(Tensor::from_vec(out, (n, seq_len), &Device::Cpu)?)
+        Ok(Tensor::f_from_slice(&out)?.f_view([n as i64, seq_len as i64])?)
     }
 
     /// The inverse of `to_token_layout` for every row: (samples, seq) → one
     /// `Vec` per row, as long as its response.
     pub fn from_token_layout(&self, t: &Tensor) -> Result<Vec<Vec<f32>>> {
-        let rows = t.to_vec2::<f32>()?;
+        let rows = Vec::<Vec<f32>>::try_from(t.f_to_kind(tch::Kind::Float)?)?;
         Ok(rows
             .into_iter()
             .enumerate()
@@ -101,9 +101,10 @@ impl Rollouts {
             v[i * w..i * w + len].copy_from_slice(&values[i]);
             m[i * w..i * w + len].fill(1.0);
         }
+        let shape = [n as i64, w as i64];
         Ok((
-            Tensor::from_vec(v, (n, w), &Device::Cpu)?,
-            Tensor::from_vec(m, (n, w), &Device::Cpu)?,
+            Tensor::f_from_slice(&v)?.f_view(shape)?,
+            Tensor::f_from_slice(&m)?.f_view(shape)?,
         ))
     }
 
@@ -148,14 +149,14 @@ mod tests {
             .to_token_layout(&r.logprobs, 0..2, seqs.seq_len())
             .unwrap();
         assert_eq!(
-            t.to_vec2::<f32>().unwrap(),
+            Vec::<Vec<f32>>::try_from(&t).unwrap(),
             vec![
                 vec![0., 0., 0., -0.5, -0.25, 0.],
                 vec![0., 0., 0., -1., -2., -3.]
             ]
         );
         // Non-zero exactly where the trainer's response mask is 1.
-        let mask = seqs.response_mask().to_vec2::<f32>().unwrap();
+        let mask = Vec::<Vec<f32>>::try_from(seqs.response_mask()).unwrap();
         assert_eq!(
             mask,
             vec![vec![0., 0., 0., 1., 1., 0.], vec![0., 0., 0., 1., 1., 1.]]
@@ -170,11 +171,11 @@ mod tests {
         assert_eq!(rewards, vec![vec![0.0, 1.0], vec![0.0, 0.0, 0.0]]);
         let (v, m) = r.response_layout(&rewards).unwrap();
         assert_eq!(
-            v.to_vec2::<f32>().unwrap(),
+            Vec::<Vec<f32>>::try_from(&v).unwrap(),
             vec![vec![0., 1., 0.], vec![0., 0., 0.]]
         );
         assert_eq!(
-            m.to_vec2::<f32>().unwrap(),
+            Vec::<Vec<f32>>::try_from(&m).unwrap(),
             vec![vec![1., 1., 0.], vec![1., 1., 1.]]
         );
     }

@@ -74,6 +74,29 @@ pub(crate) fn trainer_config(config: &Config) -> colo_train::TrainerConfig {
             score_micro_batch_size: None,
         },
         value_head: None,
+        kind: config.trainer.dtype.kind(),
+        device: config.trainer.device.torch(),
+    }
+}
+
+/// The run's device memory: a host pool (memfd "device" memory) on the CPU,
+/// colo-mem's CUDA backend on a GPU, with the run's capacity.
+pub fn make_pool(config: &Config) -> Result<std::sync::Arc<colo_mem::Pool>> {
+    let cfg = colo_mem::PoolConfig::with_capacity(device_capacity(config)?);
+    match config.trainer.device {
+        crate::config::Device::Cpu => Ok(colo_mem::Pool::host(cfg)?),
+        #[cfg(feature = "cuda")]
+        crate::config::Device::Cuda => {
+            let backend = colo_mem::cuda::CudaBackend::new(0)?;
+            Ok(colo_mem::Pool::new(Box::new(backend), cfg)?)
+        }
+        #[cfg(not(feature = "cuda"))]
+        crate::config::Device::Cuda => Err(Error::Phase {
+            op: "run on trainer.device = \"cuda\"",
+            state: "this colo was built without the `cuda` feature \
+                    (./x cargo build --release --features cuda)"
+                .into(),
+        }),
     }
 }
 

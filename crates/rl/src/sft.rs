@@ -20,7 +20,7 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
+use tch::Tensor;
 use colo_mem::{Pool, PoolConfig};
 use colo_model::{ModelConfig, Tokenizer, Weights};
 use colo_rollout::{Engine, EngineConfig};
@@ -200,6 +200,7 @@ fn trainer_config(cfg: &SftConfig) -> TrainerConfig {
             score_micro_batch_size: None,
         },
         value_head: None,
+        ..TrainerConfig::default()
     }
 }
 
@@ -219,7 +220,7 @@ fn tokenize(data: &Dataset, tok: &Tokenizer) -> Result<Vec<(Vec<u32>, Vec<u32>)>
 
 /// Seeded initial weights for `cfg`, as transformers initialises them
 /// (matrices normal with standard deviation `std`, norms one, biases zero).
-/// colo-model's `Weights::random` draws from candle's unseeded generator;
+/// colo-model's `Weights::random` draws from libtorch's global generator;
 /// a checkpoint that is committed must be reproducible from its command.
 pub fn random_weights(cfg: &ModelConfig, std: f64, seed: u64) -> Result<Weights> {
     let mut tensors = std::collections::HashMap::new();
@@ -233,7 +234,8 @@ pub fn random_weights(cfg: &ModelConfig, std: f64, seed: u64) -> Result<Weights>
             let mut g = SplitMix64::derive(seed, i as u64);
             (0..n).map(|_| (std * normal(&mut g)) as f32).collect()
         };
-        tensors.insert(name, Tensor::from_vec(values, shape, &Device::Cpu)?);
+        let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        tensors.insert(name, Tensor::f_from_slice(&values)?.f_view(shape.as_slice())?);
     }
     Ok(Weights::from_tensors(tensors))
 }
@@ -258,12 +260,7 @@ mod tests {
         let name = "model.layers.0.mlp.up_proj.weight";
         let shape = [cfg.intermediate_size, cfg.hidden_size];
         let get = |w: &Weights| {
-            w.get(name, &shape)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()
+            Vec::<f32>::try_from(w.get(name, &shape).unwrap().flatten(0, -1)).unwrap()
         };
         assert_eq!(get(&a), get(&b));
         assert_ne!(get(&a), get(&c));
@@ -274,11 +271,8 @@ mod tests {
             mean.abs() < 0.002 && (sd - 0.02).abs() < 0.001,
             "{mean} {sd}"
         );
-        let norm = a
-            .get("model.norm.weight", &[cfg.hidden_size])
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let norm =
+            Vec::<f32>::try_from(a.get("model.norm.weight", &[cfg.hidden_size]).unwrap()).unwrap();
         assert!(norm.iter().all(|&x| x == 1.0));
     }
 }

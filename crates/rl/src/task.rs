@@ -35,7 +35,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use candle_core::DType;
+use tch::Kind;
 use colo_model::{Arch, ModelConfig};
 use serde::{Deserialize, Serialize};
 
@@ -191,7 +191,7 @@ pub fn model_config() -> ModelConfig {
 pub fn write_model_files(dir: &Path) -> Result<()> {
     vocab::write_tokenizer(dir)?;
     let path = dir.join("config.json");
-    let text = serde_json::to_string_pretty(&model_config().to_hf_json(DType::F32))?;
+    let text = serde_json::to_string_pretty(&model_config().to_hf_json(Kind::Float))?;
     std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, e))
 }
 

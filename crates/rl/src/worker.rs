@@ -123,7 +123,8 @@ impl HybridWorker {
             .transpose()?;
         let reference = match spec.reference {
             true => {
-                let r = Reference::from_dir(Arc::clone(&pool), model_dir)?;
+                let (kind, device) = (spec.actor.kind, spec.actor.device);
+                let r = Reference::from_dir(Arc::clone(&pool), model_dir, kind, device)?;
                 if memory.offload_ref && memory.colocation != Colocation::Naive {
                     r.offload()?;
                 }
@@ -289,7 +290,7 @@ impl HybridWorker {
         &mut self,
         seqs: &colo_train::SeqBatch,
         micro: usize,
-    ) -> Result<Option<candle_core::Tensor>> {
+    ) -> Result<Option<tch::Tensor>> {
         self.expect("score with the reference", Phase::Train)?;
         let Some(r) = &self.reference else {
             return Ok(None);

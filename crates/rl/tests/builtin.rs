@@ -3,7 +3,7 @@
 
 mod common;
 
-use candle_core::{DType, Device, Tensor};
+use tch::{Device, Kind, Tensor};
 use colo_model::{ChatMessage, Model, ModelConfig, Tokenizer, Weights};
 use colo_rl::task::{self, ArithmeticTask};
 use colo_rl::{vocab, Batches, Config, Dataset, Fields};
@@ -72,15 +72,13 @@ fn model_config_loads_and_runs_with_random_weights() {
     assert!((700_000..900_000).contains(&n), "{n} parameters");
 
     let tok = Tokenizer::from_dir(&dir.0).unwrap();
-    let w = Weights::random(&cfg, 0.02, DType::F32, &Device::Cpu).unwrap();
+    let w = Weights::random(&cfg, 0.02, Kind::Float, Device::Cpu).unwrap();
     let model = Model::load(&cfg, &w).unwrap();
     let ids = tok.encode("12+7=", true).unwrap();
-    let ids = Tensor::new(ids.as_slice(), &Device::Cpu)
-        .unwrap()
-        .unsqueeze(0)
-        .unwrap();
+    let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+    let ids = Tensor::from_slice(&ids).unsqueeze(0);
     let logits = model.forward(&ids).unwrap();
-    assert_eq!(logits.dims(), &[1, 6, vocab::vocab_size()]);
+    assert_eq!(logits.size(), [1, 6, vocab::vocab_size() as i64]);
 }
 
 #[test]

@@ -116,6 +116,7 @@ fn event(t_s: f64, phase: &str, kind: EventKind, tags: &[(&str, u64)]) -> Event 
         duration_s: 0.0,
         resident_bytes: per_tag.values().sum(),
         per_tag,
+        untagged_bytes: 0,
     }
 }
 

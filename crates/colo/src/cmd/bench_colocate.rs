@@ -38,7 +38,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
-use candle_core::{DType, Device};
+use tch::{Device, Kind};
 use colo_mem::fmt_bytes;
 use colo_model::{Arch, Model, ModelConfig, Weights};
 use colo_rl::config::Colocation;
@@ -155,7 +155,7 @@ pub fn run(a: Args) -> Result<()> {
         targets: targets(&modes),
         modes,
         capacity_experiment,
-        load_avg_1m: load_avg(),
+        load_avg_1m: crate::cmd::load_avg_1m(),
         seconds: started.elapsed().as_secs_f64(),
     };
     if a.json {
@@ -226,7 +226,7 @@ impl Setup {
     /// Writes the random-init checkpoint, the tokenizer and the task data.
     fn write(work: &Path, cfg: &ModelConfig, a: &Args) -> Result<Setup> {
         let model = work.join("model");
-        let weights = Weights::random(cfg, 0.02, DType::F32, &Device::Cpu)?;
+        let weights = Weights::random(cfg, 0.02, Kind::Float, Device::Cpu)?;
         Model::load(cfg, &weights)?
             .save_dir(&model)
             .with_context(|| format!("writing the benchmark model into {}", model.display()))?;
@@ -530,11 +530,3 @@ fn capacity_experiment(
     Ok(exp)
 }
 
-fn load_avg() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}

@@ -14,7 +14,7 @@
 use std::time::Instant;
 
 use anyhow::Context;
-use candle_core::{DType, Device, Tensor};
+use tch::{Device, Kind, Tensor};
 use colo_mem::{Pool, PoolConfig};
 use colo_model::{Arch, Model, ModelConfig, Weights};
 use colo_rollout::{sampling, Engine, EngineConfig, Request, SamplingParams};
@@ -96,8 +96,8 @@ fn prompt(i: usize, vocab: u32, stop: u32) -> Vec<u32> {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let cfg = bench_model_config();
-    let dev = Device::Cpu;
-    let weights = Weights::random(&cfg, 0.1, DType::F32, &dev)?;
+    tch::manual_seed(a.seed as i64);
+    let weights = Weights::random(&cfg, 0.1, Kind::Float, Device::Cpu)?;
     let vocab = cfg.vocab_size as u32;
     let prompts: Vec<Vec<u32>> = (0..a.prompts)
         .map(|i| prompt(i, vocab, a.stop_tokens))
@@ -203,8 +203,8 @@ fn baseline(
     let rows: Vec<(usize, usize)> = (0..prompts.len())
         .flat_map(|i| (0..p.n).map(move |s| (i, s)))
         .collect();
-    let mut sampler = sampling::Sampler::default();
     let (mut tokens, mut peak) = (0u64, 0usize);
+    let _no_grad = tch::no_grad_guard();
     for chunk in rows.chunks(batch) {
         let b = chunk.len();
         let width = chunk
@@ -212,30 +212,39 @@ fn baseline(
             .map(|&(i, _)| prompts[i].len())
             .max()
             .unwrap_or(0);
-        let mut ids = vec![0u32; b * width];
-        let mut mask = vec![0u32; b * width];
+        let mut ids = vec![0i64; b * width];
+        let mut mask = vec![0i64; b * width];
         for (r, &(i, _)) in chunk.iter().enumerate() {
             let off = width - prompts[i].len();
-            ids[r * width + off..(r + 1) * width].copy_from_slice(&prompts[i]);
+            for (dst, &t) in ids[r * width + off..(r + 1) * width].iter_mut().zip(&prompts[i]) {
+                *dst = t as i64;
+            }
             mask[r * width + off..(r + 1) * width].fill(1);
         }
         let mut cache = model.new_cache();
-        let mut input = Tensor::from_vec(ids, (b, width), &Device::Cpu)?;
+        let shape = |cols: usize| [b as i64, cols as i64];
+        let mut input = Tensor::from_slice(&ids).view(shape(width));
         let mut done = vec![false; b];
         for step in 0..p.max_new_tokens {
             let len = mask.len() / b;
-            let m = Tensor::from_vec(mask.clone(), (b, len), &Device::Cpu)?;
+            let m = Tensor::from_slice(&mask).view(shape(len));
             let logits = model.forward_with_cache(&input, &mut cache, Some(&m))?;
-            let s = logits.dim(1)?;
-            let last: Vec<Vec<f32>> = logits.narrow(1, s - 1, 1)?.squeeze(1)?.to_vec2()?;
-            let mut next = vec![0u32; b];
-            for (r, &(_, sample)) in chunk.iter().enumerate() {
+            let s = logits.size()[1];
+            let last = logits.narrow(1, s - 1, 1).squeeze_dim(1); // (b, vocab)
+            let draws: Vec<sampling::Draw<'_>> = chunk
+                .iter()
+                .map(|&(_, sample)| sampling::Draw {
+                    params: p,
+                    u: sampling::uniform(p.seed, sample, step),
+                })
+                .collect();
+            let picked = sampling::sample(&last, &draws)?;
+            let mut next = vec![0i64; b];
+            for (r, &(tok, _)) in picked.iter().enumerate() {
                 if done[r] {
                     continue;
                 }
-                let u = sampling::uniform(p.seed, sample, step);
-                let (tok, _) = sampler.sample(&last[r], p, u);
-                next[r] = tok;
+                next[r] = tok as i64;
                 tokens += 1;
                 done[r] = p.stop_token_ids.contains(&tok);
             }
@@ -250,7 +259,7 @@ fn baseline(
                 grown.push(1);
             }
             mask = grown;
-            input = Tensor::from_vec(next, (b, 1), &Device::Cpu)?;
+            input = Tensor::from_slice(&next).view(shape(1));
         }
     }
     Ok((tokens, peak))

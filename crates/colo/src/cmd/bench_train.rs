@@ -1,31 +1,36 @@
 //! `colo bench train`: training-step throughput of colo's engine against a
-//! plain float32 matrix product measured in the same run.
+//! plain matrix product of the same dtype measured in the same run, in
+//! float32 and bfloat16.
 //!
-//! A randomly initialised Qwen2-shaped model of ~12.6 M parameters (the
-//! issue asks for 10–30 M) trains on batches of token sequences of length
-//! 256 with [`colo_train::ColoTrainer::sft_step`]: a full optimizer step —
-//! forward, next-token loss on every token, backward, accumulation into the
+//! A randomly initialised Qwen2-shaped model of ~12.6 M parameters trains on
+//! batches of token sequences of length 256 with
+//! [`colo_train::ColoTrainer::sft_step`]: a full optimizer step — forward,
+//! next-token loss on every token, backward, accumulation into the
 //! `train_grads` tag, clipping and AdamW — with activations in the
 //! `activations` tag of a host pool.
 //!
+//! Per dtype:
 //! - `model_gflop_s` = 6 × parameters × tokens / step time (the usual
 //!   forward + backward estimate, attention's own FLOPs not counted);
-//! - `matmul_gflop_s`: a float32 product of the size of the MLP's up
-//!   projection over the whole batch, (batch·seq, hidden) × (hidden,
-//!   intermediate), on the same threads;
-//! - `ratio` = model / matmul (target ≥ 0.5): how much of the machine's
-//!   matrix-product speed the whole training step keeps.
+//! - `matmul_gflop_s`: a product of the size of the MLP's up projection over
+//!   the whole batch, (batch·seq, hidden) × (hidden, intermediate), in the
+//!   same dtype on the same threads, sampled between the training steps;
+//! - `ratio` = model / matmul (target ≥ 0.6 in float32): how much of the
+//!   machine's matrix-product speed the whole training step keeps.
+//!
+//! And `bf16_speedup` = f32 step time / bf16 step time (target ≥ 2): bf16 on
+//! the CPU runs oneDNN's bf16 kernels (AMX or AVX-512 BF16).
 
 use std::time::Instant;
 
 use anyhow::{ensure, Result};
-use candle_core::{DType, Device, Tensor};
 use colo_mem::{tags, Pool, PoolConfig};
 use colo_model::{Arch, ModelConfig, Weights};
 use colo_train::{
     ColoTrainer, MicroBatchConfig, OptimConfig, SeqBatch, TrainEngine, TrainerConfig,
 };
 use serde::Serialize;
+use tch::{Device, Kind, Tensor};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -38,9 +43,12 @@ pub struct Args {
     /// Rows per micro-batch (gradients accumulate over the step).
     #[arg(long, default_value_t = 4)]
     micro_batch: usize,
-    /// Timed optimizer steps (after one warm-up step).
+    /// Timed optimizer steps per dtype (after one warm-up step).
     #[arg(long, default_value_t = 5)]
     steps: usize,
+    /// Dtypes to measure, comma separated (f32, bf16).
+    #[arg(long, value_delimiter = ',', default_values_t = ["f32".to_string(), "bf16".to_string()])]
+    dtype: Vec<String>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -53,29 +61,34 @@ struct Report {
     seq: usize,
     micro_batch: usize,
     tokens_per_step: usize,
+    runs: Vec<DtypeRun>,
+    /// f32 step time / bf16 step time (target ≥ 2), when both ran.
+    bf16_speedup: Option<f64>,
+    /// libtorch's intra-op threads, and the 1-minute load average at the end
+    /// (a shared machine's other work shows here).
+    threads: i32,
+    load_avg_1m: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct DtypeRun {
+    dtype: String,
     /// Median seconds of one optimizer step.
     step_s: f64,
     tokens_per_s: f64,
     model_gflop_s: f64,
     matmul_gflop_s: f64,
-    /// model_gflop_s / matmul_gflop_s (target ≥ 0.5).
+    /// model_gflop_s / matmul_gflop_s (target ≥ 0.6 in f32).
     ratio: f64,
     /// The loss fell over the timed steps (the engine really trains).
     loss_first: f64,
     loss_last: f64,
-    /// Device bytes per tag after the run (parameters, gradients, optimizer
-    /// state) and the peak of all tags together.
+    /// Device bytes per tag after the run and the peak of all tags.
     train_params_bytes: u64,
     train_grads_bytes: u64,
     optimizer_bytes: u64,
     activations_cached_bytes: u64,
     peak_resident_bytes: u64,
-    /// `CANDLE_NUM_THREADS` (candle's element-wise thread pool; unset: one
-    /// thread per core) and the 1-minute load average during the run: on a
-    /// shared machine the pool's spinning barriers lose much of a step to
-    /// other processes.
-    candle_num_threads: Option<String>,
-    load_avg_1m: Option<f64>,
 }
 
 /// The benchmark model: Qwen2-shaped, tied embeddings, ~12.6 M parameters.
@@ -108,15 +121,15 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// A batch of pseudo-random tokens; every token after the first is trained.
 fn batch(cfg: &ModelConfig, b: usize, s: usize) -> Result<SeqBatch> {
-    let dev = Device::Cpu;
-    let ids = Tensor::rand(0f32, cfg.vocab_size as f32, (b, s), &dev)?.to_dtype(DType::U32)?;
-    let attn = Tensor::ones((b, s), DType::F32, &dev)?;
-    let first = Tensor::zeros((b, 1), DType::F32, &dev)?;
-    let resp = Tensor::cat(&[&first, &attn.narrow(1, 1, s - 1)?], 1)?;
+    let (b, s) = (b as i64, s as i64);
+    let opts = (Kind::Float, Device::Cpu);
+    let ids = Tensor::randint(cfg.vocab_size as i64, [b, s], (Kind::Int64, Device::Cpu));
+    let attn = Tensor::ones([b, s], opts);
+    let resp = Tensor::cat(&[Tensor::zeros([b, 1], opts), Tensor::ones([b, s - 1], opts)], 1);
     Ok(SeqBatch::new(&ids, &attn, &resp)?)
 }
 
-/// Seconds of one (m, k) × (k, n) float32 product, a few times: the
+/// Seconds of one (m, k) × (k, n) product in `kind`, a few times: the
 /// baseline is sampled between training steps so that both see the same
 /// machine (other processes come and go on a shared one).
 struct Matmul {
@@ -127,26 +140,25 @@ struct Matmul {
 }
 
 impl Matmul {
-    fn new(m: usize, k: usize, n: usize) -> Result<Self> {
-        let a = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
-        let b = Tensor::randn(0f32, 1.0, (k, n), &Device::Cpu)?;
-        a.matmul(&b)?;
-        Ok(Matmul {
+    fn new(m: usize, k: usize, n: usize, kind: Kind) -> Self {
+        let a = Tensor::randn([m as i64, k as i64], (kind, Device::Cpu));
+        let b = Tensor::randn([k as i64, n as i64], (kind, Device::Cpu));
+        let _ = a.matmul(&b);
+        Matmul {
             a,
             b,
             flop: 2.0 * (m * k * n) as f64,
             times: vec![],
-        })
+        }
     }
 
-    fn sample(&mut self, reps: usize) -> Result<()> {
+    fn sample(&mut self, reps: usize) {
         for _ in 0..reps {
             let t = Instant::now();
-            let c = self.a.matmul(&self.b)?;
+            let c = self.a.matmul(&self.b);
             std::hint::black_box(&c);
             self.times.push(t.elapsed().as_secs_f64());
         }
-        Ok(())
     }
 
     fn gflop_s(&self) -> f64 {
@@ -154,14 +166,20 @@ impl Matmul {
     }
 }
 
-pub fn run(a: Args) -> Result<()> {
-    ensure!(
-        a.batch > 0 && a.seq >= 2 && a.steps > 0,
-        "batch, seq ≥ 2 and steps must be positive"
-    );
-    let cfg = model_config();
+fn parse_dtype(s: &str) -> Result<Kind> {
+    match s {
+        "f32" | "float32" => Ok(Kind::Float),
+        "bf16" | "bfloat16" => Ok(Kind::BFloat16),
+        other => anyhow::bail!("--dtype: `{other}` is not one of f32, bf16"),
+    }
+}
+
+/// One dtype's measurement: a fresh pool and trainer, one warm-up step,
+/// then `steps` timed steps with matmul samples in between.
+fn measure(a: &Args, cfg: &ModelConfig, name: &str, kind: Kind) -> Result<(DtypeRun, usize)> {
     let pool = Pool::host(PoolConfig::default())?;
-    let weights = Weights::random(&cfg, 0.02, DType::F32, &Device::Cpu)?;
+    tch::manual_seed(0);
+    let weights = Weights::random(cfg, 0.02, kind, Device::Cpu)?;
     let trainer_cfg = TrainerConfig {
         optim: OptimConfig {
             lr: 1e-3,
@@ -171,38 +189,35 @@ pub fn run(a: Args) -> Result<()> {
             micro_batch_size: a.micro_batch,
             score_micro_batch_size: None,
         },
-        value_head: None,
+        kind,
+        device: Device::Cpu,
+        ..Default::default()
     };
-    let mut engine = ColoTrainer::new(pool.clone(), &cfg, &weights, &trainer_cfg)?;
+    let mut engine = ColoTrainer::new(pool.clone(), cfg, &weights, &trainer_cfg)?;
     drop(weights);
-    let data = batch(&cfg, a.batch, a.seq)?;
+    let data = batch(cfg, a.batch, a.seq)?;
 
     let tokens = a.batch * a.seq;
-    let mut mm = Matmul::new(tokens, cfg.hidden_size, cfg.intermediate_size)?;
-    engine.sft_step(&data)?; // warm-up: first-touch pages, gemm buffers
+    let mut mm = Matmul::new(tokens, cfg.hidden_size, cfg.intermediate_size, kind);
+    engine.sft_step(&data)?; // warm-up: first-touch pages, oneDNN primitives
     let mut times = vec![];
     let mut losses = vec![];
     for _ in 0..a.steps {
-        mm.sample(4)?;
+        mm.sample(4);
         let t = Instant::now();
         let m = engine.sft_step(&data)?;
         times.push(t.elapsed().as_secs_f64());
         losses.push(m.loss);
     }
-    mm.sample(4)?;
+    mm.sample(4);
     let step_s = median(times);
     let params = engine.num_parameters();
     let model = 6.0 * params as f64 * tokens as f64 / step_s / 1e9;
     let matmul = mm.gflop_s();
-
     let stats = pool.stats();
     let resident = |tag: &str| stats.tag(tag).map_or(0, |t| t.resident_bytes);
-    let r = Report {
-        parameters: params,
-        batch: a.batch,
-        seq: a.seq,
-        micro_batch: a.micro_batch,
-        tokens_per_step: tokens,
+    let run = DtypeRun {
+        dtype: name.to_string(),
         step_s,
         tokens_per_s: tokens as f64 / step_s,
         model_gflop_s: model,
@@ -215,42 +230,78 @@ pub fn run(a: Args) -> Result<()> {
         optimizer_bytes: resident(tags::OPTIMIZER),
         activations_cached_bytes: resident(tags::ACTIVATIONS),
         peak_resident_bytes: stats.peak_resident_bytes,
-        candle_num_threads: std::env::var("CANDLE_NUM_THREADS").ok(),
-        load_avg_1m: std::fs::read_to_string("/proc/loadavg")
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse().ok()),
+    };
+    Ok((run, params))
+}
+
+pub fn run(a: Args) -> Result<()> {
+    ensure!(
+        a.batch > 0 && a.seq >= 2 && a.steps > 0,
+        "batch, seq ≥ 2 and steps must be positive"
+    );
+    let cfg = model_config();
+    let kinds = a
+        .dtype
+        .iter()
+        .map(|d| Ok((d.clone(), parse_dtype(d)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut runs = vec![];
+    let mut params = 0;
+    for (name, kind) in &kinds {
+        let (run, p) = measure(&a, &cfg, name, *kind)?;
+        params = p;
+        runs.push(run);
+    }
+    let step = |d: &str| runs.iter().find(|r| r.dtype == d).map(|r| r.step_s);
+    let r = Report {
+        parameters: params,
+        batch: a.batch,
+        seq: a.seq,
+        micro_batch: a.micro_batch,
+        tokens_per_step: a.batch * a.seq,
+        bf16_speedup: step("f32").zip(step("bf16")).map(|(f, b)| f / b),
+        runs,
+        threads: tch::get_num_threads(),
+        load_avg_1m: crate::cmd::load_avg_1m(),
     };
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
-    } else {
-        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        return Ok(());
+    }
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    println!(
+        "model          {:.1} M parameters, {} × {} tokens per step (micro-batch {}), {} threads, load {:.2}",
+        params as f64 / 1e6,
+        a.batch,
+        a.seq,
+        a.micro_batch,
+        r.threads,
+        r.load_avg_1m.unwrap_or(f64::NAN)
+    );
+    for x in &r.runs {
         println!(
-            "model          {:.1} M parameters, {} × {} tokens per step (micro-batch {})",
-            params as f64 / 1e6,
-            a.batch,
-            a.seq,
-            a.micro_batch
+            "{:<5} step {:.1} ms  {:.0} tokens/s  model {:.1} GFLOP/s  matmul {:.1} GFLOP/s  ratio {:.2}{}  loss {:.3} → {:.3}",
+            x.dtype,
+            x.step_s * 1e3,
+            x.tokens_per_s,
+            x.model_gflop_s,
+            x.matmul_gflop_s,
+            x.ratio,
+            if x.dtype == "f32" { " (target ≥ 0.6)" } else { "" },
+            x.loss_first,
+            x.loss_last
         );
         println!(
-            "step           {:.1} ms   {:.0} tokens/s",
-            step_s * 1e3,
-            r.tokens_per_s
+            "      memory (MiB) params {:.1}  grads {:.1}  optimizer {:.1}  activations cache {:.1}  peak {:.1}",
+            mib(x.train_params_bytes),
+            mib(x.train_grads_bytes),
+            mib(x.optimizer_bytes),
+            mib(x.activations_cached_bytes),
+            mib(x.peak_resident_bytes)
         );
-        println!("model          {model:.1} GFLOP/s (6·N·tokens / step)");
-        println!(
-            "matmul         {matmul:.1} GFLOP/s ({tokens}×{} · {}×{})",
-            cfg.hidden_size, cfg.hidden_size, cfg.intermediate_size
-        );
-        println!("ratio          {:.2} (target ≥ 0.5)", r.ratio);
-        println!("loss           {:.3} → {:.3}", r.loss_first, r.loss_last);
-        println!(
-            "memory (MiB)   params {:.1}  grads {:.1}  optimizer {:.1}  activations cache {:.1}  peak {:.1}",
-            mib(r.train_params_bytes),
-            mib(r.train_grads_bytes),
-            mib(r.optimizer_bytes),
-            mib(r.activations_cached_bytes),
-            mib(r.peak_resident_bytes)
-        );
+    }
+    if let Some(s) = r.bf16_speedup {
+        println!("bf16 speed-up  {s:.2}× over f32 (target ≥ 2)");
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use candle_core::{DType, Device, Tensor};
+use tch::{Device, Kind, Tensor};
 use colo_model::{loss, Checkpoint};
 
 #[derive(clap::Args)]
@@ -25,7 +25,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let ckpt = Checkpoint::from_dir(&a.model, DType::F32, &Device::Cpu)
+    let ckpt = Checkpoint::from_dir(&a.model, Kind::Float, Device::Cpu)
         .with_context(|| format!("loading {}", a.model.display()))?;
     let ids = match (a.ids, &a.text) {
         (Some(ids), _) => ids,
@@ -72,9 +72,10 @@ pub fn score(ckpt: &Checkpoint, ids: &[u32]) -> anyhow::Result<Vec<f32>> {
     if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
         bail!("token id {bad} is outside the vocabulary (size {vocab})");
     }
-    let input = Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?; // (1, seq)
+    let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+    let input = Tensor::from_slice(&ids).unsqueeze(0); // (1, seq)
+    let _no_grad = tch::no_grad_guard();
     let logits = ckpt.model.forward(&input)?; // (1, seq, vocab)
-    Ok(loss::next_token_logprobs(&logits, &input)?
-        .squeeze(0)?
-        .to_vec1()?)
+    let lp = loss::next_token_logprobs(&logits, &input)?.squeeze_dim(0);
+    Ok(Vec::<f32>::try_from(lp.to_kind(Kind::Float))?)
 }

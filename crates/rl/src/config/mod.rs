@@ -45,7 +45,7 @@ use colo_algo::{
     AdvantageConfig, KlControlConfig, KlEstimator, PolicyLossConfig, RolloutCorrectionConfig,
 };
 
-pub use raw::{Colocation, Device, RawConfig};
+pub use raw::{Colocation, Device, Dtype, RawConfig};
 
 use crate::data::Fields;
 use crate::reward::RewardSpec;
@@ -228,6 +228,7 @@ pub struct TrainerConfig {
     pub out_dir: PathBuf,
     pub seed: u64,
     pub device: Device,
+    pub dtype: Dtype,
 }
 
 /// The batch sizes of one RL step, in prompts and samples.

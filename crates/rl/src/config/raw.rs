@@ -319,6 +319,38 @@ pub enum Device {
     Cuda,
 }
 
+impl Device {
+    /// The libtorch device (CUDA: device 0 of the process).
+    pub fn torch(self) -> tch::Device {
+        match self {
+            Device::Cpu => tch::Device::Cpu,
+            Device::Cuda => tch::Device::Cuda(0),
+        }
+    }
+}
+
+/// The dtype of the models' weights and compute (`trainer.dtype`, verl's
+/// `model_dtype`). bf16 on the CPU runs oneDNN's bf16 kernels (AMX or
+/// AVX-512 BF16, whichever the CPU has); optimizer moments and the
+/// algorithms' reductions stay in float32.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Dtype {
+    #[default]
+    #[serde(rename = "f32", alias = "float32", alias = "fp32")]
+    F32,
+    #[serde(rename = "bf16", alias = "bfloat16")]
+    Bf16,
+}
+
+impl Dtype {
+    pub fn kind(self) -> tch::Kind {
+        match self {
+            Dtype::F32 => tch::Kind::Float,
+            Dtype::Bf16 => tch::Kind::BFloat16,
+        }
+    }
+}
+
 /// `[trainer]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -338,6 +370,8 @@ pub struct RawTrainer {
     pub out_dir: PathBuf,
     pub seed: u64,
     pub device: Device,
+    #[serde(alias = "model_dtype")]
+    pub dtype: Dtype,
 }
 
 impl Default for RawTrainer {
@@ -352,6 +386,7 @@ impl Default for RawTrainer {
             out_dir: PathBuf::from("runs/colo"),
             seed: 1,
             device: Device::Cpu,
+            dtype: Dtype::F32,
         }
     }
 }

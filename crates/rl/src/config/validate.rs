@@ -404,7 +404,14 @@ fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
         out_dir: trainer.out_dir,
         seed: trainer.seed,
         device: trainer.device,
+        dtype: trainer.dtype,
     };
+    if trainer.device == Device::Cuda && !tch::Cuda::is_available() {
+        return bad(
+            "trainer.device",
+            "is \"cuda\", but libtorch sees no CUDA device on this machine (use \"cpu\")",
+        );
+    }
 
     Ok(trainer_cfg)
 }
