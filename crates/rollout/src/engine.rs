@@ -6,19 +6,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::{DType, Device};
 use colo_mem::tags::{KV_CACHE, WEIGHTS};
 use colo_mem::{Policy, Pool, TagState};
 use colo_model::{Model, ModelConfig, Tokenizer, Weights};
-use rayon::prelude::*;
 use serde::Serialize;
+use tch::{Device, Kind};
 
+use crate::attention::Scratch;
 use crate::block_table::{blocks_for, BlockId};
 use crate::config::{EngineConfig, KvBudget, ValidConfig};
-use crate::forward::{self, with_f32, DecodeRow, OutProj};
+use crate::forward::{self, DecodeRow};
 use crate::kv_cache::{KvLayout, PagedKv};
 use crate::request::{Completion, FinishReason, Request, RequestOutput, SamplingParams};
-use crate::sampling::{uniform, Sampler};
+use crate::sampling::{self, uniform, Draw};
 use crate::scheduler::{Scheduler, Sequence, Waiting};
 use crate::weights::PooledWeights;
 use crate::{Error, Result};
@@ -77,12 +77,12 @@ pub struct Engine {
     pool: Arc<Pool>,
     tokenizer: Option<Tokenizer>,
     weights: PooledWeights,
-    o_proj: Vec<OutProj>,
     kv: PagedKv,
+    /// Gather buffers of the decode step's attention.
+    scratch: Scratch,
     sched: Scheduler,
     reqs: BTreeMap<u64, ReqState>,
     next_id: u64,
-    sampler: Sampler,
     counters: Counters,
 }
 
@@ -101,13 +101,13 @@ impl Engine {
         pool.set_policy(WEIGHTS, cfg.weights_policy)?;
         pool.set_policy(KV_CACHE, Policy::Discard)?;
         let (model, weights) = PooledWeights::load(&pool, model_cfg, weights)?;
-        let o_proj = OutProj::all(&model, &weights)?;
         let mut layout = KvLayout {
             num_layers: model_cfg.num_layers,
             num_blocks: 0,
             block_size: cfg.block_size,
             kv_heads: model_cfg.num_kv_heads,
             head_dim: model_cfg.head_dim,
+            elem_bytes: model.dtype().elt_size_in_bytes(),
         };
         layout.num_blocks = match cfg.budget {
             KvBudget::Tokens(t) => blocks_for(t, cfg.block_size),
@@ -118,8 +118,8 @@ impl Engine {
                             .into(),
                     ));
                 }
-                // Each buffer may round up to the allocation granularity.
-                let slack = (2 * layout.num_layers * pool.granularity()) as u64;
+                // The buffer may round up to the allocation granularity.
+                let slack = pool.granularity() as u64;
                 let free = pool
                     .capacity()
                     .saturating_sub(pool.stats().resident_bytes + slack);
@@ -135,7 +135,7 @@ impl Engine {
                 BlockId::MAX
             )));
         }
-        let kv = PagedKv::new(&pool, layout)?;
+        let kv = PagedKv::new(&pool, layout, model.dtype(), model.device())?;
         Ok(Engine {
             model,
             sched: Scheduler::new(layout.num_blocks, cfg.block_size, cfg.max_batch),
@@ -143,20 +143,31 @@ impl Engine {
             pool,
             tokenizer,
             weights,
-            o_proj,
             kv,
+            scratch: Scratch::default(),
             reqs: BTreeMap::new(),
             next_id: 0,
-            sampler: Sampler::default(),
             counters: Counters::default(),
         })
     }
 
-    /// Loads a Hugging Face checkpoint directory (float32) and its tokenizer
-    /// if it has one.
+    /// Loads a Hugging Face checkpoint directory in float32 on the CPU, and
+    /// its tokenizer if it has one.
     pub fn from_dir(dir: &Path, pool: Arc<Pool>, config: &EngineConfig) -> Result<Self> {
+        Engine::from_dir_on(dir, Kind::Float, Device::Cpu, pool, config)
+    }
+
+    /// [`Engine::from_dir`] in `kind` (e.g. `Kind::BFloat16`) on `device`:
+    /// the engine runs the model, its KV cache and its sampling there.
+    pub fn from_dir_on(
+        dir: &Path,
+        kind: Kind,
+        device: Device,
+        pool: Arc<Pool>,
+        config: &EngineConfig,
+    ) -> Result<Self> {
         let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
-        let weights = Weights::from_dir(dir, DType::F32, &Device::Cpu)?;
+        let weights = Weights::from_dir(dir, kind, device)?;
         let tokenizer = match dir.join("tokenizer.json").is_file() {
             true => Some(Tokenizer::from_dir(dir)?),
             false => None,
@@ -339,25 +350,13 @@ impl Engine {
                 blocks: &s.blocks,
             })
             .collect();
-        let logits = forward::decode(&self.model, &self.o_proj, &mut self.kv, &rows)?; // (batch, vocab)
+        let logits = forward::decode(&self.model, &mut self.kv, &rows, &mut self.scratch)?; // (batch, vocab)
         drop(rows);
         self.counters.decode_steps += 1;
-        let vocab = self.model.config().vocab_size;
         let running = std::mem::take(&mut self.sched.running);
-        // Sampling is independent per row: in parallel, one scratch per
-        // rayon job.
-        let reqs = &self.reqs;
-        let picks: Vec<(u32, f32)> = with_f32(&logits, |all| {
-            running
-                .par_iter()
-                .enumerate()
-                .map_init(Sampler::default, |sampler, (i, s)| {
-                    let params = &reqs[&s.req].params;
-                    let u = uniform(params.seed, s.sample, s.generated());
-                    sampler.sample(&all[i * vocab..(i + 1) * vocab], params, u)
-                })
-                .collect()
-        })?;
+        let draws: Vec<Draw<'_>> = running.iter().map(|s| self.draw(s)).collect();
+        let picks = sampling::sample(&logits, &draws)?;
+        drop(draws);
         for (mut seq, pick) in running.into_iter().zip(picks) {
             seq.kv_len += 1;
             self.push_token(seq, pick, &mut finished)?;
@@ -373,7 +372,7 @@ impl Engine {
     ) -> Result<()> {
         match item {
             Waiting::Prompt { req, prompt, n } => {
-                let logits = forward::prefill(&self.model, &mut self.kv, &prompt, &blocks)?;
+                let logits = forward::prefill(&self.model, &mut self.kv, &prompt, &blocks)?; // (1, vocab)
                 self.counters.prefills += 1;
                 self.counters.prefill_tokens += prompt.len() as u64;
                 let base = Sequence {
@@ -394,10 +393,16 @@ impl Engine {
                         self.sched.blocks.retain(b);
                     }
                 }
-                for i in 0..n {
-                    let mut s = base.clone();
-                    s.sample = i;
-                    let pick = self.sample(&s, &logits);
+                let samples: Vec<Sequence> = (0..n)
+                    .map(|i| Sequence {
+                        sample: i,
+                        ..base.clone()
+                    })
+                    .collect();
+                let draws: Vec<Draw<'_>> = samples.iter().map(|s| self.draw(s)).collect();
+                let picks = sampling::sample(&logits.expand([n as i64, -1], false), &draws)?;
+                drop(draws);
+                for (s, pick) in samples.into_iter().zip(picks) {
                     self.push_token(s, pick, finished)?;
                 }
             }
@@ -407,18 +412,21 @@ impl Engine {
                 self.counters.prefill_tokens += seq.tokens.len() as u64;
                 seq.blocks = blocks;
                 seq.kv_len = seq.tokens.len();
-                let pick = self.sample(&seq, &logits);
+                let pick = sampling::sample(&logits, &[self.draw(&seq)])?[0];
                 self.push_token(seq, pick, finished)?;
             }
         }
         Ok(())
     }
 
-    /// Samples the next token of `seq` from `logits` (vocab).
-    fn sample(&mut self, seq: &Sequence, logits: &[f32]) -> (u32, f32) {
+    /// How the next token of `seq` is drawn: its request's parameters and
+    /// the uniform number of (seed, sample, step).
+    fn draw(&self, seq: &Sequence) -> Draw<'_> {
         let params = &self.reqs[&seq.req].params;
-        let u = uniform(params.seed, seq.sample, seq.generated());
-        self.sampler.sample(logits, params, u)
+        Draw {
+            params,
+            u: uniform(params.seed, seq.sample, seq.generated()),
+        }
     }
 
     /// Appends a sampled token to `seq`, then either finishes it or puts it
@@ -497,6 +505,9 @@ impl Engine {
     }
     pub(crate) fn weights_mut(&mut self) -> &mut PooledWeights {
         &mut self.weights
+    }
+    pub(crate) fn scratch_mut(&mut self) -> &mut Scratch {
+        &mut self.scratch
     }
     pub(crate) fn kv(&self) -> &PagedKv {
         &self.kv

@@ -56,9 +56,9 @@ pub enum Error {
     #[error(transparent)]
     Model(#[from] colo_model::Error),
 
-    /// From the tensor library.
+    /// From libtorch.
     #[error(transparent)]
-    Candle(#[from] candle_core::Error),
+    Torch(#[from] tch::TchError),
 }
 
 /// `Result` with this crate's [`Error`].

@@ -1,17 +1,22 @@
-//! The paged KV cache's storage: per layer, one key and one value buffer of
-//! `num_blocks` fixed-size blocks, allocated once in the `kv_cache` tag and
-//! written in place, so their addresses never change (across any number of
-//! release/resume cycles — what CUDA graphs need).
+//! The paged KV cache's storage: per layer one key and one value tensor,
+//! allocated once in the `kv_cache` tag and written in place, so their
+//! addresses never change (across any number of release/resume cycles —
+//! what CUDA graphs need).
 //!
-//! Layout of each buffer: `[block][kv_head][slot][head_dim]`, so the keys of
-//! one head in one block are one contiguous `(block_size, head_dim)` matrix.
+//! Each buffer is `(kv_heads, slots, head_dim)`, where slot
+//! `block · block_size + i` is position `i` of block `block`. Head-major, so
+//! that gathering a batch's keys (one `index_select` along the slots) gives
+//! `(kv_heads, rows, keys, head_dim)` whose leading two dimensions are one
+//! batch dimension for the attention's batched matrix products — no layout
+//! copy after the gather. Writing a step is one `index_copy_` per buffer.
 
 use std::sync::Arc;
 
 use colo_mem::{tags::KV_CACHE, Pool};
+use tch::{Device, Kind, Tensor};
 
 use crate::block_table::BlockId;
-use crate::weights::pooled_zeros;
+use crate::weights::pooled;
 use crate::Result;
 
 /// Shape of the cache.
@@ -22,17 +27,19 @@ pub struct KvLayout {
     pub block_size: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// Bytes of one element (4 for float32, 2 for bfloat16).
+    pub elem_bytes: usize,
 }
 
 impl KvLayout {
-    /// f32 elements of one block of one layer's keys (or values).
+    /// Elements of one block of one layer's keys (or values).
     pub fn block_elems(&self) -> usize {
         self.kv_heads * self.block_size * self.head_dim
     }
 
     /// Bytes of one block over all layers, keys and values.
     pub fn bytes_per_block(&self) -> usize {
-        2 * self.num_layers * self.block_elems() * std::mem::size_of::<f32>()
+        2 * self.num_layers * self.block_elems() * self.elem_bytes
     }
 
     /// Bytes of one token's keys and values over all layers.
@@ -40,29 +47,40 @@ impl KvLayout {
         self.bytes_per_block() / self.block_size
     }
 
-    /// Offset of `(block, head, slot)` in a layer buffer.
+    /// Slots (token positions) in the cache.
+    pub fn slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+
+    /// The slot of position `pos` of a sequence with block table `blocks`.
     #[inline]
-    pub fn offset(&self, block: BlockId, head: usize, slot: usize) -> usize {
-        ((block as usize * self.kv_heads + head) * self.block_size + slot) * self.head_dim
+    pub fn slot(&self, blocks: &[BlockId], pos: usize) -> i64 {
+        (blocks[pos / self.block_size] as usize * self.block_size + pos % self.block_size) as i64
     }
 }
 
 /// Keys and values of every layer, in pool memory.
 pub struct PagedKv {
     pub layout: KvLayout,
-    pub k: Vec<Vec<f32>>,
-    pub v: Vec<Vec<f32>>,
+    /// Per layer, keys and values: each (kv_heads, slots, head_dim).
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
 }
 
 impl PagedKv {
-    /// Allocates the whole cache in tag `kv_cache` of `pool`.
-    pub fn new(pool: &Arc<Pool>, layout: KvLayout) -> Result<Self> {
-        let len = layout.num_blocks * layout.block_elems();
-        let mut k = Vec::with_capacity(layout.num_layers);
-        let mut v = Vec::with_capacity(layout.num_layers);
+    /// Allocates the whole cache (zeroed) in tag `kv_cache` of `pool`: one
+    /// key and one value buffer per layer.
+    pub fn new(pool: &Arc<Pool>, layout: KvLayout, kind: Kind, device: Device) -> Result<Self> {
+        let shape = [
+            layout.kv_heads as i64,
+            layout.slots() as i64,
+            layout.head_dim as i64,
+        ];
+        let buffer = || pooled(pool, KV_CACHE, || Tensor::f_zeros(shape, (kind, device)));
+        let (mut k, mut v) = (Vec::new(), Vec::new());
         for _ in 0..layout.num_layers {
-            k.push(pooled_zeros(pool, KV_CACHE, len)?);
-            v.push(pooled_zeros(pool, KV_CACHE, len)?);
+            k.push(buffer()?);
+            v.push(buffer()?);
         }
         Ok(PagedKv { layout, k, v })
     }
@@ -77,29 +95,38 @@ impl PagedKv {
         self.k
             .iter()
             .zip(&self.v)
-            .flat_map(|(k, v)| [k.as_ptr() as u64, v.as_ptr() as u64])
+            .flat_map(|(k, v)| [k.data_ptr() as u64, v.data_ptr() as u64])
             .collect()
     }
 
-    /// Writes the key and value of one head at one position.
-    #[inline]
-    pub fn write(&mut self, layer: usize, at: (BlockId, usize), head: usize, k: &[f32], v: &[f32]) {
-        let o = self.layout.offset(at.0, head, at.1);
-        let d = self.layout.head_dim;
-        self.k[layer][o..o + d].copy_from_slice(k);
-        self.v[layer][o..o + d].copy_from_slice(v);
+    /// Keys and values of `layer`, each (kv_heads, slots, head_dim).
+    pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
+        (&self.k[layer], &self.v[layer])
+    }
+
+    /// Writes `k`, `v` ((batch, kv_heads, seq, head_dim), as colo-model's
+    /// `qkv` returns them) at `slots` (batch · seq,), in the order
+    /// (batch, seq).
+    pub fn write(&mut self, layer: usize, slots: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
+        let (kvh, d) = (self.layout.kv_heads as i64, self.layout.head_dim as i64);
+        for (dst, src) in [(&mut self.k[layer], k), (&mut self.v[layer], v)] {
+            // (batch, kv_heads, seq, d) → (kv_heads, batch · seq, d).
+            let rows = src.f_transpose(0, 1)?.f_reshape([kvh, -1, d])?;
+            let _ = dst.f_index_copy_(1, slots, &rows)?;
+        }
+        Ok(())
     }
 
     /// Copy on write: the first `slots` positions of block `src` into `dst`,
-    /// every layer and head.
+    /// every layer, keys and values.
     pub fn copy_prefix(&mut self, src: BlockId, dst: BlockId, slots: usize) {
-        let l = self.layout;
-        let n = slots * l.head_dim;
+        if slots == 0 {
+            return;
+        }
+        let bs = self.layout.block_size as i64;
         for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-            for h in 0..l.kv_heads {
-                let (s, d) = (l.offset(src, h, 0), l.offset(dst, h, 0));
-                buf.copy_within(s..s + n, d);
-            }
+            let from = buf.narrow(1, src as i64 * bs, slots as i64);
+            buf.narrow(1, dst as i64 * bs, slots as i64).copy_(&from);
         }
     }
 }

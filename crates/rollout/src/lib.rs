@@ -21,7 +21,7 @@
 //! }
 //! // Colocated step: free the memory for training, then wake in stages.
 //! engine.release(&["weights", "kv_cache"])?;
-//! # let trainer_params: Vec<(String, candle_core::Tensor)> = Vec::new();
+//! # let trainer_params: Vec<(String, tch::Tensor)> = Vec::new();
 //! engine.resume(&["weights"])?;
 //! engine.update_weights(&trainer_params)?; // in place, addresses unchanged
 //! engine.resume(&["kv_cache"])?;
@@ -32,8 +32,8 @@
 //!
 //! [`config`] (`EngineConfig` → validated) · [`request`] (what goes in and
 //! comes out) · [`sampling`] · [`block_table`] (free list, reference counts)
-//! · [`kv_cache`] (block storage in the pool) · [`attention`] (paged decode
-//! attention) · `forward` (prefill and batched decode from colo-model's
+//! · [`kv_cache`] (block storage in the pool) · [`attention`] (gathering a
+//! batch's keys and values from the pages) · `forward` (prefill and batched decode from colo-model's
 //! pieces) · `scheduler` (admission, copy on write, preemption) ·
 //! [`Engine`] (`engine.rs`: generation; `memory.rs`: release, resume,
 //! update_weights) · [`RolloutEngine`], the trait the RL loop uses.
@@ -49,25 +49,44 @@
 //!   partial block is copied on the first write (copy on write). No radix
 //!   tree or cross-request prefix cache: RL prompts rarely repeat across
 //!   requests, and it keeps `release(kv_cache)` trivially safe.
-//! - **Allocated once, written in place.** Every KV buffer and every weight
-//!   is allocated once in its tag and never reallocated, so addresses are
-//!   stable across any number of release/resume cycles (what CUDA graphs
-//!   need); `update_weights` copies into the existing storage.
+//! - **Allocated once, written in place.** The KV cache (one key and one
+//!   value tensor per layer) and every weight are allocated once in their
+//!   tags, each inside a one-allocation colo-mem `region`, and never reallocated, so
+//!   addresses are stable across any number of release/resume cycles
+//!   (what CUDA graphs need); `update_weights` `copy_`s into the existing
+//!   storage under `no_grad`.
 //! - **Preemption by recompute, never out of memory.** When blocks run
 //!   out, the newest sequence is freed and later recomputed from its tokens
 //!   (vLLM's recompute mode; no swap space). A request that could not fit
 //!   even alone is refused when added.
 //! - **Deterministic.** Each token's random number is a hash of (seed,
 //!   sample index, step), not a shared RNG stream, so batching and
-//!   preemption do not change which token is drawn.
+//!   preemption do not change which token is drawn (a counter-based
+//!   generator per request: nothing to seed, store or advance; see
+//!   [`sampling`]). Identical runs are bit-identical; across batchings the
+//!   logits can differ by float rounding (matrix products of other shapes),
+//!   so log-probs agree to ~1e-6 and tokens are the same unless a draw
+//!   falls within that rounding of a boundary.
 //! - **Log-probabilities the trainer can check.** Each token's log-prob is
 //!   under the temperature-scaled distribution before top-k/top-p (the
 //!   quantity a trainer recomputes); greedy requests report temperature 1.
-//! - **CPU kernels where candle would copy.** Decode is one `(batch, 1)`
-//!   forward of all running sequences through colo-model's projections and
-//!   MLP; attention reads the blocks in place in plain Rust (rayon over
-//!   sequences) instead of gathering and padding K/V tensors. float32 on
-//!   the CPU only, for now.
+//! - **libtorch's kernels, one forward per step.** Decode is one
+//!   `(batch, 1)` forward of all running sequences through colo-model's
+//!   pieces: the new keys and values go into the pages with one
+//!   `index_copy_` per buffer, and each layer attends over K/V gathered
+//!   from the pages with `index_select` into a reused scratch buffer, with
+//!   two batched matrix products and a softmax ([`attention`]). Rows that
+//!   share a prompt's blocks attend to that prefix together (its K/V read
+//!   once per group) and to the rest alone, the two parts merged through
+//!   their log-sum-exps (cascade attention). Sampling is vectorised over
+//!   the batch ([`sampling`]); per step only token ids, positions and slot
+//!   indices go to the device and only the chosen tokens and their
+//!   log-probabilities come back. No hand-written kernels and no thread
+//!   pool of our own: libtorch's intra-op threads parallelise every
+//!   operation.
+//! - **The model's kind and device.** The engine runs whatever kind
+//!   (float32, bfloat16, …) and device its weights have
+//!   ([`Engine::from_dir_on`]); logits are sampled in float32.
 //! - **Synchronous core, step API.** `add_request` + `step` (like vLLM's
 //!   `LLMEngine`) with `generate` on top; lifecycle calls with requests in
 //!   flight are errors, not waits.
@@ -85,7 +104,7 @@ pub mod sampling;
 mod scheduler;
 mod weights;
 
-use candle_core::Tensor;
+use tch::Tensor;
 
 pub use config::{EngineConfig, KvBudget, ValidConfig};
 pub use engine::{Engine, EngineStats};

@@ -2,9 +2,9 @@
 //! engine's two tags, in-place weight updates, and the observable state
 //! tests and the RL loop check (statistics, addresses).
 
-use candle_core::Tensor;
 use colo_mem::tags::{KV_CACHE, WEIGHTS};
 use colo_mem::{Policy, TagState};
+use tch::Tensor;
 
 use crate::engine::{Engine, EngineStats};
 use crate::weights::WeightUpdate;
@@ -36,6 +36,9 @@ impl Engine {
         check_tags("release", tags)?;
         self.check_idle("release memory")?;
         self.pool().pause(tags)?;
+        if tags.contains(&KV_CACHE) {
+            self.scratch_mut().clear();
+        }
         let discarded = self
             .pool()
             .stats()

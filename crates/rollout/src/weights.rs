@@ -1,45 +1,50 @@
 //! The engine's weights in the `weights` tag, and `update_weights`.
 //!
 //! Every parameter's buffer is allocated once inside a `region` of the
-//! `weights` tag and then only ever written in place (candle's
-//! `slice_set`), so its address is the same for the engine's whole life.
+//! `weights` tag and then only ever written in place (`copy_` under
+//! `no_grad`), so its address is the same for the engine's whole life.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use colo_mem::{tags::WEIGHTS, Pool};
 use colo_model::{Model, ModelConfig, Weights};
 use serde::Serialize;
+use tch::{TchError, Tensor};
 
 use crate::{Error, Result};
 
-/// A zeroed f32 buffer of `len` elements allocated in `tag` of `pool`.
+/// Makes one tensor with `make` inside a region of `tag` of `pool` and
+/// checks that it landed there.
 ///
-/// The region is opened with a threshold of one byte for exactly this one
-/// allocation, so even small buffers (norm weights) land in the tag; nothing
-/// else is allocated while it is open.
-pub(crate) fn pooled_zeros(pool: &Arc<Pool>, tag: &str, len: usize) -> Result<Vec<f32>> {
-    let len = len.max(1);
+/// The region has a threshold of one byte and is open for exactly this one
+/// allocation, so even small tensors (norm weights) land in the tag and
+/// nothing else does.
+pub(crate) fn pooled(
+    pool: &Arc<Pool>,
+    tag: &str,
+    make: impl FnOnce() -> std::result::Result<Tensor, TchError>,
+) -> Result<Tensor> {
     let guard = pool.region_with_threshold(tag, 1)?;
-    let buf = vec![0f32; len];
+    let made = make();
     guard.finish()?;
-    match pool.tag_of(buf.as_ptr() as u64) {
-        Some(t) if t == tag => Ok(buf),
+    let t = made?;
+    match pool.tag_of(data_address(&t)) {
+        Some(found) if found == tag => Ok(t),
         other => Err(Error::Unsupported(format!(
-            "a {len}-element buffer meant for tag `{tag}` landed in {other:?}; \
-             is colo-mem's global allocator installed?"
+            "a tensor {:?} of {:?} on {:?} meant for tag `{tag}` was allocated outside it \
+             (in {other:?}): colo-mem routes this device's allocations only where its \
+             allocator is installed",
+            t.size(),
+            t.kind(),
+            t.device()
         ))),
     }
 }
 
-/// Address of the first element of a CPU tensor's data.
-pub fn data_address(t: &Tensor) -> Option<u64> {
-    let (s, l) = t.storage_and_layout();
-    match &*s {
-        Storage::Cpu(CpuStorage::F32(v)) => Some(v.as_ptr() as u64 + 4 * l.start_offset() as u64),
-        _ => None,
-    }
+/// Address of a tensor's first element.
+pub fn data_address(t: &Tensor) -> u64 {
+    t.data_ptr() as u64
 }
 
 /// What one `update_weights` call did.
@@ -60,30 +65,54 @@ pub(crate) struct PooledWeights {
     pub bytes: usize,
 }
 
+fn bytes_of(t: &Tensor) -> usize {
+    t.numel() * t.kind().elt_size_in_bytes()
+}
+
+fn dims(t: &Tensor) -> Vec<usize> {
+    t.size().iter().map(|&d| d as usize).collect()
+}
+
 impl PooledWeights {
-    /// Copies `w` into the `weights` tag and builds the model over the
-    /// copies. float32 on the CPU only (the engine's attention kernel).
+    /// Copies `w` into the `weights` tag (same kind and device) and builds
+    /// the model over the copies.
     pub fn load(pool: &Arc<Pool>, cfg: &ModelConfig, w: &Weights) -> Result<(Model, Self)> {
         let heap = Model::load(cfg, w)?;
+        let _no_grad = tch::no_grad_guard();
         let mut names = Vec::new();
         let mut by_name = HashMap::new();
         let mut bytes = 0;
         for (name, t) in heap.named_parameters() {
-            if t.dtype() != DType::F32 || !t.device().is_cpu() {
+            if !t.is_floating_point() {
                 return Err(Error::Unsupported(format!(
-                    "parameter `{name}` is {:?} on {:?}; the rollout engine runs float32 on the CPU",
-                    t.dtype(),
-                    t.device()
+                    "parameter `{name}` is {:?}; the rollout engine runs a floating-point model",
+                    t.kind()
                 )));
             }
-            let buf = pooled_zeros(pool, WEIGHTS, t.elem_count())?;
-            let dst = Tensor::from_vec(buf, t.shape(), &Device::Cpu)?;
-            dst.slice_set(&t.contiguous()?, 0, 0)?;
-            bytes += 4 * t.elem_count();
+            let mut dst = pooled(pool, WEIGHTS, || {
+                Tensor::f_empty(t.size(), (t.kind(), t.device()))
+            })?;
+            dst.f_copy_(&t)?;
+            bytes += bytes_of(&dst);
             names.push(name.clone());
             by_name.insert(name, dst);
         }
-        let model = Model::load(cfg, &Weights::from_tensors(by_name.clone()))?;
+        drop(heap);
+        let shared = by_name
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect();
+        let model = Model::load(cfg, &Weights::from_tensors(shared))?;
+        // The model must run on the pooled storage itself, or updates would
+        // not reach it.
+        for (name, t) in model.named_parameters() {
+            if data_address(&t) != data_address(&by_name[&name]) {
+                return Err(Error::Unsupported(format!(
+                    "colo-model copied parameter `{name}` when loading; the engine needs it \
+                     to use the pooled tensor"
+                )));
+            }
+        }
         let pooled = PooledWeights {
             names,
             by_name,
@@ -93,15 +122,11 @@ impl PooledWeights {
         Ok((model, pooled))
     }
 
-    pub fn get(&self, name: &str) -> Option<&Tensor> {
-        self.by_name.get(name)
-    }
-
     /// Every parameter's data address, in model order.
     pub fn addresses(&self) -> Vec<(String, u64)> {
         self.names
             .iter()
-            .map(|n| (n.clone(), data_address(&self.by_name[n]).unwrap_or(0)))
+            .map(|n| (n.clone(), data_address(&self.by_name[n])))
             .collect()
     }
 
@@ -110,9 +135,9 @@ impl PooledWeights {
     }
 
     /// Checks every tensor first (so a bad call changes nothing), then
-    /// converts and copies in buckets of at most `bucket_bytes` (a bucket
-    /// bounds the converted temporaries alive at once; a tensor larger than
-    /// a bucket is a bucket of its own).
+    /// converts and copies in buckets of at most `bucket_bytes` (bytes of
+    /// the engine's kind; a bucket bounds the converted temporaries alive
+    /// at once, and a tensor larger than a bucket is a bucket of its own).
     pub fn update(
         &mut self,
         tensors: &[(String, Tensor)],
@@ -124,11 +149,11 @@ impl PooledWeights {
                 .by_name
                 .get(name)
                 .ok_or_else(|| Error::UnknownTensor { name: name.clone() })?;
-            if t.dims() != dst.dims() {
+            if t.size() != dst.size() {
                 return Err(Error::ShapeMismatch {
                     name: name.clone(),
-                    expected: dst.dims().to_vec(),
-                    found: t.dims().to_vec(),
+                    expected: dims(dst),
+                    found: dims(t),
                 });
             }
             if !seen.insert(name.as_str()) {
@@ -137,30 +162,34 @@ impl PooledWeights {
                 )));
             }
         }
+        let _no_grad = tch::no_grad_guard();
         let mut report = WeightUpdate {
             tensors: 0,
             bytes: 0,
             buckets: 0,
         };
+        let size = |i: usize| bytes_of(&self.by_name[&tensors[i].0]);
         let mut start = 0;
         while start < tensors.len() {
-            let mut end = start;
-            let mut bucket = 0;
-            while end < tensors.len()
-                && (end == start || bucket + 4 * tensors[end].1.elem_count() <= bucket_bytes)
-            {
-                bucket += 4 * tensors[end].1.elem_count();
+            let (mut end, mut bucket) = (start, 0);
+            while end < tensors.len() && (end == start || bucket + size(end) <= bucket_bytes) {
+                bucket += size(end);
                 end += 1;
             }
+            // Converted to the engine's kind and device first (a no-op when
+            // they match), then copied in place.
             let staged = tensors[start..end]
                 .iter()
-                .map(|(name, t)| Ok((name, stage(t)?)))
+                .map(|(name, t)| {
+                    let dst = &self.by_name[name];
+                    Ok((name, t.f_to_device(dst.device())?.f_to_kind(dst.kind())?))
+                })
                 .collect::<Result<Vec<_>>>()?;
             for (name, src) in staged {
-                let dst = &self.by_name[name];
+                let mut dst = self.by_name[name].shallow_clone();
                 // The trainer may hand over the engine's own buffers.
-                if data_address(&src) != data_address(dst) {
-                    dst.slice_set(&src, 0, 0)?;
+                if data_address(&src) != data_address(&dst) {
+                    dst.f_copy_(&src)?;
                 }
                 self.stale.remove(name);
             }
@@ -171,19 +200,4 @@ impl PooledWeights {
         }
         Ok(report)
     }
-}
-
-/// The tensor as contiguous float32 on the CPU (a copy only if needed).
-fn stage(t: &Tensor) -> Result<Tensor> {
-    let t = if t.device().is_cpu() {
-        t.clone()
-    } else {
-        t.to_device(&Device::Cpu)?
-    };
-    let t = if t.dtype() == DType::F32 {
-        t
-    } else {
-        t.to_dtype(DType::F32)?
-    };
-    Ok(t.contiguous()?)
 }

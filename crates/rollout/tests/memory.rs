@@ -3,10 +3,10 @@
 
 mod common;
 
-use candle_core::Tensor;
 use colo_mem::{tags, Policy, Pool, PoolConfig};
 use colo_rollout::{Engine, EngineConfig, Error, Request, SamplingParams};
 use common::*;
+use tch::{Kind, Tensor};
 
 fn prompts() -> Vec<Vec<u32>> {
     greedy_reference("tiny-qwen2")
@@ -21,7 +21,7 @@ fn scaled_weights(e: &Engine, f: f64) -> Vec<(String, Tensor)> {
         .unwrap()
         .named_parameters()
         .into_iter()
-        .map(|(n, t)| (n, (t * f).unwrap()))
+        .map(|(n, t)| (n, t * f))
         .collect()
 }
 
@@ -86,10 +86,11 @@ fn release_resume_update_keeps_addresses_and_equals_a_fresh_engine() {
     }
     let got = ok(e.generate(requests(&prompts(), &params)).unwrap());
 
-    // A fresh engine loaded with the trained weights, same seed.
-    let cfg = e.model().unwrap().config().clone();
+    // A fresh engine (same configuration) loaded with the trained weights,
+    // same seed: bit-identical outputs.
+    let model_cfg = e.model().unwrap().config().clone();
     let w = colo_model::Weights::from_tensors(trained.into_iter().collect());
-    let mut fresh = Engine::new(&cfg, &w, None, pool, &EngineConfig::with_kv_tokens(512)).unwrap();
+    let mut fresh = Engine::new(&model_cfg, &w, None, pool, &cfg).unwrap();
     let expected = ok(fresh.generate(requests(&prompts(), &params)).unwrap());
     assert_eq!(got, expected);
 }
@@ -100,7 +101,10 @@ fn update_weights_names_the_bad_tensor_and_writes_nothing() {
     let params = SamplingParams::greedy(8);
     let before = ok(e.generate(requests(&prompts(), &params)).unwrap());
     let mut w = scaled_weights(&e, 2.0);
-    w.push(("model.layers.9.mlp.up_proj.weight".into(), w[1].1.clone()));
+    w.push((
+        "model.layers.9.mlp.up_proj.weight".into(),
+        w[1].1.shallow_clone(),
+    ));
     let err = e.update_weights(&w).unwrap_err();
     assert!(
         err.to_string()
@@ -109,7 +113,7 @@ fn update_weights_names_the_bad_tensor_and_writes_nothing() {
     );
     w.pop();
     let name = w[2].0.clone();
-    w[2].1 = w[2].1.flatten_all().unwrap();
+    w[2].1 = w[2].1.flatten(0, -1);
     let err = e.update_weights(&w).unwrap_err();
     assert!(
         matches!(&err, Error::ShapeMismatch { name: n, .. } if *n == name),
@@ -122,7 +126,7 @@ fn update_weights_names_the_bad_tensor_and_writes_nothing() {
     // The update itself, from f64 tensors: converted in buckets.
     let w64: Vec<_> = scaled_weights(&e, 1.0)
         .into_iter()
-        .map(|(n, t)| (n, t.to_dtype(candle_core::DType::F64).unwrap()))
+        .map(|(n, t)| (n, t.to_kind(Kind::Double)))
         .collect();
     e.update_weights(&w64).unwrap();
     assert_eq!(
@@ -212,4 +216,47 @@ fn the_model_is_not_handed_out_while_its_weights_are_released() {
     assert!(matches!(err, Error::Released { .. }), "{err}");
     e.resume(&[tags::WEIGHTS]).unwrap();
     assert!(e.model().is_ok());
+}
+
+/// The engine runs its model's kind: a bfloat16 engine keeps bfloat16
+/// weights and KV pages (half the bytes), generates log-probabilities close
+/// to its own model's teacher-forced ones, and takes a float32 update,
+/// converting it in place.
+#[test]
+fn a_bf16_engine_runs_in_bf16_and_takes_f32_updates() {
+    let cfg = EngineConfig {
+        block_size: 8,
+        ..EngineConfig::with_kv_tokens(512)
+    };
+    let dir = fixture("tiny-qwen2");
+    let f32_engine = Engine::from_dir(&dir, pool(), &cfg).unwrap();
+    let mut e = Engine::from_dir_on(&dir, Kind::BFloat16, tch::Device::Cpu, pool(), &cfg).unwrap();
+    assert_eq!(e.model().unwrap().dtype(), Kind::BFloat16);
+    let (s16, s32) = (e.stats(), f32_engine.stats());
+    assert_eq!(2 * s16.kv_bytes_per_block, s32.kv_bytes_per_block);
+    assert_eq!(2 * s16.weights_bytes, s32.weights_bytes);
+
+    let params = sampled(2, 12, 5);
+    let before = ok(e.generate(requests(&prompts(), &params)).unwrap());
+    let mut worst = 0f32;
+    for (prompt, comps) in prompts().iter().zip(&before) {
+        for c in comps {
+            let expected = teacher_forced(e.model().unwrap(), prompt, &c.tokens, 1.0);
+            for (a, b) in c.logprobs.iter().zip(&expected) {
+                assert!(a.is_finite() && *a <= 0.0, "{a}");
+                worst = worst.max((a - b).abs());
+            }
+        }
+    }
+    assert!(worst <= 0.1, "bf16: worst |Δ logprob| = {worst}");
+
+    // The float32 engine's weights, converted into the bf16 buffers: the
+    // same weights, so the same outputs, at the same addresses.
+    let addrs = e.weight_addresses();
+    let w32 = f32_engine.model().unwrap().named_parameters();
+    assert!(w32.iter().all(|(_, t)| t.kind() == Kind::Float));
+    e.update_weights(&w32).unwrap();
+    assert_eq!(e.weight_addresses(), addrs);
+    let after = ok(e.generate(requests(&prompts(), &params)).unwrap());
+    assert_same(&before, &after, 0.0);
 }

@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
 use colo_mem::{Pool, PoolConfig};
 use colo_model::{loss, Model};
 use colo_rollout::{Completion, Engine, EngineConfig, Request, RequestOutput, SamplingParams};
+use tch::{Kind, Tensor};
 
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -45,23 +45,21 @@ pub fn greedy_reference(name: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
         .collect()
 }
 
+/// Token ids as a (1, len) tensor on the model's device.
+pub fn input(model: &Model, ids: &[u32]) -> Tensor {
+    let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+    Tensor::from_slice(&ids)
+        .unsqueeze(0)
+        .to_device(model.device())
+}
+
 /// Greedy decoding that reruns the whole sequence every step.
 pub fn naive_greedy(model: &Model, prompt: &[u32], new_tokens: usize) -> Vec<u32> {
     let mut ids = prompt.to_vec();
     for _ in 0..new_tokens {
-        let input = Tensor::new(ids.as_slice(), &Device::Cpu)
-            .unwrap()
-            .unsqueeze(0)
-            .unwrap();
-        let logits = model.forward(&input).unwrap(); // (1, seq, vocab)
-        let last: Vec<f32> = logits
-            .squeeze(0)
-            .unwrap()
-            .get(ids.len() - 1)
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        ids.push(colo_rollout::sampling::argmax(&last));
+        let logits = model.forward(&input(model, &ids)).unwrap(); // (1, seq, vocab)
+        let last = logits.get(0).get(ids.len() as i64 - 1);
+        ids.push(last.argmax(-1, false).int64_value(&[]) as u32);
     }
     ids[prompt.len()..].to_vec()
 }
@@ -75,13 +73,10 @@ pub fn teacher_forced(
     temperature: f64,
 ) -> Vec<f32> {
     let ids: Vec<u32> = prompt.iter().chain(completion).copied().collect();
-    let input = Tensor::new(ids.as_slice(), &Device::Cpu)
-        .unwrap()
-        .unsqueeze(0)
-        .unwrap();
-    let logits = (model.forward(&input).unwrap() / temperature).unwrap();
-    let lp = loss::next_token_logprobs(&logits.to_dtype(DType::F32).unwrap(), &input).unwrap();
-    let lp: Vec<f32> = lp.squeeze(0).unwrap().to_vec1().unwrap();
+    let input = input(model, &ids);
+    let logits = model.forward(&input).unwrap().to_kind(Kind::Float) / temperature;
+    let lp = loss::next_token_logprobs(&logits, &input).unwrap();
+    let lp = Vec::<f32>::try_from(&lp.get(0).to_device(tch::Device::Cpu)).unwrap();
     lp[prompt.len() - 1..].to_vec()
 }
 
