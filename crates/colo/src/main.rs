@@ -37,9 +37,35 @@ enum Command {
     Sft(cmd::sft::Args),
 }
 
+/// libtorch's OpenMP runtime (libgomp) reads its wait policy once, when it
+/// is loaded — before `main`. Its default spins between parallel regions;
+/// colo runs thousands of small regions per step beside other phases and
+/// other processes on few cores, where spinning workers steal the core the
+/// next op needs (a prototype's 0.3 s step became 5.8 s under load, and the
+/// rollout engine's run 84 s instead of 4 s). So colo runs with
+/// `OMP_WAIT_POLICY=passive` unless the user set a policy: if it is unset,
+/// the process re-executes itself once with it set (about 0.3 s, the cost
+/// of loading libtorch again).
+fn set_thread_policy() {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("OMP_WAIT_POLICY").is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let err = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env("OMP_WAIT_POLICY", "passive")
+        .exec();
+    // Only reached if the exec failed: go on with libgomp's default.
+    eprintln!("colo: could not re-execute with OMP_WAIT_POLICY=passive: {err}");
+}
+
 /// Errors are printed as one message with their causes (`a: b: c`), never
 /// as a panic or a backtrace, and the exit status is 1.
 fn main() -> std::process::ExitCode {
+    set_thread_policy();
     match run(Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

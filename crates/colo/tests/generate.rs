@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use tch::{Device, Kind, Tensor};
 use colo_model::{loss, Checkpoint};
+use tch::{Device, Kind, Tensor};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -116,15 +116,15 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
     sizes
 }
 
-/// Activations of an eager trainer (colo's, on candle): the graph of a
-/// micro-batch — every layer's op outputs
+/// Activations of an eager trainer (colo's, on libtorch): the graph of a
+/// micro-batch — every layer's saved op outputs
 /// ([`crate::model::ModelSpec::eager_elems_per_token_layer`]), the
 /// embedding and final norm (`2h`), and over the response window the
-/// logits and their log-softmax (`2 · vocab`) — lives until backward
-/// ends. Backward makes a gradient of the same size for each of those
-/// while they are alive, and a caching allocator keeps the freed gradient
-/// blocks mapped, so the tag's high-water mark is twice the graph, plus
-/// one gradient per parameter before it is added to the accumulators.
+/// float32 log-softmax (`vocab`; the logits are dropped once it exists) —
+/// lives until backward ends. Backward frees each saved tensor as it
+/// passes it and its gradients reuse those blocks from the tag's cache, so
+/// the tag's high-water mark is the graph plus one gradient per parameter
+/// before it is added to the accumulators.
 /// A forward-only pass frees each layer's outputs as the next one runs:
 /// one layer's working set and the logits. Both include the logits, so
 /// the `logits` component stays empty.
@@ -134,13 +134,13 @@ fn eager_activations(plan: &Plan, s: &mut ComponentSizes, seq: u64, response: u6
     let per_layer = m.eager_elems_per_token_layer(seq);
     let graph = |tokens: u64| {
         let window = tokens * response / seq;
-        (tokens * (m.layers * per_layer + 2 * m.hidden) + window * 2 * m.vocab) * b
+        (tokens * (m.layers * per_layer + 2 * m.hidden) + window * m.vocab) * b
     };
     let grad_bytes = match plan.optimizer {
         Optimizer::AdamwMixed => plan.param_dtype.bytes(),
         Optimizer::AdamwFp32 => 4,
     };
-    s.train_activations = 2 * graph(plan.tokens_per_micro_batch) + m.params() * grad_bytes;
+    s.train_activations = graph(plan.tokens_per_micro_batch) + m.params() * grad_bytes;
     s.train_logits = 0;
     let lp = plan.logprob_tokens_per_micro_batch;
     s.forward_activations =

@@ -38,13 +38,13 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
-use tch::{Device, Kind};
 use colo_mem::fmt_bytes;
 use colo_model::{Arch, Model, ModelConfig, Weights};
 use colo_rl::config::Colocation;
 use colo_rl::metrics::{self, Record};
 use colo_rl::task::ArithmeticTask;
 use colo_rl::{vocab, Config, StepMetrics};
+use tch::{Device, Kind};
 
 mod report;
 
@@ -529,4 +529,3 @@ fn capacity_experiment(
         exp.sleep.as_ref().is_some_and(|r| !r.fits) && exp.staged.as_ref().is_some_and(|r| r.fits);
     Ok(exp)
 }
-

@@ -14,10 +14,10 @@
 use std::time::Instant;
 
 use anyhow::Context;
-use tch::{Device, Kind, Tensor};
 use colo_mem::{Pool, PoolConfig};
 use colo_model::{Arch, Model, ModelConfig, Weights};
 use colo_rollout::{sampling, Engine, EngineConfig, Request, SamplingParams};
+use tch::{Device, Kind, Tensor};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -216,7 +216,10 @@ fn baseline(
         let mut mask = vec![0i64; b * width];
         for (r, &(i, _)) in chunk.iter().enumerate() {
             let off = width - prompts[i].len();
-            for (dst, &t) in ids[r * width + off..(r + 1) * width].iter_mut().zip(&prompts[i]) {
+            for (dst, &t) in ids[r * width + off..(r + 1) * width]
+                .iter_mut()
+                .zip(&prompts[i])
+            {
                 *dst = t as i64;
             }
             mask[r * width + off..(r + 1) * width].fill(1);

@@ -125,7 +125,10 @@ fn batch(cfg: &ModelConfig, b: usize, s: usize) -> Result<SeqBatch> {
     let opts = (Kind::Float, Device::Cpu);
     let ids = Tensor::randint(cfg.vocab_size as i64, [b, s], (Kind::Int64, Device::Cpu));
     let attn = Tensor::ones([b, s], opts);
-    let resp = Tensor::cat(&[Tensor::zeros([b, 1], opts), Tensor::ones([b, s - 1], opts)], 1);
+    let resp = Tensor::cat(
+        &[Tensor::zeros([b, 1], opts), Tensor::ones([b, s - 1], opts)],
+        1,
+    );
     Ok(SeqBatch::new(&ids, &attn, &resp)?)
 }
 

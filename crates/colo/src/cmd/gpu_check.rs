@@ -43,7 +43,10 @@ pub fn run(a: Args) -> Result<()> {
     if on_gpu {
         for name in ["tiny-qwen2", "tiny-llama"] {
             let dir = a.fixtures.join(name);
-            results.push(("parity", parity(&dir).with_context(|| dir.display().to_string())));
+            results.push((
+                "parity",
+                parity(&dir).with_context(|| dir.display().to_string()),
+            ));
         }
         results.push(("memory", memory()));
         results.push(("train", train(&a)));
@@ -90,11 +93,16 @@ fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
 /// relative to the reference's largest entry.
 fn parity(dir: &Path) -> Result<String> {
     let refs: std::collections::HashMap<String, Tensor> =
-        Tensor::read_safetensors(dir.join("reference.safetensors"))?.into_iter().collect();
+        Tensor::read_safetensors(dir.join("reference.safetensors"))?
+            .into_iter()
+            .collect();
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json"))?)?;
     let dev = Device::Cuda(0);
-    let ids = refs.get("input_ids").context("reference input_ids")?.to_device(dev);
+    let ids = refs
+        .get("input_ids")
+        .context("reference input_ids")?
+        .to_device(dev);
     let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
     let model = Model::load_trainable(&cfg, &Weights::from_dir(dir, Kind::Float, dev)?)?;
     let logits = model.forward(&ids)?;
@@ -113,7 +121,10 @@ fn parity(dir: &Path) -> Result<String> {
         "{}: logits {d_logits:.1e}, loss {d_loss:.1e}, gradients {d_grad:.1e} (relative)",
         dir.file_name().unwrap_or_default().to_string_lossy()
     );
-    ensure!(d_logits <= 1e-4 && d_loss <= 1e-5 && d_grad <= 1e-4, "{s}: over tolerance");
+    ensure!(
+        d_logits <= 1e-4 && d_loss <= 1e-5 && d_grad <= 1e-4,
+        "{s}: over tolerance"
+    );
     Ok(s)
 }
 
@@ -147,9 +158,18 @@ fn memory() -> Result<String> {
     pool.resume(&["weights"])?;
     let resume_s = t.elapsed().as_secs_f64();
     let released = free1.saturating_sub(free0);
-    ensure!(w.data_ptr() as u64 == addr, "address changed across pause/resume");
-    ensure!(w.to_device(Device::Cpu).equal(&before), "contents changed across pause/resume");
-    ensure!(released >= 500 << 20, "driver reports only {released} bytes released");
+    ensure!(
+        w.data_ptr() as u64 == addr,
+        "address changed across pause/resume"
+    );
+    ensure!(
+        w.to_device(Device::Cpu).equal(&before),
+        "contents changed across pause/resume"
+    );
+    ensure!(
+        released >= 500 << 20,
+        "driver reports only {released} bytes released"
+    );
     Ok(format!(
         "512 MiB weights + grad: same address, bit-exact; driver free +{} on pause; pause {:.3} s, resume {:.3} s",
         colo_mem::fmt_bytes(released),

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use tch::{Device, Kind, Tensor};
 use colo_model::{loss, Checkpoint};
+use tch::{Device, Kind, Tensor};
 
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["ids", "text"])))]
