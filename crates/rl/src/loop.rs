@@ -18,7 +18,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tch::Tensor;
 use colo_algo::kl::{apply_kl_penalty, KlController};
 use colo_algo::mismatch::mismatch_metrics;
 use colo_algo::{compute_advantage, AdvEstimator, AdvantageInputs};
@@ -27,6 +26,7 @@ use colo_rollout::{FinishReason, Request, SamplingParams};
 use colo_train::{
     CriticBatch, CriticLossConfig, CriticMetrics, PolicyBatch, PolicyMetrics, TrainEngine,
 };
+use tch::Tensor;
 
 use crate::config::Config;
 use crate::data::{Batch, Batches, Dataset};

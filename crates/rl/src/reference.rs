@@ -8,10 +8,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use tch::{Device, Kind, Tensor};
 use colo_mem::{tags, Policy, Pool, TagState};
 use colo_model::{loss::token_logprobs, Model, Weights};
 use colo_train::SeqBatch;
+use tch::{Device, Kind, Tensor};
 
 use crate::{Error, Result};
 
@@ -55,8 +55,14 @@ impl Reference {
         let mut rows = Vec::new();
         for start in (0..b).step_by(micro.max(1)) {
             let len = (micro as i64).min(b - start);
-            let ids = seqs.input_ids().f_narrow(0, start, len)?.f_to_device(device)?;
-            let mask = seqs.attention_mask().f_narrow(0, start, len)?.f_to_device(device)?;
+            let ids = seqs
+                .input_ids()
+                .f_narrow(0, start, len)?
+                .f_to_device(device)?;
+            let mask = seqs
+                .attention_mask()
+                .f_narrow(0, start, len)?
+                .f_to_device(device)?;
             let logits = self.model.forward_masked(&ids, &mask, None)?; // (len, s, vocab)
             let lp = token_logprobs(&logits.f_narrow(1, 0, s - 1)?, &ids.f_narrow(1, 1, s - 1)?)?; // (len, s-1)
             let lp = lp.f_to_kind(Kind::Float)?.f_to_device(Device::Cpu)?;

@@ -6,8 +6,8 @@
 //! `k·n .. (k+1)·n`, so a mini-batch of whole prompts is a contiguous run
 //! of rows.
 
-use tch::Tensor;
 use colo_train::SeqBatch;
+use tch::Tensor;
 
 use crate::Result;
 

@@ -20,13 +20,13 @@
 
 use std::path::{Path, PathBuf};
 
-use tch::Tensor;
 use colo_mem::{Pool, PoolConfig};
 use colo_model::{ModelConfig, Tokenizer, Weights};
 use colo_rollout::{Engine, EngineConfig};
 use colo_train::{
     ColoTrainer, MicroBatchConfig, OptimConfig, SeqBatch, TrainEngine, TrainerConfig,
 };
+use tch::Tensor;
 
 use crate::data::{Batches, Dataset, Fields};
 use crate::eval::{evaluate, EvalConfig, EvalResult};
@@ -235,7 +235,10 @@ pub fn random_weights(cfg: &ModelConfig, std: f64, seed: u64) -> Result<Weights>
             (0..n).map(|_| (std * normal(&mut g)) as f32).collect()
         };
         let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        tensors.insert(name, Tensor::f_from_slice(&values)?.f_view(shape.as_slice())?);
+        tensors.insert(
+            name,
+            Tensor::f_from_slice(&values)?.f_view(shape.as_slice())?,
+        );
     }
     Ok(Weights::from_tensors(tensors))
 }

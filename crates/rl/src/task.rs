@@ -35,9 +35,9 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use tch::Kind;
 use colo_model::{Arch, ModelConfig};
 use serde::{Deserialize, Serialize};
+use tch::Kind;
 
 use crate::rng::SplitMix64;
 use crate::{vocab, Error, Result};

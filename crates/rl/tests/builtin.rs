@@ -3,11 +3,11 @@
 
 mod common;
 
-use tch::{Device, Kind, Tensor};
 use colo_model::{ChatMessage, Model, ModelConfig, Tokenizer, Weights};
 use colo_rl::task::{self, ArithmeticTask};
 use colo_rl::{vocab, Batches, Config, Dataset, Fields};
 use common::TempDir;
+use tch::{Device, Kind, Tensor};
 
 #[test]
 fn tokenizer_round_trips_through_colo_model() {
