@@ -24,7 +24,7 @@ use colo_algo::{compute_advantage, AdvEstimator, AdvantageInputs};
 use colo_model::Tokenizer;
 use colo_rollout::{FinishReason, Request, SamplingParams};
 use colo_train::{
-    CriticBatch, CriticLossConfig, CriticMetrics, PolicyBatch, PolicyMetrics, TrainEngine,
+    CriticBatch, CriticLossConfig, CriticMetrics, PolicyBatch, PolicyMetrics, SeqBatch, TrainEngine,
 };
 use tch::Tensor;
 
@@ -244,9 +244,17 @@ impl Run<'_> {
         let timing_reward = t.elapsed().as_secs_f64();
 
         // 3. Old, reference and rollout log-probs, (samples, seq) aligned with the tokens.
+        //    The first mini-batch is on-policy (no optimizer step since it
+        //    was sampled): its update computes π_old itself, so only the
+        //    other mini-batches are scored here — unless the rewards need
+        //    π_old before any update (KL in the reward).
         let seqs = rollouts.seq_batch(0..n, self.pad)?;
         let t = Instant::now();
-        let old = self.worker.actor.score(&seqs, false)?.log_probs;
+        let first = match cfg.algorithm.kl_in_reward {
+            Some(_) => 0,
+            None => plan.mini_batch_samples.min(n),
+        };
+        let old = self.score_old(&rollouts, &seqs, first)?;
         let timing_old = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let micro = cfg.batch.micro_batch_samples;
@@ -257,7 +265,6 @@ impl Run<'_> {
             None => None,
         };
         let rollout_lp = rollouts.to_token_layout(&rollouts.logprobs, 0..n, seqs.seq_len())?;
-        let mismatch = mismatch_metrics(&old, &rollout_lp, seqs.response_mask())?;
 
         // 4. Advantages in colo-algo's layout, (samples, max_response_len),
         //    grouped by prompt id, then moved to the trainer's layout.
@@ -321,13 +328,16 @@ impl Run<'_> {
                     Ok(t.f_narrow(0, rows.start as i64, rows.len() as i64)?
                         .f_narrow(1, 0, mb.seq_len() as i64)?)
                 };
-                let pb = PolicyBatch::new(
+                let mut pb = PolicyBatch::new(
                     mb.clone(),
                     &cut(&old)?,
                     &cut(&advantages)?,
                     reference.as_ref().map(cut).transpose()?.as_ref(),
                     Some(&cut(&rollout_lp)?),
                 )?;
+                if updates.is_empty() && rows.end <= first {
+                    pb = pb.old_from_update(); // fills `old`'s rows
+                }
                 updates.push(self.worker.actor.update_policy(&pb, &loss)?);
                 if let (Some(c), Some(v), Some(r)) = (&mut self.worker.critic, &values, &returns) {
                     let cb = CriticBatch::new(mb.clone(), &cut(v)?, &cut(r)?)?;
@@ -336,6 +346,7 @@ impl Run<'_> {
             }
         }
         let timing_update = t.elapsed().as_secs_f64();
+        let mismatch = mismatch_metrics(&old, &rollout_lp, seqs.response_mask())?;
 
         // 6. Metrics with verl's names.
         let mean = |f: fn(&PolicyMetrics) -> f64| {
@@ -387,6 +398,27 @@ impl Run<'_> {
             reward_failures: 0,
             mismatch: Some(mismatch.into()),
         })
+    }
+
+    /// π_old of every token, (samples, seq): the actor's scores of rows
+    /// `from..`; rows before `from` are left for the first update to fill.
+    fn score_old(&mut self, rollouts: &Rollouts, seqs: &SeqBatch, from: usize) -> Result<Tensor> {
+        let n = rollouts.len();
+        if from == 0 {
+            return Ok(self.worker.actor.score(seqs, false)?.log_probs);
+        }
+        let old = Tensor::f_zeros(
+            [n as i64, seqs.seq_len() as i64],
+            (tch::Kind::Float, tch::Device::Cpu),
+        )?;
+        if from < n {
+            let rest = rollouts.seq_batch(from..n, self.pad)?;
+            let scored = self.worker.actor.score(&rest, false)?.log_probs;
+            old.f_narrow(0, from as i64, (n - from) as i64)?
+                .f_narrow(1, 0, rest.seq_len() as i64)?
+                .f_copy_(&scored)?;
+        }
+        Ok(old)
     }
 
     /// Generates `n` samples for each prompt of `batch` (rollout phase).

@@ -55,7 +55,26 @@ pub fn device_capacity(config: &Config) -> Result<u64> {
     match (config.memory.capacity, &config.model) {
         (Capacity::Bytes(b), _) => Ok(b),
         (Capacity::Auto, ModelSource::Builtin) => Ok(BUILTIN_CAPACITY),
-        (Capacity::Auto, ModelSource::Path(_)) => Ok(colo_mem::os::machine_memory_bytes()?),
+        (Capacity::Auto, ModelSource::Path(_)) => match config.trainer.device {
+            crate::config::Device::Cpu => Ok(colo_mem::os::machine_memory_bytes()?),
+            // The GPU's total memory, as the driver reports it.
+            #[cfg(feature = "cuda")]
+            crate::config::Device::Cuda => {
+                let _context = colo_mem::cuda::CudaBackend::new(0)?;
+                Ok(colo_mem::cuda::mem_get_info()?.1)
+            }
+            #[cfg(not(feature = "cuda"))]
+            crate::config::Device::Cuda => Err(no_cuda()),
+        },
+    }
+}
+
+fn no_cuda() -> Error {
+    Error::Phase {
+        op: "run on trainer.device = \"cuda\"",
+        state: "this colo was built without the `cuda` feature \
+                (./x cargo build --release --features cuda)"
+            .into(),
     }
 }
 
@@ -91,12 +110,7 @@ pub fn make_pool(config: &Config) -> Result<std::sync::Arc<colo_mem::Pool>> {
             Ok(colo_mem::Pool::new(Box::new(backend), cfg)?)
         }
         #[cfg(not(feature = "cuda"))]
-        crate::config::Device::Cuda => Err(Error::Phase {
-            op: "run on trainer.device = \"cuda\"",
-            state: "this colo was built without the `cuda` feature \
-                    (./x cargo build --release --features cuda)"
-                .into(),
-        }),
+        crate::config::Device::Cuda => Err(no_cuda()),
     }
 }
 
@@ -109,6 +123,10 @@ pub(crate) fn engine_config(config: &Config) -> EngineConfig {
         mem_fraction,
         max_kv_tokens,
         max_batch: config.batch.samples_per_step.max(1),
+        // SGLang sizes the cache by the fraction alone; a colocated run
+        // wakes the cache every step, so colo caps it at what one step's
+        // sequences can hold (prefix sharing only makes them need less).
+        max_seq_len: Some(config.data.max_prompt_length + config.rollout.max_new_tokens),
         ..EngineConfig::default()
     }
 }

@@ -23,6 +23,11 @@ pub struct EngineConfig {
     pub max_kv_tokens: Option<usize>,
     /// Most sequences in one decode step.
     pub max_batch: usize,
+    /// The longest sequence (prompt + new tokens) the caller will ask for.
+    /// With `mem_fraction`, the KV cache is capped at what `max_batch` such
+    /// sequences can use, so a small run on a big device does not reserve
+    /// (and wake, every step) a cache it never touches; `None`: no cap.
+    pub max_seq_len: Option<usize>,
     /// Bytes of weights converted and copied per bucket in `update_weights`.
     pub weight_bucket_bytes: usize,
     /// What `release(["weights"])` does with their contents: `discard` (the
@@ -37,6 +42,7 @@ impl Default for EngineConfig {
             mem_fraction: None,
             max_kv_tokens: None,
             max_batch: 256,
+            max_seq_len: None,
             weight_bucket_bytes: 64 << 20,
             weights_policy: Policy::Discard,
         }
@@ -56,6 +62,7 @@ pub struct ValidConfig {
     pub block_size: usize,
     pub budget: KvBudget,
     pub max_batch: usize,
+    pub max_seq_len: Option<usize>,
     pub weight_bucket_bytes: usize,
     pub weights_policy: Policy,
 }
@@ -78,6 +85,9 @@ impl EngineConfig {
         if self.max_batch == 0 {
             return bad("max_batch must be at least 1".into());
         }
+        if self.max_seq_len == Some(0) {
+            return bad("max_seq_len must be at least 1".into());
+        }
         if self.weight_bucket_bytes == 0 {
             return bad("weight_bucket_bytes must be at least 1".into());
         }
@@ -95,6 +105,7 @@ impl EngineConfig {
             block_size: self.block_size,
             budget,
             max_batch: self.max_batch,
+            max_seq_len: self.max_seq_len,
             weight_bucket_bytes: self.weight_bucket_bytes,
             weights_policy: self.weights_policy,
         })

@@ -123,7 +123,13 @@ impl Engine {
                 let free = pool
                     .capacity()
                     .saturating_sub(pool.stats().resident_bytes + slack);
-                (f * free as f64) as usize / layout.bytes_per_block()
+                let by_fraction = (f * free as f64) as usize / layout.bytes_per_block();
+                match cfg.max_seq_len {
+                    Some(len) => by_fraction.min(
+                        blocks_for(len, cfg.block_size).saturating_mul(cfg.max_batch),
+                    ),
+                    None => by_fraction,
+                }
             }
         };
         if layout.num_blocks == 0 || layout.num_blocks > BlockId::MAX as usize {

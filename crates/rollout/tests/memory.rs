@@ -200,6 +200,46 @@ fn mem_fraction_sizes_the_pool_after_weights() {
     assert!(err.to_string().contains("max_kv_tokens"), "{err}");
 }
 
+#[test]
+fn max_seq_len_caps_a_fraction_at_what_the_batch_can_use() {
+    // A big device and a small run: the fraction alone would reserve
+    // hundreds of blocks; 4 sequences of at most 20 tokens use 2 blocks each.
+    let pool = Pool::host(PoolConfig::with_capacity(64 << 20)).unwrap();
+    let capped = EngineConfig {
+        mem_fraction: Some(0.5),
+        max_batch: 4,
+        max_seq_len: Some(20),
+        ..EngineConfig::default()
+    };
+    let e = Engine::from_dir(&fixture("tiny-qwen2"), pool.clone(), &capped).unwrap();
+    let s = e.stats();
+    assert_eq!(s.kv_bytes, 4 * 2 * s.kv_bytes_per_block);
+    assert!(resident(&pool, tags::KV_CACHE) <= s.kv_bytes as u64 + (64 << 10));
+    drop(e);
+    // Where the fraction is the smaller, it wins.
+    let tiny = Pool::host(PoolConfig::with_capacity(8 << 20)).unwrap();
+    let big_run = EngineConfig {
+        max_batch: 1 << 16,
+        max_seq_len: Some(4096),
+        ..capped
+    };
+    let e = Engine::from_dir(&fixture("tiny-qwen2"), tiny.clone(), &big_run).unwrap();
+    let free = (8u64 << 20) - resident(&tiny, tags::WEIGHTS);
+    assert!(e.stats().kv_bytes as u64 <= free / 2);
+    // A zero length is a config error naming the key.
+    let err = Engine::from_dir(
+        &fixture("tiny-qwen2"),
+        pool,
+        &EngineConfig {
+            max_seq_len: Some(0),
+            ..EngineConfig::default()
+        },
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("max_seq_len"), "{err}");
+}
+
 /// Regression: `model()` used to hand out tensors over released weights,
 /// and reading them faulted the process.
 #[test]

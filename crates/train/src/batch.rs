@@ -273,6 +273,17 @@ pub(crate) struct Micro {
 }
 
 impl Micro {
+    /// Writes `src` (rows, window) into this micro-batch's rows and window
+    /// of the whole-batch tensor `dst`, on `dst`'s device.
+    pub(crate) fn write_window(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
+        let (t0, t1) = self.window.expect("a micro-batch with response tokens");
+        let mut view = dst
+            .f_narrow(0, self.start as i64, self.seqs.batch_size() as i64)?
+            .f_narrow(1, t0 as i64, (t1 - t0) as i64)?;
+        view.f_copy_(src)?;
+        Ok(())
+    }
+
     /// Rows of this micro-batch and window columns of a whole-batch
     /// per-token tensor. Panics without a window.
     pub(crate) fn window_of(&self, t: &Tensor) -> Result<Tensor> {
@@ -319,6 +330,9 @@ pub struct PolicyBatch {
     pub ref_log_probs: Option<Tensor>,
     /// The rollout engine's log-probs, for truncated importance sampling.
     pub rollout_log_probs: Option<Tensor>,
+    /// π_old is the policy about to be updated (see
+    /// [`PolicyBatch::old_from_update`]).
+    pub old_from_update: bool,
 }
 
 impl Clone for PolicyBatch {
@@ -331,6 +345,7 @@ impl Clone for PolicyBatch {
             advantages: self.advantages.shallow_clone(),
             ref_log_probs: opt(&self.ref_log_probs),
             rollout_log_probs: opt(&self.rollout_log_probs),
+            old_from_update: self.old_from_update,
         }
     }
 }
@@ -353,7 +368,21 @@ impl PolicyBatch {
                 .map(|t| check_per_token("rollout_log_probs", t, &seqs))
                 .transpose()?,
             seqs,
+            old_from_update: false,
         })
+    }
+
+    /// Marks the batch on-policy: no optimizer step has been taken since
+    /// its samples were drawn, so π_old is the policy being updated and the
+    /// update's own log-probs, detached, are π_old (the ratio is exactly 1
+    /// and the gradient is the policy gradient). The update writes them into
+    /// `old_log_probs` as its micro-batches run (what the tensor held is
+    /// ignored), so a later epoch or a metric reads them there. This saves
+    /// the separate scoring pass before the first update, as TRL does with
+    /// `num_iterations = 1`; verl always rescores.
+    pub fn old_from_update(mut self) -> Self {
+        self.old_from_update = true;
+        self
     }
 }
 

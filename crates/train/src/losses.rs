@@ -119,7 +119,14 @@ impl ColoTrainer {
         };
         // Every per-token tensor below is (rows, window), like `lp`.
         let mask = mb.mask.as_ref().expect("set with the window");
-        let old = mb.window_of(&batch.old_log_probs)?;
+        let old = match batch.old_from_update {
+            true => {
+                let old = lp.detach();
+                mb.write_window(&batch.old_log_probs, &old)?;
+                old
+            }
+            false => mb.window_of(&batch.old_log_probs)?,
+        };
         let advantages = mb.window_of(&batch.advantages)?;
         let is_weights = match (cfg.rollout_correction.rollout_is, &batch.rollout_log_probs) {
             (None, _) => None,

@@ -185,6 +185,44 @@ fn accumulated_gradient_equals_full_batch_gradient() {
     }
 }
 
+/// An on-policy batch may leave π_old to the update: the gradient, the
+/// metrics and the state after the step match a batch scored beforehand,
+/// and the update writes the log-probs it used into `old_log_probs`.
+#[test]
+fn old_log_probs_from_the_update_match_a_scored_batch() {
+    let cfg = LossConfig {
+        use_kl_loss: true,
+        entropy_coeff: 0.01,
+        ..Default::default()
+    };
+    let mut scored = engine("tiny-llama", 2);
+    let batch = policy_batch(&mut scored);
+    let want = scored.update_policy(&batch, &cfg).unwrap();
+    let mut e = engine("tiny-llama", 3);
+    let garbage = batch.old_log_probs.full_like(7.0);
+    let on = PolicyBatch::new(
+        batch.seqs.clone(),
+        &garbage,
+        &batch.advantages,
+        batch.ref_log_probs.as_ref(),
+        None,
+    )
+    .unwrap()
+    .old_from_update();
+    let got = e.update_policy(&on, &cfg).unwrap();
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+    assert!(close(got.pg_loss, want.pg_loss), "{got:?} vs {want:?}");
+    assert!(close(got.grad_norm, want.grad_norm) && close(got.entropy, want.entropy));
+    assert_eq!((got.pg_clipfrac, got.ppo_kl.abs() < 1e-7), (0.0, true));
+    for ((n, g), (_, r)) in e.gradients().iter().zip(scored.gradients()) {
+        let d = rel_diff(g, &r);
+        assert!(d < 1e-5, "`{n}` differs by {d:e}");
+    }
+    // The response tokens of `garbage` now hold the scores.
+    let mask = batch.seqs.response_mask().shallow_clone();
+    assert!(rel_diff(&(&garbage * &mask), &(&batch.old_log_probs * &mask)) < 1e-5);
+}
+
 /// The reported norm is the pre-clip norm of the accumulated gradient, and
 /// the update uses the clipped gradient (visible in AdamW's first moment).
 #[test]

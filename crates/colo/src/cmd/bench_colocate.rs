@@ -86,6 +86,25 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Where the runs train and generate: `cpu`, or `cuda` (a build with
+    /// the `cuda` feature, on a machine with an NVIDIA GPU).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+}
+
+impl Args {
+    /// The defaults, on `device` (what `colo gpu-check` runs).
+    pub fn on(device: &str) -> Self {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let mut a = Cli::parse_from(["colocate"]).args;
+        a.device = device.to_string();
+        a
+    }
 }
 
 /// Timeline phases of the train → rollout switch (see colo-rl's worker).
@@ -118,7 +137,46 @@ fn mode_name(mode: Colocation) -> &'static str {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let report = measure_report(&a)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+/// The three targets and the capacity experiment on `device`, in one line
+/// (for `colo gpu-check`); an error if a target was missed.
+pub fn check_on(device: &str) -> Result<String> {
+    let report = measure_report(&Args::on(device))?;
+    print_table(&report);
+    let t = report
+        .targets
+        .as_ref()
+        .context("targets not computed: sleep or staged did not fit")?;
+    let line = format!(
+        "saving {:.2}× trainer weights, staged/sleep switch {:.2}, slowest switch {}, \
+         sleep OOMs and staged fits: {}",
+        t.saving_vs_trainer_weights,
+        t.staged_over_sleep_switch,
+        t.slowest_switch,
+        report.capacity_experiment.sleep_oom_staged_fits
+    );
+    ensure!(
+        t.saving_met && t.switch_met && t.restart_slowest,
+        "a target was missed: {line}"
+    );
+    Ok(line)
+}
+
+fn measure_report(a: &Args) -> Result<Report> {
     let started = std::time::Instant::now();
+    ensure!(
+        ["cpu", "cuda"].contains(&a.device.as_str()),
+        "--device must be cpu or cuda, got {:?}",
+        a.device
+    );
     ensure!(a.steps > 0, "--steps must be at least 1");
     ensure!(
         a.kv_over_weights > 0.0,
@@ -132,8 +190,8 @@ pub fn run(a: Args) -> Result<()> {
             true,
         ),
     };
-    let setup = Setup::write(&work, &cfg, &a)?;
-    let result = measure(&a, &setup);
+    let setup = Setup::write(&work, &cfg, a)?;
+    let result = measure(a, &setup);
     if owned {
         let _ = std::fs::remove_dir_all(&work);
     }
@@ -158,12 +216,7 @@ pub fn run(a: Args) -> Result<()> {
         load_avg_1m: crate::cmd::load_avg_1m(),
         seconds: started.elapsed().as_secs_f64(),
     };
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_table(&report);
-    }
-    Ok(())
+    Ok(report)
 }
 
 /// The four modes at the configured capacity, then the capacity experiment.
@@ -220,6 +273,7 @@ struct Setup {
     n: usize,
     kv_tokens: usize,
     weight_bytes: u64,
+    device: String,
 }
 
 impl Setup {
@@ -251,6 +305,7 @@ impl Setup {
             n: a.n,
             kv_tokens,
             weight_bytes,
+            device: a.device.clone(),
         })
     }
 
@@ -284,6 +339,7 @@ capacity = {capacity}
 colocation = "{mode}"
 
 [trainer]
+device = "{device}"
 total_steps = {steps}
 save_freq = 0
 test_freq = 0
@@ -296,6 +352,7 @@ val_before_train = false
             n = self.n,
             samples = self.prompts * self.n,
             kv = self.kv_tokens,
+            device = self.device,
         );
         Ok(Config::from_toml(
             &toml,

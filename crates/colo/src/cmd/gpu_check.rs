@@ -9,7 +9,9 @@
 //!    (the autograd thread's gradients included) pause and resume at the
 //!    same address, bit-exact, with the memory released as the driver
 //!    reports it;
-//! 4. the built-in `colo train` on CUDA (a few steps, or all with `--full`).
+//! 4. `colo bench colocate --device cuda` (its three targets and the
+//!    capacity experiment, on the GPU's memory);
+//! 5. the built-in `colo train` on CUDA (a few steps, or all with `--full`).
 //!
 //! Each check prints its figures; the summary lists pass/fail and the exit
 //! status is 1 if any failed.
@@ -49,6 +51,7 @@ pub fn run(a: Args) -> Result<()> {
             ));
         }
         results.push(("memory", memory()));
+        results.push(("colocate", super::bench_colocate::check_on("cuda")));
         results.push(("train", train(&a)));
     }
     println!("\n== colo gpu-check summary");
