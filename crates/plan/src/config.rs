@@ -171,6 +171,10 @@ pub struct PlanInput {
     /// The KV cache is allocated in blocks of this many tokens (a paged
     /// cache: 16 in colo-rollout); budgets round to whole blocks.
     pub kv_block_tokens: u64,
+    /// With `kv_free_fraction`: the cache never exceeds this many tokens
+    /// (colo-rollout's `max_batch` sequences of `max_seq_len`, rounded to
+    /// whole blocks per sequence by the caller). `None`: no cap.
+    pub kv_tokens_cap: Option<u64>,
     /// `flash` (fused attention, Korthikanti et al.; the default) or
     /// `eager` (every op's output kept for backward, the `seq × seq`
     /// scores materialised: colo's own CPU trainer). `eager` needs
@@ -212,6 +216,7 @@ impl Default for PlanInput {
             kv_tokens: None,
             kv_free_fraction: None,
             kv_block_tokens: 1,
+            kv_tokens_cap: None,
             activation_model: "flash".into(),
             seq_len: None,
             response_len: None,
@@ -281,6 +286,7 @@ pub struct Plan {
     pub kv_budget: KvBudget,
     /// Tokens per KV-cache block (budgets round to whole blocks).
     pub kv_block_tokens: u64,
+    pub kv_tokens_cap: Option<u64>,
     pub activations: ActivationModel,
     pub mode: Mode,
     pub offload: Offload,
@@ -535,6 +541,7 @@ impl PlanInput {
             gen_tp: tg,
             kv_budget,
             kv_block_tokens: self.kv_block_tokens,
+            kv_tokens_cap: self.kv_tokens_cap,
             activations,
             mode: Mode::parse(&self.mode)?,
             offload: self.offload,

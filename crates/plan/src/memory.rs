@@ -121,10 +121,14 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
 /// ([`crate::model::ModelSpec::eager_elems_per_token_layer`]), the
 /// embedding and final norm (`2h`), and over the response window the
 /// float32 log-softmax (`vocab`; the logits are dropped once it exists) —
-/// lives until backward ends. Backward frees each saved tensor as it
-/// passes it and its gradients reuse those blocks from the tag's cache, so
-/// the tag's high-water mark is the graph plus one gradient per parameter
-/// before it is added to the accumulators.
+/// lives until backward ends; backward starts at the head, where the
+/// gathered log-probs' gradient is scattered into a (window, vocab) tensor
+/// and the log-softmax's backward makes another, both beside the whole
+/// graph (`3 · vocab` per window token). Backward frees each saved tensor as it
+/// passes it and the parameters' gradients reuse those blocks from the
+/// tag's cache (the run empties the cache before the update, so the
+/// scoring passes leave no fragments), so the tag's high-water mark is the
+/// graph.
 /// A forward-only pass frees each layer's outputs as the next one runs:
 /// one layer's working set and the logits. Both include the logits, so
 /// the `logits` component stays empty.
@@ -134,13 +138,9 @@ fn eager_activations(plan: &Plan, s: &mut ComponentSizes, seq: u64, response: u6
     let per_layer = m.eager_elems_per_token_layer(seq);
     let graph = |tokens: u64| {
         let window = tokens * response / seq;
-        (tokens * (m.layers * per_layer + 2 * m.hidden) + window * m.vocab) * b
+        (tokens * (m.layers * per_layer + 2 * m.hidden) + 3 * window * m.vocab) * b
     };
-    let grad_bytes = match plan.optimizer {
-        Optimizer::AdamwMixed => plan.param_dtype.bytes(),
-        Optimizer::AdamwFp32 => 4,
-    };
-    s.train_activations = graph(plan.tokens_per_micro_batch) + m.params() * grad_bytes;
+    s.train_activations = graph(plan.tokens_per_micro_batch);
     s.train_logits = 0;
     let lp = plan.logprob_tokens_per_micro_batch;
     s.forward_activations =
@@ -175,7 +175,10 @@ fn kv_cache(plan: &Plan, s: &ComponentSizes) -> Result<(u64, f64)> {
         }
         KvBudget::FreeFraction(f) => {
             let free = device.saturating_sub(plan.runtime_overhead_bytes + weights);
-            let kv = (f * free as f64) as u64 / block * block;
+            let mut kv = (f * free as f64) as u64 / block * block;
+            if let Some(cap) = plan.kv_tokens_cap {
+                kv = kv.min(cap.div_ceil(plan.kv_block_tokens) * block);
+            }
             if kv == 0 {
                 return Err(out_of_range(
                     "kv_free_fraction",

@@ -242,15 +242,16 @@ impl ModelSpec {
     /// its forward: the two RMSNorm outputs, the output and down
     /// projections and the two residual sums (`6h`); Q's projection, RoPE,
     /// the probabilities' product with V and its transposed copy (`4q`);
-    /// K's projection and RoPE, V's projection and contiguous copy
-    /// (`4kv`); the biases' sums; the softmax probabilities, `heads × seq`
-    /// per token (libtorch's masked softmax keeps only its output for
-    /// backward); and gate, SiLU, up and their product (`4i`). Checked
-    /// within 10% against real runs by `crates/colo/tests/plan_vs_run.rs`.
+    /// K's RoPE, V's projection and contiguous copy (`3kv`: K's projection
+    /// and the biases' sums are consumed by RoPE's products with constant
+    /// tables, which save only the tables, and freed); the softmax
+    /// probabilities, `heads × seq` per token (libtorch's masked softmax
+    /// keeps only its output for backward); and gate, SiLU, up and their
+    /// product (`4i`). Checked within 10% against real runs by
+    /// `crates/colo/tests/plan_vs_run.rs`.
     pub fn eager_elems_per_token_layer(&self, seq: u64) -> u64 {
         let (h, q, kv) = (self.hidden, self.q_dim(), self.kv_dim());
-        let bias = if self.qkv_bias { q + 2 * kv } else { 0 } + if self.o_bias { h } else { 0 };
-        6 * h + 4 * q + 4 * kv + bias + self.heads * seq + 4 * self.intermediate
+        6 * h + 4 * q + 3 * kv + self.heads * seq + 4 * self.intermediate
     }
 
     /// Forward FLOPs per token with `context` tokens of attention context:

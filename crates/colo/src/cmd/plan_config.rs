@@ -94,6 +94,14 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         kv_free_fraction,
         kv_tokens,
         kv_block_tokens: KV_BLOCK_TOKENS,
+        // The run's cap (colo-rl's engine config): one step's sequences of
+        // max_prompt_length + max_new_tokens, whole blocks each.
+        kv_tokens_cap: Some(
+            config.batch.samples_per_step as u64
+                * (config.data.max_prompt_length as u64 + config.rollout.max_new_tokens as u64)
+                    .div_ceil(KV_BLOCK_TOKENS)
+                * KV_BLOCK_TOKENS,
+        ),
         activation_model: "eager".into(),
         seq_len: Some(seq_len),
         response_len: Some(config.rollout.max_new_tokens as u64),
