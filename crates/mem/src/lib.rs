@@ -99,17 +99,23 @@ pub use stats::{PoolStats, TagStats};
 pub use timeline::{Event, EventKind};
 pub use torch::{untagged, Untagged};
 
-/// Bytes in human units, for messages: `1.5 GiB`, `12.0 MiB`, `512 B`.
+/// Bytes in human units, for messages: `1.5 GiB`, `12.0 MiB`, `512 B`
+/// (binary units, one decimal; the `bytesize` crate's IEC format).
 pub fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if b < 1024 {
-        return format!("{b} B");
+    bytesize::ByteSize::b(b).display().iec().to_string()
+}
+
+#[cfg(test)]
+mod fmt_tests {
+    use super::fmt_bytes;
+
+    #[test]
+    fn fmt_bytes_in_binary_units() {
+        assert_eq!(fmt_bytes(0), "0 B");
+        assert_eq!(fmt_bytes(1023), "1023 B");
+        assert_eq!(fmt_bytes(1024), "1.0 KiB");
+        assert_eq!(fmt_bytes(12 << 20), "12.0 MiB");
+        assert_eq!(fmt_bytes(3 << 29), "1.5 GiB");
+        assert_eq!(fmt_bytes(u64::MAX), "16.0 EiB");
     }
-    let mut v = b as f64 / 1024.0;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    format!("{v:.1} {}", UNITS[i])
 }

@@ -136,11 +136,10 @@ fn eager_activations(plan: &Plan, s: &mut ComponentSizes, seq: u64, response: u6
     let m = &plan.model;
     let b = plan.param_dtype.bytes();
     let per_layer = m.eager_elems_per_token_layer(seq);
-    let graph = |tokens: u64| {
-        let window = tokens * response / seq;
-        (tokens * (m.layers * per_layer + 2 * m.hidden) + 3 * window * m.vocab) * b
-    };
-    s.train_activations = graph(plan.tokens_per_micro_batch);
+    let tokens = plan.tokens_per_micro_batch;
+    let window = tokens * response / seq;
+    s.train_activations =
+        (tokens * (m.layers * per_layer + 2 * m.hidden) + 3 * window * m.vocab) * b;
     s.train_logits = 0;
     let lp = plan.logprob_tokens_per_micro_batch;
     s.forward_activations =

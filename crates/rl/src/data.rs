@@ -66,9 +66,38 @@ impl Dataset {
         fields: &Fields,
         tokenizer: Option<&Tokenizer>,
     ) -> Result<Self> {
+        Self::read(paths, fields, tokenizer, None)
+    }
+
+    /// As [`Dataset::from_jsonl`], and every prompt must be at most
+    /// `max_prompt_length` tokens as the run encodes it (the tokenizer's
+    /// special tokens included): a longer one is an error naming the file,
+    /// the line and both lengths, before anything runs (verl's
+    /// `truncation = "error"`: a silently cut prompt would train on a
+    /// different question).
+    pub fn from_jsonl_max_len(
+        paths: &[PathBuf],
+        fields: &Fields,
+        tokenizer: &Tokenizer,
+        max_prompt_length: usize,
+    ) -> Result<Self> {
+        Self::read(
+            paths,
+            fields,
+            Some(tokenizer),
+            Some((tokenizer, max_prompt_length)),
+        )
+    }
+
+    fn read(
+        paths: &[PathBuf],
+        fields: &Fields,
+        tokenizer: Option<&Tokenizer>,
+        max_len: Option<(&Tokenizer, usize)>,
+    ) -> Result<Self> {
         let mut data = Dataset::default();
         for path in paths {
-            data.read_file(path, fields, tokenizer)?;
+            data.read_file(path, fields, tokenizer, max_len)?;
         }
         if data.prompts.is_empty() {
             return Err(Error::Dataset(format!("no prompts in {paths:?}")));
@@ -76,7 +105,13 @@ impl Dataset {
         Ok(data)
     }
 
-    fn read_file(&mut self, path: &Path, fields: &Fields, tok: Option<&Tokenizer>) -> Result<()> {
+    fn read_file(
+        &mut self,
+        path: &Path,
+        fields: &Fields,
+        tok: Option<&Tokenizer>,
+        max_len: Option<(&Tokenizer, usize)>,
+    ) -> Result<()> {
         if !path.is_file() {
             return Err(Error::MissingFile {
                 what: "dataset",
@@ -105,6 +140,17 @@ impl Dataset {
                 .ok_or_else(|| bad(Some(pk), "missing".into()))?;
             let text = prompt_text(&prompt, tok)
                 .map_err(|(sub, m)| bad(Some(&format!("{pk}{sub}")), m))?;
+            if let Some((tok, max)) = max_len {
+                let n = tok.encode(&text, true)?.len();
+                if n > max {
+                    return Err(bad(
+                        Some(pk),
+                        format!(
+                            "the prompt has {n} tokens, more than data.max_prompt_length = {max}"
+                        ),
+                    ));
+                }
+            }
             let ak = fields.answer_key.as_str();
             let answer = lookup(&row, ak).ok_or_else(|| bad(Some(ak), "missing".into()))?;
             let ground_truth = match answer {

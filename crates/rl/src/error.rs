@@ -73,6 +73,14 @@ pub enum Error {
     #[error("tensor: {0}")]
     Torch(Box<tch::TchError>),
 
+    /// A chart could not be drawn or encoded.
+    #[error("picture `{what}`: {reason}")]
+    Plot { what: &'static str, reason: String },
+
+    /// `--resume` cannot continue this run directory as configured.
+    #[error("--resume: {0}")]
+    Resume(String),
+
     /// A phase of the colocated step was asked for in the wrong state.
     #[error("hybrid worker: cannot {op}: {state}")]
     Phase { op: &'static str, state: String },

@@ -10,6 +10,7 @@
 //! | module | holds |
 //! |---|---|
 //! | `r#loop` | `run(config, out, resume)`: the RL step top to bottom, checkpoints, evaluation |
+//! | [`checkpoints`] | `checkpoints/step-N`: complete Hugging Face directories; the newest complete one for `--resume` |
 //! | [`worker`] | [`worker::HybridWorker`]: `to_rollout` / `to_train` in the colocation modes naive, restart, sleep, staged |
 //! | [`reference`](mod@reference) | the frozen reference model in tag `ref` |
 //! | [`rollouts`] | [`rollouts::Rollouts`]: the typed step data from generation to training |
@@ -19,8 +20,8 @@
 //! | [`reward`] | the [`Reward`] trait; exact / numeric / `\boxed{}` / format rules, weighted sums, external commands |
 //! | [`task`], [`vocab`] | the built-in arithmetic task, its character tokenizer and its 0.8M-parameter model |
 //! | [`metrics`] | `metrics.jsonl` records with verl's names |
-//! | [`plot`] | the memory timeline and the reward curve as hand-written SVG |
-//! | [`progress`] | a progress bar that stays quiet off a terminal |
+//! | [`plot`] | the memory timeline and the reward curve, SVG and PNG (`plotters`) |
+//! | [`progress`] | a progress bar (`indicatif`) that stays quiet off a terminal |
 //!
 //! ## Example
 //!
@@ -61,11 +62,13 @@
 //!   hand-rolled SplitMix64 ([`rng`]), not a crate whose stream could change
 //!   with an upgrade; any step's batch is computed directly, so a resumed
 //!   run sees the same prompts.
-//! - **No plotting or terminal dependencies.** SVG is text; the progress bar
-//!   is thirty lines.
+//! - **The field's crates for the run's output.** Charts are `plotters`
+//!   (SVG and PNG, with an embedded font, no system fonts), the progress bar
+//!   is `indicatif`; the crate README lists what stays hand-written and why.
 
 mod error;
 
+pub mod checkpoints;
 pub mod config;
 pub mod data;
 pub mod eval;

@@ -28,16 +28,16 @@ use colo_train::{
 };
 use tch::Tensor;
 
+use crate::checkpoints;
 use crate::config::Config;
 use crate::data::{Batch, Batches, Dataset};
 use crate::eval::{self, EvalConfig};
-use crate::metrics::{EvalRecord, MetricsWriter, StepMetrics};
+use crate::metrics::{self, EvalRecord, MetricsWriter, Record, StepMetrics};
 use crate::progress::{Progress, Status};
 use crate::reward::{self, Reward, RewardInput};
 use crate::rollouts::Rollouts;
 use crate::setup::{
-    critic_config, draw, engine_config, latest_checkpoint, load_data, loss_config, trainer_config,
-    uses_critic,
+    critic_config, draw, engine_config, load_data, loss_config, trainer_config, uses_critic,
 };
 use crate::worker::{HybridWorker, WorkerSpec};
 use crate::{Error, Result};
@@ -50,16 +50,27 @@ pub struct RunSummary {
     pub run_dir: PathBuf,
     /// Steps completed in total (including those before a resume).
     pub steps: usize,
-    /// Held-out accuracy of the starting checkpoint and at the end.
+    /// The checkpoint's step a `--resume` continued from (`None`: from
+    /// scratch).
+    pub resumed_from: Option<usize>,
+    /// Held-out accuracy of the starting checkpoint and at the end (read
+    /// back from `metrics.jsonl` for the steps before a resume).
     pub first_accuracy: Option<f64>,
     pub last_accuracy: Option<f64>,
+    /// The largest `memory/peak_device_bytes` of the run's steps, those
+    /// before a resume included.
     pub peak_device_bytes: u64,
+    /// What the run said about where it started (also printed to stderr):
+    /// checkpoints skipped, records removed, starting from scratch.
+    pub notes: Vec<String>,
 }
 
 /// Everything the steps share.
 struct Run<'a> {
     config: &'a Config,
     worker: HybridWorker,
+    /// The starting checkpoint (its tokenizer files go into every checkpoint).
+    model_dir: PathBuf,
     tokenizer: Tokenizer,
     reward: Box<dyn Reward>,
     val: Dataset,
@@ -70,11 +81,38 @@ struct Run<'a> {
     kl_ctrl: Option<KlController>,
 }
 
+/// Where a run starts, decided before anything is loaded.
+struct Start {
+    /// RL steps already done (the checkpoint's N; 0 from scratch).
+    first_step: usize,
+    total: usize,
+    /// From the kept records of a resumed run: (step-0 accuracy, last
+    /// accuracy, peak device bytes).
+    before: (Option<f64>, Option<f64>, u64),
+    notes: Vec<String>,
+}
+
+impl Start {
+    fn say(&mut self, note: String) {
+        eprintln!("{note}");
+        self.notes.push(note);
+    }
+}
+
 /// Runs `config` into `out` (the run directory). With `resume`, continues
-/// from the latest checkpoint in `out/checkpoints`.
+/// from the newest complete checkpoint in `out/checkpoints` (see
+/// [`crate::checkpoints`]): refused when it is beyond the run's total
+/// steps, nothing to do when it is the last, and `metrics.jsonl` keeps only
+/// the records up to its step. Once the device pool exists, the memory
+/// timeline and the pictures are written however the run ends.
 pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
-    // ---- setup: files, model, data, reward, device, worker ----------------
+    // ---- setup: files, model, data -----------------------------------------
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let ckpt_dir = out.join(checkpoints::DIR);
+    // Read only: nothing is written until the resume is known to make sense.
+    let found = resume
+        .then(|| checkpoints::latest_complete(&ckpt_dir, uses_critic(config)))
+        .transpose()?;
     let model_dir = config.model.resolve(&out.join("base"))?;
     let tokenizer = Tokenizer::from_dir(&model_dir)?;
     let (train, val) = load_data(config, out, &tokenizer)?;
@@ -88,7 +126,138 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
             state: "the tokenizer has no end-of-sequence token".into(),
         })?;
     let pad = tokenizer.special.pad.as_ref().map_or(eos, |t| t.id);
+
+    // ---- resume: which checkpoint, and the records after it go -------------
+    let total = config.total_steps(train.len());
+    let metrics_path = out.join("metrics.jsonl");
+    let mut start = Start {
+        first_step: 0,
+        total,
+        before: (None, None, 0),
+        notes: Vec::new(),
+    };
+    if let Some(found) = found {
+        for (dir, why) in &found.skipped {
+            start.say(format!(
+                "--resume: {} is not a complete checkpoint ({why}); skipped",
+                dir.display()
+            ));
+        }
+        match found.latest {
+            None => start.say(format!(
+                "--resume: no complete checkpoint in {}; starting from scratch",
+                ckpt_dir.display()
+            )),
+            Some((step, dir)) if step > total => {
+                return Err(Error::Resume(format!(
+                    "the newest checkpoint, {}, is at step {step}, beyond trainer.total_steps = {total}; \
+                     continuing would overwrite newer checkpoints with older steps. \
+                     Set trainer.total_steps to at least {step}, or use another run directory",
+                    dir.display()
+                )))
+            }
+            Some((step, dir)) => {
+                let removed = metrics::truncate_after(&metrics_path, step)?;
+                start.first_step = step;
+                start.before = earlier(&metrics_path)?;
+                start.say(format!(
+                    "--resume: continuing from {} (step {step} of {total}){}",
+                    dir.display(),
+                    match removed {
+                        0 => String::new(),
+                        n => format!("; removed {n} records after step {step} from metrics.jsonl"),
+                    }
+                ));
+                if step == total {
+                    start.say(format!(
+                        "--resume: the run is already complete ({total} of {total} steps); nothing to do"
+                    ));
+                    let (first_accuracy, last_accuracy, peak) = start.before;
+                    return Ok(RunSummary {
+                        run_dir: out.to_owned(),
+                        steps: total,
+                        resumed_from: Some(step),
+                        first_accuracy,
+                        last_accuracy,
+                        peak_device_bytes: peak,
+                        notes: start.notes,
+                    });
+                }
+            }
+        }
+    }
+    let metrics = match start.first_step {
+        0 => MetricsWriter::create(&metrics_path)?,
+        _ => MetricsWriter::append(&metrics_path)?,
+    };
+
+    // ---- device, worker, steps; the pictures however it ends ---------------
     let pool = crate::setup::make_pool(config)?;
+    let setup = Setup {
+        model_dir,
+        tokenizer,
+        train,
+        val,
+        eos,
+        pad,
+        metrics,
+    };
+    let result = train_steps(config, out, &pool, setup, start);
+    match (result, draw(out, &pool)) {
+        (Ok(summary), drawn) => drawn.map(|()| summary),
+        (Err(e), Ok(())) => Err(e),
+        (Err(e), Err(d)) => {
+            eprintln!("could not write the run's pictures: {d}");
+            Err(e)
+        }
+    }
+}
+
+/// What the steps are set up from.
+struct Setup {
+    model_dir: PathBuf,
+    tokenizer: Tokenizer,
+    train: Dataset,
+    val: Dataset,
+    eos: u32,
+    pad: u32,
+    metrics: MetricsWriter,
+}
+
+/// (step-0 accuracy, last accuracy, peak device bytes) of the records in
+/// `metrics.jsonl`.
+fn earlier(path: &Path) -> Result<(Option<f64>, Option<f64>, u64)> {
+    if !path.is_file() {
+        return Ok((None, None, 0));
+    }
+    let (mut first, mut last, mut peak) = (None, None, 0);
+    for r in metrics::read(path)? {
+        match r {
+            Record::Eval(e) if e.step == 0 => (first, last) = (Some(e.accuracy), Some(e.accuracy)),
+            Record::Eval(e) => last = Some(e.accuracy),
+            Record::Step(s) => peak = peak.max(s.peak_device_bytes),
+        }
+    }
+    Ok((first, last, peak))
+}
+
+/// The worker, the evaluations and the steps from `start.first_step`.
+fn train_steps(
+    config: &Config,
+    out: &Path,
+    pool: &Arc<colo_mem::Pool>,
+    setup: Setup,
+    start: Start,
+) -> Result<RunSummary> {
+    let Setup {
+        model_dir,
+        tokenizer,
+        train,
+        val,
+        eos,
+        pad,
+        metrics,
+    } = setup;
     let spec = WorkerSpec {
         model_dir: model_dir.clone(),
         actor: trainer_config(config),
@@ -98,13 +267,12 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
         reference: config.algorithm.needs_ref(&config.actor),
         scratch: out.join("scratch"),
     };
-    let worker = HybridWorker::new(Arc::clone(&pool), &spec)?;
-
-    // ---- resume: the latest checkpoint's weights, optimizer and step -------
-    let ckpt_dir = out.join("checkpoints");
+    let worker = HybridWorker::new(Arc::clone(pool), &spec)?;
+    let ckpt_dir = out.join(checkpoints::DIR);
     let mut run = Run {
         config,
         worker,
+        model_dir,
         tokenizer,
         reward: reward::build(&config.reward)?,
         val,
@@ -116,19 +284,13 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
             .as_ref()
             .map(|k| KlController::new(&k.ctrl))
             .transpose()?,
-        metrics: if resume {
-            MetricsWriter::append(&out.join("metrics.jsonl"))?
-        } else {
-            MetricsWriter::create(&out.join("metrics.jsonl"))?
-        },
+        metrics,
     };
-    let first_step = match resume.then(|| latest_checkpoint(&ckpt_dir)).flatten() {
-        Some((step, dir)) => {
-            run.worker.actor.load_checkpoint(&dir)?;
-            step
-        }
-        None => 0,
-    };
+    let (first_step, total) = (start.first_step, start.total);
+    if first_step > 0 {
+        let dir = ckpt_dir.join(format!("step-{first_step}"));
+        run.worker.load_checkpoint(&dir)?;
+    }
 
     let batches = Batches::new(
         &train,
@@ -136,17 +298,14 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
         config.data.seed,
         config.data.shuffle,
     )?;
-    let total = config.total_steps(train.len());
     let mut progress = Progress::stderr(total);
-    let mut first_accuracy = None;
-    let mut last_accuracy = None;
+    let (mut first_accuracy, mut last_accuracy, mut peak) = start.before;
     if config.trainer.val_before_train && first_step == 0 {
         first_accuracy = Some(run.evaluate(0)?);
         last_accuracy = first_accuracy;
     }
 
     // ---- the steps ---------------------------------------------------------
-    let mut peak = 0;
     for step in first_step..total {
         let m = run.step(&batches.batch(step))?;
         peak = peak.max(m.peak_device_bytes);
@@ -167,18 +326,19 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
         );
     }
 
-    // ---- the end: evaluation, checkpoint, pictures -------------------------
-    if first_step < total || last_accuracy.is_none() {
-        last_accuracy = Some(run.evaluate(total)?);
-    }
+    // ---- the end: one evaluation, the last checkpoint ----------------------
+    // (`run` returns early when a resumed run has no step left, so this
+    // evaluation is the only one at `total`.)
+    last_accuracy = Some(run.evaluate(total)?);
     run.save(&ckpt_dir, total)?;
-    draw(out, &pool)?;
     Ok(RunSummary {
         run_dir: out.to_owned(),
         steps: total,
+        resumed_from: (first_step > 0).then_some(first_step),
         first_accuracy,
         last_accuracy,
         peak_device_bytes: peak,
+        notes: start.notes,
     })
 }
 
@@ -212,6 +372,7 @@ impl Run<'_> {
                 }
             })
             .collect();
+        let failures_before = self.reward.failures();
         let scores = self.reward.score_batch(&inputs)?; // (samples,)
                                                         // ReMax: each row's baseline is its prompt's greedy score.
         let baselines = match greedy {
@@ -242,6 +403,7 @@ impl Run<'_> {
             None => None,
         };
         let timing_reward = t.elapsed().as_secs_f64();
+        let reward_failures = self.reward.failures().saturating_sub(failures_before);
 
         // 3. Old, reference and rollout log-probs, (samples, seq) aligned with the tokens.
         //    The first mini-batch is on-policy (no optimizer step since it
@@ -317,6 +479,12 @@ impl Run<'_> {
         // 5. Actor update: ppo_epochs × mini-batches of whole prompts, each
         //    one optimizer step accumulated over micro-batches.
         let t = Instant::now();
+        // The scoring passes' freed blocks are cached in the activations
+        // tag at their own sizes; the update's graph could not reuse most
+        // of them, and the tag's high-water mark would be graph + fragments
+        // (an allocation that found the device full would drop them
+        // anyway). Return them now: the update starts from an empty cache.
+        self.worker.pool().empty_cache();
         let loss = loss_config(cfg);
         let mut updates: Vec<PolicyMetrics> = Vec::new();
         let mut critic_updates: Vec<CriticMetrics> = Vec::new();
@@ -395,7 +563,7 @@ impl Run<'_> {
                 / n as f64,
             throughput: tokens as f64 / step_s,
             peak_device_bytes: self.worker.pool().stats().peak_resident_bytes,
-            reward_failures: 0,
+            reward_failures,
             mismatch: Some(mismatch.into()),
         })
     }
@@ -518,13 +686,11 @@ impl Run<'_> {
         Ok(result.accuracy)
     }
 
-    /// Writes `checkpoints/step-N` (atomically, by the trainer).
+    /// Writes `checkpoints/step-N`, atomically and as a complete Hugging
+    /// Face directory, with the critic if any (see [`crate::checkpoints`]).
     fn save(&self, dir: &Path, step: usize) -> Result<()> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        self.worker
-            .actor
-            .save_checkpoint(&dir.join(format!("step-{step}")))?;
-        Ok(())
+        let path = dir.join(format!("step-{step}"));
+        self.worker.save_checkpoint(&path, step, &self.model_dir)
     }
 }
 

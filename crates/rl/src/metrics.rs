@@ -233,6 +233,64 @@ impl MetricsWriter {
     }
 }
 
+/// Keeps the records of `path` up to step `step` — training steps up to
+/// it and evaluations after at most `step` steps — and removes the rest:
+/// what a run resumed from the checkpoint of step `step` writes again
+/// (verl's and TensorBoard's purge on restart), so no step is there twice.
+/// A last line cut short (a run killed while writing it) goes too; any
+/// other unreadable line is an error naming it. The file is replaced
+/// atomically; a missing one is left missing. Returns the lines removed.
+pub fn truncate_after(path: &Path, step: usize) -> Result<usize> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let mut kept = String::with_capacity(text.len());
+    let mut removed = 0;
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |message: String| Error::Data {
+            path: path.to_owned(),
+            line: i + 1,
+            field: None,
+            message,
+        };
+        let record_step = match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(v) => v
+                .get("training/global_step")
+                .and_then(serde_json::Value::as_u64)
+                .ok_or_else(|| bad("a metrics record without `training/global_step`".into()))?,
+            Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {
+                removed += 1; // cut short by a kill
+                continue;
+            }
+            Err(e) => return Err(bad(format!("not a metrics record: {e}"))),
+        };
+        if record_step <= step as u64 {
+            kept.push_str(line);
+            kept.push('\n');
+        } else {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(dir, e))?;
+        tmp.write_all(kept.as_bytes())
+            .and_then(|()| tmp.as_file().sync_all())
+            .map_err(|e| Error::io(tmp.path(), e))?;
+        tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
+    }
+    Ok(removed)
+}
+
 /// Reads `metrics.jsonl` back (for the reward curve of a resumed run).
 pub fn read(path: &Path) -> Result<Vec<Record>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
@@ -294,6 +352,52 @@ mod tests {
         })
         .unwrap();
         assert_eq!(e["eval/accuracy"], 0.25);
+    }
+
+    #[test]
+    fn truncate_after_keeps_the_records_up_to_a_step() {
+        let dir = std::env::temp_dir().join(format!("colo-rl-truncate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.jsonl");
+        let mut w = MetricsWriter::create(&path).unwrap();
+        for step in 1..=3 {
+            w.step(&StepMetrics {
+                step,
+                ..Default::default()
+            })
+            .unwrap();
+            w.eval(&EvalRecord {
+                step,
+                ..Default::default()
+            })
+            .unwrap();
+        }
+        drop(w);
+        // A line cut short by a kill.
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str("{\"training/global_step\": 4, \"timing");
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(truncate_after(&path, 2).unwrap(), 3);
+        let steps: Vec<(usize, bool)> = read(&path)
+            .unwrap()
+            .into_iter()
+            .map(|r| match r {
+                Record::Step(s) => (s.step, true),
+                Record::Eval(e) => (e.step, false),
+            })
+            .collect();
+        assert_eq!(steps, vec![(1, true), (1, false), (2, true), (2, false)]);
+        assert_eq!(
+            truncate_after(&path, 2).unwrap(),
+            0,
+            "nothing more to remove"
+        );
+        // A bad line that is not the last is an error naming it.
+        std::fs::write(&path, "garbage\n{\"training/global_step\": 1}\n").unwrap();
+        let e = truncate_after(&path, 0).unwrap_err().to_string();
+        assert!(e.contains("metrics.jsonl:1"), "{e}");
+        assert_eq!(truncate_after(&dir.join("absent.jsonl"), 0).unwrap(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

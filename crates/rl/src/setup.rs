@@ -21,19 +21,25 @@ pub(crate) fn load_data(
     out: &Path,
     tokenizer: &Tokenizer,
 ) -> Result<(Dataset, Dataset)> {
-    let fields = &config.data.fields;
+    // Every prompt, training and held-out, is checked against
+    // `max_prompt_length` here, when the data are read.
+    let read = |files: &[PathBuf]| {
+        Dataset::from_jsonl_max_len(
+            files,
+            &config.data.fields,
+            tokenizer,
+            config.data.max_prompt_length,
+        )
+    };
     match &config.data.source {
         DataSource::Builtin(task) => {
             let (train, val) = task.write_jsonl(&out.join("data"))?;
-            Ok((
-                Dataset::from_jsonl(&[train], fields, Some(tokenizer))?,
-                Dataset::from_jsonl(&[val], fields, Some(tokenizer))?,
-            ))
+            Ok((read(&[train])?, read(&[val])?))
         }
         DataSource::Files { train, val } => {
-            let data = Dataset::from_jsonl(train, fields, Some(tokenizer))?;
+            let data = read(train)?;
             match val {
-                ValSource::Files(v) => Ok((data, Dataset::from_jsonl(v, fields, Some(tokenizer))?)),
+                ValSource::Files(v) => Ok((data, read(v)?)),
                 ValSource::Fraction(f) => data.split(*f, config.data.seed),
             }
         }
@@ -146,33 +152,16 @@ pub(crate) fn loss_config(config: &Config) -> LossConfig {
     }
 }
 
-/// `checkpoints/step-N` with the largest N.
-pub(crate) fn latest_checkpoint(dir: &Path) -> Option<(usize, PathBuf)> {
-    std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| {
-            let e = e.ok()?;
-            let step = e
-                .file_name()
-                .to_str()?
-                .strip_prefix("step-")?
-                .parse::<usize>()
-                .ok()?;
-            Some((step, e.path()))
-        })
-        .max_by_key(|(s, _)| *s)
-}
-
-/// The memory timeline and the reward curve, as SVG in the run directory.
+/// The memory timeline and the reward curve, as SVG and PNG in the run directory.
 pub(crate) fn draw(out: &Path, pool: &Pool) -> Result<()> {
     let events = pool.timeline();
     pool.write_timeline(&out.join("timeline.jsonl"))?;
     let cap = Some(pool.capacity()).filter(|&c| c != u64::MAX);
-    let svg = plot::memory_timeline(&events, cap, "colo: device memory per tag");
-    std::fs::write(out.join("memory_timeline.svg"), svg).map_err(|e| Error::io(out, e))?;
+    plot::memory_timeline(&events, cap, "colo: device memory per tag")?
+        .write(out, "memory_timeline")?;
     if let Some(step) = one_step(&events) {
-        let svg = plot::memory_transitions(step, cap, "colo: one step, transition by transition");
-        std::fs::write(out.join("memory_step.svg"), svg).map_err(|e| Error::io(out, e))?;
+        plot::memory_transitions(step, cap, "colo: one step, transition by transition")?
+            .write(out, "memory_step")?;
     }
     let records = crate::metrics::read(&out.join("metrics.jsonl"))?;
     let (mut scores, mut acc) = (Vec::new(), Vec::new());
@@ -182,8 +171,8 @@ pub(crate) fn draw(out: &Path, pool: &Pool) -> Result<()> {
             crate::metrics::Record::Eval(e) => acc.push((e.step, e.accuracy)),
         }
     }
-    let svg = plot::reward_curve(&scores, &acc, "colo: reward and held-out accuracy");
-    std::fs::write(out.join("reward_curve.svg"), svg).map_err(|e| Error::io(out, e))
+    plot::reward_curve(&scores, &acc, "colo: reward and held-out accuracy")?
+        .write(out, "reward_curve")
 }
 
 /// Whether the run trains a critic (GAE needs its values).

@@ -20,7 +20,7 @@
 //! the trainer's weight bytes. Offloads follow the config's
 //! `offload_train_param / grad / optimizer` (MindSpeed-RL's switches).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -305,6 +305,36 @@ impl HybridWorker {
             self.pool.set_phase("train");
         }
         Ok(Some(lp))
+    }
+
+    /// Writes the checkpoint of RL step `step` into `dir` (training phase),
+    /// atomically: the actor as a complete Hugging Face directory (the
+    /// tokenizer files of `model_dir`, the starting model, copied in), and
+    /// the critic, when there is one, in `dir/critic` inside the same
+    /// atomic write. See [`crate::checkpoints`].
+    pub fn save_checkpoint(&self, dir: &Path, step: usize, model_dir: &Path) -> Result<()> {
+        self.expect("save a checkpoint", Phase::Train)?;
+        let critic = self.critic.as_ref();
+        self.actor
+            .save_checkpoint_with(dir, Some(step as u64), |tmp| -> Result<()> {
+                crate::checkpoints::write_model_files(model_dir, tmp)?;
+                if let Some(c) = critic {
+                    let cdir = tmp.join(crate::checkpoints::CRITIC_DIR);
+                    c.save_checkpoint_with(&cdir, Some(step as u64), |_| Ok::<(), Error>(()))?;
+                }
+                Ok(())
+            })
+    }
+
+    /// Restores the actor (and the critic) from a checkpoint written by
+    /// [`HybridWorker::save_checkpoint`].
+    pub fn load_checkpoint(&mut self, dir: &Path) -> Result<()> {
+        self.expect("load a checkpoint", Phase::Train)?;
+        self.actor.load_checkpoint(dir)?;
+        if let Some(c) = &mut self.critic {
+            c.load_checkpoint(&dir.join(crate::checkpoints::CRITIC_DIR))?;
+        }
+        Ok(())
     }
 
     /// Copies the actor's parameters into the engine's weights, in place.

@@ -293,6 +293,24 @@ fn capacities_parse_with_units() {
 }
 
 #[test]
+fn bad_capacities_say_what_was_expected() {
+    for (text, want) in [
+        (
+            "\"12 parsecs\"",
+            "expected \"auto\" or a size like \"512MiB\"",
+        ),
+        ("\"-1GiB\"", "expected \"auto\" or a size like \"512MiB\""),
+        ("\"0 MiB\"", "must be positive"),
+        ("0", "must be positive"),
+        ("\"99999999999 TiB\"", "is too large"),
+    ] {
+        let (line, field, msg) = err(&format!("[memory]\ncapacity = {text}\n"));
+        assert_eq!((line, field.as_str()), (Some(2), "memory.capacity"));
+        assert!(msg.contains(want), "{text}: {msg}");
+    }
+}
+
+#[test]
 fn from_file_reads_or_names_the_missing_file() {
     let dir = TempDir::new("cfg");
     let p = dir.write("run.toml", "[trainer]\ntotal_steps = 7\n");

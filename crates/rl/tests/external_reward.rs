@@ -188,3 +188,65 @@ fn shell_commands_work_too_and_missing_programs_are_setup_errors() {
         "{e}"
     );
 }
+
+/// A child that never answers and ignores its stdin closing: `sh` writes
+/// its pid, then becomes `sleep 30`.
+fn sleeper(dir: &TempDir, timeout: Duration) -> (ExternalReward, u32) {
+    let pid_file = dir.0.join("pid");
+    let r = ExternalReward::start(
+        vec![
+            "sh".into(),
+            "-c".into(),
+            format!("echo $$ > '{}'; exec sleep 30", pid_file.display()),
+        ],
+        timeout,
+        Some(0.25),
+    )
+    .unwrap();
+    let t = Instant::now();
+    let pid = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            break pid;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no pid written");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (r, pid)
+}
+
+fn alive(pid: u32) -> bool {
+    // The child is reaped by colo, so a dead one has no /proc entry left.
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[test]
+fn a_timeout_kills_a_sleeping_child_within_the_bound() {
+    let dir = TempDir::new("ext-sleep");
+    let (mut r, pid) = sleeper(&dir, Duration::from_millis(300));
+    assert!(alive(pid));
+    let t = Instant::now();
+    let s = r.score(&input(0, "q", "a", "a")).unwrap();
+    let took = t.elapsed();
+    assert_eq!(s, 0.25, "the default score");
+    assert_eq!(r.failures, 1);
+    // 300 ms for the answer, at most 200 ms for an exit status, then kill.
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(!alive(pid), "the child {pid} was killed");
+}
+
+#[test]
+fn dropping_kills_a_child_that_ignores_its_stdin_closing() {
+    let dir = TempDir::new("ext-drop");
+    let (r, pid) = sleeper(&dir, Duration::from_secs(20));
+    let t = Instant::now();
+    drop(r);
+    let took = t.elapsed();
+    assert!(
+        took >= reward::FINISH_GRACE && took < reward::FINISH_GRACE + Duration::from_secs(2),
+        "{took:?}"
+    );
+    assert!(!alive(pid), "the child {pid} was killed");
+}

@@ -8,14 +8,22 @@
 //! | `config.json`, `model.safetensors` | the model, loadable by transformers (colo-model's save) |
 //! | `value_head.safetensors` | `v_head.weight`, for a critic |
 //! | `optimizer.safetensors` | `{name}.exp_avg`, `{name}.exp_avg_sq` per parameter (PyTorch's state names, float32), and `{name}.master` (the float32 master weights) for a bf16 engine |
-//! | `trainer_state.json` | format, optimizer steps taken, the next learning rate |
+//! | `trainer_state.json` | format, `optimizer_steps` taken, the caller's `global_step` (colo-rl: RL steps) when it gives one, the next learning rate; written last |
 //!
-//! Atomicity: everything is written into a sibling directory with a
-//! temporary name, each file and the directory are fsynced, then it is
-//! renamed into place (an existing checkpoint of the same name is first
-//! renamed aside and removed after). A crash leaves either the old
-//! checkpoint or the new one, plus possibly a temporary directory, never a
-//! half-written checkpoint under the final name.
+//! Atomicity: everything is written into a temporary sibling directory
+//! (`.{name}.tmp-XXXXXX`, made by the `tempfile` crate and removed if the
+//! save fails), each file and the directory are fsynced, then it is renamed
+//! into place (an existing checkpoint of the same name is first renamed
+//! aside and removed after). A crash leaves either the old checkpoint or
+//! the new one, plus possibly a temporary directory, never a half-written
+//! checkpoint under the final name.
+//!
+//! A directory is a *complete* checkpoint ([`check_complete`]) when its
+//! `trainer_state.json` reads in this format and `config.json`,
+//! `model.safetensors` and `optimizer.safetensors` are non-empty files. The
+//! state file is written last, so a directory made some other way (by
+//! hand, copied half-way, left by an older version) is recognised as
+//! incomplete.
 //!
 //! The scheduler needs no state of its own: the learning rate is a function
 //! of the step and the (config-given) schedule.
@@ -37,13 +45,69 @@ pub const VALUE_HEAD_FILE: &str = "value_head.safetensors";
 pub const STATE_FILE: &str = "trainer_state.json";
 const FORMAT: &str = "colo-train/1";
 
-#[derive(Debug, Serialize, Deserialize)]
-struct TrainerState {
-    format: String,
-    /// Optimizer steps taken.
-    step: u64,
+/// The files every complete checkpoint has (a critic's also has
+/// [`VALUE_HEAD_FILE`]).
+pub const REQUIRED_FILES: &[&str] = &[
+    "config.json",
+    colo_model::weights::WEIGHTS_FILE,
+    OPTIMIZER_FILE,
+    STATE_FILE,
+];
+
+/// `trainer_state.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub format: String,
+    /// Optimizer steps taken (`"step"` in files written before this name).
+    #[serde(alias = "step")]
+    pub optimizer_steps: u64,
+    /// The caller's count of its own steps, when it gave one (colo-rl: RL
+    /// steps, verl's `global_step`; each is one or more optimizer steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_step: Option<u64>,
     /// For people reading the file; recomputed from the config on load.
-    next_lr: f64,
+    pub next_lr: f64,
+}
+
+/// Reads and checks `dir/trainer_state.json`.
+pub fn read_state(dir: &Path) -> Result<TrainerState> {
+    let path = dir.join(STATE_FILE);
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let state: TrainerState = serde_json::from_str(&text).map_err(|e| Error::CheckpointState {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    if state.format != FORMAT {
+        return Err(Error::CheckpointState {
+            path,
+            reason: format!("format `{}`, expected `{FORMAT}`", state.format),
+        });
+    }
+    Ok(state)
+}
+
+/// The state of `dir` if it is a complete checkpoint (see the module
+/// documentation), else an error naming what is missing or wrong.
+pub fn check_complete(dir: &Path) -> Result<TrainerState> {
+    if !dir.is_dir() {
+        return Err(Error::CheckpointState {
+            path: dir.to_owned(),
+            reason: "not a directory".into(),
+        });
+    }
+    for name in REQUIRED_FILES {
+        let path = dir.join(name);
+        let reason = match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() && m.len() > 0 => continue,
+            Ok(_) => "empty, or not a file",
+            Err(_) => "missing file",
+        };
+        return Err(Error::CheckpointState {
+            path,
+            reason: reason.into(),
+        });
+    }
+    read_state(dir)
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
@@ -56,80 +120,110 @@ fn fsync(path: &Path) -> Result<()> {
         .map_err(io(path))
 }
 
-/// `dir`'s sibling named `.{name}.{what}-{pid}`.
-fn sibling(dir: &Path, what: &str) -> Result<PathBuf> {
+/// `dir`'s parent (`.` for a bare name) and its file name.
+fn split(dir: &Path) -> Result<(PathBuf, String)> {
     let name = dir.file_name().ok_or_else(|| Error::CheckpointState {
         path: dir.to_owned(),
         reason: "a checkpoint directory needs a name".into(),
     })?;
-    Ok(dir.with_file_name(format!(
-        ".{}.{what}-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    )))
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    Ok((parent, name.to_string_lossy().into_owned()))
+}
+
+/// A fresh directory `.{name}.{what}-XXXXXX` beside the checkpoint,
+/// removed (with its contents) when dropped.
+fn temp_sibling(parent: &Path, name: &str, what: &str) -> Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(&format!(".{name}.{what}-"))
+        .tempdir_in(parent)
+        .map_err(io(parent))
 }
 
 fn save_tensors(tensors: &[(String, Tensor)], path: &Path) -> Result<()> {
     Ok(Tensor::write_safetensors(tensors, path)?)
 }
 
+/// Renames the finished temporary directory to `dir`, replacing an
+/// existing one (moved aside first, removed after).
+fn commit(tmp: tempfile::TempDir, dir: &Path, parent: &Path, name: &str) -> Result<()> {
+    let aside = match dir.exists() {
+        true => {
+            let a = temp_sibling(parent, name, "old")?;
+            let old = a.path().join(name);
+            std::fs::rename(dir, &old).map_err(io(dir))?;
+            Some((a, old))
+        }
+        false => None,
+    };
+    if let Err(e) = std::fs::rename(tmp.path(), dir) {
+        // Put the previous checkpoint back; `tmp` is removed on drop.
+        if let Some((_, old)) = &aside {
+            let _ = std::fs::rename(old, dir);
+        }
+        return Err(Error::io(dir, e));
+    }
+    // Renamed away: nothing is left for the guard to remove.
+    let _ = tmp.keep();
+    if let Some((a, _)) = aside {
+        a.close().map_err(io(dir))?;
+    }
+    fsync(parent)
+}
+
 impl ColoTrainer {
     pub(crate) fn save(&self, dir: &Path) -> Result<()> {
+        self.save_checkpoint_with(dir, None, |_| Ok::<(), Error>(()))
+    }
+
+    /// Writes a checkpoint into `dir` atomically (see the module
+    /// documentation) with `global_step`, the caller's step count, in its
+    /// `trainer_state.json`. `extra` runs on the temporary directory after
+    /// the engine's files are written and before the state file and the
+    /// rename, so files a caller adds (a tokenizer, a generation config)
+    /// are part of the same atomic checkpoint.
+    pub fn save_checkpoint_with<E: From<Error>>(
+        &self,
+        dir: &Path,
+        global_step: Option<u64>,
+        extra: impl FnOnce(&Path) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
         require_resident(&self.pool, "save a checkpoint", &[PARAMS, OPTIMIZER])?;
-        let tmp = sibling(dir, "tmp")?;
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
-        }
-        std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-        self.model.save_dir(&tmp)?;
+        let (parent, name) = split(dir)?;
+        std::fs::create_dir_all(&parent).map_err(io(&parent))?;
+        // Removed on any early return below.
+        let tmp = temp_sibling(&parent, &name, "tmp")?;
+        let t = tmp.path();
+        self.model.save_dir(t).map_err(Error::from)?;
         if let Some(h) = &self.value_head {
             let w = [(VALUE_HEAD_WEIGHT.to_owned(), h.weight().detach())];
-            save_tensors(&w, &tmp.join(VALUE_HEAD_FILE))?;
+            save_tensors(&w, &t.join(VALUE_HEAD_FILE))?;
         }
-        save_tensors(&self.optimizer_tensors(), &tmp.join(OPTIMIZER_FILE))?;
+        save_tensors(&self.optimizer_tensors(), &t.join(OPTIMIZER_FILE))?;
+        extra(t)?;
         let state = TrainerState {
             format: FORMAT.into(),
-            step: self.opt.t,
+            optimizer_steps: self.opt.t,
+            global_step,
             next_lr: self.next_lr(),
         };
         let json = serde_json::to_string_pretty(&state).expect("serialisable") + "\n";
-        let state_path = tmp.join(STATE_FILE);
+        let state_path = t.join(STATE_FILE);
         std::fs::write(&state_path, json).map_err(io(&state_path))?;
-
-        for entry in std::fs::read_dir(&tmp).map_err(io(&tmp))? {
-            fsync(&entry.map_err(io(&tmp))?.path())?;
+        for entry in std::fs::read_dir(t).map_err(io(t))? {
+            fsync(&entry.map_err(io(t))?.path())?;
         }
-        fsync(&tmp)?;
-        let old = sibling(dir, "old")?;
-        let replacing = dir.exists();
-        if replacing {
-            std::fs::rename(dir, &old).map_err(io(dir))?;
-        }
-        std::fs::rename(&tmp, dir).map_err(io(dir))?;
-        if replacing {
-            std::fs::remove_dir_all(&old).map_err(io(&old))?;
-        }
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            fsync(parent)?;
-        }
-        Ok(())
+        fsync(t)?;
+        Ok(commit(tmp, dir, &parent, &name)?)
     }
+}
 
+impl ColoTrainer {
     pub(crate) fn load(&mut self, dir: &Path) -> Result<()> {
         require_resident(&self.pool, "load a checkpoint", &[PARAMS, OPTIMIZER])?;
-        let state_path = dir.join(STATE_FILE);
-        let text = std::fs::read_to_string(&state_path).map_err(io(&state_path))?;
-        let state: TrainerState =
-            serde_json::from_str(&text).map_err(|e| Error::CheckpointState {
-                path: state_path.clone(),
-                reason: e.to_string(),
-            })?;
-        if state.format != FORMAT {
-            return Err(Error::CheckpointState {
-                path: state_path,
-                reason: format!("format `{}`, expected `{FORMAT}`", state.format),
-            });
-        }
+        let state = read_state(dir)?;
         // Read and check everything before changing anything.
         let mut tensors = read_named(&dir.join(colo_model::weights::WEIGHTS_FILE))?;
         if self.value_head.is_some() {
@@ -157,7 +251,7 @@ impl ColoTrainer {
             let src = src.as_ref().unwrap_or(&param_of[master_name]);
             copy_into(dst, src)?;
         }
-        self.opt.t = state.step;
+        self.opt.t = state.optimizer_steps;
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! Checkpoints: resume gives identical steps, the model half is a Hugging
 //! Face checkpoint, replacement is atomic, and a wrong shape is an error
-//! naming the tensor.
+//! naming the tensor; `trainer_state.json` names its counts, and a partial
+//! directory is not a complete checkpoint.
 
 mod common;
 
@@ -76,7 +77,7 @@ fn the_model_half_is_a_hugging_face_checkpoint_and_saves_replace_atomically() {
     let state: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("trainer_state.json")).unwrap())
             .unwrap();
-    assert_eq!(state["step"], 2);
+    assert_eq!(state["optimizer_steps"], 2);
     // colo-model (and so transformers) loads it, with the trained weights.
     let ckpt = Checkpoint::from_dir(&dir, Kind::Float, Device::Cpu).unwrap();
     let ids = seqs().input_ids().shallow_clone();
@@ -148,4 +149,73 @@ fn bf16_resume_restores_master_weights() {
         state_bits(&a) == state_bits(&b),
         "states differ after resuming"
     );
+}
+
+/// `trainer_state.json` names the optimizer steps and the caller's steps;
+/// files written before those names still load; a directory missing a file
+/// is incomplete; a save that fails leaves nothing behind.
+#[test]
+fn state_names_both_counts_and_partial_directories_are_incomplete() {
+    use colo_train::checkpoint::{check_complete, read_state};
+    let root = scratch_dir("state");
+    let dir = root.join("step-1");
+    let mut e = engine("tiny-qwen2", 4);
+    e.sft_step(&seqs()).unwrap();
+    e.sft_step(&seqs()).unwrap();
+    e.save_checkpoint_with(&dir, Some(1), |tmp| {
+        std::fs::write(tmp.join("tokenizer.json"), "{}").unwrap();
+        Ok::<(), colo_train::Error>(())
+    })
+    .unwrap();
+    assert!(
+        dir.join("tokenizer.json").is_file(),
+        "extra files are in it"
+    );
+    let state = check_complete(&dir).unwrap();
+    assert_eq!((state.optimizer_steps, state.global_step), (2, Some(1)));
+    let text = std::fs::read_to_string(dir.join("trainer_state.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (v["optimizer_steps"].as_u64(), v["global_step"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert!(v.get("step").is_none(), "{text}");
+
+    // A file written before the names: `step` is optimizer steps.
+    let old = r#"{"format": "colo-train/1", "step": 6, "next_lr": 0.001}"#;
+    std::fs::write(dir.join("trainer_state.json"), old).unwrap();
+    let state = read_state(&dir).unwrap();
+    assert_eq!((state.optimizer_steps, state.global_step), (6, None));
+    let mut b = engine("tiny-qwen2", 4);
+    b.load_checkpoint(&dir).unwrap();
+    assert_eq!(b.step(), 6);
+
+    // Partial directories.
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let msg = check_complete(&dir).unwrap_err().to_string();
+    assert!(
+        msg.contains("model.safetensors") && msg.contains("missing"),
+        "{msg}"
+    );
+    let empty = root.join("step-2");
+    std::fs::create_dir_all(&empty).unwrap();
+    let msg = check_complete(&empty).unwrap_err().to_string();
+    assert!(msg.contains("config.json"), "{msg}");
+
+    // A save whose extra files fail leaves no directory, temporary or final.
+    let err = e
+        .save_checkpoint_with(&root.join("step-3"), Some(3), |_| {
+            Err(colo_train::Error::CheckpointState {
+                path: root.clone(),
+                reason: "no tokenizer".into(),
+            })
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("no tokenizer"), "{err}");
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["step-1".to_owned(), "step-2".to_owned()]);
 }

@@ -16,23 +16,43 @@ pub struct Args {
     /// The run directory (default: the config's `trainer.out_dir`).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Continue from the latest checkpoint in the run directory.
+    /// Continue from the newest complete checkpoint in the run directory.
     #[arg(long)]
     resume: bool,
+    /// Run even when colo-plan predicts that the run's peak device memory
+    /// exceeds `memory.capacity` (by default such a run is refused before
+    /// anything is loaded, with the plan's phase table).
+    #[arg(long)]
+    no_plan_check: bool,
+    /// Print the resolved configuration (the defaults, or `--config`'s file
+    /// with the defaults filled in) as TOML with a comment per key, and exit.
+    #[arg(long)]
+    print_config: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let config = match &a.config {
+    let mut config = match &a.config {
         Some(path) => Config::from_file(path)?,
         None => Config::builtin(),
     };
+    if a.print_config {
+        print!("{}", config.to_toml()?);
+        return Ok(());
+    }
     let out = a
         .out
         .clone()
         .unwrap_or_else(|| config.trainer.out_dir.clone());
+    // The summary names the directory the run writes to, `--out` included.
+    config.trainer.out_dir = out.clone();
     let resume = a.resume || config.trainer.resume;
     eprintln!("{}", config.summary());
     eprintln!("run directory: {}", out.display());
+    if a.no_plan_check {
+        eprintln!("plan check: off (--no-plan-check)");
+    } else {
+        plan_check(&config)?;
+    }
     let s = colo_rl::r#loop::run(&config, &out, resume).context("colo train")?;
     let pct = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));
     println!(
@@ -43,8 +63,58 @@ pub fn run(a: Args) -> Result<()> {
         colo_mem::fmt_bytes(s.peak_device_bytes)
     );
     println!(
-        "wrote {0}/metrics.jsonl, {0}/memory_timeline.svg, {0}/reward_curve.svg, {0}/checkpoints/",
+        "wrote {0}/metrics.jsonl, {0}/memory_timeline.{{svg,png}}, {0}/reward_curve.{{svg,png}}, {0}/checkpoints/",
         s.run_dir.display()
     );
     Ok(())
+}
+
+/// Predicts the run's peak device memory with colo-plan, as `colo plan
+/// --config` does (within 10% of what runs measure), and refuses a run that
+/// cannot fit `memory.capacity`, before anything is loaded: the phase table
+/// says which phase overflows and by what.
+fn plan_check(config: &Config) -> Result<()> {
+    use colo_plan::memory::estimate;
+    let fmt = colo_mem::fmt_bytes;
+    // A run the planner does not model (restart mode) is not checked.
+    let run = match super::plan_config::from_config(config) {
+        Ok(run) => run,
+        Err(e) => {
+            eprintln!("plan check: skipped ({e:#})");
+            return Ok(());
+        }
+    };
+    let capacity = run.capacity;
+    let refuse = |why: String| {
+        anyhow::anyhow!(
+            "colo train: the run cannot fit its device: {why}. Lower the batch or KV-cache \
+             sizes, offload more, or raise memory.capacity; `--no-plan-check` runs it anyway"
+        )
+    };
+    let report = run
+        .input
+        .validate()
+        .and_then(|plan| estimate(&plan))
+        .map_err(|e| refuse(format!("colo-plan: {e}")))?;
+    if report.fits {
+        eprintln!(
+            "plan check: predicted peak {} ({}) within the capacity {}",
+            fmt(report.peak_bytes),
+            report.peak_phase,
+            fmt(capacity)
+        );
+        return Ok(());
+    }
+    eprintln!(
+        "colo-plan's prediction for this run (longest prompt {} tokens, {} KV tokens):\n\n{}",
+        run.max_prompt_tokens,
+        report.kv_tokens,
+        report.table()
+    );
+    Err(refuse(format!(
+        "colo-plan predicts a peak of {} in phase `{}`, above memory.capacity = {}",
+        fmt(report.peak_bytes),
+        report.peak_phase,
+        fmt(capacity)
+    )))
 }

@@ -32,10 +32,13 @@
 //! ([`RawConfig`], unknown keys refused) is turned once into [`Config`],
 //! which checks values and batch sizes (prompts per step × n against the
 //! mini- and micro-batches) and resolves derived numbers ([`BatchPlan`]);
-//! [`Config::summary`] prints them. Errors carry the file, the line and the
-//! field ([`Error::Config`](crate::Error::Config)).
+//! [`Config::summary`] prints them, and [`Config::to_toml`] prints the
+//! whole resolved file with a comment per key (`colo train --print-config`).
+//! Errors carry the file, the line and the field
+//! ([`Error::Config`](crate::Error::Config)).
 
 mod locate;
+mod print;
 pub mod raw;
 mod validate;
 
@@ -301,5 +304,23 @@ impl Config {
     /// The resolved settings, one topic a line, for the console.
     pub fn summary(&self) -> String {
         validate::summary(self)
+    }
+
+    /// The whole resolved configuration as a TOML file with a comment per
+    /// key (meaning, unit, default, verl's name): `colo train
+    /// --print-config`. [`Config::from_toml`] reads it back to `self`.
+    pub fn to_toml(&self) -> Result<String> {
+        print::print(self).map_err(|message| Error::Config {
+            path: PathBuf::from("<printed config>"),
+            line: None,
+            field: "<file>".into(),
+            message,
+        })
+    }
+
+    /// The raw form of this configuration: every value explicit, as
+    /// [`Config::to_toml`] prints it.
+    pub fn to_raw(&self) -> RawConfig {
+        print::to_raw(self)
     }
 }

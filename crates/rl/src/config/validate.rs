@@ -63,7 +63,8 @@ fn frequency(field: &str, v: i64) -> Check<Option<usize>> {
     }
 }
 
-/// `"auto"`, bytes, or a size with a unit (`512MiB`, `2 GB`, `1.5GiB`).
+/// `"auto"`, bytes, or a size with a unit (`512MiB`, `2 GB`, `1.5GiB`):
+/// the `bytesize` crate's parser (KB, MB, … decimal; KiB, MiB, … binary).
 pub(crate) fn capacity(raw: &RawCapacity) -> Check<Capacity> {
     let text = match raw {
         RawCapacity::Bytes(0) => return bad("memory.capacity", "must be positive"),
@@ -73,33 +74,16 @@ pub(crate) fn capacity(raw: &RawCapacity) -> Check<Capacity> {
     if text.eq_ignore_ascii_case("auto") {
         return Ok(Capacity::Auto);
     }
-    let split = text
-        .find(|c: char| c.is_ascii_alphabetic())
-        .unwrap_or(text.len());
-    let (num, unit) = (text[..split].trim(), text[split..].trim());
-    let scale: u64 = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "kib" => 1 << 10,
-        "mib" => 1 << 20,
-        "gib" => 1 << 30,
-        "tib" => 1 << 40,
-        _ => {
-            return bad(
-                "memory.capacity",
-                format!(
-                    "unknown unit `{unit}` (use B, KB, MB, GB, KiB, MiB, GiB, TiB, or \"auto\")"
-                ),
-            )
-        }
-    };
-    match num.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(Capacity::Bytes((v * scale as f64) as u64)),
-        _ => bad(
+    match text.parse::<bytesize::ByteSize>().map(|b| b.as_u64()) {
+        Ok(0) => bad("memory.capacity", format!("must be positive, got {text:?}")),
+        // The parser saturates on overflow.
+        Ok(u64::MAX) => bad("memory.capacity", format!("{text:?} is too large")),
+        Ok(b) => Ok(Capacity::Bytes(b)),
+        Err(_) => bad(
             "memory.capacity",
-            format!("expected \"auto\" or a size like \"512MiB\", got {text:?}"),
+            format!(
+                "expected \"auto\" or a size like \"512MiB\" (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), got {text:?}"
+            ),
         ),
     }
 }
@@ -508,7 +492,7 @@ pub(crate) fn summary(c: &Config) -> String {
             name(&m.colocation),
             match m.capacity {
                 Capacity::Auto => "auto".to_owned(),
-                Capacity::Bytes(b) => crate::plot::human_bytes(b as f64),
+                Capacity::Bytes(b) => colo_mem::fmt_bytes(b),
             },
             if offload.is_empty() { "none".to_owned() } else { offload.join(", ") }
         ),

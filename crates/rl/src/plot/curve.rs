@@ -1,69 +1,105 @@
 //! The reward curve: the mean training score per step and the held-out
 //! accuracy at each evaluation.
 
-use std::fmt::Write;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::{color, extent, Frame};
+use super::{color, extent, legend, render, text, widen, Chart, Picture};
+use crate::Result;
 
 /// `scores`: `(step, critic/score/mean)`; `accuracy`: `(step, eval/accuracy)`
 /// (step 0 is the starting checkpoint). The y axis spans at least [0, 1].
-pub fn reward_curve(scores: &[(usize, f64)], accuracy: &[(usize, f64)], title: &str) -> String {
-    let all = || scores.iter().chain(accuracy);
-    let x = extent(all().map(|p| p.0 as f64)).unwrap_or((0.0, 1.0));
-    let y = extent(all().map(|p| p.1)).unwrap_or((0.0, 1.0));
-    let frame = Frame {
-        width: 900.0,
-        height: 400.0,
-        left: 60.0,
-        right: 270.0,
-        top: 40.0,
-        bottom: 50.0,
-        x: if x.1 > x.0 { x } else { (x.0, x.0 + 1.0) },
-        y: (y.0.min(0.0), y.1.max(1.0)),
-    };
-    let mut s = frame.open(title, "step", &|v| format!("{v:.0}"), &|v| {
-        format!("{v:.2}")
-    });
-    for (i, (name, points, marks)) in [
-        ("critic/score/mean", scores, false),
-        ("eval/accuracy", accuracy, true),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let finite: Vec<(usize, f64)> =
-            points.iter().copied().filter(|p| p.1.is_finite()).collect();
-        if finite.is_empty() {
-            continue;
-        }
-        let (lo, hi) = extent(finite.iter().map(|p| p.1)).expect("non-empty");
-        let c = color(i);
-        let _ = writeln!(
-            s,
-            "<g class=\"series\" data-name=\"{name}\" data-min=\"{lo}\" data-max=\"{hi}\">"
-        );
-        let pts: Vec<String> = finite
-            .iter()
-            .map(|&(st, v)| format!("{:.1},{:.1}", frame.px(st as f64), frame.py(v)))
-            .collect();
-        let _ = writeln!(
-            s,
-            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>",
-            pts.join(" ")
-        );
-        if marks {
-            for &(st, v) in &finite {
-                let _ = writeln!(
-                    s,
-                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{c}\"><title>step {st}: {v:.3}</title></circle>",
-                    frame.px(st as f64),
-                    frame.py(v)
-                );
-            }
-        }
-        s.push_str("</g>\n");
-        frame.legend(&mut s, i, &format!("{name} ({lo:.2}–{hi:.2})"), c);
+/// The legend gives each series' range; the first and last accuracies are
+/// written beside their markers.
+pub fn reward_curve(
+    scores: &[(usize, f64)],
+    accuracy: &[(usize, f64)],
+    title: &str,
+) -> Result<Picture> {
+    render(&Curve {
+        scores,
+        accuracy,
+        title,
+    })
+}
+
+struct Curve<'a> {
+    scores: &'a [(usize, f64)],
+    accuracy: &'a [(usize, f64)],
+    title: &'a str,
+}
+
+fn finite(points: &[(usize, f64)]) -> Vec<(f64, f64)> {
+    points
+        .iter()
+        .filter(|p| p.1.is_finite())
+        .map(|&(s, v)| (s as f64, v))
+        .collect()
+}
+
+impl Chart for Curve<'_> {
+    const NAME: &'static str = "reward curve";
+
+    fn size(&self) -> (u32, u32) {
+        (900, 420)
     }
-    s.push_str("</svg>\n");
-    s
+
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+        root.fill(&WHITE)?;
+        let all = || self.scores.iter().chain(self.accuracy);
+        let x = widen(extent(all().map(|p| p.0 as f64)).unwrap_or((0.0, 1.0)));
+        let y = extent(all().map(|p| p.1)).unwrap_or((0.0, 1.0));
+        let body = root.titled(self.title, text(18))?;
+        let (plot, side) = body.split_horizontally(640);
+        let mut chart = ChartBuilder::on(&plot)
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(x, y.0.min(0.0)..y.1.max(1.0))?;
+        chart
+            .configure_mesh()
+            .light_line_style(RGBColor(0xf2, 0xf2, 0xf2))
+            .max_light_lines(1)
+            .x_desc("step")
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&|v| format!("{v:.2}"))
+            .label_style(text(12))
+            .axis_desc_style(text(13))
+            .draw()?;
+
+        let mut entries = Vec::new();
+        for (i, (name, points, marks)) in [
+            ("critic/score/mean", self.scores, false),
+            ("eval/accuracy", self.accuracy, true),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let pts = finite(points);
+            let Some((lo, hi)) = extent(pts.iter().map(|p| p.1)) else {
+                continue;
+            };
+            let c = color(i);
+            chart.draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))?;
+            if marks {
+                chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))?;
+                let ends = [pts.first(), pts.last()];
+                for (j, &(s, v)) in ends.into_iter().flatten().enumerate() {
+                    if j == 1 && pts.len() < 2 {
+                        break;
+                    }
+                    let (px, py) = chart.backend_coord(&(s, v));
+                    let h = if j == 0 { HPos::Left } else { HPos::Right };
+                    let style = text(12).color(&c).pos(Pos::new(h, VPos::Bottom));
+                    root.draw(&Text::new(format!("{v:.2}"), (px, py - 7), style))?;
+                }
+            }
+            entries.push((format!("{name}  ({lo:.2}–{hi:.2})"), c.filled()));
+        }
+        legend(&side, 40, &entries)
+    }
 }

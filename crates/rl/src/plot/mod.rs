@@ -1,11 +1,14 @@
-//! Pictures of a run as SVG, drawn by hand (no plotting dependency): the
-//! memory timeline ([`memory_timeline`]) and the reward curve
-//! ([`reward_curve`]). Both are plain strings to write next to
-//! `metrics.jsonl`; any browser shows them.
+//! Pictures of a run, drawn with `plotters` as SVG and PNG side by side:
+//! the memory timeline per tag ([`memory_timeline`]), one step transition
+//! by transition ([`memory_transitions`]) and the reward curve
+//! ([`reward_curve`]). Each is a [`Picture`] that [`Picture::write`] puts
+//! next to `metrics.jsonl` as `<stem>.svg` and `<stem>.png`.
 //!
-//! Every data series is a `<g class="series" data-name=… data-min=…
-//! data-max=…>` group, so tests (and scripts) can find them without
-//! reading coordinates.
+//! The PNG's labels use a subset of DejaVu Sans embedded in the binary
+//! (`assets/DejaVuSans-subset.ttf`, 22 KiB: Latin-1 and a few symbols),
+//! rendered by `ab_glyph`: no system fonts are read, so the pictures are
+//! the same on every machine. The SVG names the same font family and lets
+//! the viewer draw the text.
 
 mod curve;
 mod timeline;
@@ -13,153 +16,145 @@ mod timeline;
 pub use curve::reward_curve;
 pub use timeline::{memory_timeline, memory_transitions};
 
-use std::fmt::Write;
+use std::path::Path;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::{Error, Result};
+
+/// The embedded font (see the module doc and `assets/DejaVuSans-LICENSE.txt`).
+const FONT: &[u8] = include_bytes!("../../assets/DejaVuSans-subset.ttf");
+
+/// The one font family the charts use; it is registered under this name.
+pub(crate) const FAMILY: &str = "sans-serif";
 
 /// Colours for series, in order (colour-blind-safe Okabe–Ito palette).
-const PALETTE: [&str; 8] = [
-    "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000",
+const PALETTE: [RGBColor; 8] = [
+    RGBColor(0x00, 0x72, 0xB2),
+    RGBColor(0xE6, 0x9F, 0x00),
+    RGBColor(0x00, 0x9E, 0x73),
+    RGBColor(0xCC, 0x79, 0xA7),
+    RGBColor(0x56, 0xB4, 0xE9),
+    RGBColor(0xD5, 0x5E, 0x00),
+    RGBColor(0xF0, 0xE4, 0x42),
+    RGBColor(0x00, 0x00, 0x00),
 ];
 
-fn color(i: usize) -> &'static str {
+/// The colour of series `i` (the palette repeats past eight).
+pub fn color(i: usize) -> RGBColor {
     PALETTE[i % PALETTE.len()]
 }
 
-/// Text safe inside XML elements and attribute values.
-pub(crate) fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            c => out.push(c),
+/// A chart in both formats.
+#[derive(Debug, Clone)]
+pub struct Picture {
+    /// An SVG document.
+    pub svg: String,
+    /// A PNG file (8-bit RGB).
+    pub png: Vec<u8>,
+    /// The size of both, in pixels.
+    pub width: u32,
+    pub height: u32,
+}
+
+impl Picture {
+    /// Writes `dir/<stem>.svg` and `dir/<stem>.png`.
+    pub fn write(&self, dir: &Path, stem: &str) -> Result<()> {
+        for (ext, bytes) in [("svg", self.svg.as_bytes()), ("png", &self.png[..])] {
+            let path = dir.join(format!("{stem}.{ext}"));
+            std::fs::write(&path, bytes).map_err(|e| Error::io(&path, e))?;
         }
-    }
-    out
-}
-
-/// Bytes as `1.5 GiB`.
-pub fn human_bytes(b: f64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b;
-    let mut u = 0;
-    while v.abs() >= 1024.0 && u + 1 < units.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{v:.0} B")
-    } else {
-        format!("{v:.1} {}", units[u])
+        Ok(())
     }
 }
 
-/// The plotting area and the data ranges it shows.
-struct Frame {
-    width: f64,
-    height: f64,
-    left: f64,
-    right: f64,
-    top: f64,
-    bottom: f64,
-    x: (f64, f64),
-    y: (f64, f64),
-}
-
-impl Frame {
-    fn px(&self, x: f64) -> f64 {
-        let (lo, hi) = self.x;
-        self.left + (x - lo) / (hi - lo) * (self.width - self.left - self.right)
-    }
-
-    fn py(&self, y: f64) -> f64 {
-        let (lo, hi) = self.y;
-        self.height - self.bottom - (y - lo) / (hi - lo) * (self.height - self.top - self.bottom)
-    }
-
-    /// Opens the document: background, title, axes with `ticks` labelled
-    /// by the formatters, and axis titles.
-    fn open(
+/// A chart that can draw itself on any `plotters` backend.
+pub(crate) trait Chart {
+    /// A short name for error messages.
+    const NAME: &'static str;
+    fn size(&self) -> (u32, u32);
+    fn draw<DB: DrawingBackend>(
         &self,
-        title: &str,
-        x_label: &str,
-        fx: &dyn Fn(f64) -> String,
-        fy: &dyn Fn(f64) -> String,
-    ) -> String {
-        let (w, h) = (self.width, self.height);
-        let mut s = format!(
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>\n<text x=\"{}\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">{}</text>\n",
-            w / 2.0,
-            escape(title)
-        );
-        let (x0, x1, y0, y1) = (self.left, w - self.right, self.top, h - self.bottom);
-        s.push_str("<g class=\"axes\" stroke=\"#999\" fill=\"none\">\n");
-        let _ = writeln!(s, "<path d=\"M{x0:.1},{y0:.1} V{y1:.1} H{x1:.1}\"/>");
-        s.push_str("</g>\n<g class=\"ticks\" fill=\"#333\">\n");
-        for v in ticks(self.y.0, self.y.1, 5) {
-            let y = self.py(v);
-            let _ = writeln!(
-                s,
-                "<line x1=\"{x0:.1}\" x2=\"{x1:.1}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#eee\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
-                x0 - 6.0,
-                y + 4.0,
-                escape(&fy(v))
-            );
-        }
-        for v in ticks(self.x.0, self.x.1, 8) {
-            let x = self.px(v);
-            let _ = writeln!(
-                s,
-                "<text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
-                y1 + 16.0,
-                escape(&fx(v))
-            );
-        }
-        let _ = writeln!(
-            s,
-            "</g>\n<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
-            (x0 + x1) / 2.0,
-            h - 10.0,
-            escape(x_label)
-        );
-        s
-    }
-
-    /// A legend entry (colour swatch and name) at row `i`, right of the plot.
-    fn legend(&self, s: &mut String, i: usize, name: &str, fill: &str) {
-        let x = self.width - self.right + 12.0;
-        let y = self.top + 10.0 + 18.0 * i as f64;
-        let _ = writeln!(
-            s,
-            "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{fill}\"/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-            y - 10.0,
-            x + 18.0,
-            y,
-            escape(name)
-        );
-    }
+        root: &DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>>;
 }
 
-/// About `n` round tick values covering `[lo, hi]`.
-fn ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
-    let span = hi - lo;
-    if !(span > 0.0 && span.is_finite()) {
-        return vec![lo];
+/// Draws `chart` twice: into an SVG string and into an RGB buffer encoded
+/// as PNG.
+pub(crate) fn render<C: Chart>(chart: &C) -> Result<Picture> {
+    register_font();
+    let (width, height) = chart.size();
+    let fail = |reason: String| Error::Plot {
+        what: C::NAME,
+        reason,
+    };
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
+        chart.draw(&root).map_err(|e| fail(e.to_string()))?;
+        root.present().map_err(|e| fail(e.to_string()))?;
     }
-    let raw = span / n as f64;
-    let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
-        .iter()
-        .map(|m| m * mag)
-        .find(|s| span / s <= n as f64)
-        .unwrap_or(10.0 * mag);
-    let first = (lo / step).ceil() * step;
-    (0..)
-        .map(|i| first + i as f64 * step)
-        .take_while(|v| *v <= hi + step * 1e-9)
-        .collect()
+    let pixels = (width as usize)
+        .checked_mul(height as usize)
+        .and_then(|p| p.checked_mul(3))
+        .ok_or_else(|| fail(format!("{width}×{height} pixels is too large")))?;
+    let mut rgb = vec![0u8; pixels];
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area();
+        chart.draw(&root).map_err(|e| fail(e.to_string()))?;
+        root.present().map_err(|e| fail(e.to_string()))?;
+    }
+    let png = encode_png(&rgb, width, height).map_err(|e| fail(format!("PNG: {e}")))?;
+    Ok(Picture {
+        svg,
+        png,
+        width,
+        height,
+    })
+}
+
+fn encode_png(
+    rgb: &[u8],
+    width: u32,
+    height: u32,
+) -> std::result::Result<Vec<u8>, png::EncodingError> {
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, width, height);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header()?;
+    writer.write_image_data(rgb)?;
+    writer.finish()?;
+    Ok(out)
+}
+
+fn register_font() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // The font is part of the binary and parsed in a test: it is valid.
+        let _ = plotters::style::register_font(FAMILY, FontStyle::Normal, FONT);
+    });
+}
+
+/// Text of `size` pixels in the charts' font.
+pub(crate) fn text(size: u32) -> TextStyle<'static> {
+    (FAMILY, size).into_font().color(&BLACK)
+}
+
+/// A legend in the area `area` (right of a chart): one swatch and name per
+/// entry, top to bottom.
+pub(crate) fn legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    top: i32,
+    entries: &[(String, ShapeStyle)],
+) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    for (i, (name, style)) in entries.iter().enumerate() {
+        let y = top + 20 * i as i32;
+        area.draw(&Rectangle::new([(8, y), (20, y + 12)], *style))?;
+        area.draw(&Text::new(name.as_str(), (26, y), text(12)))?;
+    }
+    Ok(())
 }
 
 /// `(min, max)` of finite values, `None` if there are none.
@@ -173,28 +168,29 @@ fn extent(values: impl IntoIterator<Item = f64>) -> Option<(f64, f64)> {
         })
 }
 
+/// A range that is not empty: `(lo, lo + 1)` for a single value.
+fn widen((lo, hi): (f64, f64)) -> std::ops::Range<f64> {
+    if hi > lo {
+        lo..hi
+    } else {
+        lo..lo + 1.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn ticks_are_round_and_cover_the_range() {
-        let close = |a: Vec<f64>, b: &[f64]| {
-            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9)
-        };
-        assert!(close(ticks(0.0, 1.0, 5), &[0.0, 0.2, 0.4, 0.6, 0.8, 1.0]));
-        assert!(close(
-            ticks(0.0, 100.0, 8),
-            &[0.0, 20.0, 40.0, 60.0, 80.0, 100.0]
-        ));
-        assert!(close(ticks(0.05, 0.95, 4), &[0.25, 0.5, 0.75]));
-        assert_eq!(ticks(3.0, 3.0, 5), vec![3.0]);
+    fn the_embedded_font_parses() {
+        assert!(plotters::style::register_font("test-font", FontStyle::Normal, FONT).is_ok());
     }
 
     #[test]
-    fn bytes_and_escapes() {
-        assert_eq!(human_bytes(1536.0 * 1024.0 * 1024.0), "1.5 GiB");
-        assert_eq!(human_bytes(12.0), "12 B");
-        assert_eq!(escape("a<b & \"c\""), "a&lt;b &amp; &quot;c&quot;");
+    fn ranges_are_never_empty() {
+        assert_eq!(widen((3.0, 3.0)), 3.0..4.0);
+        assert_eq!(widen((0.0, 2.0)), 0.0..2.0);
+        assert_eq!(extent([f64::NAN, 2.0, -1.0]), Some((-1.0, 2.0)));
+        assert_eq!(extent([f64::NAN]), None);
     }
 }

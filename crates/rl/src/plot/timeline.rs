@@ -1,13 +1,16 @@
 //! The memory timeline: bytes resident per tag over the run, stacked, as a
 //! step chart (memory changes at transitions and stays put between them),
-//! with the phase labels and the device capacity.
+//! with the phase changes and the device capacity.
 
-use std::collections::BTreeSet;
-use std::fmt::Write;
+use std::collections::{BTreeSet, HashSet};
 
-use colo_mem::{tags, Event, EventKind};
+use colo_mem::{fmt_bytes, tags, Event, EventKind};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::{color, escape, extent, human_bytes, Frame};
+use super::{color, extent, legend, render, text, widen, Chart, Picture};
+use crate::Result;
 
 /// The tags in the order they are stacked: the engines' tags as
 /// [`colo_mem::tags`] lists them, then any others alphabetically.
@@ -39,167 +42,274 @@ fn tag_order(events: &[Event]) -> Vec<String> {
     out
 }
 
-/// The timeline of `events` as an SVG document; `capacity` (bytes) is drawn
-/// as a line when given.
-pub fn memory_timeline(events: &[Event], capacity: Option<u64>, title: &str) -> String {
-    chart(events, capacity, title, "time (s)")
+/// The timeline of `events` over time; `capacity` (bytes) is drawn as a
+/// line when given.
+pub fn memory_timeline(events: &[Event], capacity: Option<u64>, title: &str) -> Result<Picture> {
+    let points = events.iter().map(|e| e.t_s).collect();
+    render(&Timeline::new(events, points, capacity, title, "time (s)"))
 }
 
 /// The same picture with every transition given the same width instead of
 /// its duration: for one step, where a switch takes milliseconds beside a
 /// generation of seconds but is the thing to see.
-pub fn memory_transitions(events: &[Event], capacity: Option<u64>, title: &str) -> String {
-    let spaced: Vec<Event> = events
-        .iter()
-        .enumerate()
-        .map(|(i, e)| Event {
-            t_s: i as f64,
-            ..e.clone()
-        })
-        .collect();
-    chart(
-        &spaced,
+pub fn memory_transitions(events: &[Event], capacity: Option<u64>, title: &str) -> Result<Picture> {
+    let points = (0..events.len()).map(|i| i as f64).collect();
+    render(&Timeline::new(
+        events,
+        points,
         capacity,
         title,
         "transition (equal widths, not time)",
-    )
+    ))
 }
 
-fn chart(events: &[Event], capacity: Option<u64>, title: &str, x_label: &str) -> String {
-    let order = tag_order(events);
-    let t = extent(events.iter().map(|e| e.t_s)).unwrap_or((0.0, 1.0));
-    let top = extent(
-        events
-            .iter()
-            .map(|e| e.per_tag.values().sum::<u64>() as f64)
-            .chain(capacity.map(|c| c as f64)),
-    )
-    .map_or(1.0, |(_, hi)| hi.max(1.0));
-    let frame = Frame {
-        width: 960.0,
-        height: 440.0,
-        left: 80.0,
-        right: 160.0,
-        top: 70.0,
-        bottom: 50.0,
-        x: if t.1 > t.0 { t } else { (t.0, t.0 + 1.0) },
-        y: (0.0, top * 1.05),
-    };
-    let mut s = frame.open(
-        title,
-        x_label,
-        &|v| {
-            format!("{v:.3}")
-                .trim_end_matches('0')
-                .trim_end_matches('.')
-                .to_owned()
-        },
-        &human_bytes,
-    );
+struct Timeline<'a> {
+    events: &'a [Event],
+    /// The x position of each event.
+    x: Vec<f64>,
+    capacity: Option<u64>,
+    title: &'a str,
+    x_label: &'a str,
+    /// Transition indices: only whole numbers are labelled.
+    integer_x: bool,
+    order: Vec<String>,
+}
 
-    // Stacked step areas: tag k spans [Σ_{j<k}, Σ_{j≤k}] from each event to the next.
-    let mut below = vec![0.0f64; events.len()];
-    for (k, tag) in order.iter().enumerate() {
-        let vals: Vec<f64> = events
+/// Phase lines drawn at most; past this only each phase's first change is
+/// drawn, so the first step's choreography is labelled and the rest stays
+/// legible.
+const MAX_PHASE_LINES: usize = 60;
+
+impl<'a> Timeline<'a> {
+    fn new(
+        events: &'a [Event],
+        x: Vec<f64>,
+        capacity: Option<u64>,
+        title: &'a str,
+        x_label: &'a str,
+    ) -> Self {
+        Timeline {
+            integer_x: x_label.starts_with("transition"),
+            order: tag_order(events),
+            events,
+            x,
+            capacity,
+            title,
+            x_label,
+        }
+    }
+
+    /// The phase changes to draw: `(x, name)`.
+    fn phases(&self) -> Vec<(f64, &str)> {
+        let phases: Vec<(f64, &str)> = self
+            .events
+            .iter()
+            .zip(&self.x)
+            .filter(|(e, _)| e.kind == EventKind::Phase)
+            .map(|(e, &x)| (x, e.phase.as_str()))
+            .collect();
+        if phases.len() <= MAX_PHASE_LINES {
+            return phases;
+        }
+        let mut seen = HashSet::new();
+        phases
+            .into_iter()
+            .filter(|(_, p)| seen.insert(*p))
+            .collect()
+    }
+
+    /// The resident bytes of `tag` at each event.
+    fn values(&self, tag: &str) -> Vec<f64> {
+        self.events
             .iter()
             .map(|e| e.per_tag.get(tag).copied().unwrap_or(0) as f64)
-            .collect();
-        let above: Vec<f64> = below.iter().zip(&vals).map(|(b, v)| b + v).collect();
-        let (lo, hi) = extent(vals.iter().copied()).unwrap_or((0.0, 0.0));
-        let _ = writeln!(
-            s,
-            "<g class=\"series\" data-name=\"{}\" data-min=\"{lo}\" data-max=\"{hi}\">",
-            escape(tag)
-        );
-        let _ = write!(
-            s,
-            "<path fill=\"{}\" fill-opacity=\"0.85\" stroke=\"none\" d=\"",
-            color(k)
-        );
-        s.push_str(&step_outline(&frame, events, &below, &above));
-        s.push_str("\"><title>");
-        let _ = write!(s, "{}: up to {}", escape(tag), human_bytes(hi));
-        s.push_str("</title></path>\n</g>\n");
-        frame.legend(&mut s, k, tag, color(k));
-        below = above;
+            .collect()
+    }
+}
+
+impl Chart for Timeline<'_> {
+    const NAME: &'static str = "memory timeline";
+
+    fn size(&self) -> (u32, u32) {
+        (1000, 520)
     }
 
-    if let Some(c) = capacity {
-        let y = frame.py(c as f64);
-        let _ = writeln!(
-            s,
-            "<g class=\"capacity\"><line x1=\"{:.1}\" x2=\"{:.1}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#c00\" stroke-dasharray=\"6 4\"/><text x=\"{:.1}\" y=\"{:.1}\" fill=\"#c00\" text-anchor=\"end\">capacity {}</text></g>",
-            frame.left,
-            frame.width - frame.right,
-            frame.width - frame.right,
-            y - 4.0,
-            human_bytes(c as f64)
-        );
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+        root.fill(&WHITE)?;
+        let phases = self.phases();
+        // Room above the plot for the phase names, written upwards.
+        let longest = phases
+            .iter()
+            .map(|p| p.1.chars().count())
+            .max()
+            .unwrap_or(0);
+        let label_band = (longest as u32 * 6 + 12).clamp(16, 130);
+        let body = root.titled(self.title, text(18))?;
+        let (plot, side) = body.split_horizontally(790);
+
+        let x = widen(extent(self.x.iter().copied()).unwrap_or((0.0, 1.0)));
+        let top = extent(
+            self.events
+                .iter()
+                .map(|e| e.per_tag.values().sum::<u64>() as f64)
+                .chain(self.capacity.map(|c| c as f64)),
+        )
+        .map_or(1.0, |(_, hi)| hi.max(1.0));
+        // The y axis in one binary unit, so that its ticks are round.
+        let (unit, scale) = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)]
+            .into_iter()
+            .map(|(u, shift)| (u, (1u64 << shift) as f64))
+            .find(|&(_, s)| top >= 2.0 * s)
+            .unwrap_or(("B", 1.0));
+        let top = top / scale;
+        let mut chart = ChartBuilder::on(&plot)
+            .margin(8)
+            .margin_top(label_band)
+            .x_label_area_size(40)
+            .y_label_area_size(80)
+            .build_cartesian_2d(x.clone(), 0.0..top * 1.05)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .light_line_style(RGBColor(0xf2, 0xf2, 0xf2))
+            .max_light_lines(1)
+            .x_desc(self.x_label)
+            .y_desc(format!("resident ({unit})"))
+            .x_label_formatter(&|v| match self.integer_x && v.fract() != 0.0 {
+                true => String::new(),
+                false => trim(*v),
+            })
+            .y_label_formatter(&|v| format!("{} {unit}", trim(*v)))
+            .label_style(text(12))
+            .axis_desc_style(text(13))
+            .draw()?;
+
+        // Stacked step bands: tag k spans [Σ_{j<k}, Σ_{j≤k}] from each event
+        // to the next.
+        let mut entries = Vec::new();
+        let mut below = vec![0.0f64; self.events.len()];
+        for (k, tag) in self.order.iter().enumerate() {
+            let vals: Vec<f64> = self.values(tag).iter().map(|v| v / scale).collect();
+            let above: Vec<f64> = below.iter().zip(&vals).map(|(b, v)| b + v).collect();
+            let style = color(k).filled();
+            chart.draw_series(std::iter::once(Polygon::new(
+                step_outline(&self.x, &below, &above),
+                style,
+            )))?;
+            let hi = self
+                .events
+                .iter()
+                .map(|e| e.per_tag.get(tag).copied().unwrap_or(0));
+            let hi = fmt_bytes(hi.max().unwrap_or(0));
+            entries.push((format!("{tag}  (max {hi})"), style));
+            below = above;
+        }
+
+        let red = RGBColor(0xcc, 0x00, 0x00);
+        if let Some(bytes) = self.capacity {
+            let c = bytes as f64 / scale;
+            chart.draw_series(DashedLineSeries::new(
+                [(x.start, c), (x.end, c)],
+                6,
+                4,
+                red.stroke_width(1),
+            ))?;
+            let (px, py) = chart.backend_coord(&(x.end, c));
+            let style = text(12)
+                .color(&red)
+                .pos(Pos::new(HPos::Right, VPos::Bottom));
+            root.draw(&Text::new(
+                format!("capacity {}", fmt_bytes(bytes)),
+                (px - 4, py - 3),
+                style,
+            ))?;
+            entries.push(("device capacity".to_owned(), red.filled()));
+        }
+
+        // A dashed line at each phase change, named where there is room.
+        let grey = RGBColor(0x88, 0x88, 0x88);
+        let mut last_label: Option<i32> = None;
+        for &(at, name) in &phases {
+            chart.draw_series(DashedLineSeries::new(
+                [(at, 0.0), (at, top * 1.05)],
+                2,
+                3,
+                grey.stroke_width(1),
+            ))?;
+            let (px, py) = chart.backend_coord(&(at, top * 1.05));
+            if last_label.is_none_or(|l| px.saturating_sub(l) >= 13) {
+                let style = text(10)
+                    .color(&RGBColor(0x44, 0x44, 0x44))
+                    .transform(FontTransform::Rotate270);
+                root.draw(&Text::new(name, (px - 6, py - 4), style))?;
+                last_label = Some(px);
+            }
+        }
+
+        legend(&side, label_band as i32, &entries)?;
+        if !phases.is_empty() {
+            let y = label_band as i32 + 20 * entries.len() as i32 + 8;
+            side.draw(&Text::new(
+                "grey dashes: phase changes",
+                (8, y),
+                text(11).color(&grey),
+            ))?;
+        }
+        Ok(())
     }
-    phase_labels(&mut s, &frame, events);
-    s.push_str("</svg>\n");
-    s
+}
+
+/// `v` with at most three decimals and no trailing zeros.
+fn trim(v: f64) -> String {
+    format!("{v:.3}")
+        .trim_end_matches('0')
+        .trim_end_matches('.')
+        .to_owned()
 }
 
 /// The outline of one stacked band: along `above` left to right, back along
 /// `below` right to left, each value held until the next event.
-fn step_outline(f: &Frame, events: &[Event], below: &[f64], above: &[f64]) -> String {
-    let mut d = String::new();
-    let n = events.len();
+fn step_outline(x: &[f64], below: &[f64], above: &[f64]) -> Vec<(f64, f64)> {
+    let n = x.len();
+    let next = |i: usize| x[(i + 1).min(n - 1)];
+    let mut points = Vec::with_capacity(4 * n);
     for i in 0..n {
-        let (x0, x1) = (f.px(events[i].t_s), f.px(events[(i + 1).min(n - 1)].t_s));
-        let y = f.py(above[i]);
-        let _ = write!(
-            d,
-            "{}{x0:.1},{y:.1} L{x1:.1},{y:.1} ",
-            if i == 0 { "M" } else { "L" }
-        );
+        points.push((x[i], above[i]));
+        points.push((next(i), above[i]));
     }
     for i in (0..n).rev() {
-        let (x0, x1) = (f.px(events[i].t_s), f.px(events[(i + 1).min(n - 1)].t_s));
-        let y = f.py(below[i]);
-        let _ = write!(d, "L{x1:.1},{y:.1} L{x0:.1},{y:.1} ");
+        points.push((next(i), below[i]));
+        points.push((x[i], below[i]));
     }
-    d.push('Z');
-    d
+    points
 }
 
-/// A dashed line at each phase change, labelled where there is room (every
-/// line has its phase in a tooltip). A long run has more phase changes than
-/// pixels: past `MAX_PHASE_LINES` only each phase's first change is drawn,
-/// so the first step's choreography is labelled and the rest stays legible.
-fn phase_labels(s: &mut String, f: &Frame, events: &[Event]) {
-    const MAX_PHASE_LINES: usize = 60;
-    s.push_str("<g class=\"phases\" font-size=\"10\" fill=\"#555\">\n");
-    let phases: Vec<&Event> = events
-        .iter()
-        .filter(|e| e.kind == EventKind::Phase)
-        .collect();
-    let dense = phases.len() > MAX_PHASE_LINES;
-    let mut seen = std::collections::HashSet::new();
-    let mut last_label = f64::NEG_INFINITY;
-    for e in phases {
-        let first = seen.insert(e.phase.as_str());
-        if dense && !first {
-            continue;
-        }
-        let x = f.px(e.t_s);
-        let name = escape(&e.phase);
-        let _ = writeln!(
-            s,
-            "<line x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#bbb\" stroke-dasharray=\"2 3\"><title>{name} at {:.3} s</title></line>",
-            f.top - 4.0,
-            f.height - f.bottom,
-            e.t_s
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_band_holds_each_value_until_the_next_event() {
+        let pts = step_outline(&[0.0, 1.0, 3.0], &[0.0, 0.0, 0.0], &[2.0, 5.0, 1.0]);
+        assert_eq!(
+            pts,
+            [
+                (0.0, 2.0),
+                (1.0, 2.0),
+                (1.0, 5.0),
+                (3.0, 5.0),
+                (3.0, 1.0),
+                (3.0, 1.0),
+                (3.0, 0.0),
+                (3.0, 0.0),
+                (3.0, 0.0),
+                (1.0, 0.0),
+                (1.0, 0.0),
+                (0.0, 0.0)
+            ]
         );
-        if x - last_label >= 14.0 {
-            let y = f.top - 6.0;
-            let _ = writeln!(
-                s,
-                "<text class=\"phase\" x=\"{x:.1}\" y=\"{y:.1}\" transform=\"rotate(-35 {x:.1} {y:.1})\">{name}</text>"
-            );
-            last_label = x;
-        }
     }
-    s.push_str("</g>\n");
 }

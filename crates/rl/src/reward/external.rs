@@ -18,15 +18,24 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use wait_timeout::ChildExt;
 
 use super::{Reward, RewardInput};
 use crate::{Error, Result};
 
 /// How much of the child's stderr is kept for error messages.
 const STDERR_TAIL: usize = 4096;
+
+/// How long a child that stopped answering gets to exit, so that its status
+/// and last words are in the error message.
+const EXIT_GRACE: Duration = Duration::from_millis(200);
+
+/// How long a child gets to finish after its stdin is closed at the end of
+/// the run, before it is killed.
+pub const FINISH_GRACE: Duration = Duration::from_secs(1);
 
 /// See the module documentation.
 pub struct ExternalReward {
@@ -280,17 +289,7 @@ impl Running {
     fn exit_note(&mut self) -> String {
         // Give an exiting child a moment so that its status and last words
         // are in the message.
-        let deadline = Instant::now() + Duration::from_millis(200);
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10))
-                }
-                _ => break None,
-            }
-        };
-        let Some(status) = status else {
+        let Ok(Some(status)) = self.child.wait_timeout(EXIT_GRACE) else {
             return String::new();
         };
         let tail = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
@@ -305,6 +304,10 @@ impl Running {
 impl Reward for ExternalReward {
     fn name(&self) -> String {
         format!("external `{}`", self.command.join(" "))
+    }
+
+    fn failures(&self) -> u64 {
+        self.failures
     }
 
     fn score(&mut self, input: &RewardInput<'_>) -> Result<f32> {
@@ -331,17 +334,13 @@ impl Reward for ExternalReward {
 }
 
 impl Drop for ExternalReward {
-    /// Closes the child's stdin (its signal to finish) and gives it a moment
-    /// before killing it.
+    /// Closes the child's stdin (its signal to finish) and gives it
+    /// [`FINISH_GRACE`] before killing it.
     fn drop(&mut self) {
         if let Some(run) = self.child.as_mut() {
             drop(run.requests.take());
-            let deadline = Instant::now() + Duration::from_secs(1);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = run.child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(10));
+            if let Ok(Some(_)) = run.child.wait_timeout(FINISH_GRACE) {
+                return;
             }
         }
         self.stop();

@@ -22,7 +22,7 @@ pub mod rules;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use external::ExternalReward;
+pub use external::{ExternalReward, FINISH_GRACE};
 pub use rules::{BoxedMatch, ExactMatch, FormatReward, NumericMatch};
 
 use crate::{Error, Result};
@@ -56,6 +56,13 @@ pub trait Reward: Send {
     /// its samples one by one (the external reward pipelines its requests).
     fn score_batch(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<f32>> {
         inputs.iter().map(|i| self.score(i)).collect()
+    }
+
+    /// Samples so far that failed and got a configured default score
+    /// instead of an error (the run logs the increase per step as
+    /// `reward/failures`). Rewards that never fall back keep the default, 0.
+    fn failures(&self) -> u64 {
+        0
     }
 }
 
@@ -247,6 +254,11 @@ impl Reward for Weighted {
         Ok(total)
     }
 
+    /// Summed over the terms (a sample two terms failed on counts twice).
+    fn failures(&self) -> u64 {
+        self.terms.iter().map(|(_, r)| r.failures()).sum()
+    }
+
     fn score_batch(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<f32>> {
         let mut total = vec![0.0; inputs.len()];
         for (w, r) in &mut self.terms {
@@ -289,6 +301,10 @@ impl<R: Reward> Reward for WithDefault<R> {
                 Ok(self.default)
             }
         }
+    }
+
+    fn failures(&self) -> u64 {
+        self.failures + self.inner.failures()
     }
 }
 

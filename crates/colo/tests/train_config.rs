@@ -1,0 +1,103 @@
+//! `colo train --print-config` and the example config `configs/example.toml`
+//! run as processes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Instant;
+
+use colo_rl::Config;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("colo-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `colo train ARGS` from the repository root (the example's paths are
+/// relative to it).
+fn colo_train(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_colo"))
+        .current_dir(repo())
+        .arg("train")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "colo train {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The printed config of `args`, written to a file and read back.
+fn printed(args: &[&str], dir: &Path) -> Config {
+    let out = colo_train(&[args, &["--print-config"]].concat());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("\n[trainer]\n"), "{text}");
+    let file = dir.join("printed.toml");
+    std::fs::write(&file, &text).unwrap();
+    // Read back from the repository root, as the original.
+    let back = Command::new(env!("CARGO_BIN_EXE_colo"))
+        .current_dir(repo())
+        .args(["train", "--print-config", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(back.status.success());
+    assert_eq!(
+        String::from_utf8(back.stdout).unwrap(),
+        text,
+        "printing the printed config changes nothing"
+    );
+    Config::from_file(&file).unwrap()
+}
+
+#[test]
+fn print_config_reads_back_to_the_same_config() {
+    let dir = tmp("print");
+    assert_eq!(printed(&[], &dir), Config::builtin());
+    let example = repo().join("configs/example.toml");
+    assert_eq!(
+        printed(&["--config", "configs/example.toml"], &dir),
+        Config::from_file(&example).unwrap()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_example_config_runs_on_the_fixtures() {
+    let dir = tmp("example");
+    let run = dir.join("run");
+    let t = Instant::now();
+    let out = colo_train(&[
+        "--config",
+        "configs/example.toml",
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("done: 3 steps"), "{stdout}");
+    eprintln!("example run: {:?}", t.elapsed());
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert_eq!(
+        metrics
+            .lines()
+            .filter(|l| l.contains("\"actor/pg_loss\""))
+            .count(),
+        3,
+        "{metrics}"
+    );
+    for picture in ["memory_timeline", "memory_step", "reward_curve"] {
+        let png = std::fs::read(run.join(format!("{picture}.png"))).unwrap();
+        assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "{picture}.png");
+        let svg = std::fs::read_to_string(run.join(format!("{picture}.svg"))).unwrap();
+        assert!(svg.contains("<svg"), "{picture}.svg");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

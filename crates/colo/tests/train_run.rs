@@ -1,0 +1,160 @@
+//! `colo train` run as a process on the tiny Qwen2 fixture: the summary
+//! names the `--out` directory, a checkpoint is a model `colo generate`
+//! loads, and a config that colo-plan predicts cannot fit is refused before
+//! anything is loaded, with the plan's phase table.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny-qwen2")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("colo-train-run-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A one-step run config on the fixture with `capacity`.
+fn write_config(dir: &Path, capacity: &str) -> PathBuf {
+    let data = dir.join("train.jsonl");
+    let lines: Vec<String> = (0..8)
+        .map(|i| {
+            format!(
+                r#"{{"prompt": "Question: what is {i} + 1? Answer:", "answer": "{}"}}"#,
+                i + 1
+            )
+        })
+        .collect();
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let path = dir.join("run.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[data]
+train_files = ["{data}"]
+val_fraction = 0.25
+train_batch_size = 2
+
+[model]
+path = "{model}"
+
+[rollout]
+n = 2
+max_new_tokens = 4
+max_kv_tokens = 256
+
+[actor]
+ppo_mini_batch_size = 2
+ppo_micro_batch_size = 4
+
+[memory]
+capacity = "{capacity}"
+
+[trainer]
+total_steps = 1
+val_before_train = false
+"#,
+            data = data.display(),
+            model = fixture().display(),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn colo(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_colo"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn the_summary_names_out_and_checkpoints_load_in_colo_generate() {
+    let dir = tmp("generate");
+    let config = write_config(&dir, "256MiB");
+    let out = dir.join("out1");
+    let o = colo(&[
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "colo train failed:\n{stderr}");
+    assert!(
+        stderr.contains(&format!("out {}", out.display())) && !stderr.contains("runs/colo"),
+        "the summary names another directory:\n{stderr}"
+    );
+    assert!(stderr.contains("plan check: predicted peak"), "{stderr}");
+    assert!(
+        stdout.contains(&format!("wrote {}/metrics.jsonl", out.display())),
+        "{stdout}"
+    );
+
+    let ckpt = out.join("checkpoints/step-1");
+    let o = colo(&[
+        "generate",
+        "--model",
+        ckpt.to_str().unwrap(),
+        "--prompt",
+        "Question: what is 2 + 1? Answer:",
+        "--greedy",
+        "--max-new-tokens",
+        "4",
+        "--json",
+    ]);
+    assert!(
+        o.status.success(),
+        "colo generate on {}:\n{}",
+        ckpt.display(),
+        text(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let tokens = v["completions"][0]["tokens"].as_array().unwrap();
+    assert!(!tokens.is_empty() && tokens.len() <= 4, "{v}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_run_the_plan_says_cannot_fit_is_refused_before_loading() {
+    let dir = tmp("refuse");
+    let config = write_config(&dir, "1MiB");
+    let out = dir.join("out");
+    let args = [
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let o = colo(&args);
+    let stderr = text(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "a run that cannot fit was not refused:\n{stderr}"
+    );
+    for want in [
+        "phase",
+        "training",
+        "<- peak",
+        "memory.capacity",
+        "--no-plan-check",
+    ] {
+        assert!(stderr.contains(want), "`{want}` missing:\n{stderr}");
+    }
+    assert!(
+        !out.join("metrics.jsonl").exists(),
+        "it ran before refusing"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

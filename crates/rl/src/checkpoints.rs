@@ -1,0 +1,176 @@
+//! The run's checkpoints, `checkpoints/step-N` (N: RL steps done).
+//!
+//! Each is written atomically by colo-train (a temporary sibling directory,
+//! renamed into place; see `colo_train::checkpoint`) and is a complete
+//! Hugging Face model directory: `config.json` and `model.safetensors`, the
+//! starting model's tokenizer files and `generation_config.json` (one made
+//! from the model's config when the starting model has none), so that
+//! `colo generate --model …/step-N` and `model.path = "…/step-N"` load it.
+//! Beside them, the optimizer state and `trainer_state.json`
+//! (`global_step`: RL steps, `optimizer_steps`: optimizer steps), written
+//! last, and for a GAE run the critic in `critic/`.
+//!
+//! `--resume` continues from the newest *complete* checkpoint
+//! ([`latest_complete`]): one whose `trainer_state.json` reads, whose
+//! weights, optimizer state and config are there (and a complete
+//! `critic/` when the run has a critic), and whose `global_step` (when it
+//! has one) is its N. Newer directories that are not are skipped
+//! with the reason, and the run says so.
+
+use std::path::{Path, PathBuf};
+
+use colo_model::ModelConfig;
+use serde_json::{json, Value};
+
+use crate::{Error, Result};
+
+/// The directory of the checkpoints in a run directory.
+pub const DIR: &str = "checkpoints";
+
+/// Where a checkpoint holds the critic of a GAE run (a colo-train
+/// checkpoint of the value model).
+pub const CRITIC_DIR: &str = "critic";
+
+/// What [`latest_complete`] found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Found {
+    /// The newest complete checkpoint: (its step, its directory).
+    pub latest: Option<(usize, PathBuf)>,
+    /// Newer `step-N` directories that are not complete checkpoints, newest
+    /// first, each with the reason.
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+/// `dir/step-N` directories, newest first (none if `dir` does not exist).
+pub fn step_dirs(dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(dir, e)),
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        let e = e.map_err(|e| Error::io(dir, e))?;
+        let name = e.file_name();
+        let Some(step) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("step-"))
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        out.push((step, e.path()));
+    }
+    out.sort_by_key(|s| std::cmp::Reverse(s.0));
+    Ok(out)
+}
+
+/// Why `dir` (named `step-{step}`) is not a complete checkpoint, if it is
+/// not; `critic`: the run has a critic, which the checkpoint must hold.
+pub fn incomplete(dir: &Path, step: usize, critic: bool) -> Option<String> {
+    let check = |d: &Path| match colo_train::checkpoint::check_complete(d) {
+        Err(e) => Some(e.to_string()),
+        Ok(s) => match s.global_step {
+            Some(g) if g != step as u64 => Some(format!(
+                "its trainer_state.json says global_step {g}, not {step}"
+            )),
+            _ => None,
+        },
+    };
+    check(dir).or_else(|| critic.then(|| check(&dir.join(CRITIC_DIR))).flatten())
+}
+
+/// The newest complete checkpoint in `dir` (see [`incomplete`]), and the
+/// newer directories skipped on the way.
+pub fn latest_complete(dir: &Path, critic: bool) -> Result<Found> {
+    let mut found = Found::default();
+    for (step, path) in step_dirs(dir)? {
+        match incomplete(&path, step, critic) {
+            Some(why) => found.skipped.push((path, why)),
+            None => {
+                found.latest = Some((step, path));
+                break;
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Makes the checkpoint directory `dst` (holding the trained `config.json`
+/// and weights) a complete Hugging Face directory: copies the tokenizer
+/// files and `generation_config.json` that the starting model `source` has,
+/// and writes a `generation_config.json` from the model's config (its BOS,
+/// EOS and PAD ids, as transformers' `GenerationConfig.from_model_config`)
+/// when the source has none.
+pub fn write_model_files(source: &Path, dst: &Path) -> Result<()> {
+    colo_model::tokenizer::copy_tokenizer_files(source, dst)?;
+    let path = dst.join("generation_config.json");
+    if !path.is_file() {
+        let cfg = ModelConfig::from_file(&dst.join("config.json"))?;
+        let eos = match cfg.eos_token_ids.as_slice() {
+            [] => Value::Null,
+            [one] => json!(one),
+            many => json!(many),
+        };
+        let v = json!({
+            "_from_model_config": true,
+            "bos_token_id": cfg.bos_token_id,
+            "eos_token_id": eos,
+            "pad_token_id": cfg.pad_token_id,
+        });
+        let text = serde_json::to_string_pretty(&v)? + "\n";
+        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The built-in model's checkpoint directory gets the files colo's
+    /// loaders need (tokenizer, tokenizer config) and a generation config.
+    #[test]
+    fn builtin_checkpoints_get_tokenizer_and_generation_config() {
+        let root = std::env::temp_dir().join(format!("colo-rl-ckpt-files-{}", std::process::id()));
+        let (base, dst) = (root.join("base"), root.join("step-1"));
+        crate::task::builtin_checkpoint(&base).unwrap();
+        std::fs::create_dir_all(&dst).unwrap();
+        std::fs::copy(base.join("config.json"), dst.join("config.json")).unwrap();
+        write_model_files(&base, &dst).unwrap();
+        let tok = colo_model::Tokenizer::from_dir(&dst).unwrap();
+        let eos = tok.special.eos.as_ref().unwrap().id;
+        let text = std::fs::read_to_string(dst.join("generation_config.json")).unwrap();
+        let gen: Value = serde_json::from_str(&text).unwrap();
+        let ids = match &gen["eos_token_id"] {
+            Value::Array(a) => a.clone(),
+            one => vec![one.clone()],
+        };
+        assert!(ids.contains(&json!(eos)), "{text}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn only_complete_step_directories_count() {
+        let root = std::env::temp_dir().join(format!("colo-rl-ckpt-scan-{}", std::process::id()));
+        for d in ["step-3", "step-12", "step-x", ".step-20.tmp-abc", "other"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        let steps: Vec<usize> = step_dirs(&root).unwrap().into_iter().map(|s| s.0).collect();
+        assert_eq!(steps, vec![12, 3]);
+        let found = latest_complete(&root, false).unwrap();
+        assert_eq!(found.latest, None);
+        assert_eq!(found.skipped.len(), 2);
+        assert!(
+            found.skipped[0].1.contains("config.json"),
+            "{:?}",
+            found.skipped
+        );
+        assert_eq!(
+            latest_complete(&root.join("absent"), false).unwrap(),
+            Found::default()
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

@@ -1,0 +1,462 @@
+//! `colo train --print-config`: the resolved configuration as a TOML file,
+//! every key with a comment (meaning, unit, default, verl's name).
+//!
+//! The validated [`Config`] is turned back into a [`RawConfig`]
+//! ([`to_raw`]), serialised by `toml`, and written section by section with
+//! the comments of [`DOCS`]. Reading the printed text back gives the same
+//! `Config` (a test checks the round trip); a key without an entry in
+//! [`DOCS`] fails a test, so a new field cannot go undocumented.
+
+use std::fmt::Write;
+
+use colo_algo::{KlControlConfig, KlEstimator};
+use toml::{Table, Value};
+
+use super::raw::{
+    Files, RawActor, RawAlgorithm, RawCapacity, RawData, RawMemory, RawModel, RawRollout,
+    RawRolloutCorrection, RawTrainer, RawValKwargs,
+};
+use super::*;
+
+/// One key's documentation.
+pub(crate) struct Doc {
+    /// Dotted path from the file's root, e.g. `actor.ppo_mini_batch_size`.
+    pub key: &'static str,
+    pub meaning: &'static str,
+    /// Unit or accepted values; "" when the meaning says it.
+    pub unit: &'static str,
+    /// verl's name where it differs from `key` or is worth saying ("" for
+    /// none: a colo-only key).
+    pub verl: &'static str,
+    /// For optional keys: what leaving it out means.
+    pub unset: &'static str,
+}
+
+const fn d(
+    key: &'static str,
+    meaning: &'static str,
+    unit: &'static str,
+    verl: &'static str,
+) -> Doc {
+    Doc {
+        key,
+        meaning,
+        unit,
+        verl,
+        unset: "",
+    }
+}
+
+const fn opt(
+    key: &'static str,
+    meaning: &'static str,
+    unit: &'static str,
+    verl: &'static str,
+    unset: &'static str,
+) -> Doc {
+    Doc {
+        key,
+        meaning,
+        unit,
+        verl,
+        unset,
+    }
+}
+
+/// Every key of the file, in the order printed.
+pub(crate) const DOCS: &[Doc] = &[
+    // [data]
+    d("data.train_files", "training prompts: JSONL files, one object per line (README: \"The JSONL schema\"); none means the built-in arithmetic task", "paths (one or a list)", "data.train_files"),
+    d("data.val_files", "held-out prompts for eval/accuracy: JSONL files", "paths (one or a list)", "data.val_files"),
+    opt("data.val_fraction", "instead of val_files: hold out this fraction of the training prompts (seeded split)", "fraction in (0, 1)", "", "val_files are the held-out set"),
+    d("data.prompt_key", "field holding the prompt: a string, or a chat (a list of {role, content} messages rendered with the tokenizer's chat template)", "JSON key", "data.prompt_key"),
+    d("data.answer_key", "field holding the ground truth the reward compares with; a dotted path reaches into objects", "JSON key or dotted path", "reward_model.ground_truth (fixed in verl)"),
+    d("data.train_batch_size", "prompts per RL step (each sampled rollout.n times)", "prompts", "data.train_batch_size"),
+    d("data.max_prompt_length", "longest prompt; a longer one is an error when the data are read", "tokens", "data.max_prompt_length (with truncation = \"error\")"),
+    d("data.seed", "seed of the epoch shuffles and of the held-out split", "integer", "data.seed"),
+    d("data.shuffle", "shuffle the prompts each epoch (else file order)", "bool", "data.shuffle"),
+    d("data.builtin.max_operand", "built-in task (used when train_files is empty): operands are 0..=max_operand", "integer", ""),
+    d("data.builtin.ops", "built-in task: the operations", "list of \"+\", \"-\"", ""),
+    d("data.builtin.train_size", "built-in task: training problems", "prompts", ""),
+    d("data.builtin.val_size", "built-in task: held-out problems (disjoint from training)", "prompts", ""),
+    d("data.builtin.seed", "built-in task: seed of the problem generator", "integer", ""),
+    // [model]
+    opt("model.path", "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)", "path", "actor_rollout_ref.model.path", "the built-in 0.8M-parameter model and its committed SFT checkpoint"),
+    // [rollout]
+    d("rollout.n", "samples generated per prompt", "samples", "actor_rollout_ref.rollout.n"),
+    d("rollout.temperature", "sampling temperature; 0 is greedy", "≥ 0", "actor_rollout_ref.rollout.temperature"),
+    d("rollout.top_p", "nucleus sampling: keep the smallest set of tokens with this much probability", "(0, 1]", "actor_rollout_ref.rollout.top_p"),
+    d("rollout.top_k", "keep the k most likely tokens; -1 or 0: off", "tokens", "actor_rollout_ref.rollout.top_k"),
+    d("rollout.max_new_tokens", "longest response", "tokens", "data.max_response_length (alias: response_length, max_response_length)"),
+    d("rollout.mem_fraction", "share of the device memory left after weights that the KV cache takes (ignored when max_kv_tokens is set)", "fraction in (0, 1]", "actor_rollout_ref.rollout.gpu_memory_utilization (alias)"),
+    opt("rollout.max_kv_tokens", "KV-cache size in tokens, instead of mem_fraction", "tokens", "", "the cache is sized by mem_fraction"),
+    d("rollout.val_kwargs.n", "evaluation: samples per held-out prompt (pass@n)", "samples", "actor_rollout_ref.rollout.val_kwargs.n"),
+    d("rollout.val_kwargs.temperature", "evaluation: temperature; 0 is greedy", "≥ 0", "actor_rollout_ref.rollout.val_kwargs.temperature"),
+    d("rollout.val_kwargs.top_p", "evaluation: nucleus sampling", "(0, 1]", "actor_rollout_ref.rollout.val_kwargs.top_p"),
+    d("rollout.val_kwargs.top_k", "evaluation: top-k; -1 or 0: off", "tokens", "actor_rollout_ref.rollout.val_kwargs.top_k"),
+    // [actor]
+    d("actor.lr", "AdamW learning rate", "> 0", "actor_rollout_ref.actor.optim.lr"),
+    d("actor.warmup_steps", "linear learning-rate warmup", "optimiser steps", "actor_rollout_ref.actor.optim.lr_warmup_steps (alias; also: warmup)"),
+    d("actor.weight_decay", "AdamW weight decay", "[0, 1]", "actor_rollout_ref.actor.optim.weight_decay"),
+    d("actor.grad_clip", "gradient-norm clip", "> 0", "actor_rollout_ref.actor.grad_clip"),
+    d("actor.ppo_mini_batch_size", "prompts per optimiser step (× rollout.n samples); must divide data.train_batch_size", "prompts", "actor_rollout_ref.actor.ppo_mini_batch_size"),
+    d("actor.ppo_micro_batch_size", "samples per forward/backward pass (gradient accumulation); must divide ppo_mini_batch_size × rollout.n", "samples", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (alias)"),
+    d("actor.ppo_epochs", "passes over each step's samples", "epochs", "actor_rollout_ref.actor.ppo_epochs"),
+    d("actor.loss_mode", "policy loss", "\"vanilla\" (PPO clip) or \"gspo\"", "actor_rollout_ref.actor.policy_loss.loss_mode"),
+    d("actor.clip_ratio", "PPO clip ε (both sides unless clip_ratio_low/high are set)", "ratio", "actor_rollout_ref.actor.clip_ratio"),
+    opt("actor.clip_ratio_low", "ε_low: the ratio floor is 1 − ε_low", "ratio", "actor_rollout_ref.actor.clip_ratio_low", "clip_ratio"),
+    opt("actor.clip_ratio_high", "ε_high: the ratio ceiling is 1 + ε_high (DAPO: 0.28)", "ratio", "actor_rollout_ref.actor.clip_ratio_high", "clip_ratio"),
+    d("actor.clip_ratio_c", "dual-clip bound c: for negative advantages the loss is at most −c·A", "> 1", "actor_rollout_ref.actor.clip_ratio_c"),
+    d("actor.loss_agg_mode", "how per-token losses become a scalar", "\"token-mean\", \"seq-mean-token-sum\", \"seq-mean-token-mean\", \"seq-mean-token-sum-norm\"", "actor_rollout_ref.actor.loss_agg_mode"),
+    d("actor.entropy_coeff", "entropy bonus coefficient", "[-1, 1]", "actor_rollout_ref.actor.entropy_coeff"),
+    d("actor.use_kl_loss", "add a KL(actor ‖ reference) term to the loss (loads the reference model)", "bool", "actor_rollout_ref.actor.use_kl_loss"),
+    d("actor.kl_loss_coef", "coefficient of the KL loss", "≥ 0", "actor_rollout_ref.actor.kl_loss_coef"),
+    d("actor.kl_loss_type", "KL estimator of the loss", "\"k1\" (kl), \"abs\", \"k2\" (mse), \"k3\" (low_var_kl)", "actor_rollout_ref.actor.kl_loss_type"),
+    // [algorithm]
+    d("algorithm.adv_estimator", "advantage estimator", "\"grpo\", \"rloo\", \"reinforce_plus_plus\", \"reinforce_plus_plus_baseline\", \"remax\", \"gae\" (trains a critic)", "algorithm.adv_estimator"),
+    d("algorithm.gamma", "discount (GAE, REINFORCE++)", "[0, 1]", "algorithm.gamma"),
+    d("algorithm.lam", "GAE λ", "[0, 1]", "algorithm.lam"),
+    d("algorithm.norm_adv_by_std_in_grpo", "divide GRPO advantages by the group's std (false: Dr. GRPO)", "bool", "algorithm.norm_adv_by_std_in_grpo"),
+    d("algorithm.use_kl_in_reward", "subtract β·KL(actor ‖ reference) from the reward (loads the reference model)", "bool", "algorithm.use_kl_in_reward"),
+    d("algorithm.kl_penalty", "KL estimator of the reward penalty", "\"k1\", \"abs\", \"k2\", \"k3\"", "algorithm.kl_penalty"),
+    d("algorithm.kl_ctrl.type", "β controller of the reward penalty", "\"fixed\" or \"adaptive\"", "algorithm.kl_ctrl.type"),
+    d("algorithm.kl_ctrl.kl_coef", "β, or its initial value when adaptive", "≥ 0", "algorithm.kl_ctrl.kl_coef"),
+    d("algorithm.kl_ctrl.target_kl", "adaptive controller: the KL it aims for", "nats", "algorithm.kl_ctrl.target_kl"),
+    d("algorithm.kl_ctrl.horizon", "adaptive controller: its horizon", "samples", "algorithm.kl_ctrl.horizon"),
+    opt("algorithm.rollout_correction.rollout_is", "truncated importance sampling between rollout and trainer probabilities", "\"token\" or \"sequence\"", "algorithm.rollout_correction.rollout_is", "off"),
+    d("algorithm.rollout_correction.rollout_is_threshold", "the importance-weight cap C", "> 0", "algorithm.rollout_correction.rollout_is_threshold"),
+    // [reward]
+    d("reward.kind", "the reward", "\"exact_match\", \"numeric\", \"boxed\", \"format\", \"weighted\", \"external\"", "reward_model / custom_reward_function (verl picks a Python function)"),
+    d("reward.tolerance", "numeric, boxed: numbers within this are equal", "absolute", ""),
+    opt("reward.after", "numeric: read the first number after the last occurrence of this marker (GSM8K: \"####\")", "text", "", "the last number of the completion"),
+    d("reward.open", "format: the answer must stand between open…", "text", ""),
+    d("reward.close", "format: …and close", "text", ""),
+    d("reward.terms", "weighted: Σ weight · reward over these terms", "list of {weight, reward = {kind, …}}", ""),
+    d("reward.command", "external: program and arguments of a child process answering JSON lines (crates/rl/src/reward/external.rs)", "list of strings", ""),
+    d("reward.timeout_s", "external: how long to wait for each answer line", "seconds", ""),
+    opt("reward.default_score", "external: the score of a sample the command failed on", "score", "", "a failure stops the run with an error naming the sample"),
+    // [memory]
+    d("memory.capacity", "device capacity the memory layer enforces; \"auto\": the device's memory (CPU: 128 MiB for the built-in model, the machine's memory otherwise)", "\"auto\", bytes, or \"512 MiB\" / \"2 GB\"", ""),
+    d("memory.colocation", "how trainer and rollout engine share the device (also spelled `mode`)", "\"naive\", \"restart\", \"sleep\", \"staged\"", ""),
+    d("memory.offload_train_param", "while generating, the trainer's parameters go to host memory", "bool", "actor_rollout_ref.actor.fsdp_config.param_offload"),
+    d("memory.offload_train_grad", "while generating, the trainer's gradients go to host memory", "bool", ""),
+    d("memory.offload_train_optimizer", "while generating, the optimiser state goes to host memory", "bool", "actor_rollout_ref.actor.fsdp_config.optimizer_offload"),
+    d("memory.offload_ref", "the reference model waits in host memory between uses", "bool", "actor_rollout_ref.ref.fsdp_config.param_offload"),
+    // [trainer]
+    opt("trainer.total_steps", "length of the run; wins over total_epochs", "RL steps", "trainer.total_training_steps (alias)", "total_epochs, or 100 steps when neither is set"),
+    opt("trainer.total_epochs", "length of the run in passes over the training prompts (used when total_steps is unset)", "epochs", "trainer.total_epochs", "total_steps decides"),
+    d("trainer.save_freq", "checkpoint every this many steps; -1 or 0: only at the end", "steps", "trainer.save_freq"),
+    d("trainer.test_freq", "evaluate every this many steps; -1 or 0: only before (val_before_train) and at the end", "steps", "trainer.test_freq"),
+    d("trainer.val_before_train", "evaluate the starting checkpoint", "bool", "trainer.val_before_train"),
+    d("trainer.resume", "continue from the latest checkpoint in out_dir (also: colo train --resume)", "bool", "trainer.resume_mode = \"auto\""),
+    d("trainer.out_dir", "run directory: metrics.jsonl, pictures, checkpoints/ (colo train --out wins)", "path", "trainer.default_local_dir (alias)"),
+    d("trainer.seed", "seed of sampling and initialisation; data.seed defaults to it", "integer", "data.seed, actor_rollout_ref.rollout.seed"),
+    d("trainer.device", "where the run computes", "\"cpu\" or \"cuda\"", ""),
+    d("trainer.dtype", "dtype of weights and compute (optimiser moments stay f32)", "\"f32\" or \"bf16\"", "actor_rollout_ref.model.dtype (alias: model_dtype)"),
+];
+
+/// The raw form of a validated config: every value as written, derived
+/// values (`data.seed`, the run length) explicit.
+pub(crate) fn to_raw(c: &Config) -> RawConfig {
+    let b = &c.batch;
+    let defaults = RawConfig::default();
+    let paths = |v: &[std::path::PathBuf]| Files::Many(v.to_vec());
+    let (train_files, val_files, val_fraction, builtin) = match &c.data.source {
+        DataSource::Builtin(t) => (Files::default(), Files::default(), None, t.clone()),
+        DataSource::Files { train, val } => {
+            let builtin = defaults.data.builtin.clone();
+            match val {
+                ValSource::Files(v) => (paths(train), paths(v), None, builtin),
+                ValSource::Fraction(f) => (paths(train), Files::default(), Some(*f), builtin),
+            }
+        }
+    };
+    let top_k = |k: Option<usize>| k.map_or(-1, |k| k as i64);
+    let (mem_fraction, max_kv_tokens) = match c.rollout.kv {
+        KvBudget::Fraction(f) => (f, None),
+        KvBudget::Tokens(t) => (defaults.rollout.mem_fraction, Some(t)),
+    };
+    let (s, vs) = (&c.rollout.sampling, &c.rollout.val_sampling);
+    let p = &c.actor.policy_loss;
+    let kl = c.actor.kl_loss.unwrap_or(KlLoss {
+        coef: defaults.actor.kl_loss_coef,
+        estimator: defaults.actor.kl_loss_type,
+    });
+    let (kl_penalty, kl_ctrl): (KlEstimator, KlControlConfig) = match &c.algorithm.kl_in_reward {
+        Some(k) => (k.estimator, k.ctrl.clone()),
+        None => (defaults.algorithm.kl_penalty, defaults.algorithm.kl_ctrl),
+    };
+    let adv = &c.algorithm.advantage;
+    let freq = |f: Option<usize>| f.map_or(-1, |f| f as i64);
+    let (total_steps, total_epochs) = match c.trainer.length {
+        RunLength::Steps(s) => (Some(s), None),
+        RunLength::Epochs(e) => (None, Some(e)),
+    };
+    RawConfig {
+        data: RawData {
+            train_files,
+            val_files,
+            val_fraction,
+            prompt_key: c.data.fields.prompt_key.clone(),
+            answer_key: c.data.fields.answer_key.clone(),
+            train_batch_size: b.prompts_per_step,
+            max_prompt_length: c.data.max_prompt_length,
+            seed: Some(c.data.seed),
+            shuffle: c.data.shuffle,
+            builtin,
+        },
+        model: RawModel {
+            path: match &c.model {
+                ModelSource::Builtin => None,
+                ModelSource::Path(p) => Some(p.clone()),
+            },
+        },
+        rollout: RawRollout {
+            n: b.n,
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: top_k(s.top_k),
+            max_new_tokens: c.rollout.max_new_tokens,
+            mem_fraction,
+            max_kv_tokens,
+            val_kwargs: RawValKwargs {
+                n: c.rollout.val_n,
+                temperature: vs.temperature,
+                top_p: vs.top_p,
+                top_k: top_k(vs.top_k),
+            },
+        },
+        actor: RawActor {
+            lr: c.actor.optim.lr,
+            warmup_steps: c.actor.optim.warmup_steps,
+            weight_decay: c.actor.optim.weight_decay,
+            grad_clip: c.actor.optim.grad_clip,
+            ppo_mini_batch_size: b.mini_batch_prompts,
+            ppo_micro_batch_size: b.micro_batch_samples,
+            ppo_epochs: c.actor.ppo_epochs,
+            loss_mode: p.loss_mode,
+            clip_ratio: p.clip_ratio,
+            clip_ratio_low: p.clip_ratio_low,
+            clip_ratio_high: p.clip_ratio_high,
+            clip_ratio_c: p.clip_ratio_c,
+            loss_agg_mode: p.loss_agg_mode,
+            entropy_coeff: c.actor.entropy_coeff,
+            use_kl_loss: c.actor.kl_loss.is_some(),
+            kl_loss_coef: kl.coef,
+            kl_loss_type: kl.estimator,
+        },
+        algorithm: RawAlgorithm {
+            adv_estimator: adv.adv_estimator,
+            gamma: adv.gamma,
+            lam: adv.lam,
+            norm_adv_by_std_in_grpo: adv.norm_adv_by_std_in_grpo,
+            use_kl_in_reward: c.algorithm.kl_in_reward.is_some(),
+            kl_penalty,
+            kl_ctrl,
+            rollout_correction: RawRolloutCorrection {
+                rollout_is: c.algorithm.rollout_correction.rollout_is,
+                rollout_is_threshold: c.algorithm.rollout_correction.rollout_is_threshold,
+            },
+        },
+        reward: c.reward.clone(),
+        memory: RawMemory {
+            capacity: match c.memory.capacity {
+                Capacity::Auto => RawCapacity::Text("auto".into()),
+                Capacity::Bytes(b) => capacity_text(b),
+            },
+            colocation: c.memory.colocation,
+            offload_train_param: c.memory.offload_train_param,
+            offload_train_grad: c.memory.offload_train_grad,
+            offload_train_optimizer: c.memory.offload_train_optimizer,
+            offload_ref: c.memory.offload_ref,
+        },
+        trainer: RawTrainer {
+            total_steps,
+            total_epochs,
+            save_freq: freq(c.trainer.save_freq),
+            test_freq: freq(c.trainer.test_freq),
+            val_before_train: c.trainer.val_before_train,
+            resume: c.trainer.resume,
+            out_dir: c.trainer.out_dir.clone(),
+            seed: c.trainer.seed,
+            device: c.trainer.device,
+            dtype: c.trainer.dtype,
+        },
+    }
+}
+
+/// `"24 GiB"` where the bytes are a whole number of a binary unit, else the
+/// number of bytes: either reads back to the same capacity.
+fn capacity_text(b: u64) -> RawCapacity {
+    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if b >= 1 << shift && b % (1 << shift) == 0 {
+            return RawCapacity::Text(format!("{} {unit}", b >> shift));
+        }
+    }
+    RawCapacity::Bytes(b)
+}
+
+/// The documented TOML text of `c` (see the module doc).
+pub(crate) fn print(c: &Config) -> std::result::Result<String, String> {
+    let table = |raw: &RawConfig| Table::try_from(raw).map_err(|e| e.to_string());
+    let values = table(&to_raw(c))?;
+    let defaults = table(&RawConfig::default())?;
+    let mut out = String::from(
+        "# colo train: the resolved run configuration. Every key is shown with\n\
+         # its meaning, unit, default and verl's name; a file needs only the keys\n\
+         # it changes. Run it with `colo train --config FILE`.\n#\n",
+    );
+    for line in c.summary().lines() {
+        let _ = writeln!(out, "#   {line}");
+    }
+    // The sections in the order of the file's documentation.
+    let mut sections: Vec<&String> = values.keys().collect();
+    sections.sort_by_key(|s| {
+        DOCS.iter()
+            .position(|d| d.key.starts_with(&format!("{s}.")))
+    });
+    for section in sections {
+        let Some(Value::Table(t)) = values.get(section) else {
+            return Err(format!("`{section}` is not a table"));
+        };
+        write_table(&mut out, section, t, &defaults)?;
+    }
+    Ok(out)
+}
+
+/// `[path]`, its keys in [`DOCS`] order (unset optional keys as comments),
+/// then its sub-tables.
+fn write_table(
+    out: &mut String,
+    path: &str,
+    t: &Table,
+    defaults: &Table,
+) -> std::result::Result<(), String> {
+    let _ = writeln!(out, "\n[{path}]");
+    let prefix = format!("{path}.");
+    // `(index in DOCS, the line "key = value")`; `None` for an unset key.
+    let mut rows: Vec<(usize, Option<String>)> = Vec::new();
+    for (k, v) in t {
+        if matches!(v, Value::Table(_)) {
+            continue;
+        }
+        let full = format!("{prefix}{k}");
+        let i = DOCS
+            .iter()
+            .position(|d| d.key == full)
+            .ok_or_else(|| format!("`{full}` has no documentation in config/print.rs"))?;
+        rows.push((i, Some(format!("{k} = {v}"))));
+    }
+    // Optional keys that are unset, at their place in DOCS order.
+    rows.extend(
+        DOCS.iter()
+            .enumerate()
+            .filter(|(_, d)| {
+                d.key
+                    .strip_prefix(&prefix)
+                    .is_some_and(|k| !k.contains('.') && !t.contains_key(k))
+                    && !d.unset.is_empty()
+                    && relevant(d.key, t)
+            })
+            .map(|(i, _)| (i, None)),
+    );
+    rows.sort_by_key(|r| r.0);
+    for (i, line) in rows {
+        let d = &DOCS[i];
+        let default = lookup(defaults, d.key).map(|v| v.to_string());
+        let _ = writeln!(out, "# {}", comment(d, default.as_deref()));
+        match line {
+            Some(line) => {
+                let _ = writeln!(out, "{line}");
+            }
+            None => {
+                let k = &d.key[prefix.len()..];
+                let _ = writeln!(out, "# {k} = …  (unset)");
+            }
+        }
+    }
+    for (k, v) in t {
+        if let Value::Table(sub) = v {
+            write_table(out, &format!("{path}.{k}"), sub, defaults)?;
+        }
+    }
+    Ok(())
+}
+
+/// Unset reward keys are shown only for the reward kind that has them.
+fn relevant(key: &str, t: &Table) -> bool {
+    let kind = t.get("kind").and_then(Value::as_str);
+    match key {
+        "reward.after" => kind == Some("numeric"),
+        "reward.default_score" => kind == Some("external"),
+        _ => true,
+    }
+}
+
+/// `meaning [unit]. Default: …. verl: …`
+fn comment(d: &Doc, default: Option<&str>) -> String {
+    let mut s = d.meaning.to_owned();
+    if !d.unit.is_empty() {
+        let _ = write!(s, " [{}]", d.unit);
+    }
+    match (default, d.unset.is_empty()) {
+        (Some(v), _) => {
+            let _ = write!(s, ". Default: {v}");
+        }
+        (None, false) => {
+            let _ = write!(s, ". Default: unset ({})", d.unset);
+        }
+        (None, true) => {}
+    }
+    if d.key == "data.seed" {
+        s.push_str(". Default: trainer.seed");
+    }
+    if !d.verl.is_empty() {
+        let _ = write!(s, ". verl: {}", d.verl);
+    }
+    s
+}
+
+/// The value at a dotted path.
+fn lookup<'a>(t: &'a Table, path: &str) -> Option<&'a Value> {
+    let mut parts = path.split('.');
+    let mut v = t.get(parts.next()?)?;
+    for p in parts {
+        v = v.as_table()?.get(p)?;
+    }
+    Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_documented_key_is_a_key_and_none_twice() {
+        let mut seen = std::collections::HashSet::new();
+        for d in DOCS {
+            assert!(seen.insert(d.key), "{} twice", d.key);
+            assert!(!d.meaning.is_empty(), "{}", d.key);
+        }
+        // Each key, set alone, is accepted (or refused for its value, not
+        // as an unknown field).
+        for d in DOCS {
+            let (section, key) = d.key.rsplit_once('.').unwrap();
+            let text = format!("[{section}]\n{key} = \"?\"\n");
+            let e = Config::from_toml(&text, std::path::Path::new("t.toml"));
+            if let Err(e) = e {
+                assert!(!e.to_string().contains("unknown field"), "{}: {e}", d.key);
+            }
+        }
+    }
+
+    #[test]
+    fn capacities_print_in_whole_units_or_bytes() {
+        assert_eq!(capacity_text(24 << 30), RawCapacity::Text("24 GiB".into()));
+        assert_eq!(
+            capacity_text(1536 << 20),
+            RawCapacity::Text("1536 MiB".into())
+        );
+        assert_eq!(capacity_text(1000), RawCapacity::Bytes(1000));
+    }
+}

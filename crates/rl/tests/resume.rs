@@ -1,0 +1,390 @@
+//! `--resume`, checkpoints and the run's records on a tiny checkpoint: a
+//! resume that would go backwards is refused, a killed run resumes from its
+//! newest complete checkpoint without duplicate records, a finished run is
+//! not evaluated twice, checkpoints are Hugging Face directories that runs
+//! start from, reward failures are counted, prompts are checked when read,
+//! and a failed run still writes its timeline and pictures.
+
+use std::path::{Path, PathBuf};
+
+use colo_rl::metrics::{read, Record};
+use colo_rl::Config;
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny-qwen2")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("colo-resume-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Eight arithmetic prompts (so 2 prompts × 4 samples per step).
+fn write_data(dir: &Path) -> PathBuf {
+    let data = dir.join("train.jsonl");
+    let lines: Vec<String> = (0..8)
+        .map(|i| {
+            format!(
+                r#"{{"prompt": "Question: what is {i} + {}? Answer:", "answer": "{}"}}"#,
+                i + 1,
+                2 * i + 1
+            )
+        })
+        .collect();
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    data
+}
+
+/// A reward with variance on a random model: 1 for completions of even
+/// length. After `fail_after` answers the script exits with status 3.
+fn write_reward(dir: &Path, fail_after: Option<usize>) -> PathBuf {
+    let script = dir.join("reward.py");
+    let stop = match fail_after {
+        Some(n) => format!("    if i >= {n}:\n        sys.exit(3)\n"),
+        None => String::new(),
+    };
+    std::fs::write(
+        &script,
+        format!(
+            "import json, sys\nfor i, line in enumerate(sys.stdin):\n{stop}    r = json.loads(line)\n    \
+             print(json.dumps({{'id': r['id'], 'score': float(len(r['completion']) % 2 == 0)}}), flush=True)\n"
+        ),
+    )
+    .unwrap();
+    script
+}
+
+/// A run config: `steps` steps on the fixture; `extra` is appended TOML
+/// (later keys of a section are given as dotted keys under `[trainer]`…).
+fn config_text(dir: &Path, steps: usize, reward: &str, extra: &str) -> String {
+    format!(
+        r#"
+[data]
+train_files = ["{data}"]
+val_fraction = 0.25
+train_batch_size = 2
+seed = 3
+
+[model]
+path = "{model}"
+
+[rollout]
+n = 4
+max_new_tokens = 4
+max_kv_tokens = 1024
+
+[actor]
+lr = 1e-3
+warmup_steps = 0
+ppo_mini_batch_size = 1
+ppo_micro_batch_size = 4
+
+[reward]
+{reward}
+
+[memory]
+capacity = "256MiB"
+
+[trainer]
+total_steps = {steps}
+save_freq = 2
+test_freq = 2
+seed = 11
+{extra}
+"#,
+        data = write_data(dir).display(),
+        model = fixture().display(),
+    )
+}
+
+fn config(dir: &Path, steps: usize) -> Config {
+    let script = write_reward(dir, None);
+    let reward = format!(
+        "kind = \"external\"\ncommand = [\"python3\", \"{}\"]",
+        script.display()
+    );
+    Config::from_toml(&config_text(dir, steps, &reward, ""), &dir.join("run.toml")).unwrap()
+}
+
+fn steps_of(run: &Path) -> Vec<colo_rl::StepMetrics> {
+    read(&run.join("metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::Step(s) => Some(*s),
+            Record::Eval(_) => None,
+        })
+        .collect()
+}
+
+fn evals_of(run: &Path) -> Vec<usize> {
+    read(&run.join("metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::Eval(e) => Some(e.step),
+            Record::Step(_) => None,
+        })
+        .collect()
+}
+
+/// The metrics that do not depend on wall time.
+fn deterministic(m: &colo_rl::StepMetrics) -> Vec<f64> {
+    vec![
+        m.step as f64,
+        m.pg_loss,
+        m.grad_norm,
+        m.lr,
+        m.score_mean,
+        m.response_length_mean,
+    ]
+}
+
+/// Every file under `dir` with its bytes, sorted.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let bytes = std::fs::read(&p).unwrap();
+                out.push((p, bytes));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn state(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("trainer_state.json")).unwrap()).unwrap()
+}
+
+/// Items: a resume beyond `total_steps` is refused naming both numbers and
+/// changes nothing; resuming a finished run evaluates nothing again;
+/// `trainer_state.json` names both counts; a checkpoint is a Hugging Face
+/// directory a run starts from (`model.path = …/step-N`).
+#[test]
+fn resume_never_goes_backwards_or_repeats_and_checkpoints_are_models() {
+    let dir = tmp("backwards");
+    let run = dir.join("run");
+    colo_rl::r#loop::run(&config(&dir, 2), &run, false).unwrap();
+    let ckpt = run.join("checkpoints/step-2");
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "optimizer.safetensors",
+    ] {
+        assert!(ckpt.join(f).is_file(), "step-2 lacks {f}");
+    }
+    // 2 prompts per step in mini-batches of 1 prompt: 2 optimizer steps per RL step.
+    let s = state(&ckpt);
+    assert_eq!(
+        (s["global_step"].as_u64(), s["optimizer_steps"].as_u64()),
+        (Some(2), Some(4)),
+        "{s}"
+    );
+    assert!(s.get("step").is_none(), "an ambiguous `step`: {s}");
+    let before = snapshot(&run);
+
+    // total_steps below the checkpoint: refused, nothing written.
+    let err = colo_rl::r#loop::run(&config(&dir, 1), &run, true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("step 2") && err.contains("total_steps = 1"),
+        "{err}"
+    );
+    assert!(snapshot(&run) == before, "a refused resume changed files");
+
+    // Resuming the finished run: nothing to do, the last evaluation once.
+    let s = colo_rl::r#loop::run(&config(&dir, 2), &run, true).unwrap();
+    assert_eq!(
+        evals_of(&run),
+        vec![0, 2],
+        "one evaluation at the last step"
+    );
+    assert!(snapshot(&run) == before, "a finished run was changed");
+    assert_eq!((s.steps, s.resumed_from), (2, Some(2)));
+    assert!(
+        s.last_accuracy.is_some() && s.peak_device_bytes > 0,
+        "{s:?}"
+    );
+    assert!(
+        s.notes.iter().any(|n| n.contains("already complete")),
+        "{:?}",
+        s.notes
+    );
+
+    // A run from the checkpoint as its model.
+    let mut cfg = config(&dir, 1);
+    cfg.model = colo_rl::config::ModelSource::Path(ckpt);
+    let s = colo_rl::r#loop::run(&cfg, &dir.join("from-ckpt"), false).unwrap();
+    assert_eq!(s.steps, 1);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A run killed after step 3's records but before its checkpoint (here: a
+/// partial `step-3`, and an empty `step-4` made by hand) resumes from
+/// `step-2`, says so, and ends with each record once — the same as the
+/// uninterrupted run's.
+#[test]
+fn a_killed_run_resumes_from_its_newest_complete_checkpoint_without_duplicates() {
+    let dir = tmp("killed");
+    let run = dir.join("run");
+    colo_rl::r#loop::run(&config(&dir, 3), &run, false).unwrap();
+    let want: Vec<Vec<f64>> = steps_of(&run).iter().map(deterministic).collect();
+    assert_eq!(evals_of(&run), vec![0, 2, 3]);
+    let ckpts = run.join("checkpoints");
+    std::fs::remove_file(ckpts.join("step-3/model.safetensors")).unwrap();
+    std::fs::create_dir_all(ckpts.join("step-4")).unwrap();
+
+    let s = colo_rl::r#loop::run(&config(&dir, 3), &run, true).unwrap();
+    assert_eq!(s.resumed_from, Some(2));
+    let notes = s.notes.join("\n");
+    assert!(
+        notes.contains("step-4") && notes.contains("step-3") && notes.contains("skipped"),
+        "{notes}"
+    );
+    assert!(
+        notes.contains("continuing from") && notes.contains("removed 2 records"),
+        "{notes}"
+    );
+    let got: Vec<Vec<f64>> = steps_of(&run).iter().map(deterministic).collect();
+    assert_eq!(got, want, "steps 1, 2, 3 once each, as uninterrupted");
+    assert_eq!(evals_of(&run), vec![0, 2, 3]);
+    assert!(
+        colo_rl::checkpoints::incomplete(&ckpts.join("step-3"), 3, false).is_none(),
+        "step-3 written again, complete"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `--resume` with no checkpoint says it starts from scratch; an external
+/// reward that answers garbage with `default_score` is counted in
+/// `reward/failures` (every sample of the step).
+#[test]
+fn resume_from_nothing_starts_from_scratch_and_reward_failures_are_counted() {
+    let dir = tmp("failures");
+    let script = dir.join("garbage.sh");
+    std::fs::write(&script, "while read line; do echo 'not json'; done\n").unwrap();
+    let reward = format!(
+        "kind = \"external\"\ncommand = [\"sh\", \"{}\"]\ndefault_score = 0.0",
+        script.display()
+    );
+    let text = config_text(&dir, 1, &reward, "val_before_train = false");
+    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    let run = dir.join("run");
+    let s = colo_rl::r#loop::run(&cfg, &run, true).unwrap();
+    assert_eq!(s.resumed_from, None);
+    assert!(
+        s.notes.iter().any(|n| n.contains("starting from scratch")),
+        "{:?}",
+        s.notes
+    );
+    let steps = steps_of(&run);
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0].reward_failures, 8, "2 prompts × 4 samples failed");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A reward command that dies in step 2 fails the run; its timeline and
+/// pictures are written all the same.
+#[test]
+fn a_failed_run_still_writes_its_timeline_and_pictures() {
+    let dir = tmp("failed");
+    let script = write_reward(&dir, Some(8));
+    let reward = format!(
+        "kind = \"external\"\ncommand = [\"python3\", \"{}\"]",
+        script.display()
+    );
+    let text = config_text(&dir, 3, &reward, "val_before_train = false");
+    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    let run = dir.join("run");
+    let err = colo_rl::r#loop::run(&cfg, &run, false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("reward"), "{err}");
+    assert_eq!(steps_of(&run).len(), 1, "step 1 finished");
+    for f in ["timeline.jsonl", "memory_timeline.svg", "reward_curve.svg"] {
+        assert!(run.join(f).is_file(), "{f} missing after a failed run");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `data.max_prompt_length` is checked for every prompt when the data are
+/// read — held-out ones too — naming the file, the line and both lengths.
+#[test]
+fn prompts_longer_than_max_prompt_length_are_refused_when_read() {
+    let dir = tmp("long");
+    let val = dir.join("val.jsonl");
+    let long = "word ".repeat(200);
+    std::fs::write(
+        &val,
+        format!(
+            "{{\"prompt\": \"Question: 1 + 1? Answer:\", \"answer\": \"2\"}}\n{{\"prompt\": \"{long}\", \"answer\": \"2\"}}\n"
+        ),
+    )
+    .unwrap();
+    let mut cfg = config(&dir, 1);
+    if let colo_rl::config::DataSource::Files { val: v, .. } = &mut cfg.data.source {
+        *v = colo_rl::config::ValSource::Files(vec![val.clone()]);
+    }
+    let started = std::time::Instant::now();
+    let err = colo_rl::r#loop::run(&cfg, &dir.join("run"), false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("{}:2", val.display()))
+            && err.contains("max_prompt_length = 64")
+            && err.contains("tokens"),
+        "{err}"
+    );
+    assert!(
+        !dir.join("run/metrics.jsonl").exists(),
+        "refused before anything ran ({:?})",
+        started.elapsed()
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A GAE run's checkpoint holds its critic, so a resumed run's critic
+/// continues where it was: step 2 after a resume is step 2 of an
+/// uninterrupted run, the value loss included.
+#[test]
+fn a_gae_checkpoint_holds_the_critic() {
+    let dir = tmp("gae");
+    let script = write_reward(&dir, None);
+    let reward = format!(
+        "kind = \"external\"\ncommand = [\"python3\", \"{}\"]",
+        script.display()
+    );
+    let gae = |steps: usize| {
+        let extra = "val_before_train = false\n[algorithm]\nadv_estimator = \"gae\"";
+        let text = config_text(&dir, steps, &reward, extra);
+        let mut cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+        cfg.trainer.save_freq = Some(1);
+        cfg
+    };
+    let (full, cut) = (dir.join("full"), dir.join("cut"));
+    colo_rl::r#loop::run(&gae(2), &full, false).unwrap();
+    colo_rl::r#loop::run(&gae(1), &cut, false).unwrap();
+    assert!(cut
+        .join("checkpoints/step-1/critic/value_head.safetensors")
+        .is_file());
+    colo_rl::r#loop::run(&gae(2), &cut, true).unwrap();
+    let (a, b) = (steps_of(&full), steps_of(&cut));
+    assert_eq!(b.len(), 2);
+    assert_eq!(deterministic(&a[1]), deterministic(&b[1]));
+    assert!(a[1].vf_loss.is_some());
+    assert_eq!(a[1].vf_loss, b[1].vf_loss, "the critic was restored");
+    std::fs::remove_dir_all(dir).unwrap();
+}
