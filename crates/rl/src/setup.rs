@@ -13,7 +13,7 @@ use colo_train::LossConfig;
 
 use crate::config::{Capacity, Config, DataSource, KvBudget, ModelSource, ValSource};
 use crate::data::Dataset;
-use crate::{plot, Error, Result};
+use crate::{plot, Result};
 
 /// Training and held-out prompts.
 pub(crate) fn load_data(
@@ -75,8 +75,9 @@ pub fn device_capacity(config: &Config) -> Result<u64> {
     }
 }
 
-fn no_cuda() -> Error {
-    Error::Phase {
+#[cfg(not(feature = "cuda"))]
+fn no_cuda() -> crate::Error {
+    crate::Error::Phase {
         op: "run on trainer.device = \"cuda\"",
         state: "this colo was built without the `cuda` feature \
                 (./x cargo build --release --features cuda)"
