@@ -38,6 +38,7 @@ use crate::reward::{self, Reward, RewardInput};
 use crate::rollouts::Rollouts;
 use crate::setup::{
     critic_config, draw, engine_config, load_data, loss_config, trainer_config, uses_critic,
+    RolloutThreads,
 };
 use crate::worker::{HybridWorker, WorkerSpec};
 use crate::{Error, Result};
@@ -592,6 +593,7 @@ impl Run<'_> {
     /// Generates `n` samples for each prompt of `batch` (rollout phase).
     fn generate(&mut self, batch: &Batch) -> Result<(Rollouts, Option<Vec<String>>)> {
         let cfg = self.config;
+        let _threads = RolloutThreads::set(cfg);
         let mut requests = Vec::with_capacity(batch.prompts.len());
         for p in &batch.prompts {
             let ids = self.tokenizer.encode(&p.text, true)?;
@@ -667,6 +669,7 @@ impl Run<'_> {
         let t = Instant::now();
         self.worker.to_rollout()?;
         let ecfg = EvalConfig::greedy(self.config.rollout.max_new_tokens, vec![self.eos]);
+        let threads = RolloutThreads::set(self.config);
         let result = eval::evaluate(
             self.worker.engine()?,
             &self.val,
@@ -674,6 +677,7 @@ impl Run<'_> {
             self.reward.as_mut(),
             &ecfg,
         );
+        drop(threads);
         self.worker.to_train()?;
         let result = result?;
         self.metrics.eval(&EvalRecord {

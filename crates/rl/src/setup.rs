@@ -138,6 +138,31 @@ pub(crate) fn engine_config(config: &Config) -> EngineConfig {
     }
 }
 
+/// libtorch's intra-op threads for the rollout phase (`rollout.cpu_threads`
+/// on the CPU), put back when dropped.
+pub(crate) struct RolloutThreads(Option<i32>);
+
+impl RolloutThreads {
+    pub(crate) fn set(config: &Config) -> Self {
+        match (config.rollout.cpu_threads, config.trainer.device) {
+            (Some(n), crate::config::Device::Cpu) => {
+                let before = tch::get_num_threads();
+                tch::set_num_threads(n.min(i32::MAX as usize) as i32);
+                RolloutThreads(Some(before))
+            }
+            _ => RolloutThreads(None),
+        }
+    }
+}
+
+impl Drop for RolloutThreads {
+    fn drop(&mut self) {
+        if let Some(n) = self.0 {
+            tch::set_num_threads(n);
+        }
+    }
+}
+
 pub(crate) fn loss_config(config: &Config) -> LossConfig {
     let a = &config.actor;
     LossConfig {
@@ -211,4 +236,24 @@ fn one_step(events: &[colo_mem::Event]) -> Option<&[colo_mem::Event]> {
         .collect();
     let pick = if starts.len() >= 4 { 2 } else { 0 };
     Some(&events[*starts.get(pick)?..*starts.get(pick + 1)?])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rollout_threads_apply_on_the_cpu_and_are_put_back() {
+        let mut config = Config::builtin();
+        assert_eq!(config.rollout.cpu_threads, Some(1), "the default");
+        let before = tch::get_num_threads();
+        config.rollout.cpu_threads = Some(before as usize + 1);
+        let guard = RolloutThreads::set(&config);
+        assert_eq!(tch::get_num_threads(), before + 1);
+        drop(guard);
+        assert_eq!(tch::get_num_threads(), before);
+        config.rollout.cpu_threads = None;
+        let _guard = RolloutThreads::set(&config);
+        assert_eq!(tch::get_num_threads(), before);
+    }
 }

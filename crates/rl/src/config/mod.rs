@@ -143,6 +143,10 @@ pub struct RolloutConfig {
     pub sampling: Sampling,
     pub max_new_tokens: usize,
     pub kv: KvBudget,
+    /// Intra-op threads while generating on the CPU (`None`: all cores).
+    /// Decoding is thousands of small ops: one thread does them without
+    /// waking a second one per op (BENCHMARKS.md, "Thread policy").
+    pub cpu_threads: Option<usize>,
     /// Evaluation: samples per prompt and their sampling.
     pub val_n: usize,
     pub val_sampling: Sampling,

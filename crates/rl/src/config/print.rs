@@ -90,6 +90,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("rollout.max_new_tokens", "longest response", "tokens", "data.max_response_length (alias: response_length, max_response_length)"),
     d("rollout.mem_fraction", "share of the device memory left after weights that the KV cache takes (ignored when max_kv_tokens is set)", "fraction in (0, 1]", "actor_rollout_ref.rollout.gpu_memory_utilization (alias)"),
     opt("rollout.max_kv_tokens", "KV-cache size in tokens, instead of mem_fraction", "tokens", "", "the cache is sized by mem_fraction"),
+    d("rollout.cpu_threads", "libtorch intra-op threads while generating on the CPU (decoding is many small ops: one thread avoids waking another per op); 0: all cores", "threads", ""),
     d("rollout.val_kwargs.n", "evaluation: samples per held-out prompt (pass@n)", "samples", "actor_rollout_ref.rollout.val_kwargs.n"),
     d("rollout.val_kwargs.temperature", "evaluation: temperature; 0 is greedy", "≥ 0", "actor_rollout_ref.rollout.val_kwargs.temperature"),
     d("rollout.val_kwargs.top_p", "evaluation: nucleus sampling", "(0, 1]", "actor_rollout_ref.rollout.val_kwargs.top_p"),
@@ -219,6 +220,7 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
             max_new_tokens: c.rollout.max_new_tokens,
             mem_fraction,
             max_kv_tokens,
+            cpu_threads: c.rollout.cpu_threads.unwrap_or(0),
             val_kwargs: RawValKwargs {
                 n: c.rollout.val_n,
                 temperature: vs.temperature,

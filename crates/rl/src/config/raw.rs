@@ -119,6 +119,9 @@ pub struct RawRollout {
     pub mem_fraction: f64,
     /// A KV-cache size in tokens, instead of `mem_fraction`.
     pub max_kv_tokens: Option<usize>,
+    /// libtorch's intra-op threads while generating on the CPU; 0: all
+    /// cores (libtorch's default, what training uses).
+    pub cpu_threads: usize,
     /// Sampling for evaluation.
     pub val_kwargs: RawValKwargs,
 }
@@ -133,6 +136,7 @@ impl Default for RawRollout {
             max_new_tokens: 6,
             mem_fraction: 0.5,
             max_kv_tokens: None,
+            cpu_threads: 1,
             val_kwargs: RawValKwargs::default(),
         }
     }
