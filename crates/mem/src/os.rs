@@ -99,7 +99,9 @@ mod tests {
     #[test]
     fn rss_grows_when_pages_are_touched() {
         let before = resident_bytes().unwrap();
-        let v = vec![1u8; 64 << 20];
+        // black_box: an optimised build may otherwise drop the unused
+        // buffer, allocation and all.
+        let v = std::hint::black_box(vec![1u8; 64 << 20]);
         let after = resident_bytes().unwrap();
         assert!(after >= before + (60 << 20), "rss {before} -> {after}");
         drop(v);

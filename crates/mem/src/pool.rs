@@ -150,7 +150,18 @@ impl Pool {
         if cfg.copy_threads == 0 {
             return Err(Error::Invalid("copy_threads must be at least 1".into()));
         }
-        let span = cfg.address_space.div_ceil(gran) * gran;
+        let span = cfg
+            .address_space
+            .div_ceil(gran)
+            .checked_mul(gran)
+            .filter(|&s| s > 0 && s <= isize::MAX as u64)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "address_space of {} bytes: expected 1 to {} bytes (whole {gran}-byte pages)",
+                    cfg.address_space,
+                    isize::MAX as u64 / gran * gran
+                ))
+            })?;
         let base = backend.reserve(span as usize)?;
         let state = State {
             tags: Vec::new(),
@@ -266,7 +277,16 @@ impl Pool {
                 t.name
             )));
         }
-        let size = (bytes as u64).div_ceil(self.gran) * self.gran;
+        let Some(size) = (bytes as u64)
+            .div_ceil(self.gran)
+            .checked_mul(self.gran)
+            .filter(|&s| s <= self.span)
+        else {
+            return Err(Error::AddressSpace {
+                requested: bytes as u64,
+                reserved: self.span,
+            });
+        };
         // Reuse the smallest cached block that fits without wasting more
         // than half of it.
         let hit = t
@@ -305,14 +325,18 @@ impl Pool {
         size: u64,
         op: &'static str,
     ) -> Result<DevicePtr> {
-        self.charge(st, id, size, op)?;
+        // The address range first: a refused allocation must not have
+        // raised the resident peak on its way out.
         let Some(addr) = st.va.take(size) else {
-            st.uncharge(id, size);
             return Err(Error::AddressSpace {
                 requested: size,
                 reserved: self.span,
             });
         };
+        if let Err(e) = self.charge(st, id, size, op) {
+            st.va.give(addr, size);
+            return Err(e);
+        }
         let mapped = self.map_at(addr, size).and_then(|h| {
             // SAFETY: mapped just now by `map_at`.
             match unsafe { self.backend.populate(addr, size as usize) } {
@@ -436,6 +460,11 @@ impl Pool {
         let id = a.tag;
         match st.tags[id].state {
             TagState::Pausing | TagState::Resuming => {
+                // Freed once already: the allocation stays in `allocs`
+                // until the transition ends, the free is remembered here.
+                if st.tags[id].deferred_frees.contains(&addr) {
+                    return Err(Error::UnknownAddress { op: "free", addr });
+                }
                 st.tags[id].deferred_frees.push(addr);
                 Ok(())
             }
@@ -580,7 +609,8 @@ impl State {
                 state: t.state,
             });
         }
-        if offset as u64 + len as u64 > a.requested {
+        let end = (offset as u64).checked_add(len as u64);
+        if end.is_none_or(|end| end > a.requested) {
             return Err(Error::Invalid(format!(
                 "{op} of {len} bytes at offset {offset} overruns the allocation at {addr:#x} of {} bytes",
                 a.requested
