@@ -80,6 +80,12 @@ fn score_refuses_bad_input() {
     let out = run(&["--model", dir_arg, "--ids", "5,99999"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("outside the vocabulary"));
+    // Longer than the model's context (512 positions): refused, naming both.
+    let long = vec!["5"; 1800].join(",");
+    let out = run(&["--model", dir_arg, "--ids", &long]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "1,800 tokens were scored");
+    assert!(err.contains("1800") && err.contains("512"), "{err}");
     let out = run(&["--model", "/nonexistent/colo-model", "--ids", "1,2"]);
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("missing file"),

@@ -68,6 +68,14 @@ pub fn score(ckpt: &Checkpoint, ids: &[u32]) -> anyhow::Result<Vec<f32>> {
     if ids.len() < 2 {
         bail!("scoring needs at least two tokens, got {}", ids.len());
     }
+    let context = ckpt.model.config().max_position_embeddings;
+    if ids.len() > context {
+        bail!(
+            "{} tokens are more than the model's context of {context} positions \
+             (max_position_embeddings in config.json)",
+            ids.len()
+        );
+    }
     let vocab = ckpt.model.config().vocab_size;
     if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
         bail!("token id {bad} is outside the vocabulary (size {vocab})");
