@@ -133,9 +133,9 @@ impl HfConfig {
     /// Parses `config.json` at `path`.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        serde_json::from_str(&text).map_err(|source| Error::Json {
+        serde_json::from_str(&text).map_err(|reason| Error::Json {
             path: path.to_owned(),
-            source,
+            reason,
         })
     }
 

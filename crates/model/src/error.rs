@@ -39,11 +39,13 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    /// A JSON file could not be parsed.
-    #[error("cannot parse {}: {source}", path.display())]
+    /// A JSON file could not be parsed. The parser's message is part of
+    /// this one and not a `source`: error chains (`{:#}`) would print it
+    /// twice.
+    #[error("cannot parse {}: {reason}", path.display())]
     Json {
         path: PathBuf,
-        source: serde_json::Error,
+        reason: serde_json::Error,
     },
 
     /// The `tokenizers` crate refused a tokenizer file or an input.

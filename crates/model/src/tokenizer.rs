@@ -80,9 +80,9 @@ impl Tokenizer {
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Value = match std::fs::read_to_string(&cfg_path) {
-            Ok(text) => serde_json::from_str(&text).map_err(|source| Error::Json {
+            Ok(text) => serde_json::from_str(&text).map_err(|reason| Error::Json {
                 path: cfg_path,
-                source,
+                reason,
             })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Value::Null,
             Err(e) => return Err(Error::io(cfg_path, e)),

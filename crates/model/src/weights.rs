@@ -194,9 +194,9 @@ fn shard_files(index: &Path) -> Result<BTreeSet<String>> {
         weight_map: HashMap<String, String>,
     }
     let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
-    let parsed: Index = serde_json::from_str(&text).map_err(|source| Error::Json {
+    let parsed: Index = serde_json::from_str(&text).map_err(|reason| Error::Json {
         path: index.to_owned(),
-        source,
+        reason,
     })?;
     Ok(parsed.weight_map.into_values().collect())
 }

@@ -167,6 +167,30 @@ fn top_level_rope_theta_is_read() {
     std::fs::remove_dir_all(dst).unwrap();
 }
 
+/// A field of the wrong type is named once, with the file, however the
+/// error is printed (its `{:#}` chain used to repeat the parser's message).
+#[test]
+fn a_bad_config_field_is_named_once_with_the_file() {
+    let dst = with_config("tiny-qwen2", "badfield", |c| {
+        c["hidden_size"] = "sixty-four".into()
+    });
+    let err = Model::from_dir(&dst, Kind::Float, Device::Cpu)
+        .err()
+        .unwrap();
+    let mut chain = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(s) = source {
+        chain += &format!(": {s}");
+        source = s.source();
+    }
+    assert_eq!(chain.matches("sixty-four").count(), 1, "{chain}");
+    assert!(
+        chain.contains(&dst.join("config.json").display().to_string()),
+        "{chain}"
+    );
+    std::fs::remove_dir_all(dst).unwrap();
+}
+
 #[test]
 fn unsupported_model_type_is_named() {
     let dst = with_config("tiny-qwen2", "gpt2", |c| c["model_type"] = "gpt2".into());
