@@ -53,6 +53,43 @@ pub struct RopeParameters {
     pub rope_theta: Option<f64>,
     #[serde(alias = "type")]
     pub rope_type: Option<String>,
+    /// `llama3` only.
+    pub factor: Option<f64>,
+    pub low_freq_factor: Option<f64>,
+    pub high_freq_factor: Option<f64>,
+    pub original_max_position_embeddings: Option<f64>,
+}
+
+/// Llama 3.1's RoPE frequency scaling (`rope_type = "llama3"`): long
+/// wavelengths are divided by `factor`, short ones kept, the band between
+/// interpolated (transformers' `_compute_llama3_parameters`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3Rope {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: f64,
+}
+
+impl Llama3Rope {
+    /// Scales the default inverse frequencies, in float32 like transformers.
+    pub fn scale(&self, inv_freq: &mut [f32]) {
+        let factor = self.factor as f32;
+        let (low, high) = (self.low_freq_factor as f32, self.high_freq_factor as f32);
+        let old = self.original_max_position_embeddings as f32;
+        let (low_wavelen, high_wavelen) = (old / low, old / high);
+        for f in inv_freq {
+            let wavelen = 2.0 * std::f32::consts::PI / *f;
+            *f = if wavelen > low_wavelen {
+                *f / factor
+            } else if wavelen < high_wavelen {
+                *f
+            } else {
+                let smooth = (old / wavelen - low) / (high - low);
+                (1.0 - smooth) * *f / factor + smooth * *f
+            };
+        }
+    }
 }
 
 /// A token id field that is either one id or a list (`eos_token_id`).
@@ -113,6 +150,8 @@ pub struct ModelConfig {
     pub head_dim: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
+    /// Llama 3.1-style frequency scaling; `None`: plain RoPE.
+    pub rope_llama3: Option<Llama3Rope>,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
     /// Biases on the q, k and v projections (always for Qwen2; Llama's
@@ -164,7 +203,7 @@ impl HfConfig {
         if self.use_sliding_window == Some(true) {
             return Err(invalid("use_sliding_window = true is not supported"));
         }
-        let rope_theta = self.resolve_rope_theta()?;
+        let (rope_theta, rope_llama3) = self.resolve_rope()?;
         let num_heads = self.num_attention_heads;
         let num_kv_heads = self.num_key_value_heads.unwrap_or(num_heads);
         if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
@@ -209,6 +248,7 @@ impl HfConfig {
             head_dim,
             rms_norm_eps: self.rms_norm_eps,
             rope_theta,
+            rope_llama3,
             max_position_embeddings: self.max_position_embeddings.unwrap_or(4096),
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
             qkv_bias: arch == Arch::Qwen2 || attention_bias,
@@ -224,17 +264,24 @@ impl HfConfig {
     }
 
     /// `rope_theta` lives at the top level before transformers 5 and in
-    /// `rope_parameters` from 5 on. Scaled RoPE variants (llama3, yarn, …)
-    /// change the frequencies and are refused rather than silently ignored.
-    fn resolve_rope_theta(&self) -> Result<f64> {
+    /// `rope_parameters` from 5 on; `llama3` scaling in either
+    /// `rope_parameters` (5) or `rope_scaling` (4). Other scaled variants
+    /// (yarn, linear, dynamic, …) change the frequencies differently and are
+    /// refused rather than silently ignored.
+    fn resolve_rope(&self) -> Result<(f64, Option<Llama3Rope>)> {
+        let mut llama3 = None;
         for p in [&self.rope_parameters, &self.rope_scaling]
             .into_iter()
             .flatten()
         {
-            if let Some(t) = p.rope_type.as_deref().filter(|t| *t != "default") {
-                return Err(invalid(format!(
-                    "rope type `{t}` is not supported (only default)"
-                )));
+            match p.rope_type.as_deref() {
+                None | Some("default") => {}
+                Some("llama3") => llama3 = Some(Self::llama3(p)?),
+                Some(t) => {
+                    return Err(invalid(format!(
+                        "rope type `{t}` is not supported (default and llama3 are)"
+                    )))
+                }
             }
         }
         let nested = self.rope_parameters.as_ref().and_then(|p| p.rope_theta);
@@ -242,7 +289,33 @@ impl HfConfig {
         if theta <= 0.0 {
             return Err(invalid(format!("rope_theta ({theta}) must be positive")));
         }
-        Ok(theta)
+        Ok((theta, llama3))
+    }
+
+    fn llama3(p: &RopeParameters) -> Result<Llama3Rope> {
+        let field = |name: &str, v: Option<f64>| {
+            v.filter(|v| v.is_finite() && *v > 0.0).ok_or_else(|| {
+                invalid(format!(
+                    "rope type `llama3` needs a positive `{name}`, got {v:?}"
+                ))
+            })
+        };
+        let r = Llama3Rope {
+            factor: field("factor", p.factor)?,
+            low_freq_factor: field("low_freq_factor", p.low_freq_factor)?,
+            high_freq_factor: field("high_freq_factor", p.high_freq_factor)?,
+            original_max_position_embeddings: field(
+                "original_max_position_embeddings",
+                p.original_max_position_embeddings,
+            )?,
+        };
+        if r.high_freq_factor <= r.low_freq_factor {
+            return Err(invalid(format!(
+                "rope type `llama3` needs high_freq_factor ({}) above low_freq_factor ({})",
+                r.high_freq_factor, r.low_freq_factor
+            )));
+        }
+        Ok(r)
     }
 }
 
@@ -325,7 +398,17 @@ impl ModelConfig {
             "hidden_act": "silu",
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "rope_parameters": match self.rope_llama3 {
+                None => json!({"rope_theta": self.rope_theta, "rope_type": "default"}),
+                Some(r) => json!({
+                    "rope_theta": self.rope_theta,
+                    "rope_type": "llama3",
+                    "factor": r.factor,
+                    "low_freq_factor": r.low_freq_factor,
+                    "high_freq_factor": r.high_freq_factor,
+                    "original_max_position_embeddings": r.original_max_position_embeddings,
+                }),
+            },
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
             "bos_token_id": self.bos_token_id,
@@ -408,7 +491,10 @@ mod tests {
         assert!(matches!(parse(v), Err(Error::Config(_))));
         let mut v = base();
         v["rope_scaling"] = json!({"rope_type": "llama3"});
-        assert!(parse(v).unwrap_err().to_string().contains("llama3"));
+        assert!(parse(v).unwrap_err().to_string().contains("factor"));
+        let mut v = base();
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
+        assert!(parse(v).unwrap_err().to_string().contains("yarn"));
     }
 
     #[test]

@@ -154,10 +154,18 @@ impl Clone for RopeTables {
 }
 
 impl RotaryEmbedding {
-    pub fn new(head_dim: usize, theta: f64, device: Device) -> Self {
-        let inv_freq: Vec<f32> = (0..head_dim / 2)
+    pub fn new(
+        head_dim: usize,
+        theta: f64,
+        llama3: Option<&crate::config::Llama3Rope>,
+        device: Device,
+    ) -> Self {
+        let mut inv_freq: Vec<f32> = (0..head_dim / 2)
             .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
             .collect();
+        if let Some(s) = llama3 {
+            s.scale(&mut inv_freq);
+        }
         RotaryEmbedding {
             inv_freq: Tensor::from_slice(&inv_freq).to_device(device),
         }
@@ -353,7 +361,7 @@ mod tests {
 
     #[test]
     fn position_zero_is_identity() {
-        let t = RotaryEmbedding::new(8, 1e4, Device::Cpu)
+        let t = RotaryEmbedding::new(8, 1e4, None, Device::Cpu)
             .tables_for_range(0, 2, Kind::Float)
             .unwrap();
         assert_eq!(t.dims(), [1, 2, 4]);
@@ -366,7 +374,7 @@ mod tests {
     #[test]
     fn rope_matches_rotate_half_and_is_contiguous() {
         let (b, s, h, d) = (2, 5, 3, 8);
-        let rope = RotaryEmbedding::new(d as usize, 1e4, Device::Cpu)
+        let rope = RotaryEmbedding::new(d as usize, 1e4, None, Device::Cpu)
             .tables_for_range(3, s as usize, Kind::Float)
             .unwrap();
         let x = Tensor::randn([b, s, h, d], (Kind::Float, Device::Cpu));

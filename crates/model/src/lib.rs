@@ -109,7 +109,7 @@ use std::path::Path;
 
 use tch::{Device, Kind};
 
-pub use config::{Arch, HfConfig, ModelConfig, SUPPORTED_MODEL_TYPES};
+pub use config::{Arch, HfConfig, Llama3Rope, ModelConfig, SUPPORTED_MODEL_TYPES};
 pub use error::{Error, Result};
 pub use layers::{Linear, RmsNorm, RopeTables};
 pub use model::{Attention, Block, KvCache, Mlp, Model};

@@ -404,7 +404,12 @@ impl Model {
             true => None,
             false => Some(w.get("lm_head.weight", &[v, h])?),
         };
-        let rotary = RotaryEmbedding::new(cfg.head_dim, cfg.rope_theta, embed_tokens.device());
+        let rotary = RotaryEmbedding::new(
+            cfg.head_dim,
+            cfg.rope_theta,
+            cfg.rope_llama3.as_ref(),
+            embed_tokens.device(),
+        );
         Ok(Model {
             cfg: cfg.clone(),
             embed_tokens,

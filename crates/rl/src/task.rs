@@ -175,6 +175,7 @@ pub fn model_config() -> ModelConfig {
         head_dim: 32,
         rms_norm_eps: 1e-6,
         rope_theta: 10_000.0,
+        rope_llama3: None,
         // Prompts are ≤ 8 characters and answers ≤ 4 tokens; room for chat.
         max_position_embeddings: 128,
         tie_word_embeddings: true,

@@ -76,6 +76,7 @@ pub fn bench_model_config() -> ModelConfig {
         head_dim: 32,
         rms_norm_eps: 1e-6,
         rope_theta: 1e4,
+        rope_llama3: None,
         max_position_embeddings: 1024,
         tie_word_embeddings: true,
         qkv_bias: true,

@@ -104,6 +104,7 @@ fn model_config() -> ModelConfig {
         head_dim: 64,
         rms_norm_eps: 1e-6,
         rope_theta: 1e4,
+        rope_llama3: None,
         max_position_embeddings: 4096,
         tie_word_embeddings: true,
         qkv_bias: true,
