@@ -16,7 +16,7 @@ use tch::Kind;
 use crate::{Error, Result};
 
 /// The architectures this crate implements, as `config.json` names them.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["qwen2", "llama"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["qwen2", "qwen3", "llama"];
 
 /// A model family. Both are the same pre-norm decoder; they differ in
 /// defaults, which [`HfConfig::into_config`] resolves.
@@ -24,6 +24,9 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &["qwen2", "llama"];
 pub enum Arch {
     /// Qwen2 / Qwen2.5: biases on q, k and v projections.
     Qwen2,
+    /// Qwen3 (dense): no projection biases; an RMSNorm over each head of q
+    /// and k (`q_norm`, `k_norm`) before RoPE.
+    Qwen3,
     /// Llama 2/3 style (also Mistral-like checkpoints saved as `llama`).
     Llama,
 }
@@ -33,6 +36,7 @@ impl Arch {
     pub fn model_type(self) -> &'static str {
         match self {
             Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
             Arch::Llama => "llama",
         }
     }
@@ -41,6 +45,7 @@ impl Arch {
     pub fn hf_architecture(self) -> &'static str {
         match self {
             Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Qwen3 => "Qwen3ForCausalLM",
             Arch::Llama => "LlamaForCausalLM",
         }
     }
@@ -184,6 +189,7 @@ impl HfConfig {
         let model_type = self.model_type.as_deref().unwrap_or("<absent>");
         let arch = match model_type {
             "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
             "llama" => Arch::Llama,
             other => {
                 return Err(Error::UnsupportedModelType {
@@ -252,7 +258,7 @@ impl HfConfig {
             max_position_embeddings: self.max_position_embeddings.unwrap_or(4096),
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
             qkv_bias: arch == Arch::Qwen2 || attention_bias,
-            o_bias: arch == Arch::Llama && attention_bias,
+            o_bias: arch != Arch::Qwen2 && attention_bias,
             bos_token_id: self.bos_token_id,
             eos_token_ids: self
                 .eos_token_id
@@ -325,6 +331,11 @@ impl ModelConfig {
         HfConfig::from_file(path)?.into_config()
     }
 
+    /// Whether q and k are RMS-normalised per head before RoPE (Qwen3).
+    pub fn qk_norm(&self) -> bool {
+        self.arch == Arch::Qwen3
+    }
+
     /// Query heads per key/value head.
     pub fn group_size(&self) -> usize {
         self.num_heads / self.num_kv_heads
@@ -363,6 +374,11 @@ impl ModelConfig {
                 if bias {
                     out.push((format!("{p}.self_attn.{name}.bias"), vec![rows]));
                 }
+            }
+            if self.qk_norm() {
+                let d = self.head_dim;
+                out.push((format!("{p}.self_attn.q_norm.weight"), vec![d]));
+                out.push((format!("{p}.self_attn.k_norm.weight"), vec![d]));
             }
             out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
             for (name, rows, cols) in [("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)]
@@ -417,7 +433,7 @@ impl ModelConfig {
             "torch_dtype": kind_name(kind),
             "dtype": kind_name(kind),
         });
-        if self.arch == Arch::Llama {
+        if self.arch != Arch::Qwen2 {
             v["attention_bias"] = json!(self.qkv_bias);
             v["mlp_bias"] = json!(false);
         } else {
@@ -481,7 +497,7 @@ mod tests {
         v["model_type"] = json!("gpt2");
         let e = parse(v).unwrap_err();
         assert!(matches!(e, Error::UnsupportedModelType { ref found, .. } if found == "gpt2"));
-        assert!(e.to_string().contains("qwen2, llama"), "{e}");
+        assert!(e.to_string().contains("qwen2, qwen3, llama"), "{e}");
     }
 
     #[test]

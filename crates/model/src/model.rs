@@ -109,6 +109,8 @@ pub struct Attention {
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
+    /// Qwen3's per-head RMSNorms of q and k, applied before RoPE.
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -123,6 +125,13 @@ impl Attention {
             k_proj: Linear::load(w, &format!("{prefix}.k_proj"), h, kv_dim, cfg.qkv_bias)?,
             v_proj: Linear::load(w, &format!("{prefix}.v_proj"), h, kv_dim, cfg.qkv_bias)?,
             o_proj: Linear::load(w, &format!("{prefix}.o_proj"), q_dim, h, cfg.o_bias)?,
+            qk_norm: match cfg.qk_norm() {
+                true => Some((
+                    RmsNorm::load(w, &format!("{prefix}.q_norm"), d, cfg.rms_norm_eps)?,
+                    RmsNorm::load(w, &format!("{prefix}.k_norm"), d, cfg.rms_norm_eps)?,
+                )),
+                false => None,
+            },
             num_heads: cfg.num_heads,
             num_kv_heads: cfg.num_kv_heads,
             head_dim: d,
@@ -163,11 +172,15 @@ impl Attention {
             )));
         }
         let heads = |t: Tensor, n: usize| t.view([b, s, n as i64, d]);
-        let q = rope.apply(&heads(self.q_proj.forward(x)?, self.num_heads), heads_major);
-        let k = rope.apply(
-            &heads(self.k_proj.forward(x)?, self.num_kv_heads),
-            heads_major,
+        let (mut q, mut k) = (
+            heads(self.q_proj.forward(x)?, self.num_heads),
+            heads(self.k_proj.forward(x)?, self.num_kv_heads),
         );
+        if let Some((q_norm, k_norm)) = &self.qk_norm {
+            (q, k) = (q_norm.forward(&q)?, k_norm.forward(&k)?);
+        }
+        let q = rope.apply(&q, heads_major);
+        let k = rope.apply(&k, heads_major);
         let v = heads(self.v_proj.forward(x)?, self.num_kv_heads).transpose(1, 2);
         let v = if heads_major { v.contiguous() } else { v };
         Ok((q, k, v))
@@ -258,6 +271,10 @@ impl Attention {
         self.k_proj.push_params(&format!("{prefix}.k_proj"), out);
         self.v_proj.push_params(&format!("{prefix}.v_proj"), out);
         self.o_proj.push_params(&format!("{prefix}.o_proj"), out);
+        if let Some((q_norm, k_norm)) = &self.qk_norm {
+            q_norm.push_params(&format!("{prefix}.q_norm"), out);
+            k_norm.push_params(&format!("{prefix}.k_norm"), out);
+        }
     }
 }
 

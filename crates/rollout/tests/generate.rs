@@ -8,7 +8,7 @@ use common::*;
 
 #[test]
 fn greedy_matches_transformers_and_a_full_recompute() {
-    for name in ["tiny-qwen2", "tiny-llama"] {
+    for name in ["tiny-qwen2", "tiny-llama", "tiny-llama3", "tiny-qwen3"] {
         // Block size 4: prompts of 10 and 29 tokens end mid-block and the
         // 16 new tokens cross several blocks.
         let mut e = engine(name, 512, 4);
@@ -48,7 +48,7 @@ fn greedy_matches_transformers_and_a_full_recompute() {
 
 #[test]
 fn logprobs_equal_teacher_forced_recomputation() {
-    for name in ["tiny-qwen2", "tiny-llama"] {
+    for name in ["tiny-qwen2", "tiny-llama", "tiny-llama3", "tiny-qwen3"] {
         let mut e = engine(name, 1024, 8);
         let prompts: Vec<Vec<u32>> = greedy_reference(name).into_iter().map(|(p, _)| p).collect();
         for (t, top_k, top_p) in [(1.0, None, 1.0), (0.7, Some(20), 0.9)] {

@@ -9,7 +9,7 @@ use tch::{Device, Kind, Tensor};
 
 /// Both fixture checkpoints: Qwen2 (tied, q/k/v bias) and Llama (untied,
 /// explicit head_dim).
-pub const MODELS: [&str; 3] = ["tiny-qwen2", "tiny-llama", "tiny-llama3"];
+pub const MODELS: [&str; 4] = ["tiny-qwen2", "tiny-llama", "tiny-llama3", "tiny-qwen3"];
 
 pub fn fixture_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
