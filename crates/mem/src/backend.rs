@@ -1,10 +1,11 @@
 //! The `Backend` trait: the shape of CUDA's virtual-memory API.
 //!
 //! A pool drives a backend through these steps, for each allocation:
-//! reserve an address range (once per pool), create physical memory, map it
-//! at an address inside the range and populate it, and, when the pool
-//! pauses, discard its pages, unmap it (the range stays reserved) and
-//! release the handle.
+//! reserve an address range (once per pool), create physical memory and map
+//! it at an address inside the range (the mapping takes the handle: the
+//! pool keeps no handle or file descriptor per allocation), populate it,
+//! and, when the pool pauses, discard its pages and unmap it (the range
+//! stays reserved; the memory goes back with its last mapping).
 //!
 //! `populate` and `discard` work on parts of a mapping and may run on
 //! several threads at once: that is how a pause or resume spreads the
@@ -18,15 +19,13 @@ use crate::Result;
 /// process address for the host backend).
 pub type DevicePtr = u64;
 
-/// An opaque handle to physical memory: a `CUmemGenericAllocationHandle`,
-/// or on the host backend the memfds of its segments.
+/// An opaque handle to physical memory between `create` and `map`: a
+/// `CUmemGenericAllocationHandle`, or on the host backend the memfds of its
+/// segments.
 #[derive(Debug, PartialEq, Eq)]
 pub struct PhysHandle(pub(crate) Vec<u64>);
 
 /// Device memory through a virtual-memory API.
-///
-/// Handles are released only after their mapping is gone (the pool keeps
-/// them meanwhile), which both CUDA and the host allow at any point.
 ///
 /// Methods that take addresses are `unsafe`: the backend cannot tell whether
 /// an address range belongs to the caller, and mapping over or copying from
@@ -66,21 +65,23 @@ pub trait Backend: Send + Sync {
     /// Creates `size` bytes of physical memory (`cuMemCreate`; a memfd).
     fn create(&self, size: usize) -> Result<PhysHandle>;
 
-    /// Releases a handle (`cuMemRelease`; `close`). Memory still mapped
-    /// stays alive until unmapped.
+    /// Releases a handle that was never mapped (`cuMemRelease`; `close`).
     fn release(&self, handle: PhysHandle) -> Result<()>;
 
     /// Maps `handle` read-write at `addr` (`cuMemMap` + `cuMemSetAccess`;
-    /// `mmap(MAP_FIXED|MAP_SHARED)`).
+    /// `mmap(MAP_FIXED|MAP_SHARED)`) and releases the handle: from then on
+    /// the mapping alone keeps the memory alive, as CUDA allows
+    /// (`cuMemRelease` after `cuMemMap`). On error the handle is released
+    /// and nothing stays mapped.
     ///
     /// # Safety
     /// `addr..addr+size` must lie inside a range reserved by this backend,
     /// be granularity-aligned, and hold no mapping anyone still uses.
-    unsafe fn map(&self, addr: DevicePtr, size: usize, handle: &PhysHandle) -> Result<()>;
+    unsafe fn map(&self, addr: DevicePtr, size: usize, handle: PhysHandle) -> Result<()>;
 
     /// Unmaps `addr..addr+size`, leaving it reserved and inaccessible
-    /// (`cuMemUnmap`; `mmap(PROT_NONE)` over it). Touching it afterwards
-    /// faults.
+    /// (`cuMemUnmap`; `mmap(PROT_NONE)` over it), which gives the memory
+    /// back. Touching it afterwards faults.
     ///
     /// # Safety
     /// The range must be mapped by `map` of this backend and no one may use
@@ -96,13 +97,14 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
-    /// Gives the pages of bytes `offset..offset+len` of `handle`'s memory
-    /// back now, ahead of `unmap`/`release` (a hole punched in the memfd on
-    /// the host). The contents of that part are lost.
+    /// Gives the pages behind `addr..addr+len` of a mapping back now, ahead
+    /// of `unmap` (`MADV_REMOVE` on the host, which punches a hole in the
+    /// memfd). The contents of that part are lost.
     ///
     /// # Safety
-    /// No one may use that part of the memory any more.
-    unsafe fn discard(&self, _handle: &PhysHandle, _offset: usize, _len: usize) -> Result<()> {
+    /// The range must lie inside a mapping made by `map` of this backend,
+    /// and no one may use it any more.
+    unsafe fn discard(&self, _addr: DevicePtr, _len: usize) -> Result<()> {
         Ok(())
     }
 

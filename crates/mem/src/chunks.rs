@@ -5,7 +5,7 @@
 //! the copies spreads both over the cores, and a chunk is still in cache
 //! when its pages are freed.
 
-use crate::backend::{Backend, DevicePtr, PhysHandle};
+use crate::backend::{Backend, DevicePtr};
 use crate::Result;
 
 /// Below this many bytes one thread does all the work.
@@ -23,10 +23,9 @@ pub(crate) enum Work {
 
 /// One mapped block and, for `Backup` tags, the host buffer of its first
 /// `backup_len` bytes.
-pub(crate) struct Block<'a> {
+pub(crate) struct Block {
     pub dev: DevicePtr,
     pub len: usize,
-    pub handle: &'a PhysHandle,
     pub host: *mut u8,
     pub backup_len: usize,
 }
@@ -34,7 +33,7 @@ pub(crate) struct Block<'a> {
 /// A piece of a block: bytes `offset..offset+len`, of which the first
 /// `copy_len` are copied.
 struct Chunk<'a> {
-    block: &'a Block<'a>,
+    block: &'a Block,
     offset: usize,
     len: usize,
     copy_len: usize,
@@ -53,7 +52,7 @@ unsafe impl Send for Chunk<'_> {}
 /// aliased. Blocks must not overlap.
 pub(crate) unsafe fn run(
     backend: &dyn Backend,
-    blocks: &[Block<'_>],
+    blocks: &[Block],
     work: Work,
     threads: usize,
 ) -> Result<()> {
@@ -111,7 +110,7 @@ unsafe fn do_chunk(backend: &dyn Backend, c: &Chunk<'_>, work: Work) -> Result<(
                 if c.copy_len > 0 {
                     backend.copy_to_host(dev, std::slice::from_raw_parts_mut(host, c.copy_len))?;
                 }
-                backend.discard(c.block.handle, c.offset, c.len)
+                backend.discard(dev, c.len)
             }
             // Only memory about to be restored is populated up front. A
             // chunk without a backup (a `Discard` tag such as the KV cache)
@@ -126,7 +125,7 @@ unsafe fn do_chunk(backend: &dyn Backend, c: &Chunk<'_>, work: Work) -> Result<(
     }
 }
 
-fn split<'a>(blocks: &'a [Block<'a>]) -> Vec<Chunk<'a>> {
+fn split(blocks: &[Block]) -> Vec<Chunk<'_>> {
     let mut out = Vec::new();
     for block in blocks {
         let mut offset = 0;

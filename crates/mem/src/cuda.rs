@@ -225,7 +225,7 @@ impl Backend for CudaBackend {
         check("cuMemRelease", unsafe { sys::cuMemRelease(handle.0[0]) })
     }
 
-    unsafe fn map(&self, addr: DevicePtr, size: usize, handle: &PhysHandle) -> Result<()> {
+    unsafe fn map(&self, addr: DevicePtr, size: usize, handle: PhysHandle) -> Result<()> {
         self.make_current()?;
         let access = sys::CUmemAccessDesc {
             location: self.location(),
@@ -233,17 +233,17 @@ impl Backend for CudaBackend {
         };
         // SAFETY: the caller guarantees the range is reserved by us and
         // free; the handle is live and at least `size` bytes.
-        unsafe {
-            check("cuMemMap", sys::cuMemMap(addr, size, 0, handle.0[0], 0))?;
-            if let Err(e) = check(
-                "cuMemSetAccess",
-                sys::cuMemSetAccess(addr, size, &access, 1),
-            ) {
-                let _ = sys::cuMemUnmap(addr, size);
-                return Err(e);
-            }
-        }
-        Ok(())
+        let mapped = unsafe {
+            check("cuMemMap", sys::cuMemMap(addr, size, 0, handle.0[0], 0)).and_then(|()| {
+                check("cuMemSetAccess", sys::cuMemSetAccess(addr, size, &access, 1))
+                    .inspect_err(|_| {
+                        let _ = sys::cuMemUnmap(addr, size);
+                    })
+            })
+        };
+        // The mapping keeps the memory alive; `cuMemUnmap` gives it back.
+        let released = self.release(handle);
+        mapped.and(released)
     }
 
     unsafe fn unmap(&self, addr: DevicePtr, size: usize) -> Result<()> {

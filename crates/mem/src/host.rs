@@ -2,24 +2,25 @@
 //!
 //! - reserve: `mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE)`;
 //! - create: `memfd_create` + `ftruncate` (no pages yet);
-//! - map: `mmap(MAP_SHARED|MAP_FIXED)` of the memfd, read-write;
+//! - map: `mmap(MAP_SHARED|MAP_FIXED)` of the memfd, read-write, then
+//!   `close`: the mapping keeps the file alive, so the pool holds no file
+//!   descriptor per allocation and the process's limits are left alone;
 //! - populate: `madvise(MADV_POPULATE_WRITE)`, so the kernel provides a
 //!   range's pages in one call instead of one fault per page; several
 //!   threads can populate parts of one mapping at once;
-//! - discard: `fallocate(FALLOC_FL_PUNCH_HOLE)`, freeing a part's pages at
-//!   once, again in parallel over parts;
+//! - discard: `madvise(MADV_REMOVE)` on the mapped range, which punches a
+//!   hole in the memfd behind it, freeing a part's pages at once, again in
+//!   parallel over parts;
 //! - unmap: an anonymous `PROT_NONE` mapping over the range, so the range
 //!   stays reserved and touching it faults (SIGSEGV) instead of reading
-//!   stale data;
-//! - release: `close`. Any pages not yet discarded go back to the kernel
-//!   once the fd is closed *and* the range is unmapped, like `cuMemRelease`.
+//!   stale data; the memfd goes away with its last mapping, like memory
+//!   `cuMemRelease`d while mapped.
 //!
 //! Physical memory of more than `SEGMENT` bytes is made of several memfds,
 //! one per segment, each mapped at its place. A memfd's page operations
 //! (hole punching in particular) are serialised by its inode lock; separate
 //! segments let the copy threads free and provide pages of one large block
-//! at the same time. The pool keeps handles open while their memory is
-//! mapped, so `new` raises the soft limit on open files to its hard limit.
+//! at the same time.
 //!
 //! Pausing therefore really lowers the process's resident set size, and every
 //! claim about memory can be checked with `/proc/self/smaps` on a machine
@@ -56,7 +57,6 @@ pub struct HostBackend {
 
 impl HostBackend {
     pub fn new() -> Self {
-        raise_fd_limit();
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         HostBackend {
@@ -68,21 +68,6 @@ impl HostBackend {
 impl Default for HostBackend {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-/// Raises the soft `RLIMIT_NOFILE` to the hard limit (best effort).
-fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid out-parameter / in-parameter.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
     }
 }
 
@@ -159,7 +144,8 @@ impl Backend for HostBackend {
         result
     }
 
-    unsafe fn map(&self, addr: DevicePtr, size: usize, handle: &PhysHandle) -> Result<()> {
+    unsafe fn map(&self, addr: DevicePtr, size: usize, handle: PhysHandle) -> Result<()> {
+        let mut failure = None;
         for (i, _, len) in segments(0, size) {
             let at = addr + (i * SEGMENT) as u64;
             // SAFETY: the caller guarantees the range is reserved by us and
@@ -176,13 +162,18 @@ impl Backend for HostBackend {
                 )
             };
             if p == libc::MAP_FAILED {
-                let err = Error::os(NAME, "mmap(MAP_FIXED|MAP_SHARED) map");
-                // SAFETY: the segments mapped so far are ours and unused.
-                let _ = unsafe { self.unmap(addr, i * SEGMENT) };
-                return Err(err);
+                failure = Some((i, Error::os(NAME, "mmap(MAP_FIXED|MAP_SHARED) map")));
+                break;
             }
         }
-        Ok(())
+        // The mappings keep their memfds alive; the descriptors can go.
+        let released = self.release(handle);
+        if let Some((i, err)) = failure {
+            // SAFETY: the segments mapped so far are ours and unused.
+            let _ = unsafe { self.unmap(addr, i * SEGMENT) };
+            return Err(err);
+        }
+        released
     }
 
     unsafe fn unmap(&self, addr: DevicePtr, size: usize) -> Result<()> {
@@ -225,14 +216,12 @@ impl Backend for HostBackend {
         Ok(())
     }
 
-    unsafe fn discard(&self, handle: &PhysHandle, offset: usize, len: usize) -> Result<()> {
-        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        for (i, inner, n) in segments(offset, len) {
-            let fd = handle.0[i] as libc::c_int;
-            // SAFETY: the caller guarantees no one uses this part any more.
-            if unsafe { libc::fallocate(fd, mode, inner as libc::off_t, n as libc::off_t) } != 0 {
-                return Err(Error::os(NAME, "fallocate(PUNCH_HOLE)"));
-            }
+    unsafe fn discard(&self, addr: DevicePtr, len: usize) -> Result<()> {
+        // SAFETY: the caller guarantees the range is inside our shared
+        // mapping and that no one uses it any more; MADV_REMOVE frees the
+        // pages and the memfd's backing store behind them.
+        if unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_REMOVE) } != 0 {
+            return Err(Error::os(NAME, "madvise(MADV_REMOVE)"));
         }
         Ok(())
     }

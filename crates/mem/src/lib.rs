@@ -60,12 +60,9 @@
 //!
 //! - One address range is reserved per pool up front, so "is this pointer
 //!   ours" is a range check and "which allocation" a map lookup.
-//! - The design releases physical handles right after mapping, so that a
-//!   pool holds no handle per allocation. The host backend does not yet: it
-//!   keeps one memfd per 64 MiB segment of each mapped block (for
-//!   `PUNCH_HOLE` on the copy threads) and raises the soft open-files limit
-//!   to the hard one, so ~20,000 small allocations can exhaust the process's
-//!   descriptors (issue 10, open; see the README).
+//! - Physical handles are released right after mapping (the mapping keeps
+//!   the memory alive), so a pool holds no handle or file descriptor per
+//!   allocation and leaves the process's limits alone.
 //! - Freed blocks stay mapped in a per-tag cache for reuse (a map costs page
 //!   provisioning); `empty_cache`, `pause` and a capacity shortfall return
 //!   them.

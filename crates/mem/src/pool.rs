@@ -7,14 +7,14 @@
 //! bulk copy: `pause`/`resume` move a tag into a transitional state, drop the
 //! lock to copy, and take it again to finish (see `transition.rs`).
 
-use crate::backend::{Backend, DevicePtr, PhysHandle};
+use crate::backend::{Backend, DevicePtr};
 use crate::error::{TagBytes, TagState};
 use crate::host::HostBackend;
 use crate::timeline::{Event, EventKind};
 use crate::va::AddressSpace;
 use crate::{Error, Result};
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -96,9 +96,6 @@ pub(crate) struct State {
     pub(crate) tags: Vec<Tag>,
     /// Live allocations by address.
     pub(crate) allocs: BTreeMap<u64, Alloc>,
-    /// Physical handle of every mapped block (live or cached), by address;
-    /// released after the block is unmapped.
-    pub(crate) handles: HashMap<u64, PhysHandle>,
     pub(crate) va: AddressSpace,
     /// Bytes mapped over all tags (including mappings a resume is making).
     pub(crate) resident: u64,
@@ -168,7 +165,6 @@ impl Pool {
         let state = State {
             tags: Vec::new(),
             allocs: BTreeMap::new(),
-            handles: HashMap::new(),
             va: AddressSpace::new(base, span),
             resident: 0,
             peak: 0,
@@ -339,22 +335,15 @@ impl Pool {
             st.va.give(addr, size);
             return Err(e);
         }
-        let mapped = self.map_at(addr, size).and_then(|h| {
+        let mapped = self.map_at(addr, size).and_then(|()| {
             // SAFETY: mapped just now by `map_at`.
-            match unsafe { self.backend.populate(addr, size as usize) } {
-                Ok(()) => Ok(h),
-                Err(e) => {
-                    // SAFETY: mapped just now and not handed out yet.
-                    unsafe { self.unmap_block(addr, size, h) };
-                    Err(e)
-                }
-            }
+            unsafe { self.backend.populate(addr, size as usize) }.inspect_err(|_| {
+                // SAFETY: mapped just now and not handed out yet.
+                unsafe { self.unmap_block(addr, size) };
+            })
         });
         match mapped {
-            Ok(h) => {
-                st.handles.insert(addr, h);
-                Ok(addr)
-            }
+            Ok(()) => Ok(addr),
             Err(e) => {
                 st.va.give(addr, size);
                 st.uncharge(id, size);
@@ -364,31 +353,25 @@ impl Pool {
     }
 
     /// Creates physical memory and maps it at `addr` (unpopulated).
-    pub(crate) fn map_at(&self, addr: DevicePtr, size: u64) -> Result<PhysHandle> {
-        let handle: PhysHandle = self.backend.create(size as usize)?;
+    /// The mapping alone holds the memory afterwards: the pool keeps no
+    /// handle or file descriptor per block.
+    pub(crate) fn map_at(&self, addr: DevicePtr, size: u64) -> Result<()> {
+        let handle = self.backend.create(size as usize)?;
         // SAFETY: `addr..addr+size` was taken from this pool's reserved range
         // (address space allocator, or a live allocation whose tag is being
         // resumed, i.e. currently unmapped), so nothing else is mapped there.
-        match unsafe { self.backend.map(addr, size as usize, &handle) } {
-            Ok(()) => Ok(handle),
-            Err(e) => {
-                let _ = self.backend.release(handle);
-                Err(e)
-            }
-        }
+        unsafe { self.backend.map(addr, size as usize, handle) }
     }
 
-    /// Unmaps a block and releases its handle. Failures are reported on
-    /// stderr only: the range is ours either way and will be mapped over.
+    /// Unmaps a block, which gives its memory back. Failures are reported
+    /// on stderr only: the range is ours either way and will be mapped over.
     ///
     /// # Safety
     /// The block must be mapped by this pool and no one may use it any more
     /// (a cached block, or one of a tag being paused or rolled back).
-    pub(crate) unsafe fn unmap_block(&self, addr: DevicePtr, size: u64, handle: PhysHandle) {
+    pub(crate) unsafe fn unmap_block(&self, addr: DevicePtr, size: u64) {
         // SAFETY: forwarded from the caller.
-        let unmapped = unsafe { self.backend.unmap(addr, size as usize) };
-        let released = self.backend.release(handle);
-        if let Err(e) = unmapped.and(released) {
+        if let Err(e) = unsafe { self.backend.unmap(addr, size as usize) } {
             eprintln!("colo-mem: {e}");
         }
     }
@@ -436,11 +419,9 @@ impl Pool {
             }
             let blocks = std::mem::take(&mut st.tags[id].cache);
             for (size, addr) in blocks {
-                if let Some(h) = st.handles.remove(&addr) {
-                    // SAFETY: a cached block belongs to no live allocation
-                    // and is handed to nobody while cached.
-                    unsafe { self.unmap_block(addr, size, h) };
-                }
+                // SAFETY: a cached block of an active tag is mapped, belongs
+                // to no live allocation and is handed to nobody while cached.
+                unsafe { self.unmap_block(addr, size) };
                 st.va.give(addr, size);
                 st.tags[id].cached_bytes -= size;
                 st.uncharge(id, size);
@@ -625,22 +606,25 @@ impl State {
 impl Drop for Pool {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        let sizes: HashMap<u64, u64> = st
+        // What is mapped: the live allocations and cached blocks of tags
+        // that are not paused (no transition is under way: `&mut self`).
+        let mapped: Vec<(u64, u64)> = st
             .allocs
             .iter()
-            .map(|(&a, al)| (a, al.size))
+            .filter(|(_, a)| st.tags[a.tag].state != TagState::Paused)
+            .map(|(&addr, a)| (addr, a.size))
             .chain(
                 st.tags
                     .iter()
-                    .flat_map(|t| t.cache.iter().map(|&(s, a)| (a, s))),
+                    .flat_map(|t| t.cache.iter().map(|&(size, addr)| (addr, size))),
             )
             .collect();
-        for (addr, handle) in std::mem::take(&mut st.handles) {
+        for (addr, size) in mapped {
             // SAFETY: `&mut self`: no one else uses the pool. A pool that
             // served a region is held by the allocator's registry for the
             // life of the process and never dropped, so no Rust value points
             // into it.
-            unsafe { self.unmap_block(addr, sizes[&addr], handle) };
+            unsafe { self.unmap_block(addr, size) };
         }
         // SAFETY: as above; everything inside the range is unmapped now.
         let _ = unsafe { self.backend.free_reserved(self.base, self.span as usize) };

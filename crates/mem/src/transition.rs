@@ -9,7 +9,6 @@
 //! bookkeeping. A failure undoes the call's own work and leaves every tag
 //! as it was.
 
-use crate::backend::PhysHandle;
 use crate::chunks::{self, Block, Work};
 use crate::error::TagState;
 use crate::pool::{Pool, State, TagId};
@@ -27,8 +26,9 @@ struct Job {
     /// The allocation's kept host backup, taken out of the bookkeeping for
     /// the duration of the transition (`Backup` policy only).
     backup: Option<Vec<u8>>,
-    /// The physical handle while the block is mapped.
-    handle: Option<PhysHandle>,
+    /// Whether the block is mapped (pause: from the start; resume: once
+    /// this call has mapped it).
+    mapped: bool,
     cached: bool,
 }
 
@@ -51,20 +51,19 @@ impl Pool {
             let mut jobs = take_jobs(&mut st, &ids);
             for &id in &ids {
                 for (size, addr) in std::mem::take(&mut st.tags[id].cache) {
-                    let handle = st.handles.remove(&addr);
                     jobs.push(Job {
                         addr,
                         size,
                         requested: 0,
                         tag: id,
                         backup: None,
-                        handle,
+                        mapped: true,
                         cached: true,
                     });
                 }
             }
-            for j in jobs.iter_mut().filter(|j| !j.cached) {
-                j.handle = st.handles.remove(&j.addr);
+            for j in jobs.iter_mut() {
+                j.mapped = true;
             }
             (ids, jobs)
         };
@@ -82,10 +81,7 @@ impl Pool {
             // copy comes before its discard for each chunk, and a failed
             // copy stops the work): the tags stay active.
             let mut st = self.lock();
-            for j in jobs.iter_mut() {
-                if let Some(h) = j.handle.take() {
-                    st.handles.insert(j.addr, h);
-                }
+            for j in jobs.iter() {
                 if j.cached {
                     st.tags[j.tag].cache.insert((j.size, j.addr));
                 }
@@ -95,11 +91,10 @@ impl Pool {
         }
 
         for j in jobs.iter_mut() {
-            if let Some(h) = j.handle.take() {
-                // SAFETY: the block's tag is `Pausing` (or the block was
-                // taken out of the cache): no one uses it.
-                unsafe { self.unmap_block(j.addr, j.size, h) };
-            }
+            // SAFETY: the block is mapped and its tag is `Pausing` (or the
+            // block was taken out of the cache): no one uses it.
+            unsafe { self.unmap_block(j.addr, j.size) };
+            j.mapped = false;
         }
 
         let mut st = self.lock();
@@ -150,7 +145,7 @@ impl Pool {
                 break;
             }
             match self.map_at(j.addr, j.size) {
-                Ok(h) => j.handle = Some(h),
+                Ok(()) => j.mapped = true,
                 Err(e) => {
                     self.lock().uncharge(j.tag, j.size);
                     failure = Some(e);
@@ -164,10 +159,10 @@ impl Pool {
         if let Some(e) = failure {
             let mut undone = Vec::new();
             for j in jobs.iter_mut() {
-                if let Some(h) = j.handle.take() {
+                if std::mem::take(&mut j.mapped) {
                     // SAFETY: mapped by this call; the tag is `Resuming`, so
                     // nobody else has used it.
-                    unsafe { self.unmap_block(j.addr, j.size, h) };
+                    unsafe { self.unmap_block(j.addr, j.size) };
                     undone.push((j.tag, j.size));
                 }
             }
@@ -182,11 +177,6 @@ impl Pool {
         }
 
         let mut st = self.lock();
-        for j in jobs.iter_mut() {
-            if let Some(h) = j.handle.take() {
-                st.handles.insert(j.addr, h);
-            }
-        }
         let took = start.elapsed();
         for &id in &ids {
             st.tags[id].resumes += 1;
@@ -203,18 +193,18 @@ impl Pool {
     fn bulk(&self, jobs: &mut [Job], work: Work) -> Result<()> {
         let blocks: Vec<Block> = jobs
             .iter_mut()
-            .filter_map(|j| {
+            .filter(|j| j.mapped)
+            .map(|j| {
                 let (host, backup_len) = match &mut j.backup {
                     Some(b) => (b.as_mut_ptr(), b.len()),
                     None => (std::ptr::null_mut(), 0),
                 };
-                Some(Block {
+                Block {
                     dev: j.addr,
                     len: j.size as usize,
-                    handle: j.handle.as_ref()?,
                     host,
                     backup_len,
-                })
+                }
             })
             .collect();
         // SAFETY: every block is mapped (pause: the tag was active; resume:
@@ -283,7 +273,7 @@ fn take_jobs(st: &mut State, ids: &[TagId]) -> Vec<Job> {
             requested: a.requested,
             tag: a.tag,
             backup,
-            handle: None,
+            mapped: false,
             cached: false,
         });
     }

@@ -40,7 +40,7 @@ impl Backend for Flaky {
     fn release(&self, h: PhysHandle) -> colo_mem::Result<()> {
         self.inner.release(h)
     }
-    unsafe fn map(&self, addr: DevicePtr, size: usize, h: &PhysHandle) -> colo_mem::Result<()> {
+    unsafe fn map(&self, addr: DevicePtr, size: usize, h: PhysHandle) -> colo_mem::Result<()> {
         unsafe { self.inner.map(addr, size, h) }
     }
     unsafe fn unmap(&self, addr: DevicePtr, size: usize) -> colo_mem::Result<()> {
