@@ -97,6 +97,7 @@ pub mod adamw;
 pub mod batch;
 mod buffers;
 pub mod checkpoint;
+pub mod collective;
 pub mod config;
 pub mod engine;
 mod error;
@@ -111,6 +112,7 @@ pub mod value_head;
 pub use adamw::{AdamW, AdamWParams};
 pub use batch::{CriticBatch, PolicyBatch, SeqBatch};
 pub use buffers::storage_addr;
+pub use collective::{Collective, ReduceOp, Solo};
 pub use config::{
     check_target, device_name, kind_name, parse_device, parse_kind, MicroBatchConfig, MicroBatches,
     Optim, OptimConfig,

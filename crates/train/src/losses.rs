@@ -22,6 +22,7 @@ use tch::{Kind, Tensor};
 use crate::batch::{CriticBatch, Micro, PolicyBatch, SeqBatch};
 use crate::engine::{CriticMetrics, PolicyMetrics, SftMetrics};
 use crate::forward::Entropy;
+use crate::collective::ReduceOp;
 use crate::trainer::ColoTrainer;
 use crate::{Error, Result};
 
@@ -75,17 +76,6 @@ impl Default for CriticLossConfig {
     }
 }
 
-/// The batch-wide denominators (`None` where the batch has nothing to
-/// count, so colo-algo's own zero-safe path applies).
-fn batch_scale(seqs: &SeqBatch, loss_scale_factor: Option<f64>) -> AggScale {
-    let pos = |n: usize| (n > 0).then_some(n as f64);
-    AggScale {
-        batch_num_tokens: pos(seqs.num_response_tokens()),
-        global_batch_size: pos(seqs.num_nonempty_rows()),
-        loss_scale_factor: Some(loss_scale_factor.unwrap_or(seqs.seq_len() as f64)),
-    }
-}
-
 fn scalar(t: &Tensor) -> Result<f64> {
     Ok(t.f_double_value(&[])?)
 }
@@ -103,6 +93,35 @@ struct PolicySums {
 }
 
 impl ColoTrainer {
+    /// The batch-wide denominators (`None` where the batch has nothing to
+    /// count, so colo-algo's own zero-safe path applies), over every data-
+    /// parallel peer's batch: counts summed, the padded length the largest.
+    fn batch_scale(&mut self, seqs: &SeqBatch, loss_scale_factor: Option<f64>) -> Result<AggScale> {
+        let mut counts = [
+            seqs.num_response_tokens() as f64,
+            seqs.num_nonempty_rows() as f64,
+        ];
+        self.reduce_values(&mut counts, ReduceOp::Sum)?;
+        let mut len = [seqs.seq_len() as f64];
+        if loss_scale_factor.is_none() {
+            self.reduce_values(&mut len, ReduceOp::Max)?;
+        }
+        let pos = |n: f64| (n > 0.0).then_some(n);
+        Ok(AggScale {
+            batch_num_tokens: pos(counts[0]),
+            global_batch_size: pos(counts[1]),
+            loss_scale_factor: Some(loss_scale_factor.unwrap_or(len[0])),
+        })
+    }
+
+    /// Sums metric parts over the peers; the last entry is the local token
+    /// count, which becomes the global one (at least 1).
+    fn reduce_sums<const N: usize>(&mut self, mut sums: [f64; N]) -> Result<[f64; N]> {
+        self.reduce_values(&mut sums, ReduceOp::Sum)?;
+        sums[N - 1] = sums[N - 1].max(1.0);
+        Ok(sums)
+    }
+
     fn policy_micro_loss(
         &self,
         batch: &PolicyBatch,
@@ -196,19 +215,27 @@ impl ColoTrainer {
         if cfg.use_kl_loss && batch.ref_log_probs.is_none() {
             return Err(Error::batch("ref_log_probs", "is required by use_kl_loss"));
         }
-        let scale = batch_scale(&batch.seqs, cfg.loss_scale_factor);
+        let scale = self.batch_scale(&batch.seqs, cfg.loss_scale_factor)?;
         let (parts, stats) = self.train_step("update the policy", &batch.seqs, |t, mb| {
             t.policy_micro_loss(batch, mb, cfg, scale)
         })?;
-        let n = (batch.seqs.num_response_tokens() as f64).max(1.0);
         let sum = |f: fn(&PolicySums) -> f64| parts.iter().map(f).sum::<f64>();
+        let [pg_loss, clipfrac, clipfrac_lower, ppo_kl, entropy, kl_loss, n] = self.reduce_sums([
+            sum(|p| p.pg_loss),
+            sum(|p| p.clipfrac),
+            sum(|p| p.clipfrac_lower),
+            sum(|p| p.ppo_kl),
+            sum(|p| p.entropy),
+            sum(|p| p.kl_loss),
+            batch.seqs.num_response_tokens() as f64,
+        ])?;
         Ok(PolicyMetrics {
-            pg_loss: sum(|p| p.pg_loss),
-            pg_clipfrac: sum(|p| p.clipfrac) / n,
-            pg_clipfrac_lower: sum(|p| p.clipfrac_lower) / n,
-            ppo_kl: sum(|p| p.ppo_kl) / n,
-            entropy: sum(|p| p.entropy),
-            kl_loss: cfg.use_kl_loss.then(|| sum(|p| p.kl_loss)),
+            pg_loss,
+            pg_clipfrac: clipfrac / n,
+            pg_clipfrac_lower: clipfrac_lower / n,
+            ppo_kl: ppo_kl / n,
+            entropy,
+            kl_loss: cfg.use_kl_loss.then_some(kl_loss),
             grad_norm: stats.grad_norm,
             lr: stats.lr,
         })
@@ -226,7 +253,7 @@ impl ColoTrainer {
         }
         let agg = LossAgg {
             mode: cfg.loss_agg_mode,
-            scale: batch_scale(&batch.seqs, None),
+            scale: self.batch_scale(&batch.seqs, None)?,
         };
         let (parts, stats) = self.train_step("update the critic", &batch.seqs, |t, mb| {
             let Some(vpreds) = t.token_values(mb)? else {
@@ -246,11 +273,16 @@ impl ColoTrainer {
             let sums = (scalar(&vl.loss)?, vl.metrics.vf_clipfrac * n, vsum);
             Ok(Some((vl.loss, sums)))
         })?;
-        let n = (batch.seqs.num_response_tokens() as f64).max(1.0);
+        let [vf_loss, vf_clipfrac, vpred, n] = self.reduce_sums([
+            parts.iter().map(|p| p.0).sum(),
+            parts.iter().map(|p| p.1).sum(),
+            parts.iter().map(|p| p.2).sum(),
+            batch.seqs.num_response_tokens() as f64,
+        ])?;
         Ok(CriticMetrics {
-            vf_loss: parts.iter().map(|p| p.0).sum(),
-            vf_clipfrac: parts.iter().map(|p| p.1).sum::<f64>() / n,
-            vpred_mean: parts.iter().map(|p| p.2).sum::<f64>() / n,
+            vf_loss,
+            vf_clipfrac: vf_clipfrac / n,
+            vpred_mean: vpred / n,
             grad_norm: stats.grad_norm,
             lr: stats.lr,
         })
@@ -259,7 +291,7 @@ impl ColoTrainer {
     pub(crate) fn supervised_step(&mut self, batch: &SeqBatch) -> Result<SftMetrics> {
         let agg = LossAgg {
             mode: LossAggMode::TokenMean,
-            scale: batch_scale(batch, None),
+            scale: self.batch_scale(batch, None)?,
         };
         let (parts, stats) = self.train_step("run a supervised step", batch, |t, mb| {
             let Some((lp, _)) = t.token_scores(mb, Entropy::None)? else {
@@ -270,8 +302,9 @@ impl ColoTrainer {
             let value = scalar(&loss)?;
             Ok(Some((loss, value)))
         })?;
+        let [loss, _] = self.reduce_sums([parts.iter().sum(), 0.0])?;
         Ok(SftMetrics {
-            loss: parts.iter().sum(),
+            loss,
             tokens: batch.num_response_tokens(),
             grad_norm: stats.grad_norm,
             lr: stats.lr,

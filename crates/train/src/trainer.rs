@@ -28,6 +28,7 @@ use tch::{Device, Kind, Tensor};
 use crate::adamw::AdamW;
 use crate::batch::{chunks, Micro, SeqBatch};
 use crate::buffers::{copy_in, done, zeros_in};
+use crate::collective::{Collective, ReduceOp};
 use crate::config::{
     check_target, device_name, device_serde, kind_serde, MicroBatchConfig, MicroBatches, Optim,
     OptimConfig,
@@ -107,6 +108,8 @@ pub struct ColoTrainer {
     pub(crate) micro: MicroBatches,
     pub(crate) kind: Kind,
     pub(crate) device: Device,
+    /// The data-parallel peers, if any (see [`crate::collective`]).
+    pub(crate) collective: Option<Box<dyn Collective>>,
 }
 
 impl ColoTrainer {
@@ -166,7 +169,24 @@ impl ColoTrainer {
             micro,
             kind,
             device,
+            collective: None,
         })
+    }
+
+    /// Joins this trainer to data-parallel peers: from the next update on,
+    /// losses use global denominators and gradients are summed over the
+    /// peers before the step (see [`crate::collective`]). `None` leaves
+    /// the group.
+    pub fn set_collective(&mut self, collective: Option<Box<dyn Collective>>) {
+        self.collective = collective;
+    }
+
+    /// Reduces host values over the peers (the identity without any).
+    pub(crate) fn reduce_values(&mut self, values: &mut [f64], op: ReduceOp) -> Result<()> {
+        match &mut self.collective {
+            Some(c) => c.all_reduce_values(values, op),
+            None => Ok(()),
+        }
     }
 
     /// Builds the engine from a Hugging Face checkpoint directory.
@@ -400,6 +420,9 @@ impl ColoTrainer {
             }
             Ok(())
         })?;
+        if let Some(c) = &mut self.collective {
+            c.all_reduce_tensors(&self.grads)?;
+        }
         // The optimizer's temporaries reuse the activations' cached blocks.
         let guard = self.pool.region(tags::ACTIVATIONS)?;
         let stats = self.apply_update(metrics.len());

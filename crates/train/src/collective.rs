@@ -1,0 +1,73 @@
+//! Data parallelism seen from one trainer: a [`Collective`] joins this
+//! trainer to its peers (one per device), and an update then behaves as if
+//! it ran on the union of every peer's batch.
+//!
+//! Three things change when a collective is set, and nothing else:
+//!
+//! - the loss denominators ([`AggScale`](colo_algo::AggScale)) are the
+//!   **global** counts: response tokens and non-empty rows summed over the
+//!   peers, the padded length their maximum, so each peer's loss is its
+//!   share of the global loss;
+//! - the accumulated gradients are **summed** over the peers before the
+//!   global norm, clipping and AdamW, so every peer applies the same update
+//!   and the weights stay identical (the all-reduce hands every peer the
+//!   same sum);
+//! - the update's metrics are reduced the same way, so every peer reports
+//!   the global batch's loss, clip fraction and entropy.
+//!
+//! What differs from one device is the order of the floating-point sums:
+//! the all-reduce adds per-peer partial sums, one device adds per micro-
+//! batch. This is the design of verl's and OpenRLHF's data-parallel actors
+//! (verl: `loss_scale_factor` with global token counts, then DDP/FSDP's
+//! gradient all-reduce).
+
+use tch::Tensor;
+
+use crate::Result;
+
+/// How values are combined over the peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+}
+
+/// The peers of a data-parallel group, as this trainer sees them
+/// (torch.distributed's `all_reduce`, behind whatever transport).
+pub trait Collective: Send {
+    /// Number of peers, this one included.
+    fn world_size(&self) -> usize;
+
+    /// This peer's index, `0..world_size`.
+    fn rank(&self) -> usize;
+
+    /// Sums `tensors` over the peers, in place; afterwards every peer holds
+    /// the same values.
+    fn all_reduce_tensors(&mut self, tensors: &[Tensor]) -> Result<()>;
+
+    /// Reduces a few host numbers (counts, metric sums) over the peers.
+    fn all_reduce_values(&mut self, values: &mut [f64], op: ReduceOp) -> Result<()>;
+}
+
+/// One peer alone: every reduction is the identity. What a trainer without
+/// a collective does; also a test double for the single-peer case.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Solo;
+
+impl Collective for Solo {
+    fn world_size(&self) -> usize {
+        1
+    }
+
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn all_reduce_tensors(&mut self, _tensors: &[Tensor]) -> Result<()> {
+        Ok(())
+    }
+
+    fn all_reduce_values(&mut self, _values: &mut [f64], _op: ReduceOp) -> Result<()> {
+        Ok(())
+    }
+}
