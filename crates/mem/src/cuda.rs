@@ -235,10 +235,13 @@ impl Backend for CudaBackend {
         // free; the handle is live and at least `size` bytes.
         let mapped = unsafe {
             check("cuMemMap", sys::cuMemMap(addr, size, 0, handle.0[0], 0)).and_then(|()| {
-                check("cuMemSetAccess", sys::cuMemSetAccess(addr, size, &access, 1))
-                    .inspect_err(|_| {
-                        let _ = sys::cuMemUnmap(addr, size);
-                    })
+                check(
+                    "cuMemSetAccess",
+                    sys::cuMemSetAccess(addr, size, &access, 1),
+                )
+                .inspect_err(|_| {
+                    let _ = sys::cuMemUnmap(addr, size);
+                })
             })
         };
         // The mapping keeps the memory alive; `cuMemUnmap` gives it back.

@@ -18,7 +18,7 @@ fn nofile_limit() -> (u64, u64) {
     };
     // SAFETY: `lim` is a valid out-parameter.
     assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
-    (lim.rlim_cur as u64, lim.rlim_max as u64)
+    (lim.rlim_cur, lim.rlim_max)
 }
 
 #[test]
@@ -31,7 +31,9 @@ fn thirty_thousand_allocations_hold_no_descriptors() {
 
     let addrs: Vec<u64> = (0..N)
         .map(|i| {
-            let a = p.alloc("small", 4096).unwrap_or_else(|e| panic!("alloc {i}: {e}"));
+            let a = p
+                .alloc("small", 4096)
+                .unwrap_or_else(|e| panic!("alloc {i}: {e}"));
             p.write(a, 0, &(i as u64).to_le_bytes()).unwrap();
             a
         })
@@ -54,7 +56,11 @@ fn thirty_thousand_allocations_hold_no_descriptors() {
     for (i, &a) in addrs.iter().enumerate() {
         let mut out = [0u8; 8];
         p.read(a, 0, &mut out).unwrap();
-        assert_eq!(u64::from_le_bytes(out), i as u64, "allocation {i} after resume");
+        assert_eq!(
+            u64::from_le_bytes(out),
+            i as u64,
+            "allocation {i} after resume"
+        );
     }
     for a in addrs {
         p.free(a).unwrap();

@@ -37,6 +37,10 @@ pub enum Error {
     },
 
     /// A dataset is unusable as a whole (empty, too small for a batch, …).
+    /// A data-parallel run that cannot be laid out (workers, shards).
+    #[error("cluster: {0}")]
+    Cluster(String),
+
     #[error("dataset: {0}")]
     Dataset(String),
 

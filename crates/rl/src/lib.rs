@@ -71,6 +71,7 @@ mod error;
 pub mod checkpoints;
 pub mod config;
 pub mod data;
+pub mod data_parallel;
 pub mod eval;
 pub mod r#loop;
 pub mod metrics;

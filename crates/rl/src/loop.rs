@@ -67,19 +67,19 @@ pub struct RunSummary {
 }
 
 /// Everything the steps share.
-struct Run<'a> {
-    config: &'a Config,
-    worker: HybridWorker,
+pub(crate) struct Run<'a> {
+    pub(crate) config: &'a Config,
+    pub(crate) worker: HybridWorker,
     /// The starting checkpoint (its tokenizer files go into every checkpoint).
-    model_dir: PathBuf,
-    tokenizer: Tokenizer,
-    reward: Box<dyn Reward>,
-    val: Dataset,
-    eos: u32,
-    pad: u32,
-    metrics: MetricsWriter,
+    pub(crate) model_dir: PathBuf,
+    pub(crate) tokenizer: Tokenizer,
+    pub(crate) reward: Box<dyn Reward>,
+    pub(crate) val: Dataset,
+    pub(crate) eos: u32,
+    pub(crate) pad: u32,
+    pub(crate) metrics: MetricsWriter,
     /// β of the KL penalty in the reward, when `use_kl_in_reward`.
-    kl_ctrl: Option<KlController>,
+    pub(crate) kl_ctrl: Option<KlController>,
 }
 
 /// Where a run starts, decided before anything is loaded.
@@ -117,16 +117,6 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
     let model_dir = config.model.resolve(&out.join("base"))?;
     let tokenizer = Tokenizer::from_dir(&model_dir)?;
     let (train, val) = load_data(config, out, &tokenizer)?;
-    let eos = tokenizer
-        .special
-        .eos
-        .as_ref()
-        .map(|t| t.id)
-        .ok_or_else(|| Error::Phase {
-            op: "generate",
-            state: "the tokenizer has no end-of-sequence token".into(),
-        })?;
-    let pad = tokenizer.special.pad.as_ref().map_or(eos, |t| t.id);
 
     // ---- resume: which checkpoint, and the records after it go -------------
     let total = config.total_steps(train.len());
@@ -199,8 +189,6 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
         tokenizer,
         train,
         val,
-        eos,
-        pad,
         metrics,
     };
     let result = train_steps(config, out, &pool, setup, start);
@@ -220,8 +208,6 @@ struct Setup {
     tokenizer: Tokenizer,
     train: Dataset,
     val: Dataset,
-    eos: u32,
-    pad: u32,
     metrics: MetricsWriter,
 }
 
@@ -255,38 +241,10 @@ fn train_steps(
         tokenizer,
         train,
         val,
-        eos,
-        pad,
         metrics,
     } = setup;
-    let spec = WorkerSpec {
-        model_dir: model_dir.clone(),
-        actor: trainer_config(config),
-        critic: uses_critic(config).then(|| critic_config(config)),
-        engine: engine_config(config),
-        memory: config.memory.clone(),
-        reference: config.algorithm.needs_ref(&config.actor),
-        scratch: out.join("scratch"),
-    };
-    let worker = HybridWorker::new(Arc::clone(pool), &spec)?;
+    let mut run = Run::new(config, out, pool, model_dir, tokenizer, val, metrics)?;
     let ckpt_dir = out.join(checkpoints::DIR);
-    let mut run = Run {
-        config,
-        worker,
-        model_dir,
-        tokenizer,
-        reward: reward::build(&config.reward)?,
-        val,
-        eos,
-        pad,
-        kl_ctrl: config
-            .algorithm
-            .kl_in_reward
-            .as_ref()
-            .map(|k| KlController::new(&k.ctrl))
-            .transpose()?,
-        metrics,
-    };
     let (first_step, total) = (start.first_step, start.total);
     if first_step > 0 {
         let dir = ckpt_dir.join(format!("step-{first_step}"));
@@ -343,9 +301,59 @@ fn train_steps(
     })
 }
 
+impl<'a> Run<'a> {
+    /// The worker on `pool` and everything the steps share.
+    pub(crate) fn new(
+        config: &'a Config,
+        out: &Path,
+        pool: &Arc<colo_mem::Pool>,
+        model_dir: PathBuf,
+        tokenizer: Tokenizer,
+        val: Dataset,
+        metrics: MetricsWriter,
+    ) -> Result<Self> {
+        let eos = tokenizer
+            .special
+            .eos
+            .as_ref()
+            .map(|t| t.id)
+            .ok_or_else(|| Error::Phase {
+                op: "generate",
+                state: "the tokenizer has no end-of-sequence token".into(),
+            })?;
+        let pad = tokenizer.special.pad.as_ref().map_or(eos, |t| t.id);
+        let spec = WorkerSpec {
+            model_dir: model_dir.clone(),
+            actor: trainer_config(config),
+            critic: uses_critic(config).then(|| critic_config(config)),
+            engine: engine_config(config),
+            memory: config.memory.clone(),
+            reference: config.algorithm.needs_ref(&config.actor),
+            scratch: out.join("scratch"),
+        };
+        Ok(Run {
+            config,
+            worker: HybridWorker::new(Arc::clone(pool), &spec)?,
+            model_dir,
+            tokenizer,
+            reward: reward::build(&config.reward)?,
+            val,
+            eos,
+            pad,
+            kl_ctrl: config
+                .algorithm
+                .kl_in_reward
+                .as_ref()
+                .map(|k| KlController::new(&k.ctrl))
+                .transpose()?,
+            metrics,
+        })
+    }
+}
+
 impl Run<'_> {
     /// One RL step on `batch`'s prompts.
-    fn step(&mut self, batch: &Batch) -> Result<StepMetrics> {
+    pub(crate) fn step(&mut self, batch: &Batch) -> Result<StepMetrics> {
         let (cfg, plan) = (self.config, self.config.batch);
         let t_step = Instant::now();
         self.worker.pool().reset_peak();
@@ -692,7 +700,7 @@ impl Run<'_> {
 
     /// Writes `checkpoints/step-N`, atomically and as a complete Hugging
     /// Face directory, with the critic if any (see [`crate::checkpoints`]).
-    fn save(&self, dir: &Path, step: usize) -> Result<()> {
+    pub(crate) fn save(&self, dir: &Path, step: usize) -> Result<()> {
         let path = dir.join(format!("step-{step}"));
         self.worker.save_checkpoint(&path, step, &self.model_dir)
     }

@@ -321,3 +321,35 @@ fn from_file_reads_or_names_the_missing_file() {
     let e = Config::from_file(&dir.0.join("nope.toml")).unwrap_err();
     assert!(e.to_string().starts_with("config file not found:"), "{e}");
 }
+
+#[test]
+fn a_cluster_must_split_every_step_into_whole_prompts() {
+    let c = parse("[cluster]\nworkers = 4\naddress = \"auto\"\n").unwrap();
+    assert_eq!(c.cluster.workers, 4);
+    assert_eq!(c.cluster.address.as_deref(), Some("auto"));
+    assert_eq!(
+        parse("").unwrap().cluster.workers,
+        1,
+        "no [cluster]: one device"
+    );
+
+    // The built-in 32 prompts per step over 3 workers.
+    let (line, field, msg) = err("[cluster]\nworkers = 3\n");
+    assert_eq!(
+        (line, field.as_str()),
+        (Some(2), "cluster.workers"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("does not divide data.train_batch_size = 32"),
+        "{msg}"
+    );
+    let (_, field, msg) =
+        err("[actor]\nppo_mini_batch_size = 2\nppo_micro_batch_size = 8\n[cluster]\nworkers = 4\n");
+    assert_eq!(field, "cluster.workers");
+    assert!(msg.contains("actor.ppo_mini_batch_size = 2"), "{msg}");
+    let (_, field, _) = err("[cluster]\nworkers = 0\n");
+    assert_eq!(field, "cluster.workers");
+    let (_, field, msg) = err("[cluster]\nworkers = 2\naddress = \"nowhere\"\n");
+    assert_eq!(field, "cluster.address", "{msg}");
+}

@@ -88,7 +88,8 @@ fn the_builtin_config_round_trips_and_every_key_has_a_comment() {
             "[algorithm]",
             "[reward]",
             "[memory]",
-            "[trainer]"
+            "[trainer]",
+            "[cluster]"
         ]
     );
     assert!(printed.contains("#   step       32 prompts × n 8 = 256 samples"));

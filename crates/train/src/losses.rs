@@ -20,9 +20,9 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use crate::batch::{CriticBatch, Micro, PolicyBatch, SeqBatch};
+use crate::collective::ReduceOp;
 use crate::engine::{CriticMetrics, PolicyMetrics, SftMetrics};
 use crate::forward::Entropy;
-use crate::collective::ReduceOp;
 use crate::trainer::ColoTrainer;
 use crate::{Error, Result};
 
@@ -220,15 +220,16 @@ impl ColoTrainer {
             t.policy_micro_loss(batch, mb, cfg, scale)
         })?;
         let sum = |f: fn(&PolicySums) -> f64| parts.iter().map(f).sum::<f64>();
-        let [pg_loss, clipfrac, clipfrac_lower, ppo_kl, entropy, kl_loss, n] = self.reduce_sums([
-            sum(|p| p.pg_loss),
-            sum(|p| p.clipfrac),
-            sum(|p| p.clipfrac_lower),
-            sum(|p| p.ppo_kl),
-            sum(|p| p.entropy),
-            sum(|p| p.kl_loss),
-            batch.seqs.num_response_tokens() as f64,
-        ])?;
+        let [pg_loss, clipfrac, clipfrac_lower, ppo_kl, entropy, kl_loss, n] =
+            self.reduce_sums([
+                sum(|p| p.pg_loss),
+                sum(|p| p.clipfrac),
+                sum(|p| p.clipfrac_lower),
+                sum(|p| p.ppo_kl),
+                sum(|p| p.entropy),
+                sum(|p| p.kl_loss),
+                batch.seqs.num_response_tokens() as f64,
+            ])?;
         Ok(PolicyMetrics {
             pg_loss,
             pg_clipfrac: clipfrac / n,

@@ -74,7 +74,9 @@ impl Collective for InProcess {
         let mut at = 0;
         for t in tensors {
             let n = t.numel();
-            let sum: Vec<f64> = (at..at + n).map(|i| all.iter().map(|v| v[i]).sum()).collect();
+            let sum: Vec<f64> = (at..at + n)
+                .map(|i| all.iter().map(|v| v[i]).sum())
+                .collect();
             let mut dst = t.shallow_clone();
             tch::no_grad(|| dst.copy_(&Tensor::from_slice(&sum).view_as(t).to_kind(t.kind())));
             at += n;
@@ -188,10 +190,18 @@ fn one_vs_two(mode: LossAggMode) {
     // k-projection bias, to which softmax is blind) is compared at the
     // scale of the others, not amplified by its own tiny norm.
     let norm = |t: &Tensor| t.norm().double_value(&[]);
-    let total: f64 = one.gradients().iter().map(|(_, g)| norm(g).powi(2)).sum::<f64>().sqrt();
+    let total: f64 = one
+        .gradients()
+        .iter()
+        .map(|(_, g)| norm(g).powi(2))
+        .sum::<f64>()
+        .sqrt();
     for ((name, g2), (_, g1)) in a.gradients().iter().zip(one.gradients()) {
         let d = norm(&(g2 - &g1)) / total;
-        assert!(d < 1e-5, "{name}: gradient differs by {d} of the global norm");
+        assert!(
+            d < 1e-5,
+            "{name}: gradient differs by {d} of the global norm"
+        );
     }
     // The update moved the weights (the comparison above is not vacuous).
     let fresh = engine("tiny-qwen2", 2);

@@ -4,6 +4,13 @@ use clap::Subcommand;
 
 #[derive(Subcommand)]
 pub enum Bench {
+    /// The built-in job's step on 1, 2 and 4 data-parallel workers on Ray: step split, all-reduce bytes and bandwidth against memcpy, the controller's share.
+    #[command(disable_help_flag = true)]
+    Cluster {
+        /// Passed to `python -m colo.bench` (--config, --workers 1,2,4, --steps, --json).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// The same RL step in each colocation mode: peak and wake-peak memory, switch times, and a capacity where sleep runs out and staged fits.
     Colocate(super::bench_colocate::Args),
     /// Pause/resume bandwidth of the memory layer against plain copies.
@@ -16,6 +23,7 @@ pub enum Bench {
 
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
+        Bench::Cluster { args } => super::cluster::python_module("colo.bench", &args),
         Bench::Colocate(a) => super::bench_colocate::run(a),
         Bench::Mem(a) => super::bench_mem::run(a),
         Bench::Rollout(a) => super::bench_rollout::run(a),

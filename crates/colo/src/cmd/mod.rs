@@ -5,6 +5,7 @@ pub mod bench_colocate;
 pub mod bench_mem;
 pub mod bench_rollout;
 pub mod bench_train;
+pub mod cluster;
 pub mod generate;
 pub mod gpu_check;
 pub mod plan;

@@ -51,7 +51,18 @@ pub fn run(a: Args) -> Result<()> {
     if a.no_plan_check {
         eprintln!("plan check: off (--no-plan-check)");
     } else {
-        plan_check(&config)?;
+        // One worker's share of a data-parallel run is what one device holds.
+        plan_check(&colo_rl::data_parallel::rank_config(
+            &config,
+            config.cluster.workers,
+        )?)?;
+    }
+    if config.cluster.workers > 1 {
+        let path = a
+            .config
+            .as_deref()
+            .expect("[cluster] comes from a config file");
+        return super::cluster::run(path, &config, &out, resume);
     }
     let s = colo_rl::r#loop::run(&config, &out, resume).context("colo train")?;
     let pct = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));

@@ -69,8 +69,19 @@ pub struct Config {
     pub reward: RewardSpec,
     pub memory: MemoryConfig,
     pub trainer: TrainerConfig,
+    pub cluster: ClusterConfig,
     /// Batch sizes resolved from `data`, `rollout` and `actor`.
     pub batch: BatchPlan,
+}
+
+/// `[cluster]`: how many devices, through which Ray cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// Data-parallel workers, one per device; 1 runs in this process.
+    pub workers: usize,
+    /// A Ray cluster to join (`"auto"` or `host:port`); `None` starts a
+    /// local one for the run.
+    pub address: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

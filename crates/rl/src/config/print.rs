@@ -13,8 +13,8 @@ use colo_algo::{KlControlConfig, KlEstimator};
 use toml::{Table, Value};
 
 use super::raw::{
-    Files, RawActor, RawAlgorithm, RawCapacity, RawData, RawMemory, RawModel, RawRollout,
-    RawRolloutCorrection, RawTrainer, RawValKwargs,
+    Files, RawActor, RawAlgorithm, RawCapacity, RawCluster, RawData, RawMemory, RawModel,
+    RawRollout, RawRolloutCorrection, RawTrainer, RawValKwargs,
 };
 use super::*;
 
@@ -154,6 +154,9 @@ pub(crate) const DOCS: &[Doc] = &[
     d("trainer.seed", "seed of sampling and initialisation; data.seed defaults to it", "integer", "data.seed, actor_rollout_ref.rollout.seed"),
     d("trainer.device", "where the run computes", "\"cpu\" or \"cuda\"", ""),
     d("trainer.dtype", "dtype of weights and compute (optimiser moments stay f32)", "\"f32\" or \"bf16\"", "actor_rollout_ref.model.dtype (alias: model_dtype)"),
+    // [cluster]
+    d("cluster.workers", "data-parallel workers, one per device, on Ray (colo-py's controller); 1: this process alone", "devices", "trainer.n_gpus_per_node × trainer.nnodes"),
+    opt("cluster.address", "the Ray cluster to join", "\"auto\" or host:port", "ray_init / RAY_ADDRESS", "a local Ray instance, started and stopped by the run"),
 ];
 
 /// The raw form of a validated config: every value as written, derived
@@ -283,6 +286,10 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
             seed: c.trainer.seed,
             device: c.trainer.device,
             dtype: c.trainer.dtype,
+        },
+        cluster: RawCluster {
+            workers: c.cluster.workers,
+            address: c.cluster.address.clone(),
         },
     }
 }

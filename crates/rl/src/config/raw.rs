@@ -27,6 +27,7 @@ pub struct RawConfig {
     pub reward: RewardSpec,
     pub memory: RawMemory,
     pub trainer: RawTrainer,
+    pub cluster: RawCluster,
 }
 
 /// One path or a list of them (verl accepts both).
@@ -391,6 +392,26 @@ impl Default for RawTrainer {
             seed: 1,
             device: Device::Cpu,
             dtype: Dtype::F32,
+        }
+    }
+}
+
+/// `[cluster]`: the devices of a data-parallel run (colo-py's controller on
+/// Ray). Absent: the in-process single-device run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawCluster {
+    /// Devices, one worker each; 1: the in-process path.
+    pub workers: usize,
+    /// A Ray cluster (`"auto"` or `host:port`); unset: a local one.
+    pub address: Option<String>,
+}
+
+impl Default for RawCluster {
+    fn default() -> Self {
+        RawCluster {
+            workers: 1,
+            address: None,
         }
     }
 }

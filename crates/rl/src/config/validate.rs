@@ -5,7 +5,8 @@
 use colo_algo::{AdvEstimator, AdvantageConfig, PolicyLossConfig, RolloutCorrectionConfig};
 
 use super::raw::{
-    RawActor, RawAlgorithm, RawCapacity, RawConfig, RawData, RawMemory, RawRollout, RawTrainer,
+    RawActor, RawAlgorithm, RawCapacity, RawCluster, RawConfig, RawData, RawMemory, RawRollout,
+    RawTrainer,
 };
 use super::*;
 
@@ -98,6 +99,7 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         reward,
         memory,
         trainer,
+        cluster,
     } = raw;
     let prompts = data.train_batch_size;
     let data_cfg = data_section(data, trainer.seed)?;
@@ -111,6 +113,7 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
     }
     let memory_cfg = memory_section(&memory)?;
     let trainer_cfg = trainer_section(trainer)?;
+    let cluster_cfg = cluster_section(cluster, &batch)?;
     Ok(Config {
         data: data_cfg,
         model: match model.path {
@@ -123,7 +126,36 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         reward,
         memory: memory_cfg,
         trainer: trainer_cfg,
+        cluster: cluster_cfg,
         batch,
+    })
+}
+
+/// Workers must split every step's prompts and every mini-batch into
+/// whole prompts (each worker holds complete GRPO groups).
+fn cluster_section(cluster: RawCluster, batch: &BatchPlan) -> Check<ClusterConfig> {
+    let w = positive("cluster.workers", cluster.workers)?;
+    for (key, prompts) in [
+        ("data.train_batch_size", batch.prompts_per_step),
+        ("actor.ppo_mini_batch_size", batch.mini_batch_prompts),
+    ] {
+        if prompts % w != 0 {
+            return bad(
+                "cluster.workers",
+                format!("= {w} does not divide {key} = {prompts} prompts: each worker takes whole prompts of every step and mini-batch"),
+            );
+        }
+    }
+    if cluster
+        .address
+        .as_deref()
+        .is_some_and(|a| a != "auto" && !a.contains(':'))
+    {
+        return bad("cluster.address", "expected \"auto\" or host:port");
+    }
+    Ok(ClusterConfig {
+        workers: w,
+        address: cluster.address,
     })
 }
 

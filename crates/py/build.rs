@@ -1,0 +1,3 @@
+fn main() {
+    colo_build::link_libtorch();
+}

@@ -1,0 +1,49 @@
+"""The communicator a `colo._colo.Worker` reduces through: torch.distributed.
+
+The trainer calls `all_reduce_buffers` with its gradient accumulators as
+writable memoryviews (their memory, not copies) once per optimizer step,
+and `all_reduce_values` with a few host numbers (loss denominators, metric
+sums). Buffers are packed into one flat tensor per call, like DDP's
+gradient buckets, so a step is one all-reduce of all gradient bytes.
+"""
+
+import time
+
+import torch
+import torch.distributed as dist
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+class TorchComm:
+    """All-reduces over the default process group, timing what it moves."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.bytes = 0
+        self.calls = 0
+
+    def all_reduce_buffers(self, views):
+        tensors = [torch.frombuffer(v, dtype=torch.float32) for v in views]
+        flat = torch.cat(tensors)
+        t = time.perf_counter()
+        dist.all_reduce(flat)
+        self.seconds += time.perf_counter() - t
+        self.bytes += flat.numel() * flat.element_size()
+        self.calls += 1
+        at = 0
+        for x in tensors:
+            x.copy_(flat[at : at + x.numel()])
+            at += x.numel()
+        del tensors  # no view of the trainer's memory outlives the call
+
+    def all_reduce_values(self, values, op):
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=_OPS[op])
+        return t.tolist()
+
+    def take_stats(self):
+        """(seconds, bytes, calls) since the last call."""
+        out = (self.seconds, self.bytes, self.calls)
+        self.seconds, self.bytes, self.calls = 0.0, 0, 0
+        return out

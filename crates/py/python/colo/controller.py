@@ -1,0 +1,413 @@
+"""The single controller of a data-parallel colo run, on Ray.
+
+This file is to N devices what `crates/rl/src/loop.rs` is to one: read it
+top to bottom. The design is verl's (HybridFlow): one placement group with
+a bundle per device (`STRICT_PACK`: the colocated roles of a device are
+fused into one worker process), one worker actor per bundle holding actor,
+rollout engine and reference (`colo._colo.Worker`), torch.distributed for
+the data plane (gloo on CPUs; rank 0's address published through Ray), and
+this process driving the dataflow:
+
+    for each step:
+        every worker: generate its share of the prompts (whole GRPO
+        groups), score, compute advantages, update the actor with
+        gradients summed over the workers (inside the step, through
+        torch.distributed)
+        controller: aggregate the metrics (verl's names), check that the
+        weights agree (a digest every `digest_every` steps), evaluate and
+        checkpoint (rank 0 writes; the weights are the same on all)
+
+A worker that dies or raises stops the run within `step_timeout` seconds
+with an error naming the worker and the step; a checkpoint is only ever
+written complete (atomically, by colo-rl), so `--resume` continues from
+the last one.
+
+Metric aggregation over workers (each worker's step records its own
+prompts): `timing_s/*` the slowest worker (the step waits for it);
+`*/max`, `*/min` the extreme; `actor/*` rank 0's (the trainer already
+reduced them over the global batch); `reward/failures`, `perf/throughput`
+the sum; `memory/peak_device_bytes` the largest; everything else the mean
+(shards are of equal size). Added: `timing_s/controller` (the step's wall
+time beyond the slowest worker), `timing_s/all_reduce` (the slowest
+worker's time inside gradient all-reduces), `perf/all_reduce_bytes`.
+"""
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from datetime import timedelta
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from colo._colo import check_layout
+
+
+class RunError(RuntimeError):
+    """A run that cannot start or could not finish; the message says why."""
+
+
+@ray.remote
+class WorkerActor:
+    """One device: a `colo._colo.Worker` and its torch.distributed rank."""
+
+    def __init__(self, rank, world):
+        self.rank, self.world = rank, world
+        self.worker = None
+        self.comm = None
+        self.fault = None
+
+    def address(self):
+        """This node's address and a free port, for rank 0's rendezvous."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, config, out, master, timeout_s, fault=None):
+        import torch.distributed as dist
+
+        from colo import Worker
+        from colo.comm import TorchComm
+
+        addr, port = master
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{addr}:{port}",
+            rank=self.rank,
+            world_size=self.world,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        self.comm = TorchComm()
+        self.worker = Worker(config, out, self.rank, self.world, self.comm)
+        self.fault = fault if fault and fault.get("rank") == self.rank else None
+        return self.worker.schedule()
+
+    def step(self, step):
+        if self.fault and self.fault["step"] == step:
+            if self.fault["how"] == "exit":
+                os._exit(1)  # a worker process that dies mid-run
+            raise RuntimeError(f"injected failure at step {step}")
+        t = time.perf_counter()
+        metrics = json.loads(self.worker.step(step))
+        wall = time.perf_counter() - t
+        seconds, nbytes, calls = self.comm.take_stats()
+        return metrics, wall, seconds, nbytes, calls
+
+    def evaluate(self):
+        return self.worker.evaluate()
+
+    def save(self, step):
+        self.worker.save(step)
+
+    def load(self, step):
+        self.worker.load(step)
+
+    def digest(self):
+        return self.worker.weights_digest()
+
+    def gradients(self):
+        return self.worker.gradients()
+
+    def parameters(self):
+        return self.worker.parameters()
+
+    def memory(self):
+        return json.loads(self.worker.memory())
+
+    def finish(self):
+        return self.worker.finish()
+
+
+# ---- aggregation -------------------------------------------------------------
+
+
+def aggregate(per_worker):
+    """One record from the workers' step records (rules in the module doc)."""
+    out = {}
+    for key in per_worker[0]:
+        values = [m[key] for m in per_worker if m.get(key) is not None]
+        if not values or not all(isinstance(v, (int, float)) for v in values):
+            out[key] = per_worker[0][key]
+        elif key.startswith("timing_s/") or key.endswith("/max"):
+            out[key] = max(values)
+        elif key.endswith("/min"):
+            out[key] = min(values)
+        elif key.startswith("actor/") or key.startswith("training/"):
+            out[key] = per_worker[0][key]
+        elif key in ("reward/failures", "perf/throughput"):
+            out[key] = sum(values)
+        elif key == "memory/peak_device_bytes":
+            out[key] = max(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+# ---- the run -----------------------------------------------------------------
+
+
+def _gather(refs, actors, what, timeout_s, grace_s=5.0):
+    """`ray.get` of one call per worker. A worker that dies or raises, or
+    that takes longer than `timeout_s`, stops the run with an error naming
+    it. After a first failure the others get `grace_s` to report, so the
+    cause is named rather than its echo: a dead peer makes the survivors'
+    all-reduce fail too ("connection reset"), which is listed after it."""
+    pending = {ref: rank for rank, ref in enumerate(refs)}
+    results = [None] * len(refs)
+    failures = []  # (priority, rank, text): 0 died, 1 raised, 2 collective echo
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        left = deadline - time.monotonic()
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=max(left, 0))
+        if not done:
+            if failures:
+                break
+            ranks = sorted(pending.values())
+            raise RunError(f"{what}: worker(s) {ranks} did not answer within {timeout_s:.0f} s")
+        ref = done[0]
+        rank = pending.pop(ref)
+        try:
+            results[rank] = ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            failures.append((0, rank, f"worker {rank} died ({type(e).__name__})"))
+        except ray.exceptions.RayTaskError as e:
+            cause = (str(e.cause) if e.cause is not None else str(e)).strip()
+            echo = "collective" in cause or "gloo" in cause
+            failures.append((2 if echo else 1, rank, f"worker {rank} failed: {cause}"))
+        if failures:
+            deadline = min(deadline, time.monotonic() + grace_s)
+    if failures:
+        failures.sort()
+        raise RunError(f"{what}: " + "; then ".join(text for _, _, text in failures))
+    return results
+
+
+def _latest_checkpoint(out):
+    """The newest complete `checkpoints/step-N` (colo-rl writes them
+    atomically: a directory that exists is complete)."""
+    root = os.path.join(out, "checkpoints")
+    steps = []
+    if os.path.isdir(root):
+        for name in os.listdir(root):
+            if name.startswith("step-") and name[5:].isdigit():
+                if os.path.isfile(os.path.join(root, name, "trainer_state.json")):
+                    steps.append(int(name[5:]))
+    return max(steps, default=None)
+
+
+def _truncate_metrics(path, step):
+    """Keeps the records up to `step` (a resumed run rewrites the rest)."""
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        keep = [l for l in f if json.loads(l).get("training/global_step", 0) <= step]
+    with open(path, "w") as f:
+        f.writelines(keep)
+
+
+def _reachable(address, timeout_s=5.0):
+    """Whether a `host:port` (or `ray://host:port`) address accepts a TCP
+    connection: `ray.init` itself retries an unreachable address for
+    minutes."""
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise RunError(f"cluster.address = {address!r}: expected \"auto\" or host:port")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _connect(address, workers):
+    """Ray: the given cluster, or a local one started here (stopped at the
+    end). Returns whether this call started it."""
+    if ray.is_initialized():
+        return False
+    if address not in (None, "auto") and not _reachable(address):
+        raise RunError(f"cluster.address = {address!r}: no Ray cluster reachable (connection refused or timed out)")
+    if address is None:
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        return True
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise RunError(f"cluster.address = {address!r}: no Ray cluster reachable ({e})") from None
+    return False
+
+
+def train(
+    config,
+    out,
+    workers,
+    address=None,
+    resume=False,
+    digest_every=1,
+    step_timeout=600.0,
+    fault=None,
+    keep_parameters=False,
+    log=print,
+):
+    """Runs `config` (a TOML path, or None for the built-in job) on
+    `workers` devices into `out`. Returns a summary dict. `fault`
+    ({"rank", "step", "how": "exit"|"raise"}) injects a failure, and
+    `keep_parameters` returns rank 0's final weights and last gradients,
+    for tests."""
+    if workers < 1:
+        raise RunError(f"cluster.workers = {workers}: at least 1")
+    out = os.path.abspath(out)
+    os.makedirs(out, exist_ok=True)
+    config = os.path.abspath(config) if config else None
+    try:
+        check_layout(config, workers)
+    except (ValueError, RuntimeError) as e:  # a layout that does not divide; a bad config
+        raise RunError(str(e)) from None
+    started = _connect(address, workers)
+    pg = None
+    actors = []
+    try:
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if cpus < workers:
+            raise RunError(
+                f"cluster.workers = {workers} needs {workers} CPU slots; the Ray cluster has {cpus:g}"
+            )
+        pg = placement_group([{"CPU": 1}] * workers, strategy="STRICT_PACK")
+        if not pg.wait(timeout_seconds=60):
+            raise RunError(f"the placement group of {workers} bundles could not be placed in 60 s")
+        actors = [
+            WorkerActor.options(
+                num_cpus=1,
+                max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=rank
+                ),
+            ).remote(rank, workers)
+            for rank in range(workers)
+        ]
+        master = ray.get(actors[0].address.remote())
+        schedules = _gather(
+            [a.setup.remote(config, out, master, step_timeout, fault) for a in actors],
+            actors,
+            "setup",
+            step_timeout,
+        )
+        summary = _steps(actors, out, schedules[0], resume, digest_every, step_timeout, log)
+        if keep_parameters:
+            summary["parameters"] = ray.get(actors[0].parameters.remote())
+            summary["gradients"] = ray.get(actors[0].gradients.remote())
+        return summary
+    finally:
+        for a in actors:
+            ray.kill(a)
+        if pg is not None:
+            remove_placement_group(pg)
+        if started:
+            ray.shutdown()
+
+
+def _steps(actors, out, schedule, resume, digest_every, timeout, log):
+    total, save_freq, test_freq, val_before_train = schedule
+    metrics_path = os.path.join(out, "metrics.jsonl")
+    first = 0
+    if resume:
+        latest = _latest_checkpoint(out)
+        if latest is None:
+            log(f"--resume: no complete checkpoint in {out}/checkpoints; starting from scratch")
+        else:
+            first = latest
+            _gather([a.load.remote(first) for a in actors], actors, "load", timeout)
+            _truncate_metrics(metrics_path, first)
+            log(f"--resume: continuing from step {first} of {total}")
+    records = open(metrics_path, "a" if first else "w")
+
+    def write(record):
+        records.write(json.dumps(record) + "\n")
+        records.flush()
+
+    def evaluate(step):
+        t = time.perf_counter()
+        parts = _gather([a.evaluate.remote() for a in actors], actors, f"evaluate at step {step}", timeout)
+        right, n = sum(p[0] for p in parts), sum(p[1] for p in parts)
+        accuracy = right / max(n, 1)
+        write(
+            {
+                "training/global_step": step,
+                "eval/accuracy": accuracy,
+                "eval/score/mean": accuracy,
+                "eval/n_samples": n,
+                "timing_s/eval": time.perf_counter() - t,
+            }
+        )
+        return accuracy
+
+    history = []
+    first_accuracy = evaluate(0) if first == 0 and val_before_train else None
+    last_accuracy = first_accuracy
+    for step in range(first, total):
+        t = time.perf_counter()
+        results = _gather([a.step.remote(step) for a in actors], actors, f"step {step + 1}", timeout)
+        wall = time.perf_counter() - t
+        record = aggregate([r[0] for r in results])
+        record["timing_s/controller"] = max(wall - max(r[1] for r in results), 0.0)
+        record["timing_s/all_reduce"] = max(r[2] for r in results)
+        record["perf/all_reduce_bytes"] = results[0][3]
+        record["timing_s/step_wall"] = wall
+        done = step + 1
+        if digest_every and (done % digest_every == 0 or done == total):
+            digests = _gather([a.digest.remote() for a in actors], actors, f"digest at step {done}", timeout)
+            if len(set(digests)) != 1:
+                raise RunError(f"step {done}: the workers' weights differ (digests {digests})")
+        write(record)
+        history.append(record)
+        if save_freq and done % save_freq == 0 and done < total:
+            _gather([actors[0].save.remote(done)], actors[:1], f"checkpoint at step {done}", timeout)
+        if test_freq and done % test_freq == 0 and done < total:
+            last_accuracy = evaluate(done)
+        log(
+            f"step {done}/{total}: score {record['critic/score/mean']:.3f}, "
+            f"loss {record['actor/pg_loss']:.4f}, {wall:.2f} s"
+        )
+    if first < total:
+        last_accuracy = evaluate(total)
+        _gather([actors[0].save.remote(total)], actors[:1], f"checkpoint at step {total}", timeout)
+    dirs = _gather([a.finish.remote() for a in actors], actors, "timelines", timeout)
+    records.close()
+    return {
+        "out": out,
+        "steps": total,
+        "resumed_from": first or None,
+        "first_accuracy": first_accuracy,
+        "last_accuracy": last_accuracy,
+        "history": history,
+        "worker_dirs": dirs,
+        "workers": len(actors),
+    }
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m colo.controller", description=__doc__.split("\n")[0])
+    p.add_argument("--config", help="run config (TOML); the built-in job without it")
+    p.add_argument("--out", default="runs/colo", help="run directory")
+    p.add_argument("--workers", type=int, required=True, help="devices (one worker each)")
+    p.add_argument("--address", help='a Ray cluster ("auto" or host:port); a local one without it')
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--digest-every", type=int, default=1)
+    args = p.parse_args(argv)
+    try:
+        s = train(args.config, args.out, args.workers, args.address, args.resume, args.digest_every)
+    except RunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    acc = s["last_accuracy"]
+    print(f"{s['steps']} steps on {s['workers']} workers; accuracy {acc if acc is None else f'{acc:.3f}'}; out {s['out']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

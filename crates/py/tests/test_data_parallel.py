@@ -1,0 +1,190 @@
+"""Data-parallel colo on Ray (issue 11), on this machine's CPU: real Ray
+actors in separate processes, gradients all-reduced through
+torch.distributed (gloo), the configs/example.toml job on the tiny Qwen2
+fixture.
+
+Run: `./x pytest` (or `.venv/bin/python -m unittest discover -s crates/py/tests`).
+"""
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import ray
+
+from colo.controller import RunError, train
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+
+def write_config(path, **overrides):
+    """configs/example.toml with absolute fixture paths, one mini-batch per
+    step (so 2 workers × 2 prompts is exactly 1 worker × 4), and overrides
+    (key = raw TOML value, in the [trainer] or [actor] section)."""
+    with open(os.path.join(ROOT, "configs", "example.toml")) as f:
+        text = f.read()
+    text = text.replace('"testdata/', f'"{ROOT}/testdata/')
+    text = re.sub(r"ppo_mini_batch_size = \d+", "ppo_mini_batch_size = 4", text)
+    for key, value in overrides.items():
+        text, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, flags=re.M)
+        if n == 0:
+            text = text.replace("[trainer]\n", f"[trainer]\n{key} = {value}\n")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def setUpModule():
+    # Logical CPUs: four one-CPU workers fit on this 2-core machine.
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+
+
+def tearDownModule():
+    ray.shutdown()
+
+
+def quiet(*_):
+    pass
+
+
+class Equivalence(unittest.TestCase):
+    """2 workers × 2 prompts against 1 worker × 4 prompts, same seeds, 3
+    steps. They differ only in the order of float sums: the all-reduce
+    adds two partial gradients where one device adds micro-batches."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="colo-dp-")
+        cfg = write_config(os.path.join(cls.tmp, "run.toml"))
+        cls.one = train(cfg, os.path.join(cls.tmp, "one"), 1, keep_parameters=True, log=quiet)
+        cls.two = train(cfg, os.path.join(cls.tmp, "two"), 2, keep_parameters=True, log=quiet)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_per_step_loss_grad_norm_and_scores_agree(self):
+        h1, h2 = self.one["history"], self.two["history"]
+        self.assertEqual(len(h1), 3)
+        self.assertEqual(len(h2), 3)
+        for step, (a, b) in enumerate(zip(h1, h2), 1):
+            # The same samples: seeds are per (run, step, prompt).
+            self.assertEqual(a["critic/score/mean"], b["critic/score/mean"], f"step {step}")
+            self.assertEqual(a["response_length/mean"], b["response_length/mean"], f"step {step}")
+            for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+                self.assertTrue(
+                    math.isclose(a[key], b[key], rel_tol=1e-4, abs_tol=1e-6),
+                    f"step {step} {key}: 1 worker {a[key]} vs 2 workers {b[key]}",
+                )
+        self.assertGreater(h1[0]["actor/grad_norm"], 0.0, "the update did something")
+
+    def test_final_weights_agree(self):
+        p1, p2 = dict(self.one["parameters"]), dict(self.two["parameters"])
+        self.assertEqual(p1.keys(), p2.keys())
+        worst = 0.0
+        for name, a in p1.items():
+            b = p2[name]
+            worst = max(worst, max(abs(x - y) for x, y in zip(a, b)))
+        # Three AdamW steps of lr 1e-3: a parameter moves by up to ~3e-3;
+        # rounding-level gradient differences move it by far less, except
+        # where the gradient itself is rounding noise (Adam's normalisation
+        # turns noise into a step of ~lr): bounded by 3 steps × lr.
+        self.assertLess(worst, 3e-3, f"largest weight difference {worst}")
+        close = sum(
+            1 for name, a in p1.items() if max(abs(x - y) for x, y in zip(a, p2[name])) < 1e-5
+        )
+        self.assertGreater(close / len(p1), 0.9, "most tensors agree to 1e-5")
+
+    def test_one_timeline_and_picture_per_worker(self):
+        dirs = self.two["worker_dirs"]
+        self.assertEqual(len(dirs), 2)
+        for rank, d in enumerate(dirs):
+            self.assertTrue(d.endswith(f"rank-{rank}"), d)
+            with open(os.path.join(d, "timeline.jsonl")) as f:
+                events = [json.loads(l) for l in f]
+            phases = {e["phase"] for e in events}
+            self.assertTrue(any("rollout" in p or "generate" in p for p in phases), phases)
+            kinds = {e["kind"] for e in events}
+            self.assertIn("pause", kinds, "the worker's memory was released during generation")
+            self.assertIn("resume", kinds)
+
+    def test_metrics_have_verl_names_and_the_controller_share(self):
+        with open(os.path.join(self.two["out"], "metrics.jsonl")) as f:
+            records = [json.loads(l) for l in f]
+        steps = [r for r in records if "actor/pg_loss" in r]
+        self.assertEqual([r["training/global_step"] for r in steps], [1, 2, 3])
+        for r in steps:
+            self.assertIn("timing_s/gen", r)
+            self.assertGreater(r["perf/all_reduce_bytes"], 0)
+            self.assertGreaterEqual(r["timing_s/controller"], 0.0)
+        self.assertTrue(os.path.isdir(os.path.join(self.two["out"], "checkpoints", "step-3")))
+
+
+class Faults(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="colo-dp-fault-")
+        self.cfg = write_config(os.path.join(self.tmp, "run.toml"), save_freq=1)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def check_stops_then_resumes(self, how, message):
+        out = os.path.join(self.tmp, "run")
+        t = time.monotonic()
+        with self.assertRaises(RunError) as e:
+            train(self.cfg, out, 2, fault={"rank": 1, "step": 2, "how": how}, step_timeout=60, log=quiet)
+        took = time.monotonic() - t
+        text = str(e.exception)
+        self.assertTrue(text.startswith(f"step 3: {message}"), text)
+        self.assertLess(took, 90, "the run stopped in bounded time")
+        ckpts = sorted(os.listdir(os.path.join(out, "checkpoints")))
+        self.assertEqual(ckpts, ["step-1", "step-2"], "no partial checkpoint")
+        s = train(self.cfg, out, 2, resume=True, log=quiet)
+        self.assertEqual(s["resumed_from"], 2)
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            steps = [json.loads(l)["training/global_step"] for l in f if "actor/pg_loss" in l]
+        self.assertEqual(steps, [1, 2, 3], "each step recorded once")
+
+    def test_a_killed_worker_stops_the_run_naming_it_and_resume_continues(self):
+        self.check_stops_then_resumes("exit", "worker 1 died")
+
+    def test_a_worker_that_raises_stops_the_run_naming_it(self):
+        self.check_stops_then_resumes("raise", "worker 1 failed: injected failure")
+
+
+class BadInput(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="colo-dp-bad-")
+        self.cfg = write_config(os.path.join(self.tmp, "run.toml"))
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_more_workers_than_the_cluster_has(self):
+        cfg = write_config(os.path.join(self.tmp, "eight.toml"), train_batch_size=8, ppo_mini_batch_size=8)
+        with self.assertRaisesRegex(RunError, r"workers = 8 needs 8 CPU slots; the Ray cluster has 4"):
+            train(cfg, os.path.join(self.tmp, "a"), 8, log=quiet)
+
+    def test_a_batch_that_does_not_divide(self):
+        with self.assertRaisesRegex(RunError, r"train_batch_size = 4 prompts cannot be split evenly over cluster.workers = 3"):
+            train(self.cfg, os.path.join(self.tmp, "b"), 3, log=quiet)
+
+    def test_an_unreachable_address(self):
+        r = subprocess.run(
+            [sys.executable, "-m", "colo.controller", "--config", self.cfg, "--out",
+             os.path.join(self.tmp, "c"), "--workers", "1", "--address", "127.0.0.1:1"],
+            capture_output=True, text=True, timeout=60,
+        )
+        self.assertEqual(r.returncode, 1, r.stderr[-2000:])
+        self.assertIn("no Ray cluster reachable", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

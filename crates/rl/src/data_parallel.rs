@@ -1,0 +1,239 @@
+//! One rank of a data-parallel run: the same hybrid worker and step as
+//! [`crate::r#loop`], on a shard of every step's prompts, with its trainers
+//! joined to the other ranks by a [`Collective`].
+//!
+//! The controller (colo-py's, on Ray) makes one [`Rank`] per device and
+//! calls the same methods on all of them in the same order. What makes the
+//! ranks one run:
+//!
+//! - every rank draws the **same global batch** (same data seed) and takes
+//!   its contiguous share of whole prompts, so a prompt's `n` samples, and
+//!   hence its GRPO group, are complete on one rank, and sampling seeds
+//!   (run, step, prompt id) do not depend on the split;
+//! - each update uses **global denominators and summed gradients**
+//!   (colo-train's collective), so the weights stay identical on all ranks
+//!   and equal, up to the order of float sums, one device's on the whole
+//!   batch;
+//! - mini-batches are split the same way: each rank holds `1/world` of
+//!   every mini-batch. With one mini-batch per step that is exactly one
+//!   device's batch; with several, rank `r`'s mini-batch `k` holds its own
+//!   prompts, a different grouping of the same prompts than one device's.
+//!
+//! Validation is sharded too: each rank evaluates a contiguous share of the
+//! held-out prompts and returns its count of right answers.
+
+use std::hash::Hasher;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use colo_train::Collective;
+
+use crate::config::Config;
+use crate::data::{Batch, Batches, Dataset};
+use crate::eval::{self, EvalConfig};
+use crate::metrics::{MetricsWriter, StepMetrics};
+use crate::r#loop::Run;
+use crate::setup::{draw, load_data, make_pool, RolloutThreads};
+use crate::{checkpoints, Error, Result};
+
+/// This rank's share of `0..len` when split into `world` contiguous parts
+/// (the first `len % world` parts one longer).
+pub fn shard(len: usize, rank: usize, world: usize) -> std::ops::Range<usize> {
+    let (base, extra) = (len / world, len % world);
+    let start = rank * base + rank.min(extra);
+    start..start + base + usize::from(rank < extra)
+}
+
+/// The batch plan of one rank: `1/world` of the prompts per step and per
+/// mini-batch, the same micro-batches. Errors name the key that does not
+/// divide.
+pub fn rank_config(config: &Config, world: usize) -> Result<Config> {
+    let plan = config.batch;
+    let check = |key: &str, prompts: usize| match world > 0 && prompts % world == 0 {
+        true => Ok(prompts / world),
+        false => Err(Error::Cluster(format!(
+            "{key} = {prompts} prompts cannot be split evenly over cluster.workers = {world}; \
+             make it a multiple of {world}"
+        ))),
+    };
+    let mut local = config.clone();
+    local.batch.prompts_per_step = check("data.train_batch_size", plan.prompts_per_step)?;
+    local.batch.mini_batch_prompts = check("actor.ppo_mini_batch_size", plan.mini_batch_prompts)?;
+    local.batch.samples_per_step = local.batch.prompts_per_step * plan.n;
+    local.batch.mini_batch_samples = local.batch.mini_batch_prompts * plan.n;
+    Ok(local)
+}
+
+/// One rank: its worker, its share of the data, its own records under
+/// `out/workers/rank-R/`.
+pub struct Rank {
+    run: Run<'static>,
+    global: &'static Config,
+    train: &'static Dataset,
+    rank: usize,
+    world: usize,
+    out: PathBuf,
+    dir: PathBuf,
+}
+
+impl Rank {
+    /// Builds rank `rank` of `world` from the run's (global) config.
+    /// `collective` makes the actor's collective and, for PPO with GAE,
+    /// the critic's (called once or twice; the ranks call the collectives
+    /// in the same order, so they may share a transport).
+    pub fn new(
+        config: Config,
+        out: &Path,
+        rank: usize,
+        world: usize,
+        mut collective: impl FnMut() -> Box<dyn Collective>,
+    ) -> Result<Self> {
+        if rank >= world {
+            return Err(Error::Cluster(format!(
+                "rank {rank} of a group of {world} workers"
+            )));
+        }
+        let local = rank_config(&config, world)?;
+        let dir = out.join("workers").join(format!("rank-{rank}"));
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        // A rank lives as long as its worker process: its configs and data
+        // are leaked once, so the run can borrow them for `'static` (a
+        // Python object cannot carry a lifetime).
+        let global: &'static Config = Box::leak(Box::new(config));
+        let local: &'static Config = Box::leak(Box::new(local));
+        let model_dir = global.model.resolve(&out.join("base"))?;
+        let tokenizer = colo_model::Tokenizer::from_dir(&model_dir)?;
+        let (train, val) = load_data(global, out, &tokenizer)?;
+        let val = Dataset {
+            prompts: val.prompts[shard(val.len(), rank, world)].to_vec(),
+        };
+        let train: &'static Dataset = Box::leak(Box::new(train));
+        let pool = make_pool(global)?;
+        let metrics = MetricsWriter::create(&dir.join("metrics.jsonl"))?;
+        let mut run = Run::new(local, &dir, &pool, model_dir, tokenizer, val, metrics)?;
+        run.worker.actor.set_collective(Some(collective()));
+        if let Some(c) = &mut run.worker.critic {
+            c.set_collective(Some(collective()));
+        }
+        Ok(Rank {
+            run,
+            global,
+            train,
+            rank,
+            world,
+            out: out.to_owned(),
+            dir,
+        })
+    }
+
+    /// The run's total steps (every rank computes the same).
+    pub fn total_steps(&self) -> usize {
+        self.global.total_steps(self.train.len())
+    }
+
+    /// Step `step` (0-based) on this rank's prompts of the global batch;
+    /// the update is joint with the other ranks. The metrics are this
+    /// rank's, except the actor's (loss, clip fraction, entropy, grad norm),
+    /// which are the global batch's already.
+    pub fn step(&mut self, step: usize) -> Result<StepMetrics> {
+        let cfg = self.global;
+        let batches = Batches::new(
+            self.train,
+            cfg.batch.prompts_per_step,
+            cfg.data.seed,
+            cfg.data.shuffle,
+        )?;
+        let global = batches.batch(step);
+        let mine = shard(global.prompts.len(), self.rank, self.world);
+        let batch = Batch {
+            step: global.step,
+            epoch: global.epoch,
+            prompts: global.prompts[mine].to_vec(),
+        };
+        let m = self.run.step(&batch)?;
+        self.run.metrics.step(&m)?;
+        Ok(m)
+    }
+
+    /// Greedy evaluation of this rank's share of the held-out prompts:
+    /// (right answers, prompts).
+    pub fn evaluate(&mut self) -> Result<(usize, usize)> {
+        let run = &mut self.run;
+        if run.val.prompts.is_empty() {
+            return Ok((0, 0));
+        }
+        run.worker.to_rollout()?;
+        let ecfg = EvalConfig::greedy(run.config.rollout.max_new_tokens, vec![run.eos]);
+        let threads = RolloutThreads::set(run.config);
+        let result = eval::evaluate(
+            run.worker.engine()?,
+            &run.val,
+            &run.tokenizer,
+            run.reward.as_mut(),
+            &ecfg,
+        );
+        drop(threads);
+        run.worker.to_train()?;
+        let r = result?;
+        Ok(((r.accuracy * r.n as f64).round() as usize, r.n))
+    }
+
+    /// Writes `out/checkpoints/step-N` (call it on one rank: the weights
+    /// are the same on all).
+    pub fn save(&self, step: usize) -> Result<()> {
+        self.run.save(&self.out.join(checkpoints::DIR), step)
+    }
+
+    /// Loads `out/checkpoints/step-N` (every rank).
+    pub fn load(&mut self, step: usize) -> Result<()> {
+        let dir = self.out.join(checkpoints::DIR).join(format!("step-{step}"));
+        self.run.worker.load_checkpoint(&dir)
+    }
+
+    /// A digest of the actor's weights, bit for bit: equal on every rank
+    /// while the ranks agree.
+    pub fn weights_digest(&self) -> Result<u64> {
+        let mut h = std::hash::DefaultHasher::new();
+        for (name, t) in self.run.worker.actor.parameters() {
+            h.write(name.as_bytes());
+            let t = t.f_to_kind(tch::Kind::Float)?.f_flatten(0, -1)?;
+            for x in Vec::<f32>::try_from(&t)? {
+                h.write_u32(x.to_bits());
+            }
+        }
+        Ok(h.finish())
+    }
+
+    /// The run's schedule from the config: (total steps, `save_freq`,
+    /// `test_freq`, `val_before_train`).
+    pub fn schedule(&self) -> (usize, Option<usize>, Option<usize>, bool) {
+        let t = &self.global.trainer;
+        (
+            self.total_steps(),
+            t.save_freq,
+            t.test_freq,
+            t.val_before_train,
+        )
+    }
+
+    /// The actor's weights and, from the last update, its gradients summed
+    /// over the ranks, by name (for tests and diagnostics).
+    pub fn parameters(&self) -> Vec<(String, tch::Tensor)> {
+        self.run.worker.actor.parameters()
+    }
+
+    pub fn gradients(&self) -> Vec<(String, tch::Tensor)> {
+        self.run.worker.actor.gradients()
+    }
+
+    /// The device pool (memory statistics and timeline).
+    pub fn pool(&self) -> &Arc<colo_mem::Pool> {
+        self.run.worker.pool()
+    }
+
+    /// Writes this rank's timeline and pictures into its directory.
+    pub fn finish(&self) -> Result<PathBuf> {
+        draw(&self.dir, self.pool())?;
+        Ok(self.dir.clone())
+    }
+}
