@@ -101,9 +101,12 @@ impl Rank {
         // Python object cannot carry a lifetime).
         let global: &'static Config = Box::leak(Box::new(config));
         let local: &'static Config = Box::leak(Box::new(local));
-        let model_dir = global.model.resolve(&out.join("base"))?;
+        // The built-in job's checkpoint and data are written out by each
+        // rank into its own directory: ranks start at once, and one must
+        // not read what another is writing.
+        let model_dir = global.model.resolve(&dir.join("base"))?;
         let tokenizer = colo_model::Tokenizer::from_dir(&model_dir)?;
-        let (train, val) = load_data(global, out, &tokenizer)?;
+        let (train, val) = load_data(global, &dir, &tokenizer)?;
         let val = Dataset {
             prompts: val.prompts[shard(val.len(), rank, world)].to_vec(),
         };

@@ -25,6 +25,7 @@ SPLIT = [
     ("gen", "timing_s/gen"),
     ("update", "timing_s/update_actor"),
     ("all_reduce", "timing_s/all_reduce"),
+    ("wait", "timing_s/all_reduce_wait"),
     ("controller", "timing_s/controller"),
 ]
 
@@ -92,13 +93,13 @@ def main(argv=None):
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
-    print(f"{'workers':>7} {'step s':>7} {'gen':>6} {'update':>6} {'allred':>6} {'ctrl':>6} {'ctrl %':>6} {'MB/step':>8} {'GiB/s':>6} {'/memcpy':>7}")
+    print(f"{'workers':>7} {'step s':>7} {'gen':>6} {'update':>6} {'allred':>6} {'wait':>6} {'ctrl':>6} {'ctrl %':>6} {'MB/step':>8} {'GiB/s':>6} {'/memcpy':>7}")
     for r in results:
         gib = r["all_reduce_gib_s"]
         ratio = r["all_reduce_vs_memcpy"]
         print(
             f"{r['workers']:>7} {r['step_s']:>7.3f} {r['gen_s']:>6.3f} {r['update_s']:>6.3f} "
-            f"{r['all_reduce_s']:>6.3f} {r['controller_s']:>6.3f} {100 * r['controller_share']:>5.1f}% "
+            f"{r['all_reduce_s']:>6.3f} {r['wait_s']:>6.3f} {r['controller_s']:>6.3f} {100 * r['controller_share']:>5.1f}% "
             f"{r['all_reduce_bytes'] / 1e6:>8.2f} {gib if gib is None else f'{gib:6.2f}':>6} "
             f"{ratio if ratio is None else f'{ratio:7.3f}':>7}"
         )

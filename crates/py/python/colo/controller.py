@@ -28,8 +28,10 @@ prompts): `timing_s/*` the slowest worker (the step waits for it);
 reduced them over the global batch); `reward/failures`, `perf/throughput`
 the sum; `memory/peak_device_bytes` the largest; everything else the mean
 (shards are of equal size). Added: `timing_s/controller` (the step's wall
-time beyond the slowest worker), `timing_s/all_reduce` (the slowest
-worker's time inside gradient all-reduces), `perf/all_reduce_bytes`.
+time beyond the slowest worker), `timing_s/all_reduce` (the time inside
+gradient all-reduces: the transfer, as the worker that
+arrived last saw it), `timing_s/all_reduce_wait` (how long the first
+waited for the slowest), `perf/all_reduce_bytes`.
 """
 
 import argparse
@@ -355,7 +357,11 @@ def _steps(actors, out, schedule, resume, digest_every, timeout, log):
         wall = time.perf_counter() - t
         record = aggregate([r[0] for r in results])
         record["timing_s/controller"] = max(wall - max(r[1] for r in results), 0.0)
-        record["timing_s/all_reduce"] = max(r[2] for r in results)
+        # The worker that reached the all-reduce last waited least: its time
+        # is the transfer; the others' extra is waiting for the slowest.
+        reduce_s = [r[2] for r in results]
+        record["timing_s/all_reduce"] = min(reduce_s)
+        record["timing_s/all_reduce_wait"] = max(reduce_s) - min(reduce_s)
         record["perf/all_reduce_bytes"] = results[0][3]
         record["timing_s/step_wall"] = wall
         done = step + 1
