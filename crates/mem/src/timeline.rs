@@ -5,13 +5,13 @@
 
 use crate::pool::{Pool, State};
 use crate::{Error, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Duration;
 
 /// What happened at one point of the timeline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {
     /// The caller changed the phase label (`Pool::set_phase`).
@@ -28,7 +28,7 @@ pub enum EventKind {
 }
 
 /// One entry of the timeline.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// Seconds since the pool was made.
     pub t_s: f64,
@@ -54,6 +54,28 @@ pub fn write_jsonl(events: &[Event], mut w: impl Write) -> std::io::Result<()> {
         w.write_all(b"\n")?;
     }
     Ok(())
+}
+
+/// Reads events written by [`write_jsonl`] (e.g. another process's
+/// `timeline.jsonl`); a bad line is an error naming the file and the line.
+pub fn read_jsonl(path: &std::path::Path) -> Result<Vec<Event>> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| {
+                Error::Invalid(format!(
+                    "{}:{}: not a timeline event: {e}",
+                    path.display(),
+                    i + 1
+                ))
+            })
+        })
+        .collect()
 }
 
 impl Pool {

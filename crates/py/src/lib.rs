@@ -232,10 +232,14 @@ impl Worker {
         serde_json::to_string(&self.rank()?.pool().stats()).map_err(err)
     }
 
-    /// Writes this rank's timeline and pictures; returns their directory.
-    fn finish(&self, py: Python<'_>) -> PyResult<String> {
-        let dir = py.detach(|| self.rank()?.finish().map_err(err))?;
-        Ok(dir.display().to_string())
+    /// Writes this rank's timeline and pictures; returns their directory
+    /// and the device's capacity in bytes.
+    fn finish(&self, py: Python<'_>) -> PyResult<(String, u64)> {
+        py.detach(|| {
+            let r = self.rank()?;
+            let dir = r.finish().map_err(err)?;
+            Ok((dir.display().to_string(), r.capacity()))
+        })
     }
 }
 
@@ -271,9 +275,25 @@ fn check_layout(config: Option<String>, workers: usize) -> PyResult<()> {
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// Draws `out/memory_workers.{svg,png}` from the workers' directories
+/// (their `timeline.jsonl`), with one device's `capacity` in bytes.
+#[pyfunction]
+#[pyo3(signature = (out, dirs, capacity=None))]
+fn draw_workers(
+    py: Python<'_>,
+    out: String,
+    dirs: Vec<String>,
+    capacity: Option<u64>,
+) -> PyResult<()> {
+    let dirs: Vec<std::path::PathBuf> = dirs.into_iter().map(Into::into).collect();
+    py.detach(|| colo_rl::data_parallel::draw_workers(Path::new(&out), &dirs, capacity))
+        .map_err(err)
+}
+
 #[pymodule]
 fn _colo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Worker>()?;
+    m.add_function(wrap_pyfunction!(draw_workers, m)?)?;
     m.add_function(wrap_pyfunction!(check_layout, m)?)?;
     Ok(())
 }

@@ -114,6 +114,14 @@ class Equivalence(unittest.TestCase):
             kinds = {e["kind"] for e in events}
             self.assertIn("pause", kinds, "the worker's memory was released during generation")
             self.assertIn("resume", kinds)
+            self.assertTrue(os.path.isfile(os.path.join(d, "memory_timeline.svg")))
+        for ext in ("svg", "png"):
+            path = os.path.join(self.two["out"], f"memory_workers.{ext}")
+            self.assertGreater(os.path.getsize(path), 1000, path)
+        with open(os.path.join(self.two["out"], "memory_workers.svg")) as f:
+            svg = f.read()
+        self.assertIn("worker 0", svg)
+        self.assertIn("worker 1", svg)
 
     def test_metrics_have_verl_names_and_the_controller_share(self):
         with open(os.path.join(self.two["out"], "metrics.jsonl")) as f:
@@ -128,12 +136,19 @@ class Equivalence(unittest.TestCase):
 
 
 class Faults(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="colo-dp-fault-")
-        self.cfg = write_config(os.path.join(self.tmp, "run.toml"), save_freq=1)
+    @classmethod
+    def setUpClass(cls):
+        cls.base = tempfile.mkdtemp(prefix="colo-dp-fault-")
+        cfg = write_config(os.path.join(cls.base, "run.toml"), save_freq=1)
+        cls.uninterrupted = train(cfg, os.path.join(cls.base, "whole"), 2, keep_parameters=True, log=quiet)
 
-    def tearDown(self):
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.base, ignore_errors=True)
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="colo-dp-fault-", dir=self.base)
+        self.cfg = write_config(os.path.join(self.tmp, "run.toml"), save_freq=1)
 
     def check_stops_then_resumes(self, how, message):
         out = os.path.join(self.tmp, "run")
@@ -146,8 +161,11 @@ class Faults(unittest.TestCase):
         self.assertLess(took, 90, "the run stopped in bounded time")
         ckpts = sorted(os.listdir(os.path.join(out, "checkpoints")))
         self.assertEqual(ckpts, ["step-1", "step-2"], "no partial checkpoint")
-        s = train(self.cfg, out, 2, resume=True, log=quiet)
+        s = train(self.cfg, out, 2, resume=True, keep_parameters=True, log=quiet)
         self.assertEqual(s["resumed_from"], 2)
+        # Exact: weights, optimizer state and sampling seeds come back.
+        self.assertEqual(s["parameters"], self.uninterrupted["parameters"], "resume is exact")
+        self.assertEqual(s["history"][-1]["actor/pg_loss"], self.uninterrupted["history"][-1]["actor/pg_loss"])
         with open(os.path.join(out, "metrics.jsonl")) as f:
             steps = [json.loads(l)["training/global_step"] for l in f if "actor/pg_loss" in l]
         self.assertEqual(steps, [1, 2, 3], "each step recorded once")

@@ -234,9 +234,30 @@ impl Rank {
         self.run.worker.pool()
     }
 
+    /// One device's capacity, as the pool enforces it.
+    pub fn capacity(&self) -> u64 {
+        self.pool().capacity()
+    }
+
     /// Writes this rank's timeline and pictures into its directory.
     pub fn finish(&self) -> Result<PathBuf> {
         draw(&self.dir, self.pool())?;
         Ok(self.dir.clone())
     }
+}
+
+/// Draws `out/memory_workers.{svg,png}`: every worker's resident bytes over
+/// time, one line each, from the `timeline.jsonl` in each of `dirs`
+/// (the directories [`Rank::finish`] returned, in rank order).
+pub fn draw_workers(out: &Path, dirs: &[PathBuf], capacity: Option<u64>) -> Result<()> {
+    let workers = dirs
+        .iter()
+        .enumerate()
+        .map(|(rank, d)| {
+            let events = colo_mem::read_timeline(&d.join("timeline.jsonl"))?;
+            Ok((format!("worker {rank}"), events))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    crate::plot::workers_timeline(&workers, capacity, "colo: device memory per worker")?
+        .write(out, "memory_workers")
 }

@@ -46,7 +46,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from colo._colo import check_layout
+from colo._colo import check_layout, draw_workers
 
 
 class RunError(RuntimeError):
@@ -382,7 +382,10 @@ def _steps(actors, out, schedule, resume, digest_every, timeout, log):
     if first < total:
         last_accuracy = evaluate(total)
         _gather([actors[0].save.remote(total)], actors[:1], f"checkpoint at step {total}", timeout)
-    dirs = _gather([a.finish.remote() for a in actors], actors, "timelines", timeout)
+    finished = _gather([a.finish.remote() for a in actors], actors, "timelines", timeout)
+    dirs = [d for d, _ in finished]
+    capacity = finished[0][1]
+    draw_workers(out, dirs, capacity if capacity < 2**63 else None)
     records.close()
     return {
         "out": out,

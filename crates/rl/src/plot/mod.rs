@@ -12,9 +12,11 @@
 
 mod curve;
 mod timeline;
+mod workers;
 
 pub use curve::reward_curve;
 pub use timeline::{memory_timeline, memory_transitions};
+pub use workers::workers_timeline;
 
 use std::path::Path;
 
