@@ -64,6 +64,24 @@ pub struct Mapping {
     pub set_peak_bytes: Vec<u64>,
 }
 
+impl Mapping {
+    /// The `[cluster] layout` under which `colo train` executes this
+    /// mapping, if it can: every model colocated on the same devices, each
+    /// purely data-parallel (`p = t = 1`, generation `1-1`). colo's hybrid
+    /// worker holds all of a device's roles, so this is the layout
+    /// `"1-1-N"`; anything else is a plan only.
+    pub fn colo_layout(&self) -> Option<String> {
+        let [devices] = self.allocation[..] else {
+            return None;
+        };
+        let data_parallel = self.models.iter().all(|m| {
+            let l = m.layout;
+            l.p == 1 && l.t == 1 && l.d == devices && l.gen.is_none_or(|g| g == (1, 1))
+        });
+        data_parallel.then(|| format!("1-1-{devices}"))
+    }
+}
+
 /// Every partition of `{0, …, n−1}` into non-empty blocks, in the order of
 /// their restricted growth strings (Bell number B(n) of them: 1, 1, 2, 5,
 /// 15, 52, …). Blocks are listed by their smallest element.

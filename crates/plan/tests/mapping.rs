@@ -75,3 +75,32 @@ fn grpo_without_critic_and_reward_model() {
     let apart = maps.iter().filter(|m| m.placement.len() == 2).count();
     assert_eq!(apart, 3, "allocations 1+3, 2+2, 3+1");
 }
+
+#[test]
+fn only_colocated_data_parallel_mappings_name_a_colo_layout() {
+    let m = preset("qwen2.5-0.5b").unwrap();
+    let pb = MappingProblem {
+        models: vec![(Role::Actor, m.clone()), (Role::Reference, m)],
+        devices: 4,
+        hardware: Hardware::h100(),
+        workload: Workload::default(),
+        top: 10,
+    };
+    let maps = auto_map(&pb).unwrap();
+    let mut runnable = 0;
+    for map in &maps {
+        let colocated_dp = map.allocation.len() == 1
+            && map.models.iter().all(|a| {
+                a.layout.p == 1 && a.layout.t == 1 && a.layout.gen.is_none_or(|g| g == (1, 1))
+            });
+        match map.colo_layout() {
+            Some(l) => {
+                assert!(colocated_dp, "{l} for {:?}", map.placement);
+                assert_eq!(l, "1-1-4");
+                runnable += 1;
+            }
+            None => assert!(!colocated_dp, "{:?} runs in colo", map.placement),
+        }
+    }
+    assert!(runnable >= 1, "the fused 1-1-4 mapping is among the best");
+}

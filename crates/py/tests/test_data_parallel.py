@@ -135,6 +135,36 @@ class Equivalence(unittest.TestCase):
         self.assertTrue(os.path.isdir(os.path.join(self.two["out"], "checkpoints", "step-3")))
 
 
+def colo_binary():
+    """The colo binary the tests run: $COLO_BIN, else the newest build."""
+    if os.environ.get("COLO_BIN"):
+        return os.environ["COLO_BIN"]
+    built = [os.path.join(ROOT, "target", p, "colo") for p in ("debug", "release")]
+    built = [b for b in built if os.path.isfile(b)]
+    if not built:
+        raise AssertionError("no colo binary: build it first (./x test does)")
+    return max(built, key=os.path.getmtime)
+
+
+class CommandLine(unittest.TestCase):
+    def test_colo_train_with_a_cluster_section_runs_on_ray(self):
+        with tempfile.TemporaryDirectory(prefix="colo-dp-cli-") as tmp:
+            cfg = write_config(os.path.join(tmp, "run.toml"))
+            with open(cfg, "a") as f:
+                f.write('\n[cluster]\nlayout = "1-1-2"\n')
+            out = os.path.join(tmp, "run")
+            r = subprocess.run(
+                [colo_binary(), "train", "--config", cfg, "--out", out],
+                capture_output=True, text=True, timeout=300,
+            )
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            self.assertIn("3 steps on 2 workers", r.stdout)
+            self.assertEqual(sorted(os.listdir(os.path.join(out, "workers"))), ["rank-0", "rank-1"])
+            with open(os.path.join(out, "metrics.jsonl")) as f:
+                steps = [json.loads(l)["training/global_step"] for l in f if "actor/pg_loss" in l]
+            self.assertEqual(steps, [1, 2, 3])
+
+
 class Faults(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

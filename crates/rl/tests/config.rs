@@ -341,7 +341,7 @@ fn a_cluster_must_split_every_step_into_whole_prompts() {
         "{msg}"
     );
     assert!(
-        msg.contains("does not divide data.train_batch_size = 32"),
+        msg.contains("do not divide data.train_batch_size = 32"),
         "{msg}"
     );
     let (_, field, msg) =
@@ -352,4 +352,37 @@ fn a_cluster_must_split_every_step_into_whole_prompts() {
     assert_eq!(field, "cluster.workers");
     let (_, field, msg) = err("[cluster]\nworkers = 2\naddress = \"nowhere\"\n");
     assert_eq!(field, "cluster.address", "{msg}");
+}
+
+#[test]
+fn a_layout_from_colo_plan_map_sets_the_workers_or_is_refused() {
+    let c = parse("[cluster]\nlayout = \"1-1-4\"\n").unwrap();
+    assert_eq!(
+        (c.cluster.workers, c.cluster.layout.as_deref()),
+        (4, Some("1-1-4"))
+    );
+    let c = parse("[cluster]\nworkers = 2\nlayout = \"1-1-2\"\n").unwrap();
+    assert_eq!(c.cluster.workers, 2);
+
+    let (line, field, msg) = err("[cluster]\nlayout = \"1-2-2\"\n");
+    assert_eq!((line, field.as_str()), (Some(2), "cluster.layout"), "{msg}");
+    assert!(
+        msg.contains("data-parallel layouts \"1-1-N\" only"),
+        "{msg}"
+    );
+    let (_, field, msg) = err("[cluster]\nworkers = 4\nlayout = \"1-1-2\"\n");
+    assert_eq!(field, "cluster.layout");
+    assert!(
+        msg.contains("uses 2 devices, but cluster.workers = 4"),
+        "{msg}"
+    );
+    let (_, field, msg) = err("[cluster]\nlayout = \"1-1-3\"\n");
+    assert_eq!(field, "cluster.layout");
+    assert!(
+        msg.contains("do not divide data.train_batch_size = 32"),
+        "{msg}"
+    );
+    let (_, field, msg) = err("[cluster]\nlayout = \"4\"\n");
+    assert_eq!(field, "cluster.layout");
+    assert!(msg.contains("not a p-t-d layout"), "{msg}");
 }

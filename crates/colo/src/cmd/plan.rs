@@ -402,7 +402,17 @@ fn map(a: MapArgs) -> Result<()> {
             m.train_s,
             sets.join("  ")
         );
+        if let Some(layout) = m.colo_layout() {
+            println!(
+                "{:>44}colo train runs it: [cluster] layout = \"{layout}\"",
+                ""
+            );
+        }
     }
+    println!(
+        "(colo train executes data-parallel layouts with every role colocated, 1-1-N; \
+         the others are plans: tensor/pipeline parallelism and split placements are not executed)"
+    );
     Ok(())
 }
 

@@ -79,6 +79,8 @@ pub struct Config {
 pub struct ClusterConfig {
     /// Data-parallel workers, one per device; 1 runs in this process.
     pub workers: usize,
+    /// The `colo plan map` layout the run executes (`"1-1-N"`), if given.
+    pub layout: Option<String>,
     /// A Ray cluster to join (`"auto"` or `host:port`); `None` starts a
     /// local one for the run.
     pub address: Option<String>,

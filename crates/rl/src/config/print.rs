@@ -155,7 +155,8 @@ pub(crate) const DOCS: &[Doc] = &[
     d("trainer.device", "where the run computes", "\"cpu\" or \"cuda\"", ""),
     d("trainer.dtype", "dtype of weights and compute (optimiser moments stay f32)", "\"f32\" or \"bf16\"", "actor_rollout_ref.model.dtype (alias: model_dtype)"),
     // [cluster]
-    d("cluster.workers", "data-parallel workers, one per device, on Ray (colo-py's controller); 1: this process alone", "devices", "trainer.n_gpus_per_node × trainer.nnodes"),
+    opt("cluster.workers", "data-parallel workers, one per device, on Ray (colo-py's controller); 1: this process alone", "devices", "trainer.n_gpus_per_node × trainer.nnodes", "the layout's devices, else 1"),
+    opt("cluster.layout", "a layout from `colo plan map` for the run to execute; data-parallel \"1-1-N\" only", "\"p-t-d\"", "", "none"),
     opt("cluster.address", "the Ray cluster to join", "\"auto\" or host:port", "ray_init / RAY_ADDRESS", "a local Ray instance, started and stopped by the run"),
 ];
 
@@ -288,7 +289,8 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
             dtype: c.trainer.dtype,
         },
         cluster: RawCluster {
-            workers: c.cluster.workers,
+            workers: Some(c.cluster.workers),
+            layout: c.cluster.layout.clone(),
             address: c.cluster.address.clone(),
         },
     }

@@ -398,20 +398,15 @@ impl Default for RawTrainer {
 
 /// `[cluster]`: the devices of a data-parallel run (colo-py's controller on
 /// Ray). Absent: the in-process single-device run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawCluster {
-    /// Devices, one worker each; 1: the in-process path.
-    pub workers: usize,
+    /// Devices, one worker each; unset: the layout's, else 1 (the
+    /// in-process path).
+    pub workers: Option<usize>,
+    /// A layout from `colo plan map`, `"p-t-d"` (pipeline, tensor, data);
+    /// colo train executes data-parallel layouts `"1-1-N"`.
+    pub layout: Option<String>,
     /// A Ray cluster (`"auto"` or `host:port`); unset: a local one.
     pub address: Option<String>,
-}
-
-impl Default for RawCluster {
-    fn default() -> Self {
-        RawCluster {
-            workers: 1,
-            address: None,
-        }
-    }
 }

@@ -131,18 +131,37 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
     })
 }
 
-/// Workers must split every step's prompts and every mini-batch into
-/// whole prompts (each worker holds complete GRPO groups).
+/// The workers (from `workers` or the layout, which must agree) must split
+/// every step's prompts and every mini-batch into whole prompts (each
+/// worker holds complete GRPO groups).
 fn cluster_section(cluster: RawCluster, batch: &BatchPlan) -> Check<ClusterConfig> {
-    let w = positive("cluster.workers", cluster.workers)?;
+    let from_layout = match &cluster.layout {
+        None => None,
+        Some(l) => Some(layout_devices(l)?),
+    };
+    let w = match (cluster.workers, from_layout) {
+        (Some(w), Some(d)) if w != d => {
+            return bad(
+                "cluster.layout",
+                format!("uses {d} devices, but cluster.workers = {w}"),
+            )
+        }
+        (Some(w), _) => positive("cluster.workers", w)?,
+        (None, Some(d)) => d,
+        (None, None) => 1,
+    };
     for (key, prompts) in [
         ("data.train_batch_size", batch.prompts_per_step),
         ("actor.ppo_mini_batch_size", batch.mini_batch_prompts),
     ] {
         if prompts % w != 0 {
+            let field = match cluster.workers {
+                Some(_) => "cluster.workers",
+                None => "cluster.layout",
+            };
             return bad(
-                "cluster.workers",
-                format!("= {w} does not divide {key} = {prompts} prompts: each worker takes whole prompts of every step and mini-batch"),
+                field,
+                format!("= {w} workers do not divide {key} = {prompts} prompts: each worker takes whole prompts of every step and mini-batch"),
             );
         }
     }
@@ -155,8 +174,33 @@ fn cluster_section(cluster: RawCluster, batch: &BatchPlan) -> Check<ClusterConfi
     }
     Ok(ClusterConfig {
         workers: w,
+        layout: cluster.layout,
         address: cluster.address,
     })
+}
+
+/// The devices of a `"p-t-d"` layout that colo train can execute: data
+/// parallelism only (`p = t = 1`).
+fn layout_devices(layout: &str) -> Check<usize> {
+    let dims: Vec<usize> = layout
+        .split('-')
+        .map(|x| x.trim().parse::<usize>().ok().filter(|&v| v > 0))
+        .collect::<Option<Vec<usize>>>()
+        .filter(|v| v.len() == 3)
+        .ok_or_else(|| {
+            (
+                "cluster.layout".to_string(),
+                format!("{layout:?} is not a p-t-d layout (three positive numbers, as colo plan map prints them)"),
+            )
+        })?;
+    match dims[..] {
+        [1, 1, d] => Ok(d),
+        [p, t, _] => bad(
+            "cluster.layout",
+            format!("{layout:?} has pipeline × tensor parallelism {p} × {t}: colo plan plans it, colo train executes data-parallel layouts \"1-1-N\" only"),
+        ),
+        _ => unreachable!("three dimensions"),
+    }
 }
 
 fn data_section(data: RawData, default_seed: u64) -> Check<DataConfig> {
