@@ -20,119 +20,19 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use colo_rl::data_parallel::Rank;
+use colo_rl::worker::Phase;
 use colo_rl::Config;
-use colo_train::{Collective, ReduceOp};
+use colo_rollout::SamplingParams;
+use colo_train::Collective;
+
+mod collective;
+use collective::PyCollective;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyList;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 fn err(e: impl std::fmt::Display) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
-}
-
-/// The trainer's collective, calling the controller's communicator:
-/// `all_reduce_buffers(list[memoryview])` sums float32 buffers in place
-/// over the ranks; `all_reduce_values(list[float], op) -> list[float]`
-/// with `op` "sum" or "max".
-struct PyCollective {
-    comm: Py<PyAny>,
-    rank: usize,
-    world: usize,
-}
-
-impl PyCollective {
-    fn failed(&self, what: &str, e: PyErr) -> colo_train::Error {
-        colo_train::Error::Unsupported {
-            what: "collective",
-            found: format!("rank {} of {}: {what}: {e}", self.rank, self.world),
-        }
-    }
-}
-
-impl Collective for PyCollective {
-    fn world_size(&self) -> usize {
-        self.world
-    }
-
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn all_reduce_tensors(&mut self, tensors: &[Tensor]) -> colo_train::Result<()> {
-        for t in tensors {
-            if t.device() != Device::Cpu || t.kind() != Kind::Float || !t.is_contiguous() {
-                return Err(colo_train::Error::Unsupported {
-                    what: "collective",
-                    found: format!(
-                        "a {:?} {:?} gradient: the Python communicator takes contiguous \
-                         float32 CPU buffers (CUDA tensors need DLPack, not yet done)",
-                        t.kind(),
-                        t.device()
-                    ),
-                });
-            }
-        }
-        Python::attach(|py| {
-            let views = tensors
-                .iter()
-                .map(|t| writable_view(py, t))
-                .collect::<PyResult<Vec<_>>>()?;
-            let list = PyList::new(py, views)?;
-            self.comm
-                .call_method1(py, "all_reduce_buffers", (list,))
-                .map(drop)
-        })
-        .map_err(|e| self.failed("all_reduce_buffers", e))
-    }
-
-    fn all_reduce_values(&mut self, values: &mut [f64], op: ReduceOp) -> colo_train::Result<()> {
-        let op = match op {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Max => "max",
-        };
-        let out: Vec<f64> = Python::attach(|py| {
-            self.comm
-                .call_method1(py, "all_reduce_values", (values.to_vec(), op))?
-                .extract(py)
-        })
-        .map_err(|e| self.failed("all_reduce_values", e))?;
-        if out.len() != values.len() {
-            return Err(colo_train::Error::Unsupported {
-                what: "collective",
-                found: format!(
-                    "all_reduce_values returned {} values for {}",
-                    out.len(),
-                    values.len()
-                ),
-            });
-        }
-        values.copy_from_slice(&out);
-        Ok(())
-    }
-}
-
-/// `PyBUF_WRITE` of CPython's `object.h` (stable since 3.3; pyo3-ffi
-/// exports it only for 3.11+ builds, not for abi3-py39).
-const PYBUF_WRITE: std::os::raw::c_int = 0x200;
-
-/// A writable memoryview of a contiguous CPU tensor's bytes.
-fn writable_view<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
-    let len = t
-        .numel()
-        .checked_mul(t.kind().elt_size_in_bytes())
-        .and_then(|n| isize::try_from(n).ok())
-        .ok_or_else(|| PyValueError::new_err("tensor too large for a memoryview"))?;
-    // SAFETY: the tensor is contiguous on the CPU (checked by the caller),
-    // so `data_ptr()..+len` is its memory; the accumulators it views live
-    // as long as the trainer, which outlives this call, and nothing else
-    // touches them while the communicator runs (the trainer is blocked in
-    // `all_reduce_tensors`). The communicator drops its views before
-    // returning.
-    unsafe {
-        let p = pyo3::ffi::PyMemoryView_FromMemory(t.data_ptr().cast(), len, PYBUF_WRITE);
-        Bound::from_owned_ptr_or_err(py, p)
-    }
 }
 
 /// One rank of a data-parallel colo run.
@@ -225,6 +125,128 @@ impl Worker {
     /// `parameters` (for tests).
     fn gradients(&self) -> PyResult<Vec<(String, Vec<f32>)>> {
         flat(self.rank()?.gradients())
+    }
+
+    // ---- the hybrid worker's operations, one by one --------------------
+
+    /// "train" or "rollout": which engine holds the device.
+    fn phase(&self) -> PyResult<&'static str> {
+        Ok(match self.rank()?.phase() {
+            Phase::Train => "train",
+            Phase::Rollout => "rollout",
+        })
+    }
+
+    /// Train → rollout in the config's colocation mode; returns (seconds,
+    /// of which weight sync).
+    fn to_rollout(&self, py: Python<'_>) -> PyResult<(f64, f64)> {
+        let t = py.detach(|| self.rank()?.to_rollout().map_err(err))?;
+        Ok((t.total_s, t.sync_s))
+    }
+
+    /// Rollout → train; returns (seconds, 0).
+    fn to_train(&self, py: Python<'_>) -> PyResult<(f64, f64)> {
+        let t = py.detach(|| self.rank()?.to_train().map_err(err))?;
+        Ok((t.total_s, t.sync_s))
+    }
+
+    /// (end-of-sequence id, padding id) of the tokenizer.
+    fn special_ids(&self) -> PyResult<(u32, u32)> {
+        Ok(self.rank()?.special_ids())
+    }
+
+    /// `n` completions of every prompt (token id lists), rollout phase:
+    /// [[(tokens, logprobs, finish_reason)]] in prompt order. Stops at the
+    /// end-of-sequence token; `seed` makes sampling reproducible.
+    #[pyo3(signature = (prompts, n=1, max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=None, seed=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        prompts: Vec<Vec<u32>>,
+        n: usize,
+        max_new_tokens: usize,
+        temperature: f64,
+        top_p: f64,
+        top_k: Option<usize>,
+        seed: u64,
+    ) -> PyResult<Vec<Vec<(Vec<u32>, Vec<f32>, String)>>> {
+        let params = SamplingParams {
+            n,
+            max_new_tokens,
+            temperature,
+            top_p,
+            top_k,
+            seed,
+            ..Default::default()
+        };
+        let out = py.detach(|| self.rank()?.generate(prompts, params).map_err(err))?;
+        Ok(out
+            .into_iter()
+            .map(|cs| {
+                cs.into_iter()
+                    .map(|c| {
+                        (
+                            c.tokens,
+                            c.logprobs,
+                            format!("{:?}", c.finish_reason).to_lowercase(),
+                        )
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// The actor's log-probability of each response token (train phase).
+    fn log_probs(
+        &self,
+        py: Python<'_>,
+        prompts: Vec<Vec<u32>>,
+        responses: Vec<Vec<u32>>,
+    ) -> PyResult<Vec<Vec<f32>>> {
+        py.detach(|| self.rank()?.log_probs(prompts, responses).map_err(err))
+    }
+
+    /// The reference model's, or `None` without one (train phase).
+    fn ref_log_probs(
+        &self,
+        py: Python<'_>,
+        prompts: Vec<Vec<u32>>,
+        responses: Vec<Vec<u32>>,
+    ) -> PyResult<Option<Vec<Vec<f32>>>> {
+        py.detach(|| self.rank()?.ref_log_probs(prompts, responses).map_err(err))
+    }
+
+    /// One optimizer step of the actor on these samples (train phase),
+    /// joint with the other ranks; returns its metrics as JSON.
+    #[pyo3(signature = (prompts, responses, advantages, old_log_probs, ref_log_probs=None))]
+    fn update_policy(
+        &self,
+        py: Python<'_>,
+        prompts: Vec<Vec<u32>>,
+        responses: Vec<Vec<u32>>,
+        advantages: Vec<Vec<f32>>,
+        old_log_probs: Vec<Vec<f32>>,
+        ref_log_probs: Option<Vec<Vec<f32>>>,
+    ) -> PyResult<String> {
+        let m = py.detach(|| {
+            self.rank()?
+                .update_policy(prompts, responses, advantages, old_log_probs, ref_log_probs)
+                .map_err(err)
+        })?;
+        serde_json::to_string(&m).map_err(err)
+    }
+
+    /// The actor's weights, copied out: [(name, shape, float32 values)]
+    /// (train phase).
+    fn weights(&self, py: Python<'_>) -> PyResult<Vec<(String, Vec<i64>, Vec<f32>)>> {
+        py.detach(|| self.rank()?.weights().map_err(err))
+    }
+
+    /// Copies [(name, float32 values)] into the actor in place (train
+    /// phase); all names and sizes are checked before anything is written.
+    fn load_weights(&self, py: Python<'_>, weights: Vec<(String, Vec<f32>)>) -> PyResult<()> {
+        py.detach(|| self.rank()?.load_weights(weights).map_err(err))
     }
 
     /// The pool's statistics as JSON (resident, peak, per tag).

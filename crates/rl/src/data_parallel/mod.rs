@@ -22,6 +22,8 @@
 //! Validation is sharded too: each rank evaluates a contiguous share of the
 //! held-out prompts and returns its count of right answers.
 
+mod ops;
+
 use std::hash::Hasher;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

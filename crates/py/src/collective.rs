@@ -1,0 +1,111 @@
+//! The trainer's collective over the controller's Python communicator.
+
+use colo_train::{Collective, ReduceOp};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use tch::{Device, Kind, Tensor};
+
+/// The trainer's collective, calling the controller's communicator:
+/// `all_reduce_buffers(list[memoryview])` sums float32 buffers in place
+/// over the ranks; `all_reduce_values(list[float], op) -> list[float]`
+/// with `op` "sum" or "max".
+pub(crate) struct PyCollective {
+    pub(crate) comm: Py<PyAny>,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+}
+
+impl PyCollective {
+    fn failed(&self, what: &str, e: PyErr) -> colo_train::Error {
+        colo_train::Error::Unsupported {
+            what: "collective",
+            found: format!("rank {} of {}: {what}: {e}", self.rank, self.world),
+        }
+    }
+}
+
+impl Collective for PyCollective {
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn all_reduce_tensors(&mut self, tensors: &[Tensor]) -> colo_train::Result<()> {
+        for t in tensors {
+            if t.device() != Device::Cpu || t.kind() != Kind::Float || !t.is_contiguous() {
+                return Err(colo_train::Error::Unsupported {
+                    what: "collective",
+                    found: format!(
+                        "a {:?} {:?} gradient: the Python communicator takes contiguous \
+                         float32 CPU buffers (CUDA tensors need DLPack, not yet done)",
+                        t.kind(),
+                        t.device()
+                    ),
+                });
+            }
+        }
+        Python::attach(|py| {
+            let views = tensors
+                .iter()
+                .map(|t| writable_view(py, t))
+                .collect::<PyResult<Vec<_>>>()?;
+            let list = PyList::new(py, views)?;
+            self.comm
+                .call_method1(py, "all_reduce_buffers", (list,))
+                .map(drop)
+        })
+        .map_err(|e| self.failed("all_reduce_buffers", e))
+    }
+
+    fn all_reduce_values(&mut self, values: &mut [f64], op: ReduceOp) -> colo_train::Result<()> {
+        let op = match op {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Max => "max",
+        };
+        let out: Vec<f64> = Python::attach(|py| {
+            self.comm
+                .call_method1(py, "all_reduce_values", (values.to_vec(), op))?
+                .extract(py)
+        })
+        .map_err(|e| self.failed("all_reduce_values", e))?;
+        if out.len() != values.len() {
+            return Err(colo_train::Error::Unsupported {
+                what: "collective",
+                found: format!(
+                    "all_reduce_values returned {} values for {}",
+                    out.len(),
+                    values.len()
+                ),
+            });
+        }
+        values.copy_from_slice(&out);
+        Ok(())
+    }
+}
+
+/// `PyBUF_WRITE` of CPython's `object.h` (stable since 3.3; pyo3-ffi
+/// exports it only for 3.11+ builds, not for abi3-py39).
+const PYBUF_WRITE: std::os::raw::c_int = 0x200;
+
+/// A writable memoryview of a contiguous CPU tensor's bytes.
+fn writable_view<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
+    let len = t
+        .numel()
+        .checked_mul(t.kind().elt_size_in_bytes())
+        .and_then(|n| isize::try_from(n).ok())
+        .ok_or_else(|| PyValueError::new_err("tensor too large for a memoryview"))?;
+    // SAFETY: the tensor is contiguous on the CPU (checked by the caller),
+    // so `data_ptr()..+len` is its memory; the accumulators it views live
+    // as long as the trainer, which outlives this call, and nothing else
+    // touches them while the communicator runs (the trainer is blocked in
+    // `all_reduce_tensors`). The communicator drops its views before
+    // returning.
+    unsafe {
+        let p = pyo3::ffi::PyMemoryView_FromMemory(t.data_ptr().cast(), len, PYBUF_WRITE);
+        Bound::from_owned_ptr_or_err(py, p)
+    }
+}

@@ -1,0 +1,119 @@
+"""The hybrid worker's operations one by one from Python (issue 11): a GRPO
+step composed by hand — switch, generate, score, update — on the tiny
+Qwen2 fixture, one worker, no Ray. The communicator here is the identity
+(one rank has no peer); the torch.distributed one is tested with real
+peers in test_data_parallel.py.
+"""
+
+import json
+import os
+import random
+import shutil
+import tempfile
+import unittest
+
+from colo import Worker
+
+from test_data_parallel import write_config
+
+
+class Alone:
+    """The communicator of a group of one: every reduction is the identity."""
+
+    def all_reduce_buffers(self, views):
+        pass
+
+    def all_reduce_values(self, values, op):
+        return values
+
+
+def tag(stats, name):
+    return next(t for t in stats["tags"] if t["tag"] == name)
+
+
+class WorkerApi(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="colo-worker-api-")
+        cfg = write_config(os.path.join(cls.tmp, "run.toml"))
+        cls.w = Worker(cfg, os.path.join(cls.tmp, "run"), 0, 1, Alone())
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_a_grpo_step_composed_by_hand(self):
+        w = self.w
+        self.assertEqual(w.phase(), "train")
+        w.to_rollout()
+        self.assertEqual(w.phase(), "rollout")
+        # Staged colocation: the trainer's state is released while generating.
+        stats = json.loads(w.memory())
+        self.assertEqual(tag(stats, "train_params")["resident_bytes"], 0)
+        self.assertGreater(tag(stats, "weights")["resident_bytes"], 0)
+
+        prompts = [[5, 17, 42, 9], [33, 8, 101]]
+        out = w.generate(prompts, n=4, max_new_tokens=8, seed=3)
+        self.assertEqual([len(o) for o in out], [4, 4])
+        for tokens, logprobs, finish in (c for o in out for c in o):
+            self.assertEqual(len(tokens), len(logprobs))
+            self.assertIn(finish, ("stop", "length"))
+            self.assertTrue(all(lp <= 0.0 for lp in logprobs))
+        again = w.generate(prompts, n=4, max_new_tokens=8, seed=3)
+        self.assertEqual(out, again, "the same seed draws the same samples")
+
+        w.to_train()
+        self.assertEqual(w.phase(), "train")
+        P = [p for p, o in zip(prompts, out) for _ in o]
+        R = [c[0] for o in out for c in o]
+        old = w.log_probs(P, R)
+        rollout_lp = [c[1] for o in out for c in o]
+        worst = max(abs(a - b) for x, y in zip(old, rollout_lp) for a, b in zip(x, y))
+        self.assertLess(worst, 1e-3, "trainer and rollout engine agree on the samples")
+        ref = w.ref_log_probs(P, R)
+        if ref is not None:
+            self.assertEqual([len(r) for r in ref], [len(r) for r in R])
+
+        # GRPO advantages: each sample's score standardised in its group.
+        rng = random.Random(0)
+        scores = [rng.random() for _ in R]
+        adv = []
+        for g in range(len(prompts)):
+            group = scores[4 * g : 4 * g + 4]
+            mean = sum(group) / 4
+            std = (sum((s - mean) ** 2 for s in group) / 3) ** 0.5
+            adv += [[(s - mean) / (std + 1e-6)] * len(R[4 * g + i]) for i, s in enumerate(group)]
+
+        before = w.weights()
+        m = json.loads(w.update_policy(P, R, adv, old, ref))
+        self.assertGreater(m["grad_norm"], 0.0)
+        after = w.weights()
+        self.assertNotEqual([v for _, _, v in before], [v for _, _, v in after], "the update moved the weights")
+        self.assertNotEqual(w.log_probs(P, R), old)
+
+        # Weights in: back to the starting ones, bit for bit.
+        w.load_weights([(name, values) for name, _, values in before])
+        self.assertEqual(w.weights(), before)
+        self.assertEqual(w.log_probs(P, R), old)
+
+    def test_misuse_is_an_error_naming_what_was_expected(self):
+        w = self.w
+        with self.assertRaisesRegex(RuntimeError, "one value per response token"):
+            w.update_policy([[5, 6]], [[7, 8, 9]], [[0.5]], [[-1.0, -1.0, -1.0]])
+        with self.assertRaisesRegex(RuntimeError, "one response per prompt row"):
+            w.log_probs([[5, 6]], [])
+        name, shape, values = w.weights()[0]
+        with self.assertRaisesRegex(RuntimeError, "no parameter"):
+            w.load_weights([("not.a.weight", values)])
+        with self.assertRaisesRegex(RuntimeError, f"{name}: 1 values for a parameter of shape"):
+            w.load_weights([(name, values[:1])])
+        w.to_rollout()
+        try:
+            with self.assertRaisesRegex(RuntimeError, "rollout phase"):
+                w.weights()
+        finally:
+            w.to_train()
+
+
+if __name__ == "__main__":
+    unittest.main()

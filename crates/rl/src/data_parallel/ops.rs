@@ -1,0 +1,225 @@
+//! The hybrid worker's operations one by one, for a controller that
+//! composes its own dataflow (colo-py exposes them to Python): switch the
+//! device between the engines, generate, score with the actor or the
+//! reference, update the policy on given samples, and the weights in and
+//! out. [`Rank::step`] is these operations in colo-rl's order.
+//!
+//! Samples cross as token ids and per-response-token values (one `Vec` per
+//! sample, as long as its response); the trainer's (batch, seq) layout is
+//! made here, as the loop makes it.
+
+use colo_rollout::{Completion, Request, SamplingParams};
+use colo_train::{PolicyBatch, PolicyMetrics, SeqBatch, TrainEngine};
+use tch::Tensor;
+
+use super::Rank;
+use crate::rollouts::Rollouts;
+use crate::setup::{loss_config, RolloutThreads};
+use crate::worker::{Phase, SwitchTiming};
+use crate::{Error, Result};
+
+/// Samples given by a caller, checked: as many responses as prompts.
+fn samples(prompts: Vec<Vec<u32>>, responses: Vec<Vec<u32>>) -> Result<Rollouts> {
+    if prompts.len() != responses.len() || prompts.is_empty() {
+        return Err(Error::Phase {
+            op: "take samples",
+            state: format!(
+                "{} prompts and {} responses: one response per prompt row, at least one",
+                prompts.len(),
+                responses.len()
+            ),
+        });
+    }
+    Ok(Rollouts {
+        prompts,
+        responses,
+        ..Default::default()
+    })
+}
+
+/// Per-response values, checked against the responses' lengths.
+fn per_token(r: &Rollouts, what: &str, values: &[Vec<f32>], seq: usize) -> Result<Tensor> {
+    let lens_ok = values.len() == r.len()
+        && values
+            .iter()
+            .zip(&r.responses)
+            .all(|(v, t)| v.len() == t.len());
+    if !lens_ok {
+        return Err(Error::Phase {
+            op: "take samples",
+            state: format!("{what}: one value per response token of every sample"),
+        });
+    }
+    r.to_token_layout(values, 0..r.len(), seq)
+}
+
+impl Rank {
+    /// Which engine holds the device.
+    pub fn phase(&self) -> Phase {
+        self.run.worker.phase()
+    }
+
+    /// Train → rollout in the config's colocation mode (weights synced).
+    pub fn to_rollout(&mut self) -> Result<SwitchTiming> {
+        self.run.worker.to_rollout()
+    }
+
+    /// Rollout → train.
+    pub fn to_train(&mut self) -> Result<SwitchTiming> {
+        self.run.worker.to_train()
+    }
+
+    /// The tokenizer's end-of-sequence and padding ids.
+    pub fn special_ids(&self) -> (u32, u32) {
+        (self.run.eos, self.run.pad)
+    }
+
+    /// Completions of every prompt (rollout phase), in prompt order; the
+    /// end-of-sequence token stops them unless `params` says otherwise.
+    pub fn generate(
+        &mut self,
+        prompts: Vec<Vec<u32>>,
+        mut params: SamplingParams,
+    ) -> Result<Vec<Vec<Completion>>> {
+        if params.stop_token_ids.is_empty() {
+            params.stop_token_ids = vec![self.run.eos];
+        }
+        let _threads = RolloutThreads::set(self.run.config);
+        let requests = prompts
+            .into_iter()
+            .map(|p| Request::new(p, params.clone()))
+            .collect();
+        self.run
+            .worker
+            .generate(requests)?
+            .into_iter()
+            .enumerate()
+            .map(|(k, out)| {
+                out.map(|o| o.completions).map_err(|e| Error::Phase {
+                    op: "generate",
+                    state: format!("prompt {k}: {e}"),
+                })
+            })
+            .collect()
+    }
+
+    /// The actor's log-probability of every response token (training
+    /// phase, no gradient): π_old.
+    pub fn log_probs(
+        &mut self,
+        prompts: Vec<Vec<u32>>,
+        responses: Vec<Vec<u32>>,
+    ) -> Result<Vec<Vec<f32>>> {
+        let r = samples(prompts, responses)?;
+        let seqs = r.seq_batch(0..r.len(), self.run.pad)?;
+        let lp = self.run.worker.actor.score(&seqs, false)?.log_probs;
+        r.from_token_layout(&lp)
+    }
+
+    /// The reference model's log-probabilities (training phase); `None`
+    /// when the run has no reference.
+    pub fn ref_log_probs(
+        &mut self,
+        prompts: Vec<Vec<u32>>,
+        responses: Vec<Vec<u32>>,
+    ) -> Result<Option<Vec<Vec<f32>>>> {
+        let r = samples(prompts, responses)?;
+        let seqs = r.seq_batch(0..r.len(), self.run.pad)?;
+        let micro = self.run.config.batch.micro_batch_samples;
+        match self.run.worker.ref_log_probs(&seqs, micro)? {
+            Some(lp) => Ok(Some(r.from_token_layout(&lp)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// One optimizer step of the actor on these samples (training phase),
+    /// accumulated over the config's micro-batches, with the run's loss;
+    /// joint with the other ranks (global denominators, summed gradients).
+    pub fn update_policy(
+        &mut self,
+        prompts: Vec<Vec<u32>>,
+        responses: Vec<Vec<u32>>,
+        advantages: Vec<Vec<f32>>,
+        old_log_probs: Vec<Vec<f32>>,
+        ref_log_probs: Option<Vec<Vec<f32>>>,
+    ) -> Result<PolicyMetrics> {
+        let r = samples(prompts, responses)?;
+        let seqs: SeqBatch = r.seq_batch(0..r.len(), self.run.pad)?;
+        let s = seqs.seq_len();
+        let adv = per_token(&r, "advantages", &advantages, s)?;
+        let old = per_token(&r, "old_log_probs", &old_log_probs, s)?;
+        let reference = ref_log_probs
+            .map(|v| per_token(&r, "ref_log_probs", &v, s))
+            .transpose()?;
+        let batch = PolicyBatch::new(seqs, &old, &adv, reference.as_ref(), None)?;
+        let loss = loss_config(self.run.config);
+        self.run.worker.pool().empty_cache();
+        Ok(self.run.worker.actor.update_policy(&batch, &loss)?)
+    }
+
+    /// The actor's weights, by name: (shape, float32 values), copied out.
+    pub fn weights(&self) -> Result<Vec<(String, Vec<i64>, Vec<f32>)>> {
+        self.expect_train("read the weights")?;
+        self.run
+            .worker
+            .actor
+            .parameters()
+            .into_iter()
+            .map(|(n, t)| {
+                let v = t.f_to_kind(tch::Kind::Float)?.f_flatten(0, -1)?;
+                Ok((n, t.size(), Vec::<f32>::try_from(&v)?))
+            })
+            .collect()
+    }
+
+    /// Copies weights into the actor, in place (training phase): each name
+    /// must be one of the actor's, with its number of values; the float32
+    /// master copy (bf16 runs) is set too. The rollout engine gets them at
+    /// the next `to_rollout`, as after an update.
+    pub fn load_weights(&mut self, weights: Vec<(String, Vec<f32>)>) -> Result<()> {
+        self.expect_train("load weights")?;
+        let actor = &self.run.worker.actor;
+        let params: std::collections::HashMap<String, Tensor> =
+            actor.parameters().into_iter().collect();
+        let masters: std::collections::HashMap<String, Tensor> =
+            actor.master_weights().into_iter().collect();
+        // Every name and size first: nothing is written unless all fit.
+        for (name, values) in &weights {
+            let p = params.get(name).ok_or_else(|| Error::Phase {
+                op: "load weights",
+                state: format!("the actor has no parameter {name:?}"),
+            })?;
+            if p.numel() != values.len() {
+                return Err(Error::Phase {
+                    op: "load weights",
+                    state: format!(
+                        "{name}: {} values for a parameter of shape {:?}",
+                        values.len(),
+                        p.size()
+                    ),
+                });
+            }
+        }
+        let _no_grad = tch::no_grad_guard();
+        for (name, values) in weights {
+            let src = Tensor::f_from_slice(&values)?;
+            let mut p = params[&name].shallow_clone();
+            p.f_copy_(&src.f_view_as(&p)?.f_to_kind(p.kind())?)?;
+            if let Some(m) = masters.get(&name) {
+                let mut m = m.shallow_clone();
+                m.f_copy_(&src.f_view_as(&m)?)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn expect_train(&self, op: &'static str) -> Result<()> {
+        match self.phase() {
+            Phase::Train => Ok(()),
+            Phase::Rollout => Err(Error::Phase {
+                op,
+                state: "the worker is in the rollout phase (its training state is released); call to_train first".into(),
+            }),
+        }
+    }
+}
