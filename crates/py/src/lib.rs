@@ -19,7 +19,7 @@
 use std::path::Path;
 use std::sync::Mutex;
 
-use colo_rl::data_parallel::Rank;
+use colo_rl::data_parallel::{NamedWeights, Rank};
 use colo_rl::worker::Phase;
 use colo_rl::Config;
 use colo_rollout::SamplingParams;
@@ -34,6 +34,10 @@ use tch::{Kind, Tensor};
 fn err(e: impl std::fmt::Display) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
 }
+
+/// A completion as Python sees it: (token ids, log-probabilities, finish
+/// reason).
+type Sample = (Vec<u32>, Vec<f32>, String);
 
 /// One rank of a data-parallel colo run.
 #[pyclass(module = "colo._colo")]
@@ -170,7 +174,7 @@ impl Worker {
         top_p: f64,
         top_k: Option<usize>,
         seed: u64,
-    ) -> PyResult<Vec<Vec<(Vec<u32>, Vec<f32>, String)>>> {
+    ) -> PyResult<Vec<Vec<Sample>>> {
         let params = SamplingParams {
             n,
             max_new_tokens,
@@ -239,7 +243,7 @@ impl Worker {
 
     /// The actor's weights, copied out: [(name, shape, float32 values)]
     /// (train phase).
-    fn weights(&self, py: Python<'_>) -> PyResult<Vec<(String, Vec<i64>, Vec<f32>)>> {
+    fn weights(&self, py: Python<'_>) -> PyResult<NamedWeights> {
         py.detach(|| self.rank()?.weights().map_err(err))
     }
 

@@ -24,6 +24,8 @@
 
 mod ops;
 
+pub use ops::NamedWeights;
+
 use std::hash::Hasher;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

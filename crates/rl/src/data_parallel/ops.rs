@@ -18,6 +18,9 @@ use crate::setup::{loss_config, RolloutThreads};
 use crate::worker::{Phase, SwitchTiming};
 use crate::{Error, Result};
 
+/// Weights by name: (name, shape, float32 values).
+pub type NamedWeights = Vec<(String, Vec<i64>, Vec<f32>)>;
+
 /// Samples given by a caller, checked: as many responses as prompts.
 fn samples(prompts: Vec<Vec<u32>>, responses: Vec<Vec<u32>>) -> Result<Rollouts> {
     if prompts.len() != responses.len() || prompts.is_empty() {
@@ -158,7 +161,7 @@ impl Rank {
     }
 
     /// The actor's weights, by name: (shape, float32 values), copied out.
-    pub fn weights(&self) -> Result<Vec<(String, Vec<i64>, Vec<f32>)>> {
+    pub fn weights(&self) -> Result<NamedWeights> {
         self.expect_train("read the weights")?;
         self.run
             .worker
