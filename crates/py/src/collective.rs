@@ -36,24 +36,24 @@ impl Collective for PyCollective {
 
     fn all_reduce_tensors(&mut self, tensors: &[Tensor]) -> colo_train::Result<()> {
         for t in tensors {
-            if t.device() != Device::Cpu || t.kind() != Kind::Float || !t.is_contiguous() {
+            if t.kind() != Kind::Float || !t.is_contiguous() {
                 return Err(colo_train::Error::Unsupported {
                     what: "collective",
                     found: format!(
-                        "a {:?} {:?} gradient: the Python communicator takes contiguous \
-                         float32 CPU buffers (CUDA tensors need DLPack, not yet done)",
+                        "a {:?} gradient that is {}contiguous: the communicator takes \
+                         contiguous float32 buffers",
                         t.kind(),
-                        t.device()
+                        if t.is_contiguous() { "" } else { "not " }
                     ),
                 });
             }
         }
         Python::attach(|py| {
-            let views = tensors
+            let buffers = tensors
                 .iter()
-                .map(|t| writable_view(py, t))
+                .map(|t| buffer(py, t))
                 .collect::<PyResult<Vec<_>>>()?;
-            let list = PyList::new(py, views)?;
+            let list = PyList::new(py, buffers)?;
             self.comm
                 .call_method1(py, "all_reduce_buffers", (list,))
                 .map(drop)
@@ -87,6 +87,23 @@ impl Collective for PyCollective {
     }
 }
 
+/// A tensor's memory for the communicator, without a copy: a writable
+/// `memoryview` on the CPU; on a GPU the tuple `("cuda", device, address,
+/// elements)`, which the communicator wraps with
+/// `__cuda_array_interface__` (what `torch.as_tensor` reads without
+/// copying).
+fn buffer<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
+    match t.device() {
+        Device::Cpu => writable_view(py, t),
+        Device::Cuda(i) => ("cuda", i, t.data_ptr() as usize, t.numel())
+            .into_pyobject(py)
+            .map(Bound::into_any),
+        other => Err(PyValueError::new_err(format!(
+            "gradients on {other:?}: CPU or CUDA only"
+        ))),
+    }
+}
+
 /// `PyBUF_WRITE` of CPython's `object.h` (stable since 3.3; pyo3-ffi
 /// exports it only for 3.11+ builds, not for abi3-py39).
 const PYBUF_WRITE: std::os::raw::c_int = 0x200;
@@ -98,7 +115,8 @@ fn writable_view<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>
         .checked_mul(t.kind().elt_size_in_bytes())
         .and_then(|n| isize::try_from(n).ok())
         .ok_or_else(|| PyValueError::new_err("tensor too large for a memoryview"))?;
-    // SAFETY: the tensor is contiguous on the CPU (checked by the caller),
+    // SAFETY: the tensor is contiguous (checked by the caller) on the CPU
+    // (`buffer` calls this for CPU tensors only),
     // so `data_ptr()..+len` is its memory; the accumulators it views live
     // as long as the trainer, which outlives this call, and nothing else
     // touches them while the communicator runs (the trainer is blocked in

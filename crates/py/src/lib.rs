@@ -290,15 +290,19 @@ fn load_config(config: Option<&str>) -> PyResult<Config> {
 }
 
 /// Checks, before any worker starts, that `config` (a TOML path, or `None`
-/// for the built-in job) can be split over `workers` ranks; raises
-/// `ValueError` naming the key otherwise.
+/// for the built-in job) can be split over `workers` ranks (raises
+/// `ValueError` naming the key otherwise); returns the run's device,
+/// `"cpu"` or `"cuda"`.
 #[pyfunction]
 #[pyo3(signature = (config, workers))]
-fn check_layout(config: Option<String>, workers: usize) -> PyResult<()> {
+fn check_layout(config: Option<String>, workers: usize) -> PyResult<&'static str> {
     let cfg = load_config(config.as_deref())?;
     colo_rl::data_parallel::rank_config(&cfg, workers)
-        .map(drop)
-        .map_err(|e| PyValueError::new_err(e.to_string()))
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(match cfg.trainer.device {
+        colo_rl::config::Device::Cpu => "cpu",
+        colo_rl::config::Device::Cuda => "cuda",
+    })
 }
 
 /// Draws `out/memory_workers.{svg,png}` from the workers' directories

@@ -1,7 +1,8 @@
 """The communicator a `colo._colo.Worker` reduces through: torch.distributed.
 
-The trainer calls `all_reduce_buffers` with its gradient accumulators as
-writable memoryviews (their memory, not copies) once per optimizer step,
+The trainer calls `all_reduce_buffers` with its gradient accumulators
+(their memory, not copies: writable memoryviews on the CPU, `("cuda",
+device, address, elements)` on a GPU) once per optimizer step,
 and `all_reduce_values` with a few host numbers (loss denominators, metric
 sums). Buffers are packed into one flat tensor per call, like DDP's
 gradient buckets, so a step is one all-reduce of all gradient bytes.
@@ -15,6 +16,25 @@ import torch.distributed as dist
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
+class _CudaBuffer:
+    """A float32 device buffer as `torch.as_tensor` reads it without a copy."""
+
+    def __init__(self, address, numel):
+        self.__cuda_array_interface__ = {
+            "shape": (numel,),
+            "typestr": "<f4",
+            "data": (address, False),
+            "version": 3,
+        }
+
+
+def _tensor(buffer):
+    if isinstance(buffer, tuple) and buffer[0] == "cuda":
+        _, device, address, numel = buffer
+        return torch.as_tensor(_CudaBuffer(address, numel), device=f"cuda:{device}")
+    return torch.frombuffer(buffer, dtype=torch.float32)
+
+
 class TorchComm:
     """All-reduces over the default process group, timing what it moves."""
 
@@ -24,7 +44,7 @@ class TorchComm:
         self.calls = 0
 
     def all_reduce_buffers(self, views):
-        tensors = [torch.frombuffer(v, dtype=torch.float32) for v in views]
+        tensors = [_tensor(v) for v in views]
         flat = torch.cat(tensors)
         t = time.perf_counter()
         dist.all_reduce(flat)
@@ -38,7 +58,9 @@ class TorchComm:
         del tensors  # no view of the trainer's memory outlives the call
 
     def all_reduce_values(self, values, op):
-        t = torch.tensor(values, dtype=torch.float64)
+        # NCCL reduces device tensors only; gloo host ones.
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        t = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(t, op=_OPS[op])
         return t.tolist()
 

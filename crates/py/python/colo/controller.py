@@ -5,7 +5,8 @@ top to bottom. The design is verl's (HybridFlow): one placement group with
 a bundle per device (`STRICT_PACK`: the colocated roles of a device are
 fused into one worker process), one worker actor per bundle holding actor,
 rollout engine and reference (`colo._colo.Worker`), torch.distributed for
-the data plane (gloo on CPUs; rank 0's address published through Ray), and
+the data plane (gloo on CPUs, NCCL on GPUs — the GPU path has not run
+yet; rank 0's address published through Ray), and
 this process driving the dataflow:
 
     for each step:
@@ -70,7 +71,7 @@ class WorkerActor:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def setup(self, config, out, master, timeout_s, fault=None):
+    def setup(self, config, out, master, backend, timeout_s, fault=None):
         import torch.distributed as dist
 
         from colo import Worker
@@ -78,7 +79,7 @@ class WorkerActor:
 
         addr, port = master
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"tcp://{addr}:{port}",
             rank=self.rank,
             world_size=self.world,
@@ -267,24 +268,32 @@ def train(
     os.makedirs(out, exist_ok=True)
     config = os.path.abspath(config) if config else None
     try:
-        check_layout(config, workers)
+        device = check_layout(config, workers)
     except (ValueError, RuntimeError) as e:  # a layout that does not divide; a bad config
         raise RunError(str(e)) from None
     started = _connect(address, workers)
     pg = None
     actors = []
     try:
-        cpus = ray.cluster_resources().get("CPU", 0)
-        if cpus < workers:
-            raise RunError(
-                f"cluster.workers = {workers} needs {workers} CPU slots; the Ray cluster has {cpus:g}"
-            )
-        pg = placement_group([{"CPU": 1}] * workers, strategy="STRICT_PACK")
+        # One bundle per device: a CPU slot, and a GPU for a CUDA run (Ray
+        # then shows each worker its own GPU as cuda:0). gloo on CPUs,
+        # NCCL on GPUs.
+        bundle = {"CPU": 1, "GPU": 1} if device == "cuda" else {"CPU": 1}
+        backend = "nccl" if device == "cuda" else "gloo"
+        have = ray.cluster_resources()
+        for kind, n in bundle.items():
+            if have.get(kind, 0) < workers * n:
+                raise RunError(
+                    f"cluster.workers = {workers} needs {workers * n} {kind} slots; "
+                    f"the Ray cluster has {have.get(kind, 0):g}"
+                )
+        pg = placement_group([bundle] * workers, strategy="STRICT_PACK")
         if not pg.wait(timeout_seconds=60):
             raise RunError(f"the placement group of {workers} bundles could not be placed in 60 s")
         actors = [
             WorkerActor.options(
                 num_cpus=1,
+                num_gpus=bundle.get("GPU", 0),
                 max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=rank
@@ -294,7 +303,7 @@ def train(
         ]
         master = ray.get(actors[0].address.remote())
         schedules = _gather(
-            [a.setup.remote(config, out, master, step_timeout, fault) for a in actors],
+            [a.setup.remote(config, out, master, backend, step_timeout, fault) for a in actors],
             actors,
             "setup",
             step_timeout,
