@@ -58,16 +58,22 @@ fn a_large_model_needs_sharding_and_small_devices_can_fail() {
     );
 }
 
-#[test]
-fn grpo_without_critic_and_reward_model() {
+/// GRPO's models (actor and reference, no critic or reward model) of a
+/// small preset on four H100s.
+fn grpo_on_four() -> MappingProblem {
     let m = preset("qwen2.5-0.5b").unwrap();
-    let pb = MappingProblem {
+    MappingProblem {
         models: vec![(Role::Actor, m.clone()), (Role::Reference, m)],
         devices: 4,
         hardware: Hardware::h100(),
         workload: Workload::default(),
         top: 10,
-    };
+    }
+}
+
+#[test]
+fn grpo_without_critic_and_reward_model() {
+    let pb = grpo_on_four();
     let maps = auto_map(&pb).unwrap();
     // Two placements (together or apart) × their allocations.
     assert!(maps.iter().any(|m| m.placement.len() == 1));
@@ -78,14 +84,7 @@ fn grpo_without_critic_and_reward_model() {
 
 #[test]
 fn only_colocated_data_parallel_mappings_name_a_colo_layout() {
-    let m = preset("qwen2.5-0.5b").unwrap();
-    let pb = MappingProblem {
-        models: vec![(Role::Actor, m.clone()), (Role::Reference, m)],
-        devices: 4,
-        hardware: Hardware::h100(),
-        workload: Workload::default(),
-        top: 10,
-    };
+    let pb = grpo_on_four();
     let maps = auto_map(&pb).unwrap();
     let mut runnable = 0;
     for map in &maps {

@@ -672,9 +672,9 @@ impl Run<'_> {
         Ok((r, Some(texts)))
     }
 
-    /// Greedy accuracy on the held-out set after `step` steps, logged.
-    fn evaluate(&mut self, step: usize) -> Result<f64> {
-        let t = Instant::now();
+    /// Greedy evaluation of the held-out set, the device switched to the
+    /// rollout engine and back around it.
+    pub(crate) fn greedy_eval(&mut self) -> Result<eval::EvalResult> {
         self.worker.to_rollout()?;
         let ecfg = EvalConfig::greedy(self.config.rollout.max_new_tokens, vec![self.eos]);
         let threads = RolloutThreads::set(self.config);
@@ -687,7 +687,13 @@ impl Run<'_> {
         );
         drop(threads);
         self.worker.to_train()?;
-        let result = result?;
+        result
+    }
+
+    /// Greedy accuracy on the held-out set after `step` steps, logged.
+    fn evaluate(&mut self, step: usize) -> Result<f64> {
+        let t = Instant::now();
+        let result = self.greedy_eval()?;
         self.metrics.eval(&EvalRecord {
             step,
             accuracy: result.accuracy,

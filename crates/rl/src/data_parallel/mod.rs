@@ -34,10 +34,9 @@ use colo_train::Collective;
 
 use crate::config::Config;
 use crate::data::{Batch, Batches, Dataset};
-use crate::eval::{self, EvalConfig};
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::r#loop::Run;
-use crate::setup::{draw, load_data, make_pool, RolloutThreads};
+use crate::setup::{draw, load_data, make_pool};
 use crate::{checkpoints, Error, Result};
 
 /// This rank's share of `0..len` when split into `world` contiguous parts
@@ -165,23 +164,10 @@ impl Rank {
     /// Greedy evaluation of this rank's share of the held-out prompts:
     /// (right answers, prompts).
     pub fn evaluate(&mut self) -> Result<(usize, usize)> {
-        let run = &mut self.run;
-        if run.val.prompts.is_empty() {
+        if self.run.val.prompts.is_empty() {
             return Ok((0, 0));
         }
-        run.worker.to_rollout()?;
-        let ecfg = EvalConfig::greedy(run.config.rollout.max_new_tokens, vec![run.eos]);
-        let threads = RolloutThreads::set(run.config);
-        let result = eval::evaluate(
-            run.worker.engine()?,
-            &run.val,
-            &run.tokenizer,
-            run.reward.as_mut(),
-            &ecfg,
-        );
-        drop(threads);
-        run.worker.to_train()?;
-        let r = result?;
+        let r = self.run.greedy_eval()?;
         Ok(((r.accuracy * r.n as f64).round() as usize, r.n))
     }
 
