@@ -9,7 +9,8 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | `r#loop` | `run(config, out, resume)`: the RL step top to bottom, checkpoints, evaluation |
+//! | `r#loop` | the RL step top to bottom (`loop.rs`); `run(config, out, resume)`, a whole run around the steps (`run.rs`: resume, evaluations, checkpoints, pictures) |
+//! | [`data_parallel`] | one rank of a run on N devices: the step on a shard of the prompts, trainers joined by a collective; the worker's operations one by one (for colo-py) |
 //! | [`checkpoints`] | `checkpoints/step-N`: complete Hugging Face directories; the newest complete one for `--resume` |
 //! | [`worker`] | [`worker::HybridWorker`]: `to_rollout` / `to_train` in the colocation modes naive, restart, sleep, staged |
 //! | [`reference`](mod@reference) | the frozen reference model in tag `ref` |
@@ -20,7 +21,7 @@
 //! | [`reward`] | the [`Reward`] trait; exact / numeric / `\boxed{}` / format rules, weighted sums, external commands |
 //! | [`task`], [`vocab`] | the built-in arithmetic task, its character tokenizer and its 0.8M-parameter model |
 //! | [`metrics`] | `metrics.jsonl` records with verl's names |
-//! | [`plot`] | the memory timeline and the reward curve, SVG and PNG (`plotters`) |
+//! | [`plot`] | the memory timeline, the reward curve and the workers' memory, SVG and PNG (`plotters`) |
 //! | [`progress`] | a progress bar (`indicatif`) that stays quiet off a terminal |
 //!
 //! ## Example
@@ -81,6 +82,7 @@ pub mod reference;
 pub mod reward;
 pub mod rng;
 pub mod rollouts;
+mod run;
 mod setup;
 pub mod sft;
 pub mod task;

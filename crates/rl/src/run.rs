@@ -1,0 +1,258 @@
+//! A whole run: where it starts (from scratch, or resumed from the newest
+//! complete checkpoint with `metrics.jsonl` cut back to it), the device
+//! pool, the worker, the evaluations and checkpoints around the steps, and
+//! the pictures however it ends. The step itself is `loop.rs`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use colo_model::Tokenizer;
+
+use crate::checkpoints;
+use crate::config::Config;
+use crate::data::{Batches, Dataset};
+use crate::metrics::{self, MetricsWriter, Record};
+use crate::progress::{Progress, Status};
+use crate::r#loop::Run;
+use crate::setup::{draw, load_data, uses_critic};
+use crate::{Error, Result};
+
+/// What a finished run reports.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    pub run_dir: PathBuf,
+    /// Steps completed in total (including those before a resume).
+    pub steps: usize,
+    /// The checkpoint's step a `--resume` continued from (`None`: from
+    /// scratch).
+    pub resumed_from: Option<usize>,
+    /// Held-out accuracy of the starting checkpoint and at the end (read
+    /// back from `metrics.jsonl` for the steps before a resume).
+    pub first_accuracy: Option<f64>,
+    pub last_accuracy: Option<f64>,
+    /// The largest `memory/peak_device_bytes` of the run's steps, those
+    /// before a resume included.
+    pub peak_device_bytes: u64,
+    /// What the run said about where it started (also printed to stderr):
+    /// checkpoints skipped, records removed, starting from scratch.
+    pub notes: Vec<String>,
+}
+
+/// Where a run starts, decided before anything is loaded.
+struct Start {
+    /// RL steps already done (the checkpoint's N; 0 from scratch).
+    first_step: usize,
+    total: usize,
+    /// From the kept records of a resumed run: (step-0 accuracy, last
+    /// accuracy, peak device bytes).
+    before: (Option<f64>, Option<f64>, u64),
+    notes: Vec<String>,
+}
+
+impl Start {
+    fn say(&mut self, note: String) {
+        eprintln!("{note}");
+        self.notes.push(note);
+    }
+}
+
+/// Runs `config` into `out` (the run directory). With `resume`, continues
+/// from the newest complete checkpoint in `out/checkpoints` (see
+/// [`crate::checkpoints`]): refused when it is beyond the run's total
+/// steps, nothing to do when it is the last, and `metrics.jsonl` keeps only
+/// the records up to its step. Once the device pool exists, the memory
+/// timeline and the pictures are written however the run ends.
+pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
+    // ---- setup: files, model, data -----------------------------------------
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let ckpt_dir = out.join(checkpoints::DIR);
+    // Read only: nothing is written until the resume is known to make sense.
+    let found = resume
+        .then(|| checkpoints::latest_complete(&ckpt_dir, uses_critic(config)))
+        .transpose()?;
+    let model_dir = config.model.resolve(&out.join("base"))?;
+    let tokenizer = Tokenizer::from_dir(&model_dir)?;
+    let (train, val) = load_data(config, out, &tokenizer)?;
+
+    // ---- resume: which checkpoint, and the records after it go -------------
+    let total = config.total_steps(train.len());
+    let metrics_path = out.join("metrics.jsonl");
+    let mut start = Start {
+        first_step: 0,
+        total,
+        before: (None, None, 0),
+        notes: Vec::new(),
+    };
+    if let Some(found) = found {
+        for (dir, why) in &found.skipped {
+            start.say(format!(
+                "--resume: {} is not a complete checkpoint ({why}); skipped",
+                dir.display()
+            ));
+        }
+        match found.latest {
+            None => start.say(format!(
+                "--resume: no complete checkpoint in {}; starting from scratch",
+                ckpt_dir.display()
+            )),
+            Some((step, dir)) if step > total => {
+                return Err(Error::Resume(format!(
+                    "the newest checkpoint, {}, is at step {step}, beyond trainer.total_steps = {total}; \
+                     continuing would overwrite newer checkpoints with older steps. \
+                     Set trainer.total_steps to at least {step}, or use another run directory",
+                    dir.display()
+                )))
+            }
+            Some((step, dir)) => {
+                let removed = metrics::truncate_after(&metrics_path, step)?;
+                start.first_step = step;
+                start.before = earlier(&metrics_path)?;
+                start.say(format!(
+                    "--resume: continuing from {} (step {step} of {total}){}",
+                    dir.display(),
+                    match removed {
+                        0 => String::new(),
+                        n => format!("; removed {n} records after step {step} from metrics.jsonl"),
+                    }
+                ));
+                if step == total {
+                    start.say(format!(
+                        "--resume: the run is already complete ({total} of {total} steps); nothing to do"
+                    ));
+                    let (first_accuracy, last_accuracy, peak) = start.before;
+                    return Ok(RunSummary {
+                        run_dir: out.to_owned(),
+                        steps: total,
+                        resumed_from: Some(step),
+                        first_accuracy,
+                        last_accuracy,
+                        peak_device_bytes: peak,
+                        notes: start.notes,
+                    });
+                }
+            }
+        }
+    }
+    let metrics = match start.first_step {
+        0 => MetricsWriter::create(&metrics_path)?,
+        _ => MetricsWriter::append(&metrics_path)?,
+    };
+
+    // ---- device, worker, steps; the pictures however it ends ---------------
+    let pool = crate::setup::make_pool(config)?;
+    let setup = Setup {
+        model_dir,
+        tokenizer,
+        train,
+        val,
+        metrics,
+    };
+    let result = train_steps(config, out, &pool, setup, start);
+    match (result, draw(out, &pool)) {
+        (Ok(summary), drawn) => drawn.map(|()| summary),
+        (Err(e), Ok(())) => Err(e),
+        (Err(e), Err(d)) => {
+            eprintln!("could not write the run's pictures: {d}");
+            Err(e)
+        }
+    }
+}
+
+/// What the steps are set up from.
+struct Setup {
+    model_dir: PathBuf,
+    tokenizer: Tokenizer,
+    train: Dataset,
+    val: Dataset,
+    metrics: MetricsWriter,
+}
+
+/// (step-0 accuracy, last accuracy, peak device bytes) of the records in
+/// `metrics.jsonl`.
+fn earlier(path: &Path) -> Result<(Option<f64>, Option<f64>, u64)> {
+    if !path.is_file() {
+        return Ok((None, None, 0));
+    }
+    let (mut first, mut last, mut peak) = (None, None, 0);
+    for r in metrics::read(path)? {
+        match r {
+            Record::Eval(e) if e.step == 0 => (first, last) = (Some(e.accuracy), Some(e.accuracy)),
+            Record::Eval(e) => last = Some(e.accuracy),
+            Record::Step(s) => peak = peak.max(s.peak_device_bytes),
+        }
+    }
+    Ok((first, last, peak))
+}
+
+/// The worker, the evaluations and the steps from `start.first_step`.
+fn train_steps(
+    config: &Config,
+    out: &Path,
+    pool: &Arc<colo_mem::Pool>,
+    setup: Setup,
+    start: Start,
+) -> Result<RunSummary> {
+    let Setup {
+        model_dir,
+        tokenizer,
+        train,
+        val,
+        metrics,
+    } = setup;
+    let mut run = Run::new(config, out, pool, model_dir, tokenizer, val, metrics)?;
+    let ckpt_dir = out.join(checkpoints::DIR);
+    let (first_step, total) = (start.first_step, start.total);
+    if first_step > 0 {
+        let dir = ckpt_dir.join(format!("step-{first_step}"));
+        run.worker.load_checkpoint(&dir)?;
+    }
+
+    let batches = Batches::new(
+        &train,
+        config.batch.prompts_per_step,
+        config.data.seed,
+        config.data.shuffle,
+    )?;
+    let mut progress = Progress::stderr(total);
+    let (mut first_accuracy, mut last_accuracy, mut peak) = start.before;
+    if config.trainer.val_before_train && first_step == 0 {
+        first_accuracy = Some(run.evaluate(0)?);
+        last_accuracy = first_accuracy;
+    }
+
+    // ---- the steps ---------------------------------------------------------
+    for step in first_step..total {
+        let m = run.step(&batches.batch(step))?;
+        peak = peak.max(m.peak_device_bytes);
+        run.metrics.step(&m)?;
+        let done = step + 1;
+        if config.trainer.save_freq.is_some_and(|f| done % f == 0) && done < total {
+            run.save(&ckpt_dir, done)?;
+        }
+        if config.trainer.test_freq.is_some_and(|f| done % f == 0) && done < total {
+            last_accuracy = Some(run.evaluate(done)?);
+        }
+        progress.update(
+            done,
+            Status {
+                score: m.score_mean,
+                accuracy: last_accuracy,
+            },
+        );
+    }
+
+    // ---- the end: one evaluation, the last checkpoint ----------------------
+    // (`run` returns early when a resumed run has no step left, so this
+    // evaluation is the only one at `total`.)
+    last_accuracy = Some(run.evaluate(total)?);
+    run.save(&ckpt_dir, total)?;
+    Ok(RunSummary {
+        run_dir: out.to_owned(),
+        steps: total,
+        resumed_from: (first_step > 0).then_some(first_step),
+        first_accuracy,
+        last_accuracy,
+        peak_device_bytes: peak,
+        notes: start.notes,
+    })
+}
