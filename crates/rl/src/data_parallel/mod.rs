@@ -1,5 +1,5 @@
 //! One rank of a data-parallel run: the same hybrid worker and step as
-//! [`crate::r#loop`], on a shard of every step's prompts, with its trainers
+//! `loop.rs`, on a shard of every step's prompts, with its trainers
 //! joined to the other ranks by a [`Collective`].
 //!
 //! The controller (colo-py's, on Ray) makes one [`Rank`] per device and
