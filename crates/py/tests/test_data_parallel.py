@@ -219,6 +219,14 @@ class Faults(unittest.TestCase):
     def test_a_killed_worker_stops_the_run_naming_it_and_resume_continues(self):
         self.check_stops_then_resumes("exit", "worker 1 died")
 
+    def test_resume_refuses_a_checkpoint_beyond_the_run(self):
+        out = os.path.join(self.tmp, "run")
+        train(self.cfg, out, 2, log=quiet)
+        short = write_config(os.path.join(self.tmp, "short.toml"), save_freq=1, total_steps=2)
+        with self.assertRaisesRegex(RunError, r"checkpoint is at step 3, beyond trainer.total_steps = 2"):
+            train(short, out, 2, resume=True, log=quiet)
+        self.assertEqual(sorted(os.listdir(os.path.join(out, "checkpoints"))), ["step-1", "step-2", "step-3"])
+
     def test_a_worker_that_raises_stops_the_run_naming_it(self):
         self.check_stops_then_resumes("raise", "worker 1 failed: injected failure")
 

@@ -330,6 +330,12 @@ def _steps(actors, out, schedule, resume, digest_every, timeout, log):
         latest = _latest_checkpoint(out)
         if latest is None:
             log(f"--resume: no complete checkpoint in {out}/checkpoints; starting from scratch")
+        elif latest > total:
+            raise RunError(
+                f"--resume: the newest checkpoint is at step {latest}, beyond trainer.total_steps = {total}; "
+                f"continuing would overwrite newer checkpoints with older steps. Set trainer.total_steps "
+                f"to at least {latest}, or use another run directory"
+            )
         else:
             first = latest
             _gather([a.load.remote(first) for a in actors], actors, "load", timeout)
