@@ -92,14 +92,33 @@ impl Collective for PyCollective {
 /// elements)`, which the communicator wraps with
 /// `__cuda_array_interface__` (what `torch.as_tensor` reads without
 /// copying).
-fn buffer<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn buffer<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
     match t.device() {
         Device::Cpu => writable_view(py, t),
-        Device::Cuda(i) => ("cuda", i, t.data_ptr() as usize, t.numel())
+        Device::Cuda(i) => (
+            "cuda",
+            i,
+            t.data_ptr() as usize,
+            t.numel(),
+            dtype_name(t.kind())?,
+        )
             .into_pyobject(py)
             .map(Bound::into_any),
         other => Err(PyValueError::new_err(format!(
-            "gradients on {other:?}: CPU or CUDA only"
+            "tensors on {other:?}: CPU or CUDA only"
+        ))),
+    }
+}
+
+/// torch's name of a dtype colo's tensors use.
+pub(crate) fn dtype_name(kind: Kind) -> PyResult<&'static str> {
+    match kind {
+        Kind::Float => Ok("float32"),
+        Kind::BFloat16 => Ok("bfloat16"),
+        Kind::Half => Ok("float16"),
+        Kind::Double => Ok("float64"),
+        other => Err(PyValueError::new_err(format!(
+            "no view for {other:?} tensors"
         ))),
     }
 }
@@ -115,13 +134,14 @@ fn writable_view<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>
         .checked_mul(t.kind().elt_size_in_bytes())
         .and_then(|n| isize::try_from(n).ok())
         .ok_or_else(|| PyValueError::new_err("tensor too large for a memoryview"))?;
-    // SAFETY: the tensor is contiguous (checked by the caller) on the CPU
-    // (`buffer` calls this for CPU tensors only),
-    // so `data_ptr()..+len` is its memory; the accumulators it views live
-    // as long as the trainer, which outlives this call, and nothing else
-    // touches them while the communicator runs (the trainer is blocked in
-    // `all_reduce_tensors`). The communicator drops its views before
-    // returning.
+    // SAFETY: the tensor is contiguous (checked by the callers) on the CPU
+    // (`buffer` calls this for CPU tensors only), so `data_ptr()..+len` is
+    // its memory. The tensors viewed are the trainer's own (parameters,
+    // gradient accumulators, moments), which live as long as the worker,
+    // and their memory stays mapped while a view is open: the collective's
+    // views live for one `all_reduce_buffers` call, inside the update; the
+    // views of `Worker.open_views` until `close_views`, and the worker
+    // refuses every phase switch meanwhile (`lib.rs`).
     unsafe {
         let p = pyo3::ffi::PyMemoryView_FromMemory(t.data_ptr().cast(), len, PYBUF_WRITE);
         Bound::from_owned_ptr_or_err(py, p)

@@ -17,6 +17,7 @@
 //! with its `// SAFETY:` note.
 
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use colo_rl::data_parallel::{NamedWeights, Rank};
@@ -39,11 +40,18 @@ fn err(e: impl std::fmt::Display) -> PyErr {
 /// reason).
 type Sample = (Vec<u32>, Vec<f32>, String);
 
+/// A view of one tensor: (name, shape, dtype, buffer).
+type View = (String, Vec<i64>, &'static str, Py<PyAny>);
+
 /// One rank of a data-parallel colo run.
 #[pyclass(module = "colo._colo")]
 struct Worker {
     /// Python may call from any thread; the rank runs one call at a time.
     rank: Mutex<Rank>,
+    /// Zero-copy views of the training state handed out and not yet
+    /// closed: while any is open, the worker refuses to switch phase (the
+    /// switch would release the memory they point at).
+    views_open: std::sync::atomic::AtomicUsize,
 }
 
 impl Worker {
@@ -51,6 +59,18 @@ impl Worker {
         self.rank
             .lock()
             .map_err(|_| PyRuntimeError::new_err("an earlier call on this worker panicked"))
+    }
+
+    /// The rank, for a call that may release or replace the training
+    /// state's memory: refused while views of it are open.
+    fn rank_unviewed(&self, op: &str) -> PyResult<std::sync::MutexGuard<'_, Rank>> {
+        match self.views_open.load(Ordering::SeqCst) {
+            0 => self.rank(),
+            n => Err(PyRuntimeError::new_err(format!(
+                "{op}: {n} view(s) of the worker's training state are open; leave the \
+                 `with colo.views(...)` block (or drop the tensors and call close_views()) first"
+            ))),
+        }
     }
 }
 
@@ -82,6 +102,7 @@ impl Worker {
             .map_err(err)?;
         Ok(Worker {
             rank: Mutex::new(rank),
+            views_open: Default::default(),
         })
     }
 
@@ -92,14 +113,14 @@ impl Worker {
     /// Runs step `step` (0-based); returns this rank's metrics as JSON
     /// (verl's names).
     fn step(&self, py: Python<'_>, step: usize) -> PyResult<String> {
-        let m = py.detach(|| self.rank()?.step(step).map_err(err))?;
+        let m = py.detach(|| self.rank_unviewed("step")?.step(step).map_err(err))?;
         serde_json::to_string(&m).map_err(err)
     }
 
     /// Greedy evaluation of this rank's share of the held-out prompts:
     /// (right, prompts).
     fn evaluate(&self, py: Python<'_>) -> PyResult<(usize, usize)> {
-        py.detach(|| self.rank()?.evaluate().map_err(err))
+        py.detach(|| self.rank_unviewed("evaluate")?.evaluate().map_err(err))
     }
 
     fn save(&self, py: Python<'_>, step: usize) -> PyResult<()> {
@@ -107,7 +128,7 @@ impl Worker {
     }
 
     fn load(&self, py: Python<'_>, step: usize) -> PyResult<()> {
-        py.detach(|| self.rank()?.load(step).map_err(err))
+        py.detach(|| self.rank_unviewed("load")?.load(step).map_err(err))
     }
 
     /// A digest of the actor's weights, equal on every rank while they agree.
@@ -144,13 +165,13 @@ impl Worker {
     /// Train → rollout in the config's colocation mode; returns (seconds,
     /// of which weight sync).
     fn to_rollout(&self, py: Python<'_>) -> PyResult<(f64, f64)> {
-        let t = py.detach(|| self.rank()?.to_rollout().map_err(err))?;
+        let t = py.detach(|| self.rank_unviewed("to_rollout")?.to_rollout().map_err(err))?;
         Ok((t.total_s, t.sync_s))
     }
 
     /// Rollout → train; returns (seconds, 0).
     fn to_train(&self, py: Python<'_>) -> PyResult<(f64, f64)> {
-        let t = py.detach(|| self.rank()?.to_train().map_err(err))?;
+        let t = py.detach(|| self.rank_unviewed("to_train")?.to_train().map_err(err))?;
         Ok((t.total_s, t.sync_s))
     }
 
@@ -251,6 +272,34 @@ impl Worker {
     /// phase); all names and sizes are checked before anything is written.
     fn load_weights(&self, py: Python<'_>, weights: Vec<(String, Vec<f32>)>) -> PyResult<()> {
         py.detach(|| self.rank()?.load_weights(weights).map_err(err))
+    }
+
+    /// Zero-copy views of the training state (train phase): `what` is
+    /// "weights", "grads" or "optimizer"; returns [(name, shape, dtype,
+    /// buffer)], each buffer a writable memoryview of the tensor's memory
+    /// (CPU) or a CUDA descriptor. Use `colo.views(worker, what)`, which
+    /// makes torch tensors of them and closes them: until `close_views`,
+    /// the worker refuses to switch phase.
+    fn open_views(&self, py: Python<'_>, what: &str) -> PyResult<Vec<View>> {
+        let tensors = self.rank()?.shared_tensors(what).map_err(err)?;
+        let mut out = Vec::with_capacity(tensors.len());
+        for (name, t) in tensors {
+            if !t.is_contiguous() {
+                return Err(PyValueError::new_err(format!("{name} is not contiguous")));
+            }
+            let kind = collective::dtype_name(t.kind())?;
+            out.push((name, t.size(), kind, collective::buffer(py, &t)?.unbind()));
+        }
+        self.views_open.fetch_add(1, Ordering::SeqCst);
+        Ok(out)
+    }
+
+    /// Closes one `open_views` (its views must be released first).
+    fn close_views(&self) -> PyResult<()> {
+        self.views_open
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .map(drop)
+            .map_err(|_| PyRuntimeError::new_err("close_views: no views are open"))
     }
 
     /// The pool's statistics as JSON (resident, peak, per tag).

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import unittest
 
+import colo
 from colo import Worker
 
 from test_data_parallel import write_config
@@ -95,6 +96,40 @@ class WorkerApi(unittest.TestCase):
         w.load_weights([(name, values) for name, _, values in before])
         self.assertEqual(w.weights(), before)
         self.assertEqual(w.log_probs(P, R), old)
+
+    def test_views_share_the_actors_memory_and_lock_the_phase(self):
+        w = self.w
+        before = w.weights()
+        name, shape, values = before[1]
+        with colo.views(w, "weights") as ws:
+            self.assertEqual(list(ws[name].shape), shape)
+            self.assertEqual(ws[name].flatten().tolist(), values, "the view reads the weights")
+            ws[name].mul_(0.0)  # ... and writes them
+            with self.assertRaisesRegex(RuntimeError, "to_rollout: 1 view"):
+                w.to_rollout()
+        self.assertEqual(w.phase(), "train")
+        self.assertEqual(w.weights()[1][2], [0.0] * len(values))
+        w.load_weights([(n, v) for n, _, v in before])
+
+        with colo.views(w, "optimizer") as opt:
+            self.assertIn(f"{name}.exp_avg", opt)
+            self.assertIn(f"{name}.exp_avg_sq", opt)
+
+        # A tensor kept past the block: an error, and the worker stays
+        # locked until it is dropped and the views are closed.
+        with self.assertRaisesRegex(RuntimeError, "still referenced"):
+            with colo.views(w, "grads") as gs:
+                kept = gs[name]
+        with self.assertRaisesRegex(RuntimeError, "view"):
+            w.to_rollout()
+        del kept, gs
+        w.close_views()
+        w.to_rollout()
+        w.to_train()
+        with self.assertRaisesRegex(RuntimeError, "no views are open"):
+            w.close_views()
+        with self.assertRaisesRegex(RuntimeError, "expected \"weights\", \"grads\" or \"optimizer\""):
+            w.open_views("moments")
 
     def test_misuse_is_an_error_naming_what_was_expected(self):
         w = self.w

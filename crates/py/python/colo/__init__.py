@@ -10,5 +10,6 @@ them on Ray, with gradients all-reduced through torch.distributed.
 import torch  # noqa: F401
 
 from colo._colo import Worker  # noqa: E402
+from colo.views import views  # noqa: E402
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "views"]

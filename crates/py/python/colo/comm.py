@@ -16,23 +16,46 @@ import torch.distributed as dist
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
-class _CudaBuffer:
-    """A float32 device buffer as `torch.as_tensor` reads it without a copy."""
+_TYPESTR = {"float32": "<f4", "float16": "<f2", "float64": "<f8"}
 
-    def __init__(self, address, numel):
+
+class _CudaBuffer:
+    """A device buffer as `torch.as_tensor` reads it without a copy."""
+
+    def __init__(self, address, numel, typestr):
         self.__cuda_array_interface__ = {
             "shape": (numel,),
-            "typestr": "<f4",
+            "typestr": typestr,
             "data": (address, False),
             "version": 3,
         }
 
 
-def _tensor(buffer):
+def holder(buffer, dtype="float32"):
+    """The object a tensor over `buffer` keeps alive: the memoryview (CPU),
+    or a `__cuda_array_interface__` for `("cuda", device, address,
+    elements, dtype)`."""
     if isinstance(buffer, tuple) and buffer[0] == "cuda":
-        _, device, address, numel = buffer
-        return torch.as_tensor(_CudaBuffer(address, numel), device=f"cuda:{device}")
-    return torch.frombuffer(buffer, dtype=torch.float32)
+        _, device, address, numel, dtype = buffer
+        # No typestr for bf16: its bits as int16, viewed back below.
+        typestr = "<i2" if dtype == "bfloat16" else _TYPESTR[dtype]
+        h = _CudaBuffer(address, numel, typestr)
+        h.device, h.dtype = device, dtype
+        return h
+    return buffer
+
+
+def tensor_of(h, dtype="float32"):
+    """A flat tensor over a `holder`, sharing its memory."""
+    if isinstance(h, _CudaBuffer):
+        t = torch.as_tensor(h, device=f"cuda:{h.device}")
+        return t.view(torch.bfloat16) if h.dtype == "bfloat16" else t
+    return torch.frombuffer(h, dtype=getattr(torch, dtype))
+
+
+def as_tensor(buffer, dtype="float32"):
+    """A flat tensor over a buffer colo hands out, sharing its memory."""
+    return tensor_of(holder(buffer, dtype), dtype)
 
 
 class TorchComm:
@@ -44,7 +67,7 @@ class TorchComm:
         self.calls = 0
 
     def all_reduce_buffers(self, views):
-        tensors = [_tensor(v) for v in views]
+        tensors = [as_tensor(v) for v in views]
         flat = torch.cat(tensors)
         t = time.perf_counter()
         dist.all_reduce(flat)

@@ -216,6 +216,32 @@ impl Rank {
         Ok(())
     }
 
+    /// The actor's tensors by name, sharing their memory (training phase):
+    /// `"weights"`, `"grads"` (the last update's, summed over the ranks),
+    /// or `"optimizer"` (AdamW's moments, `<name>.exp_avg` and
+    /// `<name>.exp_avg_sq`). For zero-copy views: the memory is released
+    /// by the next switch to the rollout phase, so a caller must not keep
+    /// them past it.
+    pub fn shared_tensors(&self, what: &str) -> Result<Vec<(String, Tensor)>> {
+        self.expect_train("view the training state")?;
+        let actor = &self.run.worker.actor;
+        Ok(match what {
+            "weights" => actor.parameters(),
+            "grads" => actor.gradients(),
+            "optimizer" => actor
+                .optimizer_state()
+                .into_iter()
+                .flat_map(|(n, m, v)| [(format!("{n}.exp_avg"), m), (format!("{n}.exp_avg_sq"), v)])
+                .collect(),
+            other => {
+                return Err(Error::Phase {
+                    op: "view the training state",
+                    state: format!("{other:?}: expected \"weights\", \"grads\" or \"optimizer\""),
+                })
+            }
+        })
+    }
+
     fn expect_train(&self, op: &'static str) -> Result<()> {
         match self.phase() {
             Phase::Train => Ok(()),

@@ -1,0 +1,47 @@
+"""Zero-copy views of a worker's training state as torch tensors.
+
+    with colo.views(worker, "weights") as w:
+        w["model.embed_tokens.weight"].mul_(0.5)   # writes the actor's weights
+
+The tensors share the actor's memory (no copy either way). That memory is
+released when the worker switches to generation, so the worker refuses to
+switch while a view is open, and the block checks on leaving that no
+tensor made from it is still referenced (each tensor keeps its buffer's
+holder alive: a holder referenced more than when the block began means a
+tensor outlived it).
+"""
+
+import contextlib
+import sys
+
+from colo.comm import holder, tensor_of
+
+
+@contextlib.contextmanager
+def views(worker, what="weights"):
+    """{name: tensor} over the actor's "weights", "grads" (the last
+    update's, summed over the ranks) or "optimizer" (`<name>.exp_avg`,
+    `<name>.exp_avg_sq`); train phase only."""
+    items = worker.open_views(what)
+    names = [(name, shape, dtype) for name, shape, dtype, _ in items]
+    holders = [holder(buf, dtype) for _, _, dtype, buf in items]
+    del items
+    before = [sys.getrefcount(h) for h in holders]
+    tensors = {
+        name: tensor_of(h, dtype).view(shape) for (name, shape, dtype), h in zip(names, holders)
+    }
+    try:
+        yield tensors
+    finally:
+        tensors.clear()
+        after = [sys.getrefcount(h) for h in holders]  # counted as `before` was
+        if after != before:
+            raise RuntimeError(
+                f"a tensor from colo.views(worker, {what!r}) is still referenced after the block; "
+                "the worker stays locked (no phase switch) until it is dropped and "
+                "worker.close_views() is called"
+            )
+        for h in holders:
+            if isinstance(h, memoryview):
+                h.release()
+        worker.close_views()
