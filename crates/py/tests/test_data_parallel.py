@@ -181,6 +181,40 @@ class CommandLine(unittest.TestCase):
             self.assertEqual(steps, [1, 2, 3])
 
 
+MULTI_NODE = """
+import json, sys
+import ray
+from ray.cluster_utils import Cluster
+from colo.controller import train
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+cluster.add_node(num_cpus=1)
+ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+try:
+    s = train(sys.argv[1], sys.argv[2], 2, log=lambda *_: None)
+    print(json.dumps({"nodes": s["nodes"], "steps": s["steps"]}))
+finally:
+    ray.shutdown()
+    cluster.shutdown()
+"""
+
+
+class MultiNode(unittest.TestCase):
+    def test_one_placement_group_per_node(self):
+        """Two one-CPU nodes (two raylets on this machine, Ray's own test
+        cluster): the two workers land one per node and train together."""
+        with tempfile.TemporaryDirectory(prefix="colo-dp-nodes-") as tmp:
+            cfg = write_config(os.path.join(tmp, "run.toml"))
+            r = subprocess.run(
+                [sys.executable, "-W", "ignore", "-c", MULTI_NODE, cfg, os.path.join(tmp, "run")],
+                capture_output=True, text=True, timeout=300,
+            )
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            s = json.loads(r.stdout.strip().splitlines()[-1])
+            self.assertEqual(s["steps"], 3)
+            self.assertEqual(len(set(s["nodes"])), 2, f"workers on nodes {s['nodes']}")
+
+
 class Faults(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

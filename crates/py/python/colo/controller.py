@@ -1,12 +1,12 @@
 """The single controller of a data-parallel colo run, on Ray.
 
 This file is to N devices what `crates/rl/src/loop.rs` is to one: read it
-top to bottom. The design is verl's (HybridFlow): one placement group with
-a bundle per device (`STRICT_PACK`: the colocated roles of a device are
-fused into one worker process), one worker actor per bundle holding actor,
-rollout engine and reference (`colo._colo.Worker`), torch.distributed for
-the data plane (gloo on CPUs, NCCL on GPUs — the GPU path has not run
-yet; rank 0's address published through Ray), and
+top to bottom. The design is verl's (HybridFlow): placement groups of one
+bundle per device, one `STRICT_PACK` group per node (the colocated roles
+of a device are fused into one worker process), one worker actor per
+bundle holding actor, rollout engine and reference (`colo._colo.Worker`),
+torch.distributed for the data plane (gloo on CPUs, NCCL on GPUs — the GPU
+path has not run yet; rank 0's address published through Ray), and
 this process driving the dataflow:
 
     for each step:
@@ -70,6 +70,10 @@ class WorkerActor:
             s.bind(("", 0))
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
+
+    def node(self):
+        """The Ray node this worker runs on."""
+        return ray.get_runtime_context().get_node_id()
 
     def setup(self, config, out, master, backend, timeout_s, fault=None):
         import torch.distributed as dist
@@ -228,6 +232,44 @@ def _reachable(address, timeout_s=5.0):
         return False
 
 
+def _placement_groups(workers, bundle, timeout_s=60):
+    """verl's resource pool: one `STRICT_PACK` placement group per node,
+    each with as many bundles as the node holds (fullest nodes first), so
+    that a worker's colocated roles share its node and ranks run node by
+    node. Returns [(group, bundles)]; ranks follow that order."""
+    per_node = []
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        r = node["Resources"]
+        fits = min(int(r.get(k, 0) // v) for k, v in bundle.items())
+        if fits > 0:
+            per_node.append((fits, node["NodeID"]))
+    total = sum(f for f, _ in per_node)
+    if total < workers:
+        have = ray.cluster_resources()
+        kind = next((k for k, v in bundle.items() if have.get(k, 0) < workers * v), "CPU")
+        raise RunError(
+            f"cluster.workers = {workers} needs {workers * bundle[kind]} {kind} slots; "
+            f"the Ray cluster has {have.get(kind, 0):g}"
+        )
+    per_node.sort(key=lambda x: -x[0])
+    groups, left = [], workers
+    for fits, node_id in per_node:
+        if left == 0:
+            break
+        n = min(fits, left)
+        pg = placement_group([bundle] * n, strategy="STRICT_PACK", _soft_target_node_id=node_id)
+        groups.append((pg, n))
+        left -= n
+    for pg, n in groups:
+        if not pg.wait(timeout_seconds=timeout_s):
+            for g, _ in groups:
+                remove_placement_group(g)
+            raise RunError(f"a placement group of {n} bundles could not be placed in {timeout_s} s")
+    return groups
+
+
 def _connect(address, workers):
     """Ray: the given cluster, or a local one started here (stopped at the
     end). Returns whether this call started it."""
@@ -272,7 +314,7 @@ def train(
     except (ValueError, RuntimeError) as e:  # a layout that does not divide; a bad config
         raise RunError(str(e)) from None
     started = _connect(address, workers)
-    pg = None
+    groups = []
     actors = []
     try:
         # One bundle per device: a CPU slot, and a GPU for a CUDA run (Ray
@@ -280,26 +322,18 @@ def train(
         # NCCL on GPUs.
         bundle = {"CPU": 1, "GPU": 1} if device == "cuda" else {"CPU": 1}
         backend = "nccl" if device == "cuda" else "gloo"
-        have = ray.cluster_resources()
-        for kind, n in bundle.items():
-            if have.get(kind, 0) < workers * n:
-                raise RunError(
-                    f"cluster.workers = {workers} needs {workers * n} {kind} slots; "
-                    f"the Ray cluster has {have.get(kind, 0):g}"
-                )
-        pg = placement_group([bundle] * workers, strategy="STRICT_PACK")
-        if not pg.wait(timeout_seconds=60):
-            raise RunError(f"the placement group of {workers} bundles could not be placed in 60 s")
+        groups = _placement_groups(workers, bundle)
+        slots = [(pg, i) for pg, n in groups for i in range(n)]
         actors = [
             WorkerActor.options(
                 num_cpus=1,
                 num_gpus=bundle.get("GPU", 0),
                 max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=rank
+                    placement_group=pg, placement_group_bundle_index=i
                 ),
             ).remote(rank, workers)
-            for rank in range(workers)
+            for rank, (pg, i) in enumerate(slots)
         ]
         master = ray.get(actors[0].address.remote())
         schedules = _gather(
@@ -309,6 +343,7 @@ def train(
             step_timeout,
         )
         summary = _steps(actors, out, schedules[0], resume, digest_every, step_timeout, log)
+        summary["nodes"] = ray.get([a.node.remote() for a in actors])
         if keep_parameters:
             summary["parameters"] = ray.get(actors[0].parameters.remote())
             summary["gradients"] = ray.get(actors[0].gradients.remote())
@@ -316,7 +351,7 @@ def train(
     finally:
         for a in actors:
             ray.kill(a)
-        if pg is not None:
+        for pg, _ in groups:
             remove_placement_group(pg)
         if started:
             ray.shutdown()
