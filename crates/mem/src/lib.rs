@@ -96,7 +96,7 @@ pub use host::HostBackend;
 pub use pool::{Policy, Pool, PoolConfig};
 pub use region::{RegionGuard, MAX_REGION_POOLS};
 pub use stats::{PoolStats, TagStats};
-pub use timeline::{read_jsonl as read_timeline, Event, EventKind};
+pub use timeline::{read_jsonl as read_timeline, write_jsonl as timeline_jsonl, Event, EventKind};
 pub use torch::{untagged, Untagged};
 
 /// Bytes in human units, for messages: `1.5 GiB`, `12.0 MiB`, `512 B`

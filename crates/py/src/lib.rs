@@ -307,6 +307,15 @@ impl Worker {
         serde_json::to_string(&self.rank()?.pool().stats()).map_err(err)
     }
 
+    /// The memory timeline so far, as JSON lines (one event per line: time,
+    /// phase, kind, tags, resident bytes per tag; colo-mem's `Event`).
+    fn timeline(&self) -> PyResult<String> {
+        let events = self.rank()?.pool().timeline();
+        let mut out = Vec::new();
+        colo_mem::timeline_jsonl(&events, &mut out).map_err(err)?;
+        String::from_utf8(out).map_err(err)
+    }
+
     /// Writes this rank's timeline and pictures; returns their directory
     /// and the device's capacity in bytes.
     fn finish(&self, py: Python<'_>) -> PyResult<(String, u64)> {

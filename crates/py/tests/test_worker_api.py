@@ -65,6 +65,12 @@ class WorkerApi(unittest.TestCase):
 
         w.to_train()
         self.assertEqual(w.phase(), "train")
+        events = [json.loads(l) for l in w.timeline().splitlines()]
+        moves = [(e["kind"], e["tags"]) for e in events if e["kind"] in ("pause", "resume")]
+        self.assertEqual(moves[-2][0], "pause", "the engine sleeps ...")
+        self.assertIn("kv_cache", moves[-2][1])
+        self.assertEqual(moves[-1][0], "resume", "... and the trainer wakes")
+        self.assertIn("train_params", moves[-1][1])
         P = [p for p, o in zip(prompts, out) for _ in o]
         R = [c[0] for o in out for c in o]
         old = w.log_probs(P, R)
