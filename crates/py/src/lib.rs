@@ -78,9 +78,11 @@ impl Worker {
 impl Worker {
     /// `config`: a run config file (TOML), or `None` for the built-in job;
     /// `out`: the run directory (shared by all ranks); `comm`: the
-    /// communicator (see the module docs).
+    /// communicator (see the module docs); `resume_from`: the checkpoint
+    /// step a resumed run continues from (this rank's own records are cut
+    /// back to it; the controller loads the checkpoint).
     #[new]
-    #[pyo3(signature = (config, out, rank, world, comm))]
+    #[pyo3(signature = (config, out, rank, world, comm, resume_from=None))]
     fn new(
         py: Python<'_>,
         config: Option<String>,
@@ -88,6 +90,7 @@ impl Worker {
         rank: usize,
         world: usize,
         comm: Py<PyAny>,
+        resume_from: Option<usize>,
     ) -> PyResult<Self> {
         let cfg = load_config(config.as_deref())?;
         let make = move || -> Box<dyn Collective> {
@@ -98,7 +101,7 @@ impl Worker {
             })
         };
         let rank = py
-            .detach(|| Rank::new(cfg, Path::new(&out), rank, world, make))
+            .detach(|| Rank::new(cfg, Path::new(&out), rank, world, resume_from, make))
             .map_err(err)?;
         Ok(Worker {
             rank: Mutex::new(rank),

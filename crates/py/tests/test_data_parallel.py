@@ -249,6 +249,10 @@ class Faults(unittest.TestCase):
         with open(os.path.join(out, "metrics.jsonl")) as f:
             steps = [json.loads(l)["training/global_step"] for l in f if "actor/pg_loss" in l]
         self.assertEqual(steps, [1, 2, 3], "each step recorded once")
+        for rank in (0, 1):
+            with open(os.path.join(out, "workers", f"rank-{rank}", "metrics.jsonl")) as f:
+                steps = [json.loads(l)["training/global_step"] for l in f if "actor/pg_loss" in l]
+            self.assertEqual(steps, [1, 2, 3], f"rank {rank}'s own records, kept and cut back")
 
     def test_a_killed_worker_stops_the_run_naming_it_and_resume_continues(self):
         self.check_stops_then_resumes("exit", "worker 1 died")

@@ -75,7 +75,7 @@ class WorkerActor:
         """The Ray node this worker runs on."""
         return ray.get_runtime_context().get_node_id()
 
-    def setup(self, config, out, master, backend, timeout_s, fault=None):
+    def setup(self, config, out, master, backend, timeout_s, resume_from=None, fault=None):
         import torch.distributed as dist
 
         from colo import Worker
@@ -90,7 +90,7 @@ class WorkerActor:
             timeout=timedelta(seconds=timeout_s),
         )
         self.comm = TorchComm()
-        self.worker = Worker(config, out, self.rank, self.world, self.comm)
+        self.worker = Worker(config, out, self.rank, self.world, self.comm, resume_from)
         self.fault = fault if fault and fault.get("rank") == self.rank else None
         return self.worker.schedule()
 
@@ -313,6 +313,11 @@ def train(
         device = check_layout(config, workers)
     except (ValueError, RuntimeError) as e:  # a layout that does not divide; a bad config
         raise RunError(str(e)) from None
+    latest = None
+    if resume:
+        latest = _latest_checkpoint(out)
+        if latest is None:
+            log(f"--resume: no complete checkpoint in {out}/checkpoints; starting from scratch")
     started = _connect(address, workers)
     groups = []
     actors = []
@@ -337,12 +342,12 @@ def train(
         ]
         master = ray.get(actors[0].address.remote())
         schedules = _gather(
-            [a.setup.remote(config, out, master, backend, step_timeout, fault) for a in actors],
+            [a.setup.remote(config, out, master, backend, step_timeout, latest, fault) for a in actors],
             actors,
             "setup",
             step_timeout,
         )
-        summary = _steps(actors, out, schedules[0], resume, digest_every, step_timeout, log)
+        summary = _steps(actors, out, schedules[0], latest, digest_every, step_timeout, log)
         summary["nodes"] = ray.get([a.node.remote() for a in actors])
         if keep_parameters:
             summary["parameters"] = ray.get(actors[0].parameters.remote())
@@ -357,25 +362,22 @@ def train(
             ray.shutdown()
 
 
-def _steps(actors, out, schedule, resume, digest_every, timeout, log):
+def _steps(actors, out, schedule, latest, digest_every, timeout, log):
+    """The run from `latest` (the checkpoint to resume from, or None)."""
     total, save_freq, test_freq, val_before_train = schedule
     metrics_path = os.path.join(out, "metrics.jsonl")
     first = 0
-    if resume:
-        latest = _latest_checkpoint(out)
-        if latest is None:
-            log(f"--resume: no complete checkpoint in {out}/checkpoints; starting from scratch")
-        elif latest > total:
+    if latest is not None:
+        if latest > total:
             raise RunError(
                 f"--resume: the newest checkpoint is at step {latest}, beyond trainer.total_steps = {total}; "
                 f"continuing would overwrite newer checkpoints with older steps. Set trainer.total_steps "
                 f"to at least {latest}, or use another run directory"
             )
-        else:
-            first = latest
-            _gather([a.load.remote(first) for a in actors], actors, "load", timeout)
-            _truncate_metrics(metrics_path, first)
-            log(f"--resume: continuing from step {first} of {total}")
+        first = latest
+        _gather([a.load.remote(first) for a in actors], actors, "load", timeout)
+        _truncate_metrics(metrics_path, first)
+        log(f"--resume: continuing from step {first} of {total}")
     records = open(metrics_path, "a" if first else "w")
 
     def write(record):

@@ -80,7 +80,10 @@ pub struct Rank {
 }
 
 impl Rank {
-    /// Builds rank `rank` of `world` from the run's (global) config.
+    /// Builds rank `rank` of `world` from the run's (global) config;
+    /// `resume_from`: the step of the checkpoint a resumed run continues
+    /// from (this rank's `metrics.jsonl` keeps the records up to it; the
+    /// caller then calls [`Rank::load`]).
     /// `collective` makes the actor's collective and, for PPO with GAE,
     /// the critic's (called once or twice; the ranks call the collectives
     /// in the same order, so they may share a transport).
@@ -89,6 +92,7 @@ impl Rank {
         out: &Path,
         rank: usize,
         world: usize,
+        resume_from: Option<usize>,
         mut collective: impl FnMut() -> Box<dyn Collective>,
     ) -> Result<Self> {
         if rank >= world {
@@ -115,7 +119,14 @@ impl Rank {
         };
         let train: &'static Dataset = Box::leak(Box::new(train));
         let pool = make_pool(global)?;
-        let metrics = MetricsWriter::create(&dir.join("metrics.jsonl"))?;
+        let records = dir.join("metrics.jsonl");
+        let metrics = match resume_from {
+            None => MetricsWriter::create(&records)?,
+            Some(step) => {
+                crate::metrics::truncate_after(&records, step)?;
+                MetricsWriter::append(&records)?
+            }
+        };
         let mut run = Run::new(local, &dir, &pool, model_dir, tokenizer, val, metrics)?;
         run.worker.actor.set_collective(Some(collective()));
         if let Some(c) = &mut run.worker.critic {
