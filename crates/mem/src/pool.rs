@@ -8,6 +8,7 @@
 //! lock to copy, and take it again to finish (see `transition.rs`).
 
 use crate::backend::{Backend, DevicePtr};
+use crate::chunks::{self, Block, Work};
 use crate::error::{TagBytes, TagState};
 use crate::host::HostBackend;
 use crate::timeline::{Event, EventKind};
@@ -459,10 +460,63 @@ impl Pool {
     }
 
     /// Returns every cached block of every active tag to the device.
+    ///
+    /// The cost is the kernel freeing the blocks' pages, so it is done
+    /// outside the lock and spread over the copy threads like a pause's
+    /// discards: the blocks are taken out of the caches first (no one can
+    /// reach them then), their pages discarded in chunks, unmapped, and
+    /// only then uncharged and their addresses given back.
     pub fn empty_cache(&self) -> u64 {
         let start = Instant::now();
+        let taken: Vec<(TagId, u64, u64)> = {
+            let mut st = self.lock();
+            let mut taken = Vec::new();
+            for (id, t) in st.tags.iter_mut().enumerate() {
+                if t.state != TagState::Active {
+                    continue;
+                }
+                for (size, addr) in std::mem::take(&mut t.cache) {
+                    t.cached_bytes -= size;
+                    taken.push((id, size, addr));
+                }
+            }
+            taken
+        };
+        let blocks: Vec<Block> = taken
+            .iter()
+            .map(|&(_, size, addr)| Block {
+                dev: addr,
+                len: size as usize,
+                host: std::ptr::null_mut(),
+                backup_len: 0,
+            })
+            .collect();
+        // SAFETY: each block is mapped (a cached block of an active tag)
+        // and, taken out of its cache, reachable by no one else; there are
+        // no host buffers (`backup_len` 0), so a pause's work is the
+        // discard alone.
+        let discarded = unsafe {
+            chunks::run(
+                self.backend.as_ref(),
+                &blocks,
+                Work::Pause,
+                self.cfg.copy_threads,
+            )
+        };
+        if let Err(e) = discarded {
+            eprintln!("colo-mem: {e}"); // the unmaps below free the pages anyway
+        }
+        for &(_, size, addr) in &taken {
+            // SAFETY: as above; unmapped once, here.
+            unsafe { self.unmap_block(addr, size) };
+        }
         let mut st = self.lock();
-        let released = self.drop_caches(&mut st, None);
+        let mut released = 0;
+        for (id, size, addr) in taken {
+            st.va.give(addr, size);
+            st.uncharge(id, size);
+            released += size;
+        }
         self.record(&mut st, EventKind::EmptyCache, Vec::new(), start.elapsed());
         released
     }
