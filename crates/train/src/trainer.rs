@@ -127,9 +127,14 @@ impl ColoTrainer {
         let (kind, device) = (cfg.kind, cfg.device);
         check_target(kind, device)?;
         check_pool(&pool, device)?;
-        for tag in [tags::TRAIN_PARAMS, tags::TRAIN_GRADS, tags::OPTIMIZER] {
+        for tag in [tags::TRAIN_PARAMS, tags::OPTIMIZER] {
             pool.set_policy(tag, Policy::Backup)?;
         }
+        // Every step writes the accumulators before reading them (the
+        // first gradient is copied in, untouched ones zeroed), so an
+        // offload need not keep them: no backup copy out, none back in.
+        // `gradients()` is therefore valid until the next offload.
+        pool.set_policy(tags::TRAIN_GRADS, Policy::Discard)?;
         // Checks names and shapes against the config before copying.
         let base = Model::load(model_cfg, weights)?;
         let mut names = Vec::new();
@@ -251,7 +256,8 @@ impl ColoTrainer {
     }
 
     /// The float32 gradient accumulators of the last step (before
-    /// clipping), by parameter name. Valid until the next step starts.
+    /// clipping), by parameter name. Valid until the next step starts or
+    /// the next offload of the gradients, which keeps no copy of them.
     pub fn gradients(&self) -> Vec<(String, Tensor)> {
         self.names
             .iter()

@@ -143,6 +143,11 @@ fn offload_releases_exactly_what_was_offloaded() {
         total - params - grads - optim
     );
     assert!(pool_rss(&e) + (params + grads + optim) * 9 / 10 <= rss);
+    // The gradients are rewritten by every step: their offload keeps no
+    // host copy (the optimizer's does).
+    let s = e.pool().stats();
+    assert_eq!(s.tag(tags::TRAIN_GRADS).unwrap().backup_bytes, 0);
+    assert!(s.tag(tags::OPTIMIZER).unwrap().backup_bytes >= o_bytes);
     let err = e.reload(Offload::ALL);
     assert!(err.is_ok(), "{err:?}");
     assert_eq!(e.pool().stats().resident_bytes, total);
