@@ -217,7 +217,8 @@ impl Rank {
     }
 
     /// The actor's tensors by name, sharing their memory (training phase):
-    /// `"weights"`, `"grads"` (the last update's, summed over the ranks),
+    /// `"weights"`, `"grads"` (the last update's, summed over the ranks,
+    /// until a switch to generation discards them),
     /// or `"optimizer"` (AdamW's moments, `<name>.exp_avg` and
     /// `<name>.exp_avg_sq`). For zero-copy views: the memory is released
     /// by the next switch to the rollout phase, so a caller must not keep
