@@ -257,6 +257,10 @@ class Faults(unittest.TestCase):
     def test_a_killed_worker_stops_the_run_naming_it_and_resume_continues(self):
         self.check_stops_then_resumes("exit", "worker 1 died")
 
+    def test_workers_whose_weights_drift_apart_stop_the_run(self):
+        with self.assertRaisesRegex(RunError, r"^step 2: the workers' weights differ"):
+            train(self.cfg, os.path.join(self.tmp, "drift"), 2, fault={"rank": 1, "step": 1, "how": "drift"}, log=quiet)
+
     def test_resume_refuses_a_checkpoint_beyond_the_run(self):
         out = os.path.join(self.tmp, "run")
         train(self.cfg, out, 2, log=quiet)

@@ -98,7 +98,12 @@ class WorkerActor:
         if self.fault and self.fault["step"] == step:
             if self.fault["how"] == "exit":
                 os._exit(1)  # a worker process that dies mid-run
-            raise RuntimeError(f"injected failure at step {step}")
+            if self.fault["how"] == "drift":
+                # One weight nudged on this worker only: the ranks disagree.
+                name, _, values = self.worker.weights()[0]
+                self.worker.load_weights([(name, [v + 1e-3 for v in values])])
+            else:
+                raise RuntimeError(f"injected failure at step {step}")
         t = time.perf_counter()
         metrics = json.loads(self.worker.step(step))
         wall = time.perf_counter() - t
@@ -301,7 +306,8 @@ def train(
 ):
     """Runs `config` (a TOML path, or None for the built-in job) on
     `workers` devices into `out`. Returns a summary dict. `fault`
-    ({"rank", "step", "how": "exit"|"raise"}) injects a failure, and
+    ({"rank", "step", "how": "exit"|"raise"|"drift"}) injects a failure
+    (drift: that worker's weights are nudged, so the ranks disagree), and
     `keep_parameters` returns rank 0's final weights and last gradients,
     for tests."""
     if workers < 1:
