@@ -39,6 +39,14 @@ pub struct Args {
     stop_tokens: u32,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Intra-op threads of colo's engine (default: what `colo train` gives
+    /// generation, `rollout.cpu_threads`; 0: libtorch's default, all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Intra-op threads of the baseline (default 0: libtorch's default,
+    /// all cores, the baseline's best on these machines).
+    #[arg(long, default_value_t = 0)]
+    baseline_threads: usize,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -60,6 +68,9 @@ struct Report {
     speedup: f64,
     kv_peak_bytes: usize,
     baseline_kv_peak_bytes: usize,
+    /// Intra-op threads each engine ran with.
+    threads: i32,
+    baseline_threads: i32,
     preemptions: u64,
 }
 
@@ -125,9 +136,26 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .iter()
         .map(|p| Request::new(p.clone(), params.clone()))
         .collect();
+    // Each engine with its own thread policy: colo's as `colo train`
+    // generates (one intra-op thread by default: its decode steps are many
+    // small ops, where a second thread costs more in wake-ups than it
+    // gives), the baseline's at libtorch's default (its best here).
+    let all = tch::get_num_threads();
+    let colo_threads = a
+        .threads
+        .or(colo_rl::Config::builtin().rollout.cpu_threads)
+        .filter(|&n| n > 0)
+        .map_or(all, |n| n.min(i32::MAX as usize) as i32);
+    let base_threads = match a.baseline_threads {
+        0 => all,
+        n => n.min(i32::MAX as usize) as i32,
+    };
+    tch::set_num_threads(colo_threads);
     let t = Instant::now();
-    let out = engine.generate(reqs)?;
+    let out = engine.generate(reqs);
     let seconds = t.elapsed().as_secs_f64();
+    tch::set_num_threads(all);
+    let out = out?;
     for r in &out {
         r.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
     }
@@ -135,10 +163,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
     // The baseline, on a heap copy of the same weights.
     let model = Model::load(&cfg, &weights)?;
+    tch::set_num_threads(base_threads);
     let t = Instant::now();
-    let (base_tokens, base_kv) =
-        baseline(&model, &prompts, &params, a.batch).context("baseline")?;
+    let base = baseline(&model, &prompts, &params, a.batch).context("baseline");
     let baseline_seconds = t.elapsed().as_secs_f64();
+    tch::set_num_threads(all);
+    let (base_tokens, base_kv) = base?;
 
     let tokens_per_s = stats.generated_tokens as f64 / seconds;
     let baseline_tokens_per_s = base_tokens as f64 / baseline_seconds;
@@ -158,6 +188,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         kv_peak_bytes: stats.kv_peak_bytes(),
         baseline_kv_peak_bytes: base_kv,
         preemptions: stats.preemptions,
+        threads: colo_threads,
+        baseline_threads: base_threads,
     };
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
@@ -184,7 +216,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             r.baseline_tokens_per_s,
             colo_mem::fmt_bytes(r.baseline_kv_peak_bytes as u64)
         );
-        println!("speedup {:.2}×", r.speedup);
+        println!(
+            "speedup {:.2}× (intra-op threads: colo {}, baseline {})",
+            r.speedup, r.threads, r.baseline_threads
+        );
     }
     Ok(())
 }
