@@ -30,7 +30,6 @@ mod collective;
 use collective::PyCollective;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use tch::{Kind, Tensor};
 
 fn err(e: impl std::fmt::Display) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
@@ -145,14 +144,9 @@ impl Worker {
     }
 
     /// The actor's weights as [(name, flat float32 list)] (for tests).
-    fn parameters(&self) -> PyResult<Vec<(String, Vec<f32>)>> {
-        flat(self.rank()?.parameters())
-    }
-
-    /// The last update's gradients, summed over the ranks, like
-    /// `parameters` (for tests).
-    fn gradients(&self) -> PyResult<Vec<(String, Vec<f32>)>> {
-        flat(self.rank()?.gradients())
+    fn parameters(&self, py: Python<'_>) -> PyResult<Vec<(String, Vec<f32>)>> {
+        let named = py.detach(|| self.rank()?.weights().map_err(err))?;
+        Ok(named.into_iter().map(|(n, _, v)| (n, v)).collect())
     }
 
     // ---- the hybrid worker's operations, one by one --------------------
@@ -330,19 +324,6 @@ impl Worker {
     }
 }
 
-fn flat(named: Vec<(String, Tensor)>) -> PyResult<Vec<(String, Vec<f32>)>> {
-    named
-        .into_iter()
-        .map(|(n, t)| {
-            let t = t
-                .f_to_kind(Kind::Float)
-                .and_then(|t| t.f_flatten(0, -1))
-                .map_err(err)?;
-            Ok((n, Vec::<f32>::try_from(&t).map_err(err)?))
-        })
-        .collect()
-}
-
 fn load_config(config: Option<&str>) -> PyResult<Config> {
     match config {
         Some(path) => Config::from_file(Path::new(path)).map_err(err),
@@ -366,6 +347,32 @@ fn check_layout(config: Option<String>, workers: usize) -> PyResult<&'static str
     })
 }
 
+/// The newest complete checkpoint of the run `config` writes into `out`,
+/// as colo-rl judges it: (its step or `None`, the newer directories it
+/// skipped, each with the reason).
+#[pyfunction]
+#[pyo3(signature = (config, out))]
+fn latest_checkpoint(
+    config: Option<String>,
+    out: String,
+) -> PyResult<(Option<usize>, Vec<String>)> {
+    let cfg = load_config(config.as_deref())?;
+    let found = colo_rl::data_parallel::latest_checkpoint(&cfg, Path::new(&out)).map_err(err)?;
+    let skipped = found
+        .skipped
+        .iter()
+        .map(|(dir, why)| format!("{} ({why})", dir.display()))
+        .collect();
+    Ok((found.latest.map(|(step, _)| step), skipped))
+}
+
+/// Keeps the records of `metrics.jsonl` at `path` up to `step` (what a
+/// resumed run does to its records); returns how many were removed.
+#[pyfunction]
+fn truncate_metrics(path: String, step: usize) -> PyResult<usize> {
+    colo_rl::metrics::truncate_after(Path::new(&path), step).map_err(err)
+}
+
 /// Draws `out/memory_workers.{svg,png}` from the workers' directories
 /// (their `timeline.jsonl`), with one device's `capacity` in bytes.
 #[pyfunction]
@@ -385,6 +392,8 @@ fn draw_workers(
 fn _colo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Worker>()?;
     m.add_function(wrap_pyfunction!(draw_workers, m)?)?;
+    m.add_function(wrap_pyfunction!(latest_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(truncate_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(check_layout, m)?)?;
     Ok(())
 }

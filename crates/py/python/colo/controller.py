@@ -47,7 +47,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from colo._colo import check_layout, draw_workers
+from colo._colo import check_layout, draw_workers, latest_checkpoint, truncate_metrics
 
 
 class RunError(RuntimeError):
@@ -122,9 +122,6 @@ class WorkerActor:
     def digest(self):
         return self.worker.weights_digest()
 
-    def gradients(self):
-        return self.worker.gradients()
-
     def parameters(self):
         return self.worker.parameters()
 
@@ -197,29 +194,6 @@ def _gather(refs, actors, what, timeout_s, grace_s=5.0):
         failures.sort()
         raise RunError(f"{what}: " + "; then ".join(text for _, _, text in failures))
     return results
-
-
-def _latest_checkpoint(out):
-    """The newest complete `checkpoints/step-N` (colo-rl writes them
-    atomically: a directory that exists is complete)."""
-    root = os.path.join(out, "checkpoints")
-    steps = []
-    if os.path.isdir(root):
-        for name in os.listdir(root):
-            if name.startswith("step-") and name[5:].isdigit():
-                if os.path.isfile(os.path.join(root, name, "trainer_state.json")):
-                    steps.append(int(name[5:]))
-    return max(steps, default=None)
-
-
-def _truncate_metrics(path, step):
-    """Keeps the records up to `step` (a resumed run rewrites the rest)."""
-    if not os.path.isfile(path):
-        return
-    with open(path) as f:
-        keep = [l for l in f if json.loads(l).get("training/global_step", 0) <= step]
-    with open(path, "w") as f:
-        f.writelines(keep)
 
 
 def _reachable(address, timeout_s=5.0):
@@ -308,8 +282,7 @@ def train(
     `workers` devices into `out`. Returns a summary dict. `fault`
     ({"rank", "step", "how": "exit"|"raise"|"drift"}) injects a failure
     (drift: that worker's weights are nudged, so the ranks disagree), and
-    `keep_parameters` returns rank 0's final weights and last gradients,
-    for tests."""
+    `keep_parameters` returns rank 0's final weights, for tests."""
     if workers < 1:
         raise RunError(f"cluster.workers = {workers}: at least 1")
     out = os.path.abspath(out)
@@ -321,7 +294,9 @@ def train(
         raise RunError(str(e)) from None
     latest = None
     if resume:
-        latest = _latest_checkpoint(out)
+        latest, skipped = latest_checkpoint(config, out)
+        for note in skipped:
+            log(f"--resume: {note} is not a complete checkpoint; skipped")
         if latest is None:
             log(f"--resume: no complete checkpoint in {out}/checkpoints; starting from scratch")
     started = _connect(address, workers)
@@ -357,7 +332,6 @@ def train(
         summary["nodes"] = ray.get([a.node.remote() for a in actors])
         if keep_parameters:
             summary["parameters"] = ray.get(actors[0].parameters.remote())
-            summary["gradients"] = ray.get(actors[0].gradients.remote())
         return summary
     finally:
         for a in actors:
@@ -382,7 +356,7 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log):
             )
         first = latest
         _gather([a.load.remote(first) for a in actors], actors, "load", timeout)
-        _truncate_metrics(metrics_path, first)
+        truncate_metrics(metrics_path, first)
         log(f"--resume: continuing from step {first} of {total}")
     records = open(metrics_path, "a" if first else "w")
 

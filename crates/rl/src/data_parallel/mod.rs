@@ -73,6 +73,8 @@ pub struct Rank {
     run: Run<'static>,
     global: &'static Config,
     train: &'static Dataset,
+    /// The global batches, the same on every rank.
+    batches: Batches<'static>,
     rank: usize,
     world: usize,
     out: PathBuf,
@@ -132,10 +134,17 @@ impl Rank {
         if let Some(c) = &mut run.worker.critic {
             c.set_collective(Some(collective()));
         }
+        let batches = Batches::new(
+            train,
+            global.batch.prompts_per_step,
+            global.data.seed,
+            global.data.shuffle,
+        )?;
         Ok(Rank {
             run,
             global,
             train,
+            batches,
             rank,
             world,
             out: out.to_owned(),
@@ -153,14 +162,7 @@ impl Rank {
     /// rank's, except the actor's (loss, clip fraction, entropy, grad norm),
     /// which are the global batch's already.
     pub fn step(&mut self, step: usize) -> Result<StepMetrics> {
-        let cfg = self.global;
-        let batches = Batches::new(
-            self.train,
-            cfg.batch.prompts_per_step,
-            cfg.data.seed,
-            cfg.data.shuffle,
-        )?;
-        let global = batches.batch(step);
+        let global = self.batches.batch(step);
         let mine = shard(global.prompts.len(), self.rank, self.world);
         let batch = Batch {
             step: global.step,
@@ -198,10 +200,9 @@ impl Rank {
     /// while the ranks agree.
     pub fn weights_digest(&self) -> Result<u64> {
         let mut h = std::hash::DefaultHasher::new();
-        for (name, t) in self.run.worker.actor.parameters() {
+        for (name, _, values) in self.weights()? {
             h.write(name.as_bytes());
-            let t = t.f_to_kind(tch::Kind::Float)?.f_flatten(0, -1)?;
-            for x in Vec::<f32>::try_from(&t)? {
+            for x in values {
                 h.write_u32(x.to_bits());
             }
         }
@@ -218,16 +219,6 @@ impl Rank {
             t.test_freq,
             t.val_before_train,
         )
-    }
-
-    /// The actor's weights and, from the last update, its gradients summed
-    /// over the ranks, by name (for tests and diagnostics).
-    pub fn parameters(&self) -> Vec<(String, tch::Tensor)> {
-        self.run.worker.actor.parameters()
-    }
-
-    pub fn gradients(&self) -> Vec<(String, tch::Tensor)> {
-        self.run.worker.actor.gradients()
     }
 
     /// The device pool (memory statistics and timeline).
@@ -261,4 +252,14 @@ pub fn draw_workers(out: &Path, dirs: &[PathBuf], capacity: Option<u64>) -> Resu
         .collect::<Result<Vec<_>>>()?;
     crate::plot::workers_timeline(&workers, capacity, "colo: device memory per worker")?
         .write(out, "memory_workers")
+}
+
+/// The newest complete checkpoint of the run in `out` (colo-rl's own
+/// judgement, as `colo train --resume` uses it) and the newer directories
+/// skipped, with why.
+pub fn latest_checkpoint(config: &Config, out: &Path) -> Result<checkpoints::Found> {
+    checkpoints::latest_complete(
+        &out.join(checkpoints::DIR),
+        crate::setup::uses_critic(config),
+    )
 }
