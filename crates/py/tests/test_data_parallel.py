@@ -259,7 +259,7 @@ class Faults(unittest.TestCase):
 
     def test_workers_whose_weights_drift_apart_stop_the_run(self):
         with self.assertRaisesRegex(RunError, r"^step 2: the workers' weights differ"):
-            train(self.cfg, os.path.join(self.tmp, "drift"), 2, fault={"rank": 1, "step": 1, "how": "drift"}, log=quiet)
+            train(self.cfg, os.path.join(self.tmp, "drift"), 2, fault={"rank": 1, "step": 1, "how": "drift"}, digest_every=1, log=quiet)
 
     def test_resume_refuses_a_checkpoint_beyond_the_run(self):
         out = os.path.join(self.tmp, "run")

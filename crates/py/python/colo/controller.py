@@ -15,7 +15,8 @@ this process driving the dataflow:
         gradients summed over the workers (inside the step, through
         torch.distributed)
         controller: aggregate the metrics (verl's names), check that the
-        weights agree (a digest every `digest_every` steps), evaluate and
+        weights agree (a digest every `digest_every` steps, default 10, and at
+        the end: each digest copies every weight to the host), evaluate and
         checkpoint (rank 0 writes; the weights are the same on all)
 
 A worker that dies or raises stops the run within `step_timeout` seconds
@@ -272,7 +273,7 @@ def train(
     workers,
     address=None,
     resume=False,
-    digest_every=1,
+    digest_every=10,
     step_timeout=600.0,
     fault=None,
     keep_parameters=False,
@@ -438,7 +439,7 @@ def main(argv=None):
     p.add_argument("--workers", type=int, required=True, help="devices (one worker each)")
     p.add_argument("--address", help='a Ray cluster ("auto" or host:port); a local one without it')
     p.add_argument("--resume", action="store_true")
-    p.add_argument("--digest-every", type=int, default=1)
+    p.add_argument("--digest-every", type=int, default=10, help="compare the workers' weights every this many steps (and at the end)")
     args = p.parse_args(argv)
     try:
         s = train(args.config, args.out, args.workers, args.address, args.resume, args.digest_every)
