@@ -84,6 +84,7 @@
 
 pub mod config;
 mod error;
+pub mod lanes;
 pub mod layers;
 pub mod loss;
 pub mod model;

@@ -34,9 +34,7 @@ use crate::eval::{self, EvalConfig};
 use crate::metrics::{EvalRecord, MetricsWriter, StepMetrics};
 use crate::reward::{self, Reward, RewardInput};
 use crate::rollouts::Rollouts;
-use crate::setup::{
-    critic_config, engine_config, loss_config, trainer_config, uses_critic, RolloutThreads,
-};
+use crate::setup::{critic_config, engine_config, loss_config, trainer_config, uses_critic};
 use crate::worker::{HybridWorker, WorkerSpec};
 use crate::{Error, Result};
 
@@ -359,7 +357,6 @@ impl Run<'_> {
     /// Generates `n` samples for each prompt of `batch` (rollout phase).
     fn generate(&mut self, batch: &Batch) -> Result<(Rollouts, Option<Vec<String>>)> {
         let cfg = self.config;
-        let _threads = RolloutThreads::set(cfg);
         let mut requests = Vec::with_capacity(batch.prompts.len());
         for p in &batch.prompts {
             let ids = self.tokenizer.encode(&p.text, true)?;
@@ -435,7 +432,6 @@ impl Run<'_> {
     pub(crate) fn greedy_eval(&mut self) -> Result<eval::EvalResult> {
         self.worker.to_rollout()?;
         let ecfg = EvalConfig::greedy(self.config.rollout.max_new_tokens, vec![self.eos]);
-        let threads = RolloutThreads::set(self.config);
         let result = eval::evaluate(
             self.worker.engine()?,
             &self.val,
@@ -443,7 +439,6 @@ impl Run<'_> {
             self.reward.as_mut(),
             &ecfg,
         );
-        drop(threads);
         self.worker.to_train()?;
         result
     }

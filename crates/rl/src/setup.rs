@@ -102,6 +102,7 @@ pub(crate) fn trainer_config(config: &Config) -> colo_train::TrainerConfig {
         value_head: None,
         kind: config.trainer.dtype.kind(),
         device: config.trainer.device.torch(),
+        cpu_threads: config.trainer.cpu_threads.unwrap_or(0),
     }
 }
 
@@ -134,32 +135,8 @@ pub(crate) fn engine_config(config: &Config) -> EngineConfig {
         // wakes the cache every step, so colo caps it at what one step's
         // sequences can hold (prefix sharing only makes them need less).
         max_seq_len: Some(config.data.max_prompt_length + config.rollout.max_new_tokens),
+        cpu_threads: config.rollout.cpu_threads.unwrap_or(0),
         ..EngineConfig::default()
-    }
-}
-
-/// libtorch's intra-op threads for the rollout phase (`rollout.cpu_threads`
-/// on the CPU), put back when dropped.
-pub(crate) struct RolloutThreads(Option<i32>);
-
-impl RolloutThreads {
-    pub(crate) fn set(config: &Config) -> Self {
-        match (config.rollout.cpu_threads, config.trainer.device) {
-            (Some(n), crate::config::Device::Cpu) => {
-                let before = tch::get_num_threads();
-                tch::set_num_threads(n.min(i32::MAX as usize) as i32);
-                RolloutThreads(Some(before))
-            }
-            _ => RolloutThreads(None),
-        }
-    }
-}
-
-impl Drop for RolloutThreads {
-    fn drop(&mut self) {
-        if let Some(n) = self.0 {
-            tch::set_num_threads(n);
-        }
     }
 }
 
@@ -236,24 +213,4 @@ fn one_step(events: &[colo_mem::Event]) -> Option<&[colo_mem::Event]> {
         .collect();
     let pick = if starts.len() >= 4 { 2 } else { 0 };
     Some(&events[*starts.get(pick)?..*starts.get(pick + 1)?])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rollout_threads_apply_on_the_cpu_and_are_put_back() {
-        let mut config = Config::builtin();
-        assert_eq!(config.rollout.cpu_threads, Some(1), "the default");
-        let before = tch::get_num_threads();
-        config.rollout.cpu_threads = Some(before as usize + 1);
-        let guard = RolloutThreads::set(&config);
-        assert_eq!(tch::get_num_threads(), before + 1);
-        drop(guard);
-        assert_eq!(tch::get_num_threads(), before);
-        config.rollout.cpu_threads = None;
-        let _guard = RolloutThreads::set(&config);
-        assert_eq!(tch::get_num_threads(), before);
-    }
 }

@@ -93,6 +93,12 @@ impl HybridWorker {
     /// in the training phase.
     pub fn new(pool: Arc<Pool>, spec: &WorkerSpec) -> Result<Self> {
         let (model_dir, memory) = (spec.model_dir.as_path(), &spec.memory);
+        if spec.actor.device == tch::Device::Cpu {
+            // Every pass splits its rows over threads of its own, each
+            // with one libtorch intra-op thread (`colo_model::lanes`);
+            // set once here, so no pass flips the count back and forth.
+            tch::set_num_threads(1);
+        }
         pool.set_phase("init_rollout");
         let mut rollout = Some(Engine::from_dir(
             model_dir,
@@ -123,8 +129,9 @@ impl HybridWorker {
             .transpose()?;
         let reference = match spec.reference {
             true => {
-                let (kind, device) = (spec.actor.kind, spec.actor.device);
-                let r = Reference::from_dir(Arc::clone(&pool), model_dir, kind, device)?;
+                let a = &spec.actor;
+                let (kind, device, threads) = (a.kind, a.device, a.cpu_threads);
+                let r = Reference::from_dir(Arc::clone(&pool), model_dir, kind, device, threads)?;
                 if memory.offload_ref && memory.colocation != Colocation::Naive {
                     r.offload()?;
                 }

@@ -33,6 +33,10 @@ pub struct EngineConfig {
     /// What `release(["weights"])` does with their contents: `discard` (the
     /// RL default: `update_weights` overwrites them anyway) or `backup`.
     pub weights_policy: Policy,
+    /// On the CPU, the threads a prefill or decode step splits its rows
+    /// over, each running libtorch with one intra-op thread (see
+    /// `colo_model::lanes`); 0: one per core. Ignored off the CPU.
+    pub cpu_threads: usize,
 }
 
 impl Default for EngineConfig {
@@ -45,6 +49,7 @@ impl Default for EngineConfig {
             max_seq_len: None,
             weight_bucket_bytes: 64 << 20,
             weights_policy: Policy::Discard,
+            cpu_threads: 0,
         }
     }
 }
@@ -65,6 +70,7 @@ pub struct ValidConfig {
     pub max_seq_len: Option<usize>,
     pub weight_bucket_bytes: usize,
     pub weights_policy: Policy,
+    pub cpu_threads: usize,
 }
 
 impl EngineConfig {
@@ -108,6 +114,7 @@ impl EngineConfig {
             max_seq_len: self.max_seq_len,
             weight_bucket_bytes: self.weight_bucket_bytes,
             weights_policy: self.weights_policy,
+            cpu_threads: self.cpu_threads,
         })
     }
 }

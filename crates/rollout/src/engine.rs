@@ -10,12 +10,12 @@ use colo_mem::tags::{KV_CACHE, WEIGHTS};
 use colo_mem::{Policy, Pool, TagState};
 use colo_model::{Model, ModelConfig, Tokenizer, Weights};
 use serde::Serialize;
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 
 use crate::attention::Scratch;
 use crate::block_table::{blocks_for, BlockId};
 use crate::config::{EngineConfig, KvBudget, ValidConfig};
-use crate::forward::{self, DecodeRow};
+use crate::forward::{self, DecodeRow, PrefillRow};
 use crate::kv_cache::{KvLayout, PagedKv};
 use crate::request::{Completion, FinishReason, Request, RequestOutput, SamplingParams};
 use crate::sampling::{self, uniform, Draw};
@@ -62,6 +62,19 @@ pub(crate) struct Counters {
     pub generated_tokens: u64,
 }
 
+/// Most padded tokens (rows × longest) of one prefill forward, as
+/// SGLang's default `chunked_prefill_size`; a longer prompt runs alone.
+const PREFILL_TOKENS: usize = 8192;
+
+/// Concatenates the lanes' logits (rows, vocab) in row order.
+fn cat(parts: Vec<Result<Tensor>>) -> Result<Tensor> {
+    let parts = parts.into_iter().collect::<Result<Vec<_>>>()?;
+    Ok(match parts.len() {
+        1 => parts.into_iter().next().expect("one"),
+        _ => Tensor::f_cat(&parts, 0)?,
+    })
+}
+
 /// A request being served.
 struct ReqState {
     params: SamplingParams,
@@ -78,8 +91,11 @@ pub struct Engine {
     tokenizer: Option<Tokenizer>,
     weights: PooledWeights,
     kv: PagedKv,
-    /// Gather buffers of the decode step's attention.
-    scratch: Scratch,
+    /// Gather buffers of the decode step's attention, one per lane.
+    scratch: Vec<Scratch>,
+    /// Threads a prefill or decode step splits its rows over (see
+    /// `colo_model::lanes`); 1 off the CPU.
+    lanes: usize,
     sched: Scheduler,
     reqs: BTreeMap<u64, ReqState>,
     next_id: u64,
@@ -141,6 +157,7 @@ impl Engine {
             )));
         }
         let kv = PagedKv::new(&pool, layout, model.dtype(), model.device())?;
+        let lanes = colo_model::lanes::count(model.device(), cfg.cpu_threads);
         Ok(Engine {
             model,
             sched: Scheduler::new(layout.num_blocks, cfg.block_size, cfg.max_batch),
@@ -149,7 +166,8 @@ impl Engine {
             tokenizer,
             weights,
             kv,
-            scratch: Scratch::default(),
+            scratch: (0..lanes).map(|_| Scratch::default()).collect(),
+            lanes,
             reqs: BTreeMap::new(),
             next_id: 0,
             counters: Counters::default(),
@@ -338,9 +356,11 @@ impl Engine {
     pub fn step(&mut self) -> Result<Vec<RequestOutput>> {
         self.check_runnable()?;
         let mut finished = Vec::new();
-        while let Some((item, blocks)) = self.sched.admit() {
-            self.prefill(item, blocks, &mut finished)?;
+        let mut admitted = Vec::new();
+        while let Some(item) = self.sched.admit() {
+            admitted.push(item);
         }
+        self.prefill(admitted, &mut finished)?;
         if self.sched.running.is_empty() {
             return Ok(finished);
         }
@@ -355,7 +375,17 @@ impl Engine {
                 blocks: &s.blocks,
             })
             .collect();
-        let logits = forward::decode(&self.model, &mut self.kv, &rows, &mut self.scratch)?; // (batch, vocab)
+        let parts = colo_model::lanes::split(0, rows.len(), self.lanes);
+        let (model, kv) = (&self.model, &self.kv);
+        let work: Vec<_> = parts
+            .iter()
+            .zip(&mut self.scratch)
+            .map(|(&(start, n), scratch)| {
+                let (model, mut kv, rows) = (model.clone(), kv.share(), &rows[start..start + n]);
+                move || forward::decode(&model, &mut kv, rows, scratch)
+            })
+            .collect();
+        let logits = cat(colo_model::lanes::run(work))?; // (batch, vocab)
         drop(rows);
         self.counters.decode_steps += 1;
         let running = std::mem::take(&mut self.sched.running);
@@ -369,17 +399,71 @@ impl Engine {
         Ok(finished)
     }
 
+    /// Prefills the admitted sequences: right-padded batches of at most
+    /// [`PREFILL_TOKENS`] padded tokens (one forward per lane), then each
+    /// sequence's first token.
     fn prefill(
+        &mut self,
+        admitted: Vec<(Waiting, Vec<BlockId>)>,
+        finished: &mut Vec<RequestOutput>,
+    ) -> Result<()> {
+        let mut admitted = admitted.into_iter().peekable();
+        while admitted.peek().is_some() {
+            let mut batch = Vec::new();
+            let mut longest = 0;
+            while let Some((item, _)) = admitted.peek() {
+                let len = item.tokens().len();
+                let padded = longest.max(len) * (batch.len() + 1);
+                if !batch.is_empty() && padded > PREFILL_TOKENS {
+                    break;
+                }
+                longest = longest.max(len);
+                batch.push(admitted.next().expect("peeked"));
+            }
+            let logits = self.prefill_forward(&batch)?; // (rows, vocab)
+            for (i, (item, blocks)) in batch.into_iter().enumerate() {
+                self.start(item, blocks, logits.get(i as i64).unsqueeze(0), finished)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One prefill forward of `batch` per lane; logits (rows, vocab).
+    fn prefill_forward(&mut self, batch: &[(Waiting, Vec<BlockId>)]) -> Result<Tensor> {
+        let rows: Vec<PrefillRow<'_>> = batch
+            .iter()
+            .map(|(item, blocks)| PrefillRow {
+                tokens: item.tokens(),
+                blocks,
+            })
+            .collect();
+        for r in &rows {
+            self.counters.prefills += 1;
+            self.counters.prefill_tokens += r.tokens.len() as u64;
+        }
+        let parts = colo_model::lanes::split(0, rows.len(), self.lanes);
+        let work: Vec<_> = parts
+            .iter()
+            .map(|&(start, n)| {
+                let (model, mut kv) = (self.model.clone(), self.kv.share());
+                let rows = &rows[start..start + n];
+                move || forward::prefill(&model, &mut kv, rows)
+            })
+            .collect();
+        cat(colo_model::lanes::run(work))
+    }
+
+    /// A prefilled sequence's first token, from its last position's
+    /// `logits` (1, vocab); a prompt becomes its request's `n` samples.
+    fn start(
         &mut self,
         item: Waiting,
         blocks: Vec<BlockId>,
+        logits: Tensor,
         finished: &mut Vec<RequestOutput>,
     ) -> Result<()> {
         match item {
             Waiting::Prompt { req, prompt, n } => {
-                let logits = forward::prefill(&self.model, &mut self.kv, &prompt, &blocks)?; // (1, vocab)
-                self.counters.prefills += 1;
-                self.counters.prefill_tokens += prompt.len() as u64;
                 let base = Sequence {
                     req,
                     sample: 0,
@@ -412,9 +496,6 @@ impl Engine {
                 }
             }
             Waiting::Resume(mut seq) => {
-                let logits = forward::prefill(&self.model, &mut self.kv, &seq.tokens, &blocks)?;
-                self.counters.prefills += 1;
-                self.counters.prefill_tokens += seq.tokens.len() as u64;
                 seq.blocks = blocks;
                 seq.kv_len = seq.tokens.len();
                 let pick = sampling::sample(&logits, &[self.draw(&seq)])?[0];
@@ -511,7 +592,7 @@ impl Engine {
     pub(crate) fn weights_mut(&mut self) -> &mut PooledWeights {
         &mut self.weights
     }
-    pub(crate) fn scratch_mut(&mut self) -> &mut Scratch {
+    pub(crate) fn scratch_mut(&mut self) -> &mut [Scratch] {
         &mut self.scratch
     }
     pub(crate) fn kv(&self) -> &PagedKv {

@@ -29,31 +29,56 @@ fn ids(model: &Model, v: &[i64], rows: usize) -> Tensor {
         .to_device(model.device())
 }
 
-/// Prefill of `tokens` (all positions from 0) into `blocks`; returns the
-/// logits (1, vocab) of the last position.
-pub(crate) fn prefill(
-    model: &Model,
-    kv: &mut PagedKv,
-    tokens: &[u32],
-    blocks: &[BlockId],
-) -> Result<Tensor> {
+/// One sequence of a prefill: its tokens from position 0, and the blocks
+/// they go into.
+pub(crate) struct PrefillRow<'a> {
+    pub tokens: &'a [u32],
+    pub blocks: &'a [BlockId],
+}
+
+/// Prefill of several sequences in one right-padded (rows, longest)
+/// forward; returns the logits (rows, vocab) of each one's last position.
+///
+/// Right padding needs no mask beyond the causal one: a real position only
+/// sees positions before it, all real. The padding's keys and values are
+/// not written, and its outputs are not read.
+pub(crate) fn prefill(model: &Model, kv: &mut PagedKv, rows: &[PrefillRow<'_>]) -> Result<Tensor> {
     let _no_grad = tch::no_grad_guard();
-    let len = tokens.len();
-    let tok: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
-    let slots: Vec<i64> = (0..len).map(|p| kv.layout.slot(blocks, p)).collect();
-    let slots = ids(model, &slots, 1).view([-1]);
+    let (b, len) = (
+        rows.len(),
+        rows.iter().map(|r| r.tokens.len()).max().unwrap_or(0),
+    );
+    let mut tok = vec![0i64; b * len];
+    let (mut real, mut slots, mut last) = (Vec::new(), Vec::new(), Vec::with_capacity(b));
+    for (i, r) in rows.iter().enumerate() {
+        let at = i * len;
+        for (p, &t) in r.tokens.iter().enumerate() {
+            tok[at + p] = t as i64;
+            real.push((at + p) as i64);
+            slots.push(kv.layout.slot(r.blocks, p));
+        }
+        last.push((at + r.tokens.len().max(1) - 1) as i64);
+    }
+    let (real, slots) = (
+        ids(model, &real, 1).view([-1]),
+        ids(model, &slots, 1).view([-1]),
+    );
     let rope = model.rope_tables_for_range(0, len)?;
     let causal = colo_model::mask::causal(len, len, model.dtype(), model.device())?;
-    let mut x = model.embed(&ids(model, &tok, 1))?; // (1, len, hidden)
+    let mut x = model.embed(&ids(model, &tok, b))?; // (b, len, hidden)
     for (l, layer) in model.layers().iter().enumerate() {
         let attn = &layer.self_attn;
-        let (q, k, v) = attn.qkv(&layer.input_layernorm.forward(&x)?, &rope)?; // k, v (1, kvh, len, d)
-        kv.write(l, &slots, &k, &v)?;
+        let (q, k, v) = attn.qkv(&layer.input_layernorm.forward(&x)?, &rope)?; // k, v (b, kvh, len, d)
+        kv.write(l, &slots, &k, &v, Some(&real))?;
         let h = &x + attn.attend(&q, &k, &v, Some(&causal))?;
         x = layer.finish(&h)?;
     }
-    let last = x.narrow(1, len as i64 - 1, 1);
-    let logits = model.lm_head(&model.final_norm(&last)?)?; // (1, 1, vocab)
+    let hidden = x.size()[2];
+    let last = x
+        .reshape([-1, hidden])
+        .index_select(0, &ids(model, &last, 1).view([-1]))
+        .unsqueeze(1); // (b, 1, hidden)
+    let logits = model.lm_head(&model.final_norm(&last)?)?; // (b, 1, vocab)
     Ok(logits.squeeze_dim(1))
 }
 
@@ -87,7 +112,7 @@ pub(crate) fn decode(
     for (l, layer) in model.layers().iter().enumerate() {
         let attn = &layer.self_attn;
         let (q, k, v) = attn.qkv(&layer.input_layernorm.forward(&x)?, &rope)?; // q (b, heads, 1, d); k, v (b, kvh, 1, d)
-        kv.write(l, &slots, &k, &v)?;
+        kv.write(l, &slots, &k, &v, None)?;
         let (k_cache, v_cache) = kv.layer(l);
         let a = paged.attend(&q, k_cache, v_cache, scratch)?; // (b, 1, heads · d)
         let h = &x + attn.o_proj().forward(&a)?;

@@ -104,14 +104,35 @@ impl PagedKv {
         (&self.k[layer], &self.v[layer])
     }
 
+    /// Another handle on the same buffers, for a lane of a pass that
+    /// writes other slots (see `colo_model::lanes`).
+    pub(crate) fn share(&self) -> PagedKv {
+        PagedKv {
+            layout: self.layout,
+            k: self.k.iter().map(Tensor::shallow_clone).collect(),
+            v: self.v.iter().map(Tensor::shallow_clone).collect(),
+        }
+    }
+
     /// Writes `k`, `v` ((batch, kv_heads, seq, head_dim), as colo-model's
-    /// `qkv` returns them) at `slots` (batch · seq,), in the order
-    /// (batch, seq).
-    pub fn write(&mut self, layer: usize, slots: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
+    /// `qkv` returns them) at `slots`: all their positions in the order
+    /// (batch, seq), or only those at the indices `select` into that order
+    /// (`slots` then has one entry per selected position).
+    pub fn write(
+        &mut self,
+        layer: usize,
+        slots: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        select: Option<&Tensor>,
+    ) -> Result<()> {
         let (kvh, d) = (self.layout.kv_heads as i64, self.layout.head_dim as i64);
         for (dst, src) in [(&mut self.k[layer], k), (&mut self.v[layer], v)] {
             // (batch, kv_heads, seq, d) → (kv_heads, batch · seq, d).
-            let rows = src.f_transpose(0, 1)?.f_reshape([kvh, -1, d])?;
+            let mut rows = src.f_transpose(0, 1)?.f_reshape([kvh, -1, d])?;
+            if let Some(select) = select {
+                rows = rows.f_index_select(1, select)?;
+            }
             let _ = dst.f_index_copy_(1, slots, &rows)?;
         }
         Ok(())

@@ -6,6 +6,7 @@ use colo_mem::tags::{KV_CACHE, WEIGHTS};
 use colo_mem::{Policy, TagState};
 use tch::Tensor;
 
+use crate::attention::Scratch;
 use crate::engine::{Engine, EngineStats};
 use crate::weights::WeightUpdate;
 use crate::{Error, Result};
@@ -37,7 +38,7 @@ impl Engine {
         self.check_idle("release memory")?;
         self.pool().pause(tags)?;
         if tags.contains(&KV_CACHE) {
-            self.scratch_mut().clear();
+            self.scratch_mut().iter_mut().for_each(Scratch::clear);
         }
         let discarded = self
             .pool()

@@ -63,10 +63,12 @@ impl Waiting {
         }
     }
 
-    fn tokens(&self) -> usize {
+    /// The tokens its prefill runs: the prompt, or everything a
+    /// preempted sequence had.
+    pub(crate) fn tokens(&self) -> &[u32] {
         match self {
-            Waiting::Prompt { prompt, .. } => prompt.len(),
-            Waiting::Resume(s) => s.tokens.len(),
+            Waiting::Prompt { prompt, .. } => prompt,
+            Waiting::Resume(s) => &s.tokens,
         }
     }
 }
@@ -103,7 +105,7 @@ impl Scheduler {
     /// checks guarantee that any one sequence fits the whole pool).
     pub fn admit(&mut self) -> Option<(Waiting, Vec<BlockId>)> {
         let front = self.waiting.front()?;
-        let need = blocks_for(front.tokens(), self.block_size);
+        let need = blocks_for(front.tokens().len(), self.block_size);
         if !self.running.is_empty()
             && (self.running.len() + front.seqs() > self.max_batch
                 || self.blocks.free_count() < need + front.seqs())

@@ -3,7 +3,7 @@
 
 mod common;
 
-use colo_rollout::{Error, FinishReason, Request, SamplingParams};
+use colo_rollout::{Engine, EngineConfig, Error, FinishReason, Request, SamplingParams};
 use common::*;
 
 #[test]
@@ -97,6 +97,31 @@ fn same_seed_same_outputs_whatever_the_batch() {
         .generate(requests(&prompts[..1], &sampled(4, 20, 6)))
         .unwrap());
     assert_ne!(other[0][0].tokens, alone[0][0].tokens);
+}
+
+/// Prefill and decode steps split over lanes (threads on the CPU, see
+/// `colo_model::lanes`) give what one lane gives: the same tokens, and
+/// log-probabilities equal up to float rounding.
+#[test]
+fn lanes_give_the_same_outputs_as_one() {
+    let with = |threads: usize| {
+        let cfg = EngineConfig {
+            block_size: 4,
+            cpu_threads: threads,
+            ..EngineConfig::with_kv_tokens(1024)
+        };
+        Engine::from_dir(&fixture("tiny-qwen2"), pool(), &cfg).unwrap()
+    };
+    let prompts: Vec<Vec<u32>> = greedy_reference("tiny-qwen2")
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    let params = sampled(3, 12, 7);
+    let one = ok(with(1).generate(requests(&prompts, &params)).unwrap());
+    for threads in [2, 3] {
+        let many = ok(with(threads).generate(requests(&prompts, &params)).unwrap());
+        assert_same(&one, &many, 1e-5);
+    }
 }
 
 #[test]

@@ -13,8 +13,8 @@
 use tch::{Kind, Tensor};
 
 use crate::batch::Micro;
+use crate::lanes::Lane;
 use crate::ops::{entropy_from_log_softmax, log_softmax_f32, pick};
-use crate::trainer::ColoTrainer;
 use crate::{Error, Result};
 
 /// Whether and how a forward computes the entropy.
@@ -27,7 +27,7 @@ pub(crate) enum Entropy {
     Differentiable,
 }
 
-impl ColoTrainer {
+impl Lane {
     /// Hidden states (rows, t1 − t0, hidden) of the window that predicts
     /// the response tokens, or `None` if `mb` has no response token.
     fn window_hidden(&self, mb: &Micro) -> Result<Option<Tensor>> {

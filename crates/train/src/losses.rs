@@ -23,6 +23,7 @@ use crate::batch::{CriticBatch, Micro, PolicyBatch, SeqBatch};
 use crate::collective::ReduceOp;
 use crate::engine::{CriticMetrics, PolicyMetrics, SftMetrics};
 use crate::forward::Entropy;
+use crate::lanes::Lane;
 use crate::trainer::ColoTrainer;
 use crate::{Error, Result};
 
@@ -121,7 +122,9 @@ impl ColoTrainer {
         sums[N - 1] = sums[N - 1].max(1.0);
         Ok(sums)
     }
+}
 
+impl Lane {
     fn policy_micro_loss(
         &self,
         batch: &PolicyBatch,
@@ -206,7 +209,9 @@ impl ColoTrainer {
         }
         Ok(Some((loss, sums)))
     }
+}
 
+impl ColoTrainer {
     pub(crate) fn policy_update(
         &mut self,
         batch: &PolicyBatch,
@@ -216,8 +221,9 @@ impl ColoTrainer {
             return Err(Error::batch("ref_log_probs", "is required by use_kl_loss"));
         }
         let scale = self.batch_scale(&batch.seqs, cfg.loss_scale_factor)?;
-        let (parts, stats) = self.train_step("update the policy", &batch.seqs, |t, mb| {
-            t.policy_micro_loss(batch, mb, cfg, scale)
+        let (parts, stats) = self.train_step("update the policy", &batch.seqs, || {
+            let (batch, cfg) = (batch.clone(), cfg.clone());
+            move |lane: &Lane, mb: &Micro| lane.policy_micro_loss(&batch, mb, &cfg, scale)
         })?;
         let sum = |f: fn(&PolicySums) -> f64| parts.iter().map(f).sum::<f64>();
         let [pg_loss, clipfrac, clipfrac_lower, ppo_kl, entropy, kl_loss, n] =
@@ -256,23 +262,26 @@ impl ColoTrainer {
             mode: cfg.loss_agg_mode,
             scale: self.batch_scale(&batch.seqs, None)?,
         };
-        let (parts, stats) = self.train_step("update the critic", &batch.seqs, |t, mb| {
-            let Some(vpreds) = t.token_values(mb)? else {
-                return Ok(None);
-            };
-            let mask = mb.mask.as_ref().expect("set with the window");
-            let vl = value_loss(
-                &vpreds,
-                &mb.window_of(&batch.returns)?,
-                &mb.window_of(&batch.values)?,
-                mask,
-                cfg.cliprange_value,
-                agg,
-            )?;
-            let n = mb.seqs.num_response_tokens() as f64;
-            let vsum = scalar(&vpreds.detach().f_mul(mask)?.f_sum(Kind::Double)?)?;
-            let sums = (scalar(&vl.loss)?, vl.metrics.vf_clipfrac * n, vsum);
-            Ok(Some((vl.loss, sums)))
+        let (parts, stats) = self.train_step("update the critic", &batch.seqs, || {
+            let (batch, cfg) = (batch.clone(), cfg.clone());
+            move |lane: &Lane, mb: &Micro| {
+                let Some(vpreds) = lane.token_values(mb)? else {
+                    return Ok(None);
+                };
+                let mask = mb.mask.as_ref().expect("set with the window");
+                let vl = value_loss(
+                    &vpreds,
+                    &mb.window_of(&batch.returns)?,
+                    &mb.window_of(&batch.values)?,
+                    mask,
+                    cfg.cliprange_value,
+                    agg,
+                )?;
+                let n = mb.seqs.num_response_tokens() as f64;
+                let vsum = scalar(&vpreds.detach().f_mul(mask)?.f_sum(Kind::Double)?)?;
+                let sums = (scalar(&vl.loss)?, vl.metrics.vf_clipfrac * n, vsum);
+                Ok(Some((vl.loss, sums)))
+            }
         })?;
         let [vf_loss, vf_clipfrac, vpred, n] = self.reduce_sums([
             parts.iter().map(|p| p.0).sum(),
@@ -294,14 +303,16 @@ impl ColoTrainer {
             mode: LossAggMode::TokenMean,
             scale: self.batch_scale(batch, None)?,
         };
-        let (parts, stats) = self.train_step("run a supervised step", batch, |t, mb| {
-            let Some((lp, _)) = t.token_scores(mb, Entropy::None)? else {
-                return Ok(None);
-            };
-            let mask = mb.mask.as_ref().expect("set with the window");
-            let loss = agg_loss(&lp.f_neg()?, mask, agg)?;
-            let value = scalar(&loss)?;
-            Ok(Some((loss, value)))
+        let (parts, stats) = self.train_step("run a supervised step", batch, || {
+            move |lane: &Lane, mb: &Micro| {
+                let Some((lp, _)) = lane.token_scores(mb, Entropy::None)? else {
+                    return Ok(None);
+                };
+                let mask = mb.mask.as_ref().expect("set with the window");
+                let loss = agg_loss(&lp.f_neg()?, mask, agg)?;
+                let value = scalar(&loss)?;
+                Ok(Some((loss, value)))
+            }
         })?;
         let [loss, _] = self.reduce_sums([parts.iter().sum(), 0.0])?;
         Ok(SftMetrics {

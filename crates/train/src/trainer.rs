@@ -34,8 +34,9 @@ use crate::config::{
     OptimConfig,
 };
 use crate::engine::{Scores, StepStats};
-use crate::forward::Entropy;
+use crate::lanes::{self, Lane};
 use crate::offload::{self, require_resident, Offload, Part, GRADS, OPTIMIZER, PARAMS};
+use crate::scorer::{self, lane_parts, per_token_out, to_host};
 use crate::value_head::{ValueHead, VALUE_HEAD_WEIGHT};
 use crate::{Error, Result};
 
@@ -75,6 +76,10 @@ pub struct TrainerConfig {
     /// error when the engine is built.
     #[serde(with = "device_serde")]
     pub device: Device,
+    /// On the CPU, the threads each pass splits a micro-batch's rows over,
+    /// each running libtorch with one intra-op thread (see
+    /// [`crate::lanes`]); 0: one per core. Ignored on CUDA (one stream).
+    pub cpu_threads: usize,
 }
 
 impl Default for TrainerConfig {
@@ -85,6 +90,7 @@ impl Default for TrainerConfig {
             value_head: None,
             kind: Kind::Float,
             device: Device::Cpu,
+            cpu_threads: 0,
         }
     }
 }
@@ -108,6 +114,8 @@ pub struct ColoTrainer {
     pub(crate) micro: MicroBatches,
     pub(crate) kind: Kind,
     pub(crate) device: Device,
+    /// Threads a pass splits its rows over (see [`crate::lanes`]); 1 on CUDA.
+    pub(crate) lanes: usize,
     /// The data-parallel peers, if any (see [`crate::collective`]).
     pub(crate) collective: Option<Box<dyn Collective>>,
 }
@@ -174,6 +182,7 @@ impl ColoTrainer {
             micro,
             kind,
             device,
+            lanes: colo_model::lanes::count(device, cfg.cpu_threads),
             collective: None,
         })
     }
@@ -309,50 +318,27 @@ impl ColoTrainer {
 
     // ------------------------------------------------------------ passes
 
-    /// Runs `f` inside `region(activations)`.
-    pub(crate) fn in_activations<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let guard = self.pool.region(tags::ACTIVATIONS)?;
-        let out = f();
-        guard.finish()?;
-        out
+    /// The engine's weights as one lane's own handles.
+    fn lane(&self) -> Lane {
+        Lane {
+            pool: self.pool.clone(),
+            model: self.model.clone(),
+            value_head: self.value_head.clone(),
+            params: self.params.iter().map(Tensor::shallow_clone).collect(),
+        }
     }
 
-    /// Scores `batch` in micro-batches without a gradient. Each
-    /// micro-batch's window is written into (batch, seq) results made on
-    /// the engine's device outside any region, so what the caller keeps is
-    /// not in the discardable `activations` tag; they are handed back as
-    /// float32 CPU tensors (one device-to-host copy on a GPU, none on the
-    /// CPU).
+    /// Scores `batch` in micro-batches without a gradient (see
+    /// [`crate::scorer`]).
     pub(crate) fn score_batch(&self, batch: &SeqBatch, with_entropy: bool) -> Result<Scores> {
         require_resident(&self.pool, "score a batch", &[PARAMS])?;
-        let ent = match with_entropy {
-            true => Entropy::Detached,
-            false => Entropy::None,
-        };
-        let out = || self.per_token_out(batch);
-        let (log_probs, entropy) = (out()?, with_entropy.then(out).transpose()?);
-        let _no_grad = tch::no_grad_guard();
-        for (start, len) in chunks(batch.batch_size(), self.micro.score) {
-            let mb = batch.micro(start, len, self.device)?;
-            let Some((lp, e)) = self.in_activations(|| self.token_scores(&mb, ent))? else {
-                continue;
-            };
-            write_window(&log_probs, &mb, &lp)?;
-            if let (Some(out), Some(e)) = (&entropy, e) {
-                write_window(out, &mb, &e)?;
-            }
-        }
-        Ok(Scores {
-            log_probs: to_host(log_probs)?,
-            entropy: entropy.map(to_host).transpose()?,
-        })
-    }
-
-    /// A zero (batch, seq) float32 result on the engine's device, made
-    /// outside any region.
-    fn per_token_out(&self, batch: &SeqBatch) -> Result<Tensor> {
-        let shape = [batch.batch_size() as i64, batch.seq_len() as i64];
-        Ok(Tensor::f_zeros(shape, (Kind::Float, self.device))?)
+        scorer::score(
+            &self.lane(),
+            self.lanes,
+            self.micro.score,
+            batch,
+            with_entropy,
+        )
     }
 
     /// Values of `batch` in micro-batches without a gradient, as a
@@ -364,59 +350,77 @@ impl ColoTrainer {
                 op: "compute values",
             });
         }
-        let out = self.per_token_out(batch)?;
-        let _no_grad = tch::no_grad_guard();
+        let out = per_token_out(batch, self.device)?;
+        let lane = self.lane();
         for (start, len) in chunks(batch.batch_size(), self.micro.score) {
-            let mb = batch.micro(start, len, self.device)?;
-            if let Some(v) = self.in_activations(|| self.token_values(&mb))? {
-                write_window(&out, &mb, &v)?;
+            let parts = lane_parts(batch, start, len, self.lanes, self.device)?;
+            let values = lanes::run(&lane, false, parts, || {
+                move |lane: &Lane, mb: Micro| Ok((lane.token_values(&mb)?, mb))
+            })?;
+            for (v, mb) in values {
+                if let Some(v) = v {
+                    mb.write_window(&out, &v)?;
+                }
             }
         }
         to_host(out)
     }
 
-    /// One optimizer step: run `micro_loss` on each micro-batch of `batch`
-    /// and accumulate its gradient, clip, and update. `micro_loss`
-    /// returns the micro-batch's share of the batch loss (scaled by
-    /// batch-wide denominators, so the shares add up to the full-batch
-    /// loss) and its metrics; no loss for a micro-batch without response
-    /// tokens (it contributes nothing).
-    pub(crate) fn train_step<M: Default>(
+    /// One optimizer step: for each micro-batch of `batch`, split over the
+    /// lanes, run a loss from `make_loss` on each part and accumulate its
+    /// gradient (parts in order, so the sum does not depend on which lane
+    /// finished first); then clip and update. A loss returns its part's
+    /// share of the batch loss (scaled by batch-wide denominators, so the
+    /// shares add up to the full-batch loss) and its metrics; no loss for
+    /// a part without response tokens (it contributes nothing).
+    pub(crate) fn train_step<M, L>(
         &mut self,
         op: &'static str,
         batch: &SeqBatch,
-        mut micro_loss: impl FnMut(&Self, &Micro) -> Result<Option<(Tensor, M)>>,
-    ) -> Result<(Vec<M>, StepStats)> {
+        mut make_loss: impl FnMut() -> L,
+    ) -> Result<(Vec<M>, StepStats)>
+    where
+        M: Default + Send,
+        L: FnOnce(&Lane, &Micro) -> Result<Option<(Tensor, M)>> + Send,
+    {
         const ALL: [Part; 3] = [PARAMS, GRADS, OPTIMIZER];
         require_resident(&self.pool, op, &ALL)?;
         let mut metrics = Vec::new();
         // Accumulators not yet written this step: the first gradient is
         // copied in, the following ones added.
         let mut fresh = vec![true; self.grads.len()];
-        let this = &*self;
-        for (start, len) in chunks(batch.batch_size(), this.micro.train) {
-            let mb = batch.micro(start, len, this.device)?;
-            let m = this.in_activations(|| {
-                let Some((loss, m)) = micro_loss(this, &mb)? else {
-                    return Ok(M::default());
-                };
-                if loss.requires_grad() {
-                    let grads = Tensor::f_run_backward(&[&loss], &this.params, false, false)?;
-                    drop(loss); // frees the graph's saved activations now
-                    let _no_grad = tch::no_grad_guard();
-                    for ((g, acc), fresh) in grads.iter().zip(&this.grads).zip(&mut fresh) {
-                        if g.defined() {
-                            let mut acc = acc.shallow_clone();
-                            match std::mem::take(fresh) {
-                                true => acc.f_copy_(g)?,
-                                false => done(acc.f_add_(g))?,
-                            }
+        let mut micro_batches = 0;
+        let lane = self.lane();
+        for (start, len) in chunks(batch.batch_size(), self.micro.train) {
+            let parts = lane_parts(batch, start, len, self.lanes, self.device)?;
+            let done_parts = lanes::run(&lane, true, parts, || {
+                let loss_of = make_loss();
+                move |lane: &Lane, mb: Micro| {
+                    let Some((loss, m)) = loss_of(lane, &mb)? else {
+                        return Ok((None, M::default()));
+                    };
+                    if !loss.requires_grad() {
+                        return Ok((None, m));
+                    }
+                    let grads = Tensor::f_run_backward(&[&loss], &lane.params, false, false)?;
+                    Ok((Some(grads), m))
+                }
+            })?;
+            let _no_grad = tch::no_grad_guard();
+            for (grads, m) in done_parts {
+                metrics.push(m);
+                let Some(grads) = grads else { continue };
+                for ((g, acc), fresh) in grads.iter().zip(&self.grads).zip(&mut fresh) {
+                    if g.defined() {
+                        let mut acc = acc.shallow_clone();
+                        match std::mem::take(fresh) {
+                            true => acc.f_copy_(g)?,
+                            false => done(acc.f_add_(g))?,
                         }
                     }
                 }
-                Ok(m)
-            })?;
-            metrics.push(m);
+            }
+            micro_batches += 1;
         }
         tch::no_grad(|| -> Result<()> {
             for (acc, fresh) in self.grads.iter().zip(fresh) {
@@ -431,7 +435,7 @@ impl ColoTrainer {
         }
         // The optimizer's temporaries reuse the activations' cached blocks.
         let guard = self.pool.region(tags::ACTIVATIONS)?;
-        let stats = self.apply_update(metrics.len());
+        let stats = self.apply_update(micro_batches);
         guard.finish()?;
         Ok((metrics, stats?))
     }
@@ -486,21 +490,6 @@ fn check_pool(pool: &Pool, device: Device) -> Result<()> {
             ),
         }),
     }
-}
-
-/// A result as callers read it: on the CPU (a no-op for a CPU engine).
-fn to_host(t: Tensor) -> Result<Tensor> {
-    Ok(t.f_to_device(Device::Cpu)?)
-}
-
-/// Writes a micro-batch's window result `(rows, t1 − t0)` into its rows
-/// and columns of the whole batch's (batch, seq) `out`.
-fn write_window(out: &Tensor, mb: &Micro, t: &Tensor) -> Result<()> {
-    let (t0, t1) = mb.window.expect("a result has a window");
-    out.f_narrow(0, mb.start as i64, mb.seqs.batch_size() as i64)?
-        .f_narrow(1, t0 as i64, (t1 - t0) as i64)?
-        .f_copy_(t)?;
-    Ok(())
 }
 
 impl crate::TrainEngine for ColoTrainer {

@@ -20,6 +20,15 @@ pub struct ValueHead {
     weight: Tensor,
 }
 
+impl Clone for ValueHead {
+    /// Shares the weight.
+    fn clone(&self) -> Self {
+        ValueHead {
+            weight: self.weight.shallow_clone(),
+        }
+    }
+}
+
 impl ValueHead {
     /// A head with weights drawn from N(0, std²) by a seeded generator, so
     /// two engines built alike start alike (whatever libtorch's global

@@ -39,8 +39,9 @@ pub struct Args {
     stop_tokens: u32,
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Intra-op threads of colo's engine (default: what `colo train` gives
-    /// generation, `rollout.cpu_threads`; 0: libtorch's default, all cores).
+    /// Threads of colo's engine, each a lane of rows with one intra-op
+    /// thread (default: what `colo train` gives generation,
+    /// `rollout.cpu_threads`; 0: one per core).
     #[arg(long)]
     threads: Option<usize>,
     /// Intra-op threads of the baseline (default 0: libtorch's default,
@@ -69,7 +70,7 @@ struct Report {
     kv_peak_bytes: usize,
     baseline_kv_peak_bytes: usize,
     /// Intra-op threads each engine ran with.
-    threads: i32,
+    threads: usize,
     baseline_threads: i32,
     preemptions: u64,
 }
@@ -126,8 +127,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // colo's engine. The KV pool holds every sequence at full length, so
     // the run measures batching and paging, not preemption.
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + a.max_new_tokens;
+    let colo_threads = a
+        .threads
+        .or(colo_rl::Config::builtin().rollout.cpu_threads)
+        .unwrap_or(0);
     let ecfg = EngineConfig {
         max_batch: a.batch,
+        cpu_threads: colo_threads,
         ..EngineConfig::with_kv_tokens(a.batch.max(a.n) * longest)
     };
     let pool = Pool::host(PoolConfig::default())?;
@@ -137,20 +143,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .map(|p| Request::new(p.clone(), params.clone()))
         .collect();
     // Each engine with its own thread policy: colo's as `colo train`
-    // generates (one intra-op thread by default: its decode steps are many
-    // small ops, where a second thread costs more in wake-ups than it
-    // gives), the baseline's at libtorch's default (its best here).
+    // generates (its rows split over lanes, each with one intra-op thread:
+    // its decode steps are many small ops, where intra-op threads cost
+    // more in wake-ups than they give), the baseline's at libtorch's
+    // default (its best here).
     let all = tch::get_num_threads();
-    let colo_threads = a
-        .threads
-        .or(colo_rl::Config::builtin().rollout.cpu_threads)
-        .filter(|&n| n > 0)
-        .map_or(all, |n| n.min(i32::MAX as usize) as i32);
+    let colo_lanes = colo_model::lanes::count(tch::Device::Cpu, colo_threads);
     let base_threads = match a.baseline_threads {
         0 => all,
         n => n.min(i32::MAX as usize) as i32,
     };
-    tch::set_num_threads(colo_threads);
+    tch::set_num_threads(1);
     let t = Instant::now();
     let out = engine.generate(reqs);
     let seconds = t.elapsed().as_secs_f64();
@@ -188,7 +191,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         kv_peak_bytes: stats.kv_peak_bytes(),
         baseline_kv_peak_bytes: base_kv,
         preemptions: stats.preemptions,
-        threads: colo_threads,
+        threads: colo_lanes,
         baseline_threads: base_threads,
     };
     if a.json {
@@ -217,7 +220,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             colo_mem::fmt_bytes(r.baseline_kv_peak_bytes as u64)
         );
         println!(
-            "speedup {:.2}× (intra-op threads: colo {}, baseline {})",
+            "speedup {:.2}× (threads: colo {} lanes of one, baseline {} intra-op)",
             r.speedup, r.threads, r.baseline_threads
         );
     }

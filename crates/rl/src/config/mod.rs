@@ -156,9 +156,8 @@ pub struct RolloutConfig {
     pub sampling: Sampling,
     pub max_new_tokens: usize,
     pub kv: KvBudget,
-    /// Intra-op threads while generating on the CPU (`None`: all cores).
-    /// Decoding is thousands of small ops: one thread does them without
-    /// waking a second one per op (BENCHMARKS.md, "Thread policy").
+    /// Threads generation splits its rows over on the CPU (`None`: one
+    /// per core), each with one intra-op thread (`colo_model::lanes`).
     pub cpu_threads: Option<usize>,
     /// Evaluation: samples per prompt and their sampling.
     pub val_n: usize,
@@ -249,6 +248,8 @@ pub struct TrainerConfig {
     pub seed: u64,
     pub device: Device,
     pub dtype: Dtype,
+    /// `None`: one per core.
+    pub cpu_threads: Option<usize>,
 }
 
 /// The batch sizes of one RL step, in prompts and samples.

@@ -120,8 +120,8 @@ pub struct RawRollout {
     pub mem_fraction: f64,
     /// A KV-cache size in tokens, instead of `mem_fraction`.
     pub max_kv_tokens: Option<usize>,
-    /// libtorch's intra-op threads while generating on the CPU; 0: all
-    /// cores (libtorch's default, what training uses).
+    /// On the CPU, the threads prefill and decode steps split their rows
+    /// over (each with one libtorch intra-op thread); 0: one per core.
     pub cpu_threads: usize,
     /// Sampling for evaluation.
     pub val_kwargs: RawValKwargs,
@@ -137,7 +137,7 @@ impl Default for RawRollout {
             max_new_tokens: 6,
             mem_fraction: 0.5,
             max_kv_tokens: None,
-            cpu_threads: 1,
+            cpu_threads: 0,
             val_kwargs: RawValKwargs::default(),
         }
     }
@@ -377,6 +377,9 @@ pub struct RawTrainer {
     pub device: Device,
     #[serde(alias = "model_dtype")]
     pub dtype: Dtype,
+    /// On the CPU, the threads the trainer's passes split their rows over
+    /// (each with one libtorch intra-op thread); 0: one per core.
+    pub cpu_threads: usize,
 }
 
 impl Default for RawTrainer {
@@ -392,6 +395,7 @@ impl Default for RawTrainer {
             seed: 1,
             device: Device::Cpu,
             dtype: Dtype::F32,
+            cpu_threads: 0,
         }
     }
 }

@@ -466,6 +466,7 @@ fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
         seed: trainer.seed,
         device: trainer.device,
         dtype: trainer.dtype,
+        cpu_threads: (trainer.cpu_threads > 0).then_some(trainer.cpu_threads),
     };
     if trainer.device == Device::Cuda && !tch::Cuda::is_available() {
         return bad(

@@ -14,7 +14,7 @@ use tch::Tensor;
 
 use super::Rank;
 use crate::rollouts::Rollouts;
-use crate::setup::{loss_config, RolloutThreads};
+use crate::setup::loss_config;
 use crate::worker::{Phase, SwitchTiming};
 use crate::{Error, Result};
 
@@ -87,7 +87,6 @@ impl Rank {
         if params.stop_token_ids.is_empty() {
             params.stop_token_ids = vec![self.run.eos];
         }
-        let _threads = RolloutThreads::set(self.run.config);
         let requests = prompts
             .into_iter()
             .map(|p| Request::new(p, params.clone()))

@@ -1,0 +1,104 @@
+//! Lanes: on the CPU, a pass's rows split over threads, each running
+//! libtorch with one intra-op thread — the trainer's micro-batches and the
+//! rollout engine's prefill and decode steps.
+//!
+//! Why not libtorch's own intra-op parallelism: colo's passes are
+//! thousands of small ops, and OpenMP parallelises each of them on its
+//! own, with a wake-up and a barrier per op. Under the passive wait policy
+//! colo runs with (see `crates/colo/src/main.rs`) a wake-up is a futex call
+//! and, on a virtual machine, a cross-CPU interrupt: measured on the
+//! built-in job, two intra-op threads made the actor update *slower* than
+//! one (0.31 against 0.24 s per step). Splitting rows instead costs one
+//! thread start and one join per pass, and each lane runs its ops back to
+//! back (update 0.16 s per step on two lanes).
+//!
+//! A lane owns shallow clones of the weights (`tch::Tensor` is `Send`,
+//! not `Sync`): the same storage — and for training the same autograd
+//! leaves. Thread-local state does not cross: grad mode, and colo-mem's
+//! `region(tag)`, which routes the allocations of the thread that holds
+//! the guard; each lane's work sets its own.
+
+/// Lanes for `threads` on `device` (0: one per core); 1 off the CPU.
+pub fn count(device: tch::Device, threads: usize) -> usize {
+    match (device, threads) {
+        (tch::Device::Cpu, 0) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        (tch::Device::Cpu, n) => n,
+        _ => 1,
+    }
+}
+
+/// `(start, len)` of up to `lanes` parts of rows `start..start + len`,
+/// as even as whole rows allow (no empty part).
+pub fn split(start: usize, len: usize, lanes: usize) -> Vec<(usize, usize)> {
+    let n = lanes.clamp(1, len.max(1));
+    let (base, extra) = (len / n, len % n);
+    let mut at = start;
+    (0..n)
+        .map(|i| {
+            let l = base + usize::from(i < extra);
+            let part = (at, l);
+            at += l;
+            part
+        })
+        .filter(|&(_, l)| l > 0)
+        .collect()
+}
+
+/// Runs every piece of work, the first on the calling thread and each
+/// other one on a thread of its own, all with one libtorch intra-op
+/// thread; returns the results in order. A panic in a lane is resumed
+/// here. With one piece nothing is spawned and the thread count is left
+/// alone.
+pub fn run<T: Send, W: FnOnce() -> T + Send>(work: Vec<W>) -> Vec<T> {
+    if work.len() <= 1 {
+        return work.into_iter().map(|w| w()).collect();
+    }
+    let before = tch::get_num_threads();
+    tch::set_num_threads(1);
+    let out = std::thread::scope(|s| {
+        let mut work = work.into_iter();
+        let first = work.next();
+        let others: Vec<_> = work
+            .map(|w| {
+                s.spawn(move || {
+                    // OpenMP's and MKL's thread counts are per thread: a
+                    // new thread would start at all cores.
+                    tch::set_num_threads(1);
+                    w()
+                })
+            })
+            .collect();
+        let mut out = Vec::with_capacity(others.len() + 1);
+        out.extend(first.map(|w| w()));
+        for h in others {
+            out.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+        }
+        out
+    });
+    tch::set_num_threads(before);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cover_the_rows_once_and_evenly() {
+        assert_eq!(split(10, 7, 2), [(10, 4), (14, 3)]);
+        assert_eq!(split(0, 64, 2), [(0, 32), (32, 32)]);
+        assert_eq!(split(5, 1, 4), [(5, 1)]);
+        assert_eq!(split(0, 3, 1), [(0, 3)]);
+        assert_eq!(split(0, 0, 2), Vec::<(usize, usize)>::new());
+    }
+
+    #[test]
+    fn results_come_back_in_order_and_the_thread_count_is_restored() {
+        let before = tch::get_num_threads();
+        let work: Vec<_> = (0..3)
+            .map(|i| move || (i, tch::get_num_threads()))
+            .collect();
+        assert_eq!(run(work), [(0, 1), (1, 1), (2, 1)]);
+        assert_eq!(tch::get_num_threads(), before);
+    }
+}
