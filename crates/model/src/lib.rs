@@ -88,6 +88,7 @@ pub mod lanes;
 pub mod layers;
 pub mod loss;
 pub mod model;
+mod shared_prompt;
 pub mod tokenizer;
 pub mod weights;
 
@@ -114,6 +115,7 @@ pub use config::{Arch, HfConfig, Llama3Rope, ModelConfig, SUPPORTED_MODEL_TYPES}
 pub use error::{Error, Result};
 pub use layers::{Linear, RmsNorm, RopeTables};
 pub use model::{Attention, Block, KvCache, Mlp, Model};
+pub use shared_prompt::SharedPrompts;
 pub use tokenizer::{ChatMessage, SpecialToken, SpecialTokens, Tokenizer};
 pub use weights::{check_device, Weights};
 

@@ -85,7 +85,7 @@ impl KvCache {
 
 /// Which keys each query sees, as [`Attention::attend`] applies it.
 #[derive(Clone, Copy)]
-enum Visible<'a> {
+pub(crate) enum Visible<'a> {
     /// Every key (a single decode step).
     All,
     /// Query `i` sees keys `0..=i`; query and key lengths are equal. Lets
@@ -205,7 +205,13 @@ impl Attention {
         self.attend_visible(q, k, v, mask.map_or(Visible::All, Visible::Mask))
     }
 
-    fn attend_visible(&self, q: &Tensor, k: &Tensor, v: &Tensor, vis: Visible) -> Result<Tensor> {
+    pub(crate) fn attend_visible(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        vis: Visible,
+    ) -> Result<Tensor> {
         let (b, h, s, d) = q.size4()?;
         let (kb, kvh, t, kd) = k.size4()?;
         if h != self.num_heads as i64

@@ -11,6 +11,9 @@
 //! its own device (a no-op when they already match). Cloning a batch
 //! shares its tensors (nothing here writes a batch's tensors in place).
 
+use std::collections::HashMap;
+
+use colo_model::SharedPrompts;
 use tch::{Device, Kind, Tensor};
 
 use crate::{Error, Result};
@@ -224,6 +227,42 @@ impl SeqBatch {
         let t0 = spans.clone().map(|r| r.resp.0).min()?;
         let t1 = spans.map(|r| r.resp.1).max()?;
         Some((t0, t1))
+    }
+
+    /// The rows as responses to shared prompts (the prompt: the tokens
+    /// before the response), when at least two rows share each prompt on
+    /// average and every row has a prompt and a response; `None`
+    /// otherwise, or with the prompt length of every row.
+    pub(crate) fn shared_prompts(&self) -> Result<Option<(SharedPrompts, Vec<usize>)>> {
+        let ok = |r: &RowSpan| r.resp.0 > 0 && r.resp.1 > r.resp.0;
+        if self.rows.len() < 2 || !self.rows.iter().all(ok) {
+            return Ok(None);
+        }
+        let ids = Vec::<Vec<i64>>::try_from(&self.input_ids.f_to_device(Device::Cpu)?)?;
+        let mut index: HashMap<&[i64], usize> = HashMap::new();
+        let mut shared = SharedPrompts {
+            prompts: Vec::new(),
+            rows: Vec::with_capacity(self.rows.len()),
+        };
+        for (row, span) in ids.iter().zip(&self.rows) {
+            let prompt = &row[..span.resp.0];
+            let g = *index.entry(prompt).or_insert_with(|| {
+                shared
+                    .prompts
+                    .push(prompt.iter().map(|&t| t as u32).collect());
+                shared.prompts.len() - 1
+            });
+            let resp = row[span.resp.0..span.len]
+                .iter()
+                .map(|&t| t as u32)
+                .collect();
+            shared.rows.push((g, resp));
+        }
+        if 2 * shared.prompts.len() > shared.rows.len() {
+            return Ok(None);
+        }
+        let lens = self.rows.iter().map(|r| r.resp.0).collect();
+        Ok(Some((shared, lens)))
     }
 
     /// Rows `start..start + len` on `device`, with trailing columns that

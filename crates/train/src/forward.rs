@@ -30,15 +30,47 @@ pub(crate) enum Entropy {
 impl Lane {
     /// Hidden states (rows, t1 − t0, hidden) of the window that predicts
     /// the response tokens, or `None` if `mb` has no response token.
+    ///
+    /// Rows that share prompts (a GRPO group's samples) run each prompt
+    /// once ([`colo_model::Model::hidden_states_shared_prompts`]); columns of a row
+    /// outside its response are then zero (they are masked out anyway).
+    /// Otherwise one forward of the right-padded rows: a real position
+    /// only sees real positions before it, so the causal mask alone is
+    /// exact there.
     fn window_hidden(&self, mb: &Micro) -> Result<Option<Tensor>> {
         let Some((t0, t1)) = mb.window else {
             return Ok(None);
         };
         let s = &mb.seqs;
-        let hidden = self
-            .model
-            .hidden_states(s.input_ids(), Some(s.attention_mask()), None)?;
-        Ok(Some(hidden.f_narrow(1, t0 as i64 - 1, (t1 - t0) as i64)?))
+        let Some((shared, prompt_lens)) = s.shared_prompts()? else {
+            let hidden = self.model.hidden_states(s.input_ids(), None, None)?;
+            return Ok(Some(hidden.f_narrow(1, t0 as i64 - 1, (t1 - t0) as i64)?));
+        };
+        let hidden = self.model.hidden_states_shared_prompts(&shared)?; // (rows, 1 + R, h)
+        let (rows, cols, h) = hidden.size3()?;
+        // Window column c of row r predicts token t0 + c from position
+        // t0 + c − 1, which is column t0 + c − P of the row's states.
+        let zero = rows * cols;
+        let w = t1 - t0;
+        let mut idx = Vec::with_capacity(rows as usize * w);
+        for (r, ((_, resp), &p)) in shared.rows.iter().zip(&prompt_lens).enumerate() {
+            for c in 0..w {
+                let j = (t0 + c) as i64 - p as i64;
+                let inside = j >= 0 && (j as usize) < resp.len();
+                idx.push(if inside { r as i64 * cols + j } else { zero });
+            }
+        }
+        let flat = Tensor::f_cat(
+            &[
+                hidden.f_reshape([zero, h])?,
+                hidden.f_new_zeros([1, h], (hidden.kind(), hidden.device()))?,
+            ],
+            0,
+        )?;
+        let idx = Tensor::from_slice(&idx).f_to_device(hidden.device())?;
+        Ok(Some(
+            flat.f_index_select(0, &idx)?.f_view([rows, w as i64, h])?,
+        ))
     }
 
     /// Log-probabilities (rows, t1 − t0) of the window's tokens in float32,
