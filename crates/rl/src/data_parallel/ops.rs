@@ -155,7 +155,6 @@ impl Rank {
             .transpose()?;
         let batch = PolicyBatch::new(seqs, &old, &adv, reference.as_ref(), None)?;
         let loss = loss_config(self.run.config);
-        self.run.worker.pool().empty_cache();
         Ok(self.run.worker.actor.update_policy(&batch, &loss)?)
     }
 
