@@ -4,13 +4,17 @@
 //!
 //! Why not libtorch's own intra-op parallelism: colo's passes are
 //! thousands of small ops, and OpenMP parallelises each of them on its
-//! own, with a wake-up and a barrier per op. Under the passive wait policy
-//! colo runs with (see `crates/colo/src/main.rs`) a wake-up is a futex call
-//! and, on a virtual machine, a cross-CPU interrupt: measured on the
-//! built-in job, two intra-op threads made the actor update *slower* than
-//! one (0.31 against 0.24 s per step). Splitting rows instead costs one
-//! thread start and one join per pass, and each lane runs its ops back to
-//! back (update 0.16 s per step on two lanes).
+//! own, with a wake-up and a barrier per op. A sleeping OpenMP worker is
+//! woken by a futex call and, on a virtual machine, a cross-CPU interrupt;
+//! a spinning one steals the core from anything else running. Measured on
+//! the built-in job (BENCHMARKS.md): two intra-op threads under the
+//! passive policy made the actor update *slower* than one (0.31 against
+//! 0.24 s per step), and spinning was 2–6× slower than sleeping as soon as
+//! another process was busy. Splitting rows instead costs one thread
+//! start and one join per pass, and each lane runs its ops back to back
+//! (the update 0.15 s per step on two lanes). With every pass in lanes no
+//! OpenMP team is ever formed, so libgomp's wait policy no longer matters
+//! to colo's own work, and colo leaves it at its default.
 //!
 //! A lane owns shallow clones of the weights (`tch::Tensor` is `Send`,
 //! not `Sync`): the same storage — and for training the same autograd
@@ -18,10 +22,17 @@
 //! `region(tag)`, which routes the allocations of the thread that holds
 //! the guard; each lane's work sets its own.
 
-/// Lanes for `threads` on `device` (0: one per core); 1 off the CPU.
+/// Lanes for `threads` on `device`; 1 off the CPU. `threads` 0 means the
+/// process's share of the machine, as libtorch counts it for its own
+/// default: `OMP_NUM_THREADS` when set (Ray sets it to an actor's CPUs),
+/// otherwise the cores this process may run on.
 pub fn count(device: tch::Device, threads: usize) -> usize {
     match (device, threads) {
-        (tch::Device::Cpu, 0) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        (tch::Device::Cpu, 0) => std::env::var("OMP_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         (tch::Device::Cpu, n) => n,
         _ => 1,
     }

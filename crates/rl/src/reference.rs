@@ -23,7 +23,7 @@ pub struct Reference {
 impl Reference {
     /// Loads a Hugging Face checkpoint into the `ref` tag of `pool`, in
     /// `kind` on `device`; on the CPU its passes run on `cpu_threads`
-    /// lanes like the trainer's (0: one per core).
+    /// lanes like the trainer's (0: `OMP_NUM_THREADS`, else one per core).
     pub fn from_dir(
         pool: Arc<Pool>,
         dir: &Path,

@@ -35,7 +35,7 @@ pub struct EngineConfig {
     pub weights_policy: Policy,
     /// On the CPU, the threads a prefill or decode step splits its rows
     /// over, each running libtorch with one intra-op thread (see
-    /// `colo_model::lanes`); 0: one per core. Ignored off the CPU.
+    /// `colo_model::lanes`); 0: the process's share (`colo_model::lanes::count`). Ignored off the CPU.
     pub cpu_threads: usize,
 }
 

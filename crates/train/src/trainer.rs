@@ -78,7 +78,7 @@ pub struct TrainerConfig {
     pub device: Device,
     /// On the CPU, the threads each pass splits a micro-batch's rows over,
     /// each running libtorch with one intra-op thread (see
-    /// [`crate::lanes`]); 0: one per core. Ignored on CUDA (one stream).
+    /// [`colo_model::lanes`]); 0: the process's share (`OMP_NUM_THREADS`, else the cores). Ignored on CUDA.
     pub cpu_threads: usize,
 }
 

@@ -41,7 +41,7 @@ pub struct Args {
     seed: u64,
     /// Threads of colo's engine, each a lane of rows with one intra-op
     /// thread (default: what `colo train` gives generation,
-    /// `rollout.cpu_threads`; 0: one per core).
+    /// `rollout.cpu_threads`; 0: `OMP_NUM_THREADS`, else one per core).
     #[arg(long)]
     threads: Option<usize>,
     /// Intra-op threads of the baseline (default 0: libtorch's default,

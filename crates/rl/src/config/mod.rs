@@ -248,7 +248,7 @@ pub struct TrainerConfig {
     pub seed: u64,
     pub device: Device,
     pub dtype: Dtype,
-    /// `None`: one per core.
+    /// `None`: `OMP_NUM_THREADS`, else one per core.
     pub cpu_threads: Option<usize>,
 }
 

@@ -90,7 +90,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("rollout.max_new_tokens", "longest response", "tokens", "data.max_response_length (alias: response_length, max_response_length)"),
     d("rollout.mem_fraction", "share of the device memory left after weights that the KV cache takes (ignored when max_kv_tokens is set)", "fraction in (0, 1]", "actor_rollout_ref.rollout.gpu_memory_utilization (alias)"),
     opt("rollout.max_kv_tokens", "KV-cache size in tokens, instead of mem_fraction", "tokens", "", "the cache is sized by mem_fraction"),
-    d("rollout.cpu_threads", "on the CPU, threads each prefill and decode step splits its rows over, each running libtorch with one intra-op thread (decoding is many small ops: lanes beat intra-op threads); 0: one per core", "threads", ""),
+    d("rollout.cpu_threads", "on the CPU, threads each prefill and decode step splits its rows over, each running libtorch with one intra-op thread (decoding is many small ops: lanes beat intra-op threads); 0: OMP_NUM_THREADS if set, else one per core", "threads", ""),
     d("rollout.val_kwargs.n", "evaluation: samples per held-out prompt (pass@n)", "samples", "actor_rollout_ref.rollout.val_kwargs.n"),
     d("rollout.val_kwargs.temperature", "evaluation: temperature; 0 is greedy", "≥ 0", "actor_rollout_ref.rollout.val_kwargs.temperature"),
     d("rollout.val_kwargs.top_p", "evaluation: nucleus sampling", "(0, 1]", "actor_rollout_ref.rollout.val_kwargs.top_p"),
@@ -153,7 +153,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("trainer.out_dir", "run directory: metrics.jsonl, pictures, checkpoints/ (colo train --out wins)", "path", "trainer.default_local_dir (alias)"),
     d("trainer.seed", "seed of sampling and initialisation; data.seed defaults to it", "integer", "data.seed, actor_rollout_ref.rollout.seed"),
     d("trainer.device", "where the run computes", "\"cpu\" or \"cuda\"", ""),
-    d("trainer.cpu_threads", "on the CPU, threads the trainer's passes split each micro-batch's rows over, each running libtorch with one intra-op thread (many small ops: lanes beat intra-op threads); 0: one per core", "threads", ""),
+    d("trainer.cpu_threads", "on the CPU, threads the trainer's passes split each micro-batch's rows over, each running libtorch with one intra-op thread (many small ops: lanes beat intra-op threads); 0: OMP_NUM_THREADS if set, else one per core", "threads", ""),
     d("trainer.dtype", "dtype of weights and compute (optimiser moments stay f32)", "\"f32\" or \"bf16\"", "actor_rollout_ref.model.dtype (alias: model_dtype)"),
     // [cluster]
     opt("cluster.workers", "data-parallel workers, one per device, on Ray (colo-py's controller); 1: this process alone", "devices", "trainer.n_gpus_per_node × trainer.nnodes", "the layout's devices, else 1"),

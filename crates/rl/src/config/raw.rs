@@ -121,7 +121,7 @@ pub struct RawRollout {
     /// A KV-cache size in tokens, instead of `mem_fraction`.
     pub max_kv_tokens: Option<usize>,
     /// On the CPU, the threads prefill and decode steps split their rows
-    /// over (each with one libtorch intra-op thread); 0: one per core.
+    /// over (each with one libtorch intra-op thread); 0: OMP_NUM_THREADS, else one per core.
     pub cpu_threads: usize,
     /// Sampling for evaluation.
     pub val_kwargs: RawValKwargs,
@@ -378,7 +378,7 @@ pub struct RawTrainer {
     #[serde(alias = "model_dtype")]
     pub dtype: Dtype,
     /// On the CPU, the threads the trainer's passes split their rows over
-    /// (each with one libtorch intra-op thread); 0: one per core.
+    /// (each with one libtorch intra-op thread); 0: OMP_NUM_THREADS, else one per core.
     pub cpu_threads: usize,
 }
 
