@@ -185,6 +185,14 @@ pub struct PlanInput {
     /// Response tokens per sequence: the window that gets the LM head in
     /// `eager`; defaults to `seq_len`.
     pub response_len: Option<u64>,
+    /// `eager`: rows of a micro-batch that share one prompt, which the
+    /// trainer runs once for all of them (GRPO's `n`; colo-model's
+    /// `SharedPrompts`). `None` or 1: every row runs its whole sequence.
+    pub shared_prompt_rows: Option<u64>,
+    /// `eager`: threads a micro-batch is split over (colo-train's lanes on
+    /// the CPU); each lane holds its part's parameter gradients until they
+    /// are added up. `None`: 1.
+    pub train_lanes: Option<u64>,
     pub mode: String,
     pub offload: Offload,
     pub weight_sync: WeightSync,
@@ -220,6 +228,8 @@ impl Default for PlanInput {
             activation_model: "flash".into(),
             seq_len: None,
             response_len: None,
+            shared_prompt_rows: None,
+            train_lanes: None,
             mode: "staged".into(),
             offload: Offload::default(),
             weight_sync: WeightSync::Full,
@@ -264,7 +274,14 @@ pub enum ActivationModel {
     Flash,
     /// Every op's output kept for backward (colo's CPU trainer); see
     /// [`crate::model::ModelSpec::eager_elems_per_token_layer`].
-    Eager { seq_len: u64, response_len: u64 },
+    Eager {
+        seq_len: u64,
+        response_len: u64,
+        /// Rows per shared prompt (1: none shared).
+        prompt_rows: u64,
+        /// Lanes a micro-batch is split over.
+        lanes: u64,
+    },
 }
 
 /// A validated plan request. Built only by [`PlanInput::validate`].
@@ -457,6 +474,8 @@ impl PlanInput {
                 Ok(ActivationModel::Eager {
                     seq_len,
                     response_len,
+                    prompt_rows: self.shared_prompt_rows.unwrap_or(1).max(1),
+                    lanes: self.train_lanes.unwrap_or(1).max(1),
                 })
             }
             other => Err(PlanError::UnknownKeyword {

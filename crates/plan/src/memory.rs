@@ -109,9 +109,15 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
     if let ActivationModel::Eager {
         seq_len,
         response_len,
+        prompt_rows,
+        lanes,
     } = plan.activations
     {
-        eager_activations(plan, &mut sizes, seq_len, response_len);
+        eager_activations(plan, &mut sizes, seq_len, response_len, prompt_rows);
+        // Every lane but the last holds its part's gradients (in the
+        // parameters' kind) while the others finish.
+        let grads = m.params() * plan.param_dtype.bytes();
+        sizes.train_activations += (lanes - 1) * grads;
     }
     sizes
 }
@@ -126,24 +132,49 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
 /// and the log-softmax's backward makes another, both beside the whole
 /// graph (`3 · vocab` per window token). Backward frees each saved tensor as it
 /// passes it and the parameters' gradients reuse those blocks from the
-/// tag's cache (the run empties the cache before the update, so the
-/// scoring passes leave no fragments), so the tag's high-water mark is the
-/// graph.
+/// tag's cache (as does the update of the scoring passes' cached blocks),
+/// so the tag's high-water mark is the graph.
 /// A forward-only pass frees each layer's outputs as the next one runs:
 /// one layer's working set and the logits. Both include the logits, so
 /// the `logits` component stays empty.
-fn eager_activations(plan: &Plan, s: &mut ComponentSizes, seq: u64, response: u64) {
+///
+/// With `prompt_rows` rows per shared prompt, a micro-batch's rows run
+/// their responses and each prompt runs once: `rows · response + rows /
+/// prompt_rows · (seq − response)` tokens through the layers, each layer
+/// also keeps every row's copy of its prompt's keys and values (the
+/// attention's input), and the LM-head window is `rows · response`.
+fn eager_activations(
+    plan: &Plan,
+    s: &mut ComponentSizes,
+    seq: u64,
+    response: u64,
+    prompt_rows: u64,
+) {
     let m = &plan.model;
     let b = plan.param_dtype.bytes();
     let per_layer = m.eager_elems_per_token_layer(seq);
-    let tokens = plan.tokens_per_micro_batch;
-    let window = tokens * response / seq;
-    s.train_activations =
-        (tokens * (m.layers * per_layer + 2 * m.hidden) + 3 * window * m.vocab) * b;
+    // Tokens through the layers, the LM-head window, and the elements each
+    // layer keeps of the rows' gathered prompt keys and values.
+    let run = |tokens: u64| {
+        let rows = tokens.div_ceil(seq);
+        match prompt_rows {
+            1 => (tokens, tokens * response / seq, 0),
+            g => (
+                rows * response + rows.div_ceil(g) * (seq - response),
+                rows * response,
+                rows * (seq - response) * 2 * m.kv_dim(),
+            ),
+        }
+    };
+    let (tokens, window, gathered) = run(plan.tokens_per_micro_batch);
+    s.train_activations = (tokens * (m.layers * per_layer + 2 * m.hidden)
+        + m.layers * gathered
+        + 3 * window * m.vocab)
+        * b;
     s.train_logits = 0;
-    let lp = plan.logprob_tokens_per_micro_batch;
+    let (lp, lp_window, lp_gathered) = run(plan.logprob_tokens_per_micro_batch);
     s.forward_activations =
-        (lp * (per_layer + 2 * m.hidden) + lp * response / seq * 2 * m.vocab) * b;
+        (lp * (per_layer + 2 * m.hidden) + lp_gathered + lp_window * 2 * m.vocab) * b;
     s.forward_logits = 0;
 }
 
@@ -444,6 +475,36 @@ mod tests {
         assert!(
             err.contains("mem_fraction") && err.contains("weights"),
             "{err}"
+        );
+    }
+
+    /// Eager activations: a shared prompt runs once for its rows (fewer
+    /// tokens through the layers, the same LM-head window), and every lane
+    /// but one adds a set of gradients.
+    #[test]
+    fn shared_prompts_shrink_and_lanes_grow_eager_activations() {
+        let eager = |rows: Option<u64>, lanes: Option<u64>| {
+            let p = plan(|i| {
+                i.activation_model = "eager".into();
+                i.seq_len = Some(1024);
+                i.response_len = Some(256);
+                i.tokens_per_micro_batch = 8 * 1024;
+                i.shared_prompt_rows = rows;
+                i.train_lanes = lanes;
+            });
+            (
+                component_sizes(&p),
+                p.model.params() * p.param_dtype.bytes(),
+            )
+        };
+        let (full, grads) = eager(None, None);
+        let (shared, _) = eager(Some(8), None);
+        assert!(shared.train_activations < full.train_activations / 2);
+        assert!(shared.forward_activations < full.forward_activations);
+        let (lanes, _) = eager(Some(8), Some(3));
+        assert_eq!(
+            lanes.train_activations,
+            shared.train_activations + 2 * grads
         );
     }
 

@@ -105,6 +105,13 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         activation_model: "eager".into(),
         seq_len: Some(seq_len),
         response_len: Some(config.rollout.max_new_tokens as u64),
+        // colo-train runs a GRPO group's prompt once per micro-batch part
+        // when its rows share prompts two to one or more.
+        shared_prompt_rows: (config.rollout.n >= 2).then_some(config.rollout.n as u64),
+        train_lanes: Some(colo_model::lanes::count(
+            tch::Device::Cpu,
+            config.trainer.cpu_threads.unwrap_or(0),
+        ) as u64),
         mode: mode.into(),
         offload,
         weight_sync: if offload.train_param {
