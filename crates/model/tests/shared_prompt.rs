@@ -65,8 +65,8 @@ fn equals_the_full_forward_in_states_and_gradients() {
                 "{name} row {r}: padding"
             );
             let pr = probe.get(r as i64).narrow(0, 0, n);
-            full_loss = full_loss + (&want * &pr).sum(Kind::Float);
-            shared_loss = shared_loss + (&got * &pr).sum(Kind::Float);
+            full_loss += (&want * &pr).sum(Kind::Float);
+            shared_loss += (&got * &pr).sum(Kind::Float);
         }
         assert_eq!(hidden, cfg.hidden_size as i64);
         let grads = |loss: &Tensor| Tensor::run_backward(&[loss], &params, false, false);

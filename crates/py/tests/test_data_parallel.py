@@ -83,7 +83,9 @@ class Equivalence(unittest.TestCase):
                     math.isclose(a[key], b[key], rel_tol=1e-4, abs_tol=1e-6),
                     f"step {step} {key}: 1 worker {a[key]} vs 2 workers {b[key]}",
                 )
-        self.assertGreater(h1[0]["actor/grad_norm"], 0.0, "the update did something")
+        # A step whose groups all scored alike has no advantage (and at
+        # step 1 no KL): at least one of the three must have moved.
+        self.assertGreater(max(h["actor/grad_norm"] for h in h1), 0.0, "no update did anything")
 
     def test_final_weights_agree(self):
         p1, p2 = dict(self.one["parameters"]), dict(self.two["parameters"])
