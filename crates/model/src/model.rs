@@ -163,25 +163,67 @@ impl Attention {
         heads_major: bool,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, s, _) = x.size3()?;
+        self.heads_of(
+            self.q_proj.forward(x)?,
+            self.k_proj.forward(x)?,
+            self.v_proj.forward(x)?,
+            (b, s),
+            rope,
+            heads_major,
+        )
+    }
+
+    /// [`Attention::project`] of several sequence batches at once: `x` is
+    /// (tokens, hidden), the tokens of part `i` being `rows × seq` of
+    /// `parts[i]` in order, each with its own RoPE tables. One matrix
+    /// product per projection for all parts (fewer, larger ops);
+    /// `heads_major` false, as in the cache-less forward.
+    pub(crate) fn project_parts(
+        &self,
+        x: &Tensor,
+        parts: &[(i64, i64, &RopeTables)],
+    ) -> Result<Vec<(Tensor, Tensor, Tensor)>> {
+        let (q, k, v) = (
+            self.q_proj.forward(x)?,
+            self.k_proj.forward(x)?,
+            self.v_proj.forward(x)?,
+        );
+        let mut at = 0;
+        let mut out = Vec::with_capacity(parts.len());
+        for &(b, s, rope) in parts {
+            let part = |t: &Tensor| t.f_narrow(0, at, b * s);
+            out.push(self.heads_of(part(&q)?, part(&k)?, part(&v)?, (b, s), rope, false)?);
+            at += b * s;
+        }
+        Ok(out)
+    }
+
+    /// Projections ((batch, seq) or batch · seq rows of heads · head_dim)
+    /// to heads, with the q/k norms and RoPE.
+    fn heads_of(
+        &self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        (b, s): (i64, i64),
+        rope: &RopeTables,
+        heads_major: bool,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         let d = self.head_dim as i64;
         let rd = rope.dims();
         if rd.len() != 3 || (rd[0] != 1 && rd[0] != b) || rd[1] != s || rd[2] * 2 != d {
             return Err(Error::Input(format!(
-                "qkv: RoPE tables {rd:?} do not fit input {:?} (head_dim {d})",
-                x.size()
+                "qkv: RoPE tables {rd:?} do not fit input [{b}, {s}, ·] (head_dim {d})"
             )));
         }
         let heads = |t: Tensor, n: usize| t.view([b, s, n as i64, d]);
-        let (mut q, mut k) = (
-            heads(self.q_proj.forward(x)?, self.num_heads),
-            heads(self.k_proj.forward(x)?, self.num_kv_heads),
-        );
+        let (mut q, mut k) = (heads(q, self.num_heads), heads(k, self.num_kv_heads));
         if let Some((q_norm, k_norm)) = &self.qk_norm {
             (q, k) = (q_norm.forward(&q)?, k_norm.forward(&k)?);
         }
         let q = rope.apply(&q, heads_major);
         let k = rope.apply(&k, heads_major);
-        let v = heads(self.v_proj.forward(x)?, self.num_kv_heads).transpose(1, 2);
+        let v = heads(v, self.num_kv_heads).transpose(1, 2);
         let v = if heads_major { v.contiguous() } else { v };
         Ok((q, k, v))
     }
@@ -206,6 +248,18 @@ impl Attention {
     }
 
     pub(crate) fn attend_visible(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        vis: Visible,
+    ) -> Result<Tensor> {
+        self.o_proj.forward(&self.attention(q, k, v, vis)?)
+    }
+
+    /// [`Attention::attend`] without the output projection: (batch,
+    /// q_len, heads · head_dim).
+    pub(crate) fn attention(
         &self,
         q: &Tensor,
         k: &Tensor,
@@ -258,8 +312,7 @@ impl Attention {
             None,
             h != kvh,
         )?; // (b, h, s, d)
-        let out = out.transpose(1, 2).reshape([b, s, h * d]);
-        self.o_proj.forward(&out)
+        Ok(out.transpose(1, 2).reshape([b, s, h * d]))
     }
 
     /// `attend(qkv(x))` for a sequence without cache.

@@ -97,31 +97,37 @@ impl Model {
         let of = ids(of, b)?.f_view([-1])?;
         let rope_p = self.rope_tables_for_range(0, p)?;
         let rope_r = self.rope_tables_for_positions(&ids(pos, b)?)?;
-        let (mut xp, mut xr) = (
-            self.embed(&ids(prompt_ids, u)?)?,
-            self.embed(&ids(resp_ids, b)?)?,
-        );
+        // One stream of tokens, the prompts' then the responses', (n,
+        // hidden): the norms, projections and MLP run once over both; only
+        // the attention is per part.
+        let (np, hidden) = ((u * p) as i64, self.config().hidden_size as i64);
+        let mut x = Tensor::f_cat(
+            &[
+                self.embed(&ids(prompt_ids, u)?)?.f_reshape([-1, hidden])?,
+                self.embed(&ids(resp_ids, b)?)?.f_reshape([-1, hidden])?,
+            ],
+            0,
+        )?;
+        let parts = [(u as i64, p as i64, &rope_p), (b as i64, r as i64, &rope_r)];
         for layer in self.layers() {
             let attn = &layer.self_attn;
-            let (q, k, v) = attn.qkv(&layer.input_layernorm.forward(&xp)?, &rope_p)?;
-            let (kp, vp) = (k.f_index_select(0, &of)?, v.f_index_select(0, &of)?);
-            let a = attn.attend_visible(&q, &k, &v, Visible::Causal)?;
-            xp = layer.finish(&(&xp + a))?;
-            let (q, k, v) = attn.qkv(&layer.input_layernorm.forward(&xr)?, &rope_r)?;
-            let k = Tensor::f_cat(&[kp, k], 2)?;
-            let v = Tensor::f_cat(&[vp, v], 2)?;
-            let a = attn.attend_visible(&q, &k, &v, Visible::Mask(&mask))?;
-            xr = layer.finish(&(&xr + a))?;
+            let qkv = attn.project_parts(&layer.input_layernorm.forward(&x)?, &parts)?;
+            let [(qp, kp, vp), (qr, kr, vr)] = <[_; 2]>::try_from(qkv).expect("two parts");
+            let ap = attn.attention(&qp, &kp, &vp, Visible::Causal)?; // (u, p, q_dim)
+            let k = Tensor::f_cat(&[kp.f_index_select(0, &of)?, kr], 2)?;
+            let v = Tensor::f_cat(&[vp.f_index_select(0, &of)?, vr], 2)?;
+            let ar = attn.attention(&qr, &k, &v, Visible::Mask(&mask))?; // (b, r, q_dim)
+            let q_dim = ap.size()[2];
+            let a = Tensor::f_cat(&[ap.f_reshape([-1, q_dim])?, ar.f_reshape([-1, q_dim])?], 0)?;
+            x = layer.finish(&(&x + attn.o_proj().forward(&a)?))?;
         }
-        let hidden = xr.size()[2];
+        let x = self.final_norm(&x)?;
         let last: Vec<i64> = batch
             .rows
             .iter()
             .map(|&(g, _)| (g * p + p_len[g] - 1) as i64)
             .collect();
-        let last = self
-            .final_norm(&xp)?
-            .f_reshape([-1, hidden])?
+        let last = x
             .f_index_select(0, &ids(last, 1)?.f_view([-1])?)?
             .f_unsqueeze(1)?; // (b, 1, hidden)
                               // Response positions past each row's end hold padding's states.
@@ -134,7 +140,10 @@ impl Model {
             .f_view([b as i64, r as i64, 1])?
             .f_to_device(dev)?
             .f_to_kind(kind)?;
-        let resp = self.final_norm(&xr)?.f_mul(&real)?;
+        let resp = x
+            .f_narrow(0, np, (b * r) as i64)?
+            .f_view([b as i64, r as i64, hidden])?
+            .f_mul(&real)?;
         Ok(Tensor::f_cat(&[last, resp], 1)?)
     }
 }

@@ -159,11 +159,18 @@ fn eager_activations(
         let rows = tokens.div_ceil(seq);
         match prompt_rows {
             1 => (tokens, tokens * response / seq, 0),
-            g => (
-                rows * response + rows.div_ceil(g) * (seq - response),
-                rows * response,
-                rows * (seq - response) * 2 * m.kv_dim(),
-            ),
+            g => {
+                let through = rows * response + rows.div_ceil(g) * (seq - response);
+                (
+                    through,
+                    rows * response,
+                    // The rows' gathered prompt keys and values, and the
+                    // concatenations of the one token stream (prompts and
+                    // responses) around the per-part attention: ~2h per
+                    // token, measured (plan_vs_run).
+                    rows * (seq - response) * 2 * m.kv_dim() + through * 2 * m.hidden,
+                )
+            }
         }
     };
     let (tokens, window, gathered) = run(plan.tokens_per_micro_batch);
