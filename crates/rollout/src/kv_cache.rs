@@ -138,16 +138,30 @@ impl PagedKv {
         Ok(())
     }
 
-    /// Copy on write: the first `slots` positions of block `src` into `dst`,
-    /// every layer, keys and values.
-    pub fn copy_prefix(&mut self, src: BlockId, dst: BlockId, slots: usize) {
-        if slots == 0 {
+    /// Copies on write: for each `(src, dst, slots)`, the first `slots`
+    /// positions of block `src` into block `dst`, every layer, keys and
+    /// values — one gather and one scatter per buffer for all of them.
+    /// The destinations must be distinct blocks that no source is.
+    pub fn copy_prefixes(&mut self, copies: &[(BlockId, BlockId, usize)]) {
+        let bs = self.layout.block_size as i64;
+        let (mut from, mut to) = (Vec::new(), Vec::new());
+        for &(src, dst, slots) in copies {
+            for i in 0..slots as i64 {
+                from.push(src as i64 * bs + i);
+                to.push(dst as i64 * bs + i);
+            }
+        }
+        if from.is_empty() {
             return;
         }
-        let bs = self.layout.block_size as i64;
+        let device = self.k[0].device();
+        let (from, to) = (
+            Tensor::from_slice(&from).to_device(device),
+            Tensor::from_slice(&to).to_device(device),
+        );
         for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-            let from = buf.narrow(1, src as i64 * bs, slots as i64);
-            buf.narrow(1, dst as i64 * bs, slots as i64).copy_(&from);
+            let rows = buf.index_select(1, &from);
+            let _ = buf.index_copy_(1, &to, &rows);
         }
     }
 }

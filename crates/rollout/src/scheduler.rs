@@ -125,21 +125,28 @@ impl Scheduler {
     /// Gives every running sequence a writable slot for its next position,
     /// preempting from the back of the batch when blocks run out.
     pub fn reserve_decode_slots(&mut self, kv: &mut PagedKv) {
+        // Copies on write are gathered and made together (one gather and
+        // one scatter per buffer, not one per sequence and buffer), and
+        // always before a preemption frees blocks they read or write.
+        let mut copies = Vec::new();
         let mut i = 0;
         while i < self.running.len() {
-            if self.ensure_slot(i, kv) {
+            if self.ensure_slot(i, &mut copies) {
                 i += 1;
             } else {
+                kv.copy_prefixes(&std::mem::take(&mut copies));
                 // The newest sequence goes (possibly `i` itself).
                 let victim = self.running.pop().expect("running is non-empty");
                 self.preempt(victim);
             }
         }
+        kv.copy_prefixes(&copies);
     }
 
     /// A slot for position `kv_len` of `running[i]`: a fresh block at a
-    /// block boundary, or a private copy of a shared partial block.
-    fn ensure_slot(&mut self, i: usize, kv: &mut PagedKv) -> bool {
+    /// block boundary, or a private copy of a shared partial block (its
+    /// first `off` slots, queued in `copies` as (from, to, slots)).
+    fn ensure_slot(&mut self, i: usize, copies: &mut Vec<(BlockId, BlockId, usize)>) -> bool {
         let bs = self.block_size;
         let seq = &self.running[i];
         let (bi, off) = (seq.kv_len / bs, seq.kv_len % bs);
@@ -157,7 +164,7 @@ impl Scheduler {
         let Some(new) = self.blocks.alloc() else {
             return false;
         };
-        kv.copy_prefix(old, new, off);
+        copies.push((old, new, off));
         self.blocks.release(old);
         self.running[i].blocks[bi] = new;
         self.cow_copies += 1;
