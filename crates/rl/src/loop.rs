@@ -55,6 +55,12 @@ pub(crate) struct Run<'a> {
     pub(crate) metrics: MetricsWriter,
     /// β of the KL penalty in the reward, when `use_kl_in_reward`.
     pub(crate) kl_ctrl: Option<KlController>,
+    /// An evaluation of the policy after this many steps, to run at the
+    /// start of the next step's rollout phase — the same weights, without
+    /// a switch of its own (verl validates in the rollout mode too) — and
+    /// the last such evaluation's (step, accuracy).
+    pub(crate) pending_eval: Option<usize>,
+    pub(crate) evaluated: Option<(usize, f64)>,
 }
 
 impl<'a> Run<'a> {
@@ -103,6 +109,8 @@ impl<'a> Run<'a> {
                 .map(|k| KlController::new(&k.ctrl))
                 .transpose()?,
             metrics,
+            pending_eval: None,
+            evaluated: None,
         })
     }
 }
@@ -117,9 +125,20 @@ impl Run<'_> {
         // 1. Generate n samples per prompt (memory: train → rollout → train).
         let t = Instant::now();
         let switch = self.worker.to_rollout()?;
+        // A pending evaluation runs here, in this rollout phase; its time is
+        // its own record's, not the step's.
+        let eval_s = match self.pending_eval.take() {
+            Some(step) => {
+                let te = Instant::now();
+                let accuracy = self.evaluate_in_rollout(step)?;
+                self.evaluated = Some((step, accuracy));
+                te.elapsed().as_secs_f64()
+            }
+            None => 0.0,
+        };
         let (rollouts, greedy) = self.generate(batch)?;
         let back = self.worker.to_train()?;
-        let timing_gen = t.elapsed().as_secs_f64();
+        let timing_gen = t.elapsed().as_secs_f64() - eval_s;
         let n = rollouts.len(); // samples = prompts × n
 
         // 2. Rewards: one score per sample.
@@ -292,7 +311,7 @@ impl Run<'_> {
             .chain(&rollouts.responses)
             .map(Vec::len)
             .sum();
-        let step_s = t_step.elapsed().as_secs_f64();
+        let step_s = t_step.elapsed().as_secs_f64() - eval_s;
         Ok(StepMetrics {
             step: batch.step + 1,
             epoch: batch.epoch,
@@ -431,22 +450,39 @@ impl Run<'_> {
     /// rollout engine and back around it.
     pub(crate) fn greedy_eval(&mut self) -> Result<eval::EvalResult> {
         self.worker.to_rollout()?;
+        let result = self.greedy_eval_now();
+        self.worker.to_train()?;
+        result
+    }
+
+    /// Greedy evaluation of the held-out set (rollout phase).
+    fn greedy_eval_now(&mut self) -> Result<eval::EvalResult> {
         let ecfg = EvalConfig::greedy(self.config.rollout.max_new_tokens, vec![self.eos]);
-        let result = eval::evaluate(
+        eval::evaluate(
             self.worker.engine()?,
             &self.val,
             &self.tokenizer,
             self.reward.as_mut(),
             &ecfg,
-        );
-        self.worker.to_train()?;
-        result
+        )
     }
 
-    /// Greedy accuracy on the held-out set after `step` steps, logged.
+    /// Greedy accuracy on the held-out set after `step` steps, logged,
+    /// with a switch to the rollout engine and back around it.
     pub(crate) fn evaluate(&mut self, step: usize) -> Result<f64> {
         let t = Instant::now();
         let result = self.greedy_eval()?;
+        self.log_eval(step, result, t)
+    }
+
+    /// [`Run::evaluate`] in a rollout phase already under way.
+    fn evaluate_in_rollout(&mut self, step: usize) -> Result<f64> {
+        let t = Instant::now();
+        let result = self.greedy_eval_now()?;
+        self.log_eval(step, result, t)
+    }
+
+    fn log_eval(&mut self, step: usize, result: eval::EvalResult, t: Instant) -> Result<f64> {
         self.metrics.eval(&EvalRecord {
             step,
             accuracy: result.accuracy,

@@ -44,8 +44,8 @@ struct Start {
     first_step: usize,
     total: usize,
     /// From the kept records of a resumed run: (step-0 accuracy, last
-    /// accuracy, peak device bytes).
-    before: (Option<f64>, Option<f64>, u64),
+    /// accuracy, peak device bytes, the last evaluation's step).
+    before: (Option<f64>, Option<f64>, u64, Option<usize>),
     notes: Vec<String>,
 }
 
@@ -80,7 +80,7 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
     let mut start = Start {
         first_step: 0,
         total,
-        before: (None, None, 0),
+        before: (None, None, 0, None),
         notes: Vec::new(),
     };
     if let Some(found) = found {
@@ -119,7 +119,7 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
                     start.say(format!(
                         "--resume: the run is already complete ({total} of {total} steps); nothing to do"
                     ));
-                    let (first_accuracy, last_accuracy, peak) = start.before;
+                    let (first_accuracy, last_accuracy, peak, _) = start.before;
                     return Ok(RunSummary {
                         run_dir: out.to_owned(),
                         steps: total,
@@ -167,21 +167,25 @@ struct Setup {
     metrics: MetricsWriter,
 }
 
-/// (step-0 accuracy, last accuracy, peak device bytes) of the records in
-/// `metrics.jsonl`.
-fn earlier(path: &Path) -> Result<(Option<f64>, Option<f64>, u64)> {
+/// (step-0 accuracy, last accuracy, peak device bytes, the last
+/// evaluation's step) of the records in `metrics.jsonl`.
+fn earlier(path: &Path) -> Result<(Option<f64>, Option<f64>, u64, Option<usize>)> {
     if !path.is_file() {
-        return Ok((None, None, 0));
+        return Ok((None, None, 0, None));
     }
-    let (mut first, mut last, mut peak) = (None, None, 0);
+    let (mut first, mut last, mut peak, mut at) = (None, None, 0, None);
     for r in metrics::read(path)? {
         match r {
-            Record::Eval(e) if e.step == 0 => (first, last) = (Some(e.accuracy), Some(e.accuracy)),
-            Record::Eval(e) => last = Some(e.accuracy),
+            Record::Eval(e) => {
+                if e.step == 0 {
+                    first = Some(e.accuracy);
+                }
+                (last, at) = (Some(e.accuracy), Some(e.step));
+            }
             Record::Step(s) => peak = peak.max(s.peak_device_bytes),
         }
     }
-    Ok((first, last, peak))
+    Ok((first, last, peak, at))
 }
 
 /// The worker, the evaluations and the steps from `start.first_step`.
@@ -214,23 +218,35 @@ fn train_steps(
         config.data.shuffle,
     )?;
     let mut progress = Progress::stderr(total);
-    let (mut first_accuracy, mut last_accuracy, mut peak) = start.before;
-    if config.trainer.val_before_train && first_step == 0 {
-        first_accuracy = Some(run.evaluate(0)?);
-        last_accuracy = first_accuracy;
-    }
+    let (mut first_accuracy, mut last_accuracy, mut peak, evaluated_at) = start.before;
+    // Evaluations during the run happen at the start of the next step's
+    // rollout phase (the same weights, no switch of their own); the record
+    // comes before that step's, as if evaluated in between. A resumed run
+    // makes up an evaluation of its checkpoint's step that was due but not
+    // logged (a run stopped between the checkpoint and the next step).
+    let test_step = |done: usize| config.trainer.test_freq.is_some_and(|f| done % f == 0);
+    run.pending_eval = match first_step {
+        0 => config.trainer.val_before_train.then_some(0),
+        k => (test_step(k) && evaluated_at != Some(k)).then_some(k),
+    };
 
     // ---- the steps ---------------------------------------------------------
     for step in first_step..total {
         let m = run.step(&batches.batch(step))?;
+        if let Some((at, accuracy)) = run.evaluated.take() {
+            if at == 0 {
+                first_accuracy = Some(accuracy);
+            }
+            last_accuracy = Some(accuracy);
+        }
         peak = peak.max(m.peak_device_bytes);
         run.metrics.step(&m)?;
         let done = step + 1;
         if config.trainer.save_freq.is_some_and(|f| done % f == 0) && done < total {
             run.save(&ckpt_dir, done)?;
         }
-        if config.trainer.test_freq.is_some_and(|f| done % f == 0) && done < total {
-            last_accuracy = Some(run.evaluate(done)?);
+        if test_step(done) && done < total {
+            run.pending_eval = Some(done);
         }
         progress.update(
             done,

@@ -268,6 +268,44 @@ fn a_killed_run_resumes_from_its_newest_complete_checkpoint_without_duplicates()
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// The evaluation after step 2 runs at the start of step 3's rollout
+/// phase; a run stopped after checkpoint 2 but before that evaluation was
+/// logged makes it up when resumed, once.
+#[test]
+fn a_resumed_run_makes_up_the_evaluation_its_checkpoint_was_due() {
+    let dir = tmp("due");
+    let run = dir.join("run");
+    colo_rl::r#loop::run(&config(&dir, 3), &run, false).unwrap();
+    let want: Vec<Vec<f64>> = steps_of(&run).iter().map(deterministic).collect();
+    let ckpts = run.join("checkpoints");
+    std::fs::remove_dir_all(ckpts.join("step-3")).unwrap();
+    // What a run stopped right after checkpoint 2 leaves: steps 1 and 2,
+    // the evaluation before step 1, nothing of step 3's.
+    let metrics = run.join("metrics.jsonl");
+    let kept: Vec<String> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .take_while(|l| {
+            !l.contains("\"eval/accuracy\"") || l.contains("\"training/global_step\":0")
+        })
+        .filter(|l| !l.contains("\"training/global_step\":3"))
+        .map(str::to_owned)
+        .collect();
+    std::fs::write(&metrics, kept.join("\n") + "\n").unwrap();
+    assert_eq!(evals_of(&run), vec![0]);
+
+    let s = colo_rl::r#loop::run(&config(&dir, 3), &run, true).unwrap();
+    assert_eq!(s.resumed_from, Some(2));
+    assert_eq!(
+        evals_of(&run),
+        vec![0, 2, 3],
+        "the due evaluation made up, once"
+    );
+    let got: Vec<Vec<f64>> = steps_of(&run).iter().map(deterministic).collect();
+    assert_eq!(got, want, "steps 1, 2, 3 once each, as uninterrupted");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// `--resume` with no checkpoint says it starts from scratch; an external
 /// reward that answers garbage with `default_score` is counted in
 /// `reward/failures` (every sample of the step).
