@@ -43,9 +43,8 @@ struct Start {
     /// RL steps already done (the checkpoint's N; 0 from scratch).
     first_step: usize,
     total: usize,
-    /// From the kept records of a resumed run: (step-0 accuracy, last
-    /// accuracy, peak device bytes, the last evaluation's step).
-    before: (Option<f64>, Option<f64>, u64, Option<usize>),
+    /// From the kept records of a resumed run.
+    before: Earlier,
     notes: Vec<String>,
 }
 
@@ -80,7 +79,7 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
     let mut start = Start {
         first_step: 0,
         total,
-        before: (None, None, 0, None),
+        before: Earlier::default(),
         notes: Vec::new(),
     };
     if let Some(found) = found {
@@ -119,14 +118,13 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
                     start.say(format!(
                         "--resume: the run is already complete ({total} of {total} steps); nothing to do"
                     ));
-                    let (first_accuracy, last_accuracy, peak, _) = start.before;
                     return Ok(RunSummary {
                         run_dir: out.to_owned(),
                         steps: total,
                         resumed_from: Some(step),
-                        first_accuracy,
-                        last_accuracy,
-                        peak_device_bytes: peak,
+                        first_accuracy: start.before.first,
+                        last_accuracy: start.before.last,
+                        peak_device_bytes: start.before.peak,
                         notes: start.notes,
                     });
                 }
@@ -167,25 +165,36 @@ struct Setup {
     metrics: MetricsWriter,
 }
 
-/// (step-0 accuracy, last accuracy, peak device bytes, the last
-/// evaluation's step) of the records in `metrics.jsonl`.
-fn earlier(path: &Path) -> Result<(Option<f64>, Option<f64>, u64, Option<usize>)> {
+/// What the records of a resumed run say.
+#[derive(Default)]
+struct Earlier {
+    /// The accuracy before the first step, and the last one.
+    first: Option<f64>,
+    last: Option<f64>,
+    /// Peak device bytes over the steps.
+    peak: u64,
+    /// The last evaluation's step.
+    evaluated_at: Option<usize>,
+}
+
+/// [`Earlier`] from the records in `metrics.jsonl`.
+fn earlier(path: &Path) -> Result<Earlier> {
+    let mut e = Earlier::default();
     if !path.is_file() {
-        return Ok((None, None, 0, None));
+        return Ok(e);
     }
-    let (mut first, mut last, mut peak, mut at) = (None, None, 0, None);
     for r in metrics::read(path)? {
         match r {
-            Record::Eval(e) => {
-                if e.step == 0 {
-                    first = Some(e.accuracy);
+            Record::Eval(r) => {
+                if r.step == 0 {
+                    e.first = Some(r.accuracy);
                 }
-                (last, at) = (Some(e.accuracy), Some(e.step));
+                (e.last, e.evaluated_at) = (Some(r.accuracy), Some(r.step));
             }
-            Record::Step(s) => peak = peak.max(s.peak_device_bytes),
+            Record::Step(s) => e.peak = e.peak.max(s.peak_device_bytes),
         }
     }
-    Ok((first, last, peak, at))
+    Ok(e)
 }
 
 /// The worker, the evaluations and the steps from `start.first_step`.
@@ -218,7 +227,12 @@ fn train_steps(
         config.data.shuffle,
     )?;
     let mut progress = Progress::stderr(total);
-    let (mut first_accuracy, mut last_accuracy, mut peak, evaluated_at) = start.before;
+    let Earlier {
+        first: mut first_accuracy,
+        last: mut last_accuracy,
+        mut peak,
+        evaluated_at,
+    } = start.before;
     // Evaluations during the run happen at the start of the next step's
     // rollout phase (the same weights, no switch of their own); the record
     // comes before that step's, as if evaluated in between. A resumed run
