@@ -58,15 +58,19 @@ pub fn split(start: usize, len: usize, lanes: usize) -> Vec<(usize, usize)> {
 /// Runs every piece of work, the first on the calling thread and each
 /// other one on a thread of its own, all with one libtorch intra-op
 /// thread; returns the results in order. A panic in a lane is resumed
-/// here. With one piece nothing is spawned and the thread count is left
-/// alone.
+/// here.
+///
+/// libtorch's intra-op count is process-wide: it is set to 1 here and
+/// left so, never flipped back and forth — a pass on another thread that
+/// read a count changing under it would split its reductions differently
+/// and lose bit-for-bit repeatability. (OpenMP's and MKL's own counts are
+/// per thread, so every lane thread sets its own.)
 pub fn run<T: Send, W: FnOnce() -> T + Send>(work: Vec<W>) -> Vec<T> {
+    one_intra_op_thread();
     if work.len() <= 1 {
         return work.into_iter().map(|w| w()).collect();
     }
-    let before = tch::get_num_threads();
-    tch::set_num_threads(1);
-    let out = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let mut work = work.into_iter();
         let first = work.next();
         let others: Vec<_> = work
@@ -74,7 +78,7 @@ pub fn run<T: Send, W: FnOnce() -> T + Send>(work: Vec<W>) -> Vec<T> {
                 s.spawn(move || {
                     // OpenMP's and MKL's thread counts are per thread: a
                     // new thread would start at all cores.
-                    tch::set_num_threads(1);
+                    one_intra_op_thread();
                     w()
                 })
             })
@@ -85,9 +89,17 @@ pub fn run<T: Send, W: FnOnce() -> T + Send>(work: Vec<W>) -> Vec<T> {
             out.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
         }
         out
-    });
-    tch::set_num_threads(before);
-    out
+    })
+}
+
+/// One libtorch intra-op thread for the calling thread (and as libtorch's
+/// process-wide count).
+fn one_intra_op_thread() {
+    thread_local!(static SET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+    if tch::get_num_threads() != 1 || !SET.get() {
+        tch::set_num_threads(1);
+        SET.set(true);
+    }
 }
 
 #[cfg(test)]
@@ -104,12 +116,11 @@ mod tests {
     }
 
     #[test]
-    fn results_come_back_in_order_and_the_thread_count_is_restored() {
-        let before = tch::get_num_threads();
+    fn results_come_back_in_order_each_on_one_intra_op_thread() {
         let work: Vec<_> = (0..3)
             .map(|i| move || (i, tch::get_num_threads()))
             .collect();
         assert_eq!(run(work), [(0, 1), (1, 1), (2, 1)]);
-        assert_eq!(tch::get_num_threads(), before);
+        assert_eq!(tch::get_num_threads(), 1);
     }
 }

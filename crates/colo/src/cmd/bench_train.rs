@@ -64,8 +64,9 @@ struct Report {
     runs: Vec<DtypeRun>,
     /// f32 step time / bf16 step time (target ≥ 2), when both ran.
     bf16_speedup: Option<f64>,
-    /// libtorch's intra-op threads, and the 1-minute load average at the end
-    /// (a shared machine's other work shows here).
+    /// The threads both sides use (the trainer's lanes; the baseline's
+    /// intra-op threads), and the 1-minute load average at the end (a
+    /// shared machine's other work shows here).
     threads: i32,
     load_avg_1m: Option<f64>,
 }
@@ -141,6 +142,7 @@ struct Matmul {
     b: Tensor,
     flop: f64,
     times: Vec<f64>,
+    threads: i32,
 }
 
 impl Matmul {
@@ -153,21 +155,33 @@ impl Matmul {
             b,
             flop: 2.0 * (m * k * n) as f64,
             times: vec![],
+            threads: baseline_threads(),
         }
     }
 
+    /// The baseline at libtorch's default thread count (all cores, its
+    /// best); the trainer's passes run in lanes of one intra-op thread,
+    /// which sets libtorch's count to 1 (see `colo_model::lanes`).
     fn sample(&mut self, reps: usize) {
+        tch::set_num_threads(self.threads);
         for _ in 0..reps {
             let t = Instant::now();
             let c = self.a.matmul(&self.b);
             std::hint::black_box(&c);
             self.times.push(t.elapsed().as_secs_f64());
         }
+        tch::set_num_threads(1);
     }
 
     fn gflop_s(&self) -> f64 {
         self.flop / median(self.times.clone()) / 1e9
     }
+}
+
+/// libtorch's default intra-op thread count: `OMP_NUM_THREADS`, else the
+/// cores.
+fn baseline_threads() -> i32 {
+    colo_model::lanes::count(Device::Cpu, 0).min(i32::MAX as usize) as i32
 }
 
 fn parse_dtype(s: &str) -> Result<Kind> {
@@ -265,7 +279,7 @@ pub fn run(a: Args) -> Result<()> {
         tokens_per_step: a.batch * a.seq,
         bf16_speedup: step("f32").zip(step("bf16")).map(|(f, b)| f / b),
         runs,
-        threads: tch::get_num_threads(),
+        threads: baseline_threads(),
         load_avg_1m: crate::cmd::load_avg_1m(),
     };
     if a.json {
