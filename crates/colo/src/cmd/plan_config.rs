@@ -7,7 +7,7 @@
 //! long the prompts are) happens here. The translation follows what the
 //! run does (`colo_rl::worker`, `colo_rl::loop`):
 //!
-//! - one device of the run's capacity (`auto`: 128 MiB for the built-in
+//! - one device of the run's capacity (`auto`: 72 MiB for the built-in
 //!   model, the machine's memory otherwise), no runtime overhead (the host
 //!   backend has no CUDA context), no sharding;
 //! - float32 everywhere: parameters, gradients and both AdamW moments
