@@ -229,42 +229,6 @@ impl SeqBatch {
         Some((t0, t1))
     }
 
-    /// The rows as responses to shared prompts (the prompt: the tokens
-    /// before the response), when at least two rows share each prompt on
-    /// average and every row has a prompt and a response; `None`
-    /// otherwise, or with the prompt length of every row.
-    pub(crate) fn shared_prompts(&self) -> Result<Option<(SharedPrompts, Vec<usize>)>> {
-        let ok = |r: &RowSpan| r.resp.0 > 0 && r.resp.1 > r.resp.0;
-        if self.rows.len() < 2 || !self.rows.iter().all(ok) {
-            return Ok(None);
-        }
-        let ids = Vec::<Vec<i64>>::try_from(&self.input_ids.f_to_device(Device::Cpu)?)?;
-        let mut index: HashMap<&[i64], usize> = HashMap::new();
-        let mut shared = SharedPrompts {
-            prompts: Vec::new(),
-            rows: Vec::with_capacity(self.rows.len()),
-        };
-        for (row, span) in ids.iter().zip(&self.rows) {
-            let prompt = &row[..span.resp.0];
-            let g = *index.entry(prompt).or_insert_with(|| {
-                shared
-                    .prompts
-                    .push(prompt.iter().map(|&t| t as u32).collect());
-                shared.prompts.len() - 1
-            });
-            let resp = row[span.resp.0..span.len]
-                .iter()
-                .map(|&t| t as u32)
-                .collect();
-            shared.rows.push((g, resp));
-        }
-        if 2 * shared.prompts.len() > shared.rows.len() {
-            return Ok(None);
-        }
-        let lens = self.rows.iter().map(|r| r.resp.0).collect();
-        Ok(Some((shared, lens)))
-    }
-
     /// Rows `start..start + len` on `device`, with trailing columns that
     /// are padding in all of them cut off.
     pub(crate) fn micro(&self, start: usize, len: usize, device: Device) -> Result<Micro> {
@@ -280,13 +244,53 @@ impl SeqBatch {
         let mask = window
             .map(|(t0, t1)| seqs.response_mask.f_narrow(1, t0 as i64, (t1 - t0) as i64))
             .transpose()?;
+        // Read on the host, before the rows go to the device.
+        let host_ids = cut(&self.input_ids, start, len, 0, w, Device::Cpu)?;
+        let shared = shared_prompts(&host_ids, &seqs.rows)?;
         Ok(Micro {
             seqs,
             start,
             window,
             mask,
+            shared,
         })
     }
+}
+
+/// Rows (`ids` on the host, `rows` their spans) as responses to shared
+/// prompts (the prompt: the tokens before the response), when at least two
+/// rows share each prompt on average and every row has a prompt and a
+/// response; `None` otherwise. With the prompt length of every row.
+fn shared_prompts(ids: &Tensor, rows: &[RowSpan]) -> Result<Option<(SharedPrompts, Vec<usize>)>> {
+    let ok = |r: &RowSpan| r.resp.0 > 0 && r.resp.1 > r.resp.0;
+    if rows.len() < 2 || !rows.iter().all(ok) {
+        return Ok(None);
+    }
+    let ids = Vec::<Vec<i64>>::try_from(ids)?;
+    let mut index: HashMap<&[i64], usize> = HashMap::new();
+    let mut shared = SharedPrompts {
+        prompts: Vec::new(),
+        rows: Vec::with_capacity(rows.len()),
+    };
+    for (row, span) in ids.iter().zip(rows) {
+        let prompt = &row[..span.resp.0];
+        let g = *index.entry(prompt).or_insert_with(|| {
+            shared
+                .prompts
+                .push(prompt.iter().map(|&t| t as u32).collect());
+            shared.prompts.len() - 1
+        });
+        let resp = row[span.resp.0..span.len]
+            .iter()
+            .map(|&t| t as u32)
+            .collect();
+        shared.rows.push((g, resp));
+    }
+    if 2 * shared.prompts.len() > shared.rows.len() {
+        return Ok(None);
+    }
+    let lens = rows.iter().map(|r| r.resp.0).collect();
+    Ok(Some((shared, lens)))
 }
 
 /// Rows `start..start + len` and columns `c0..c1` of `t`, on `device`.
@@ -309,6 +313,9 @@ pub(crate) struct Micro {
     pub(crate) window: Option<(usize, usize)>,
     /// The response mask in the window, (rows, t1 − t0).
     pub(crate) mask: Option<Tensor>,
+    /// The rows as responses to shared prompts, and each row's prompt
+    /// length, when they share them two to one or more.
+    pub(crate) shared: Option<(SharedPrompts, Vec<usize>)>,
 }
 
 impl Micro {

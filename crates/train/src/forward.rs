@@ -41,19 +41,18 @@ impl Lane {
         let Some((t0, t1)) = mb.window else {
             return Ok(None);
         };
-        let s = &mb.seqs;
-        let Some((shared, prompt_lens)) = s.shared_prompts()? else {
-            let hidden = self.model.hidden_states(s.input_ids(), None, None)?;
+        let Some((shared, prompt_lens)) = &mb.shared else {
+            let hidden = self.model.hidden_states(mb.seqs.input_ids(), None, None)?;
             return Ok(Some(hidden.f_narrow(1, t0 as i64 - 1, (t1 - t0) as i64)?));
         };
-        let hidden = self.model.hidden_states_shared_prompts(&shared)?; // (rows, 1 + R, h)
+        let hidden = self.model.hidden_states_shared_prompts(shared)?; // (rows, 1 + R, h)
         let (rows, cols, h) = hidden.size3()?;
         // Window column c of row r predicts token t0 + c from position
         // t0 + c − 1, which is column t0 + c − P of the row's states.
         let zero = rows * cols;
         let w = t1 - t0;
         let mut idx = Vec::with_capacity(rows as usize * w);
-        for (r, ((_, resp), &p)) in shared.rows.iter().zip(&prompt_lens).enumerate() {
+        for (r, ((_, resp), &p)) in shared.rows.iter().zip(prompt_lens).enumerate() {
             for c in 0..w {
                 let j = (t0 + c) as i64 - p as i64;
                 let inside = j >= 0 && (j as usize) < resp.len();

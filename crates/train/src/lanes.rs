@@ -27,16 +27,32 @@ pub(crate) struct Lane {
 impl Clone for Lane {
     /// Shares every tensor.
     fn clone(&self) -> Self {
-        Lane {
-            pool: self.pool.clone(),
-            model: self.model.clone(),
-            value_head: self.value_head.clone(),
-            params: self.params.iter().map(Tensor::shallow_clone).collect(),
-        }
+        Lane::of(
+            &self.pool,
+            &self.model,
+            self.value_head.as_ref(),
+            &self.params,
+        )
     }
 }
 
 impl Lane {
+    /// A lane's own handles on `model`, `value_head` and `params` (shallow
+    /// clones: the same storage and autograd leaves).
+    pub(crate) fn of(
+        pool: &Arc<Pool>,
+        model: &Model,
+        value_head: Option<&ValueHead>,
+        params: &[Tensor],
+    ) -> Self {
+        Lane {
+            pool: pool.clone(),
+            model: model.clone(),
+            value_head: value_head.cloned(),
+            params: params.iter().map(Tensor::shallow_clone).collect(),
+        }
+    }
+
     /// Runs `f` inside `region(activations)` on the current thread.
     pub(crate) fn in_activations<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let guard = self.pool.region(tags::ACTIVATIONS)?;
@@ -51,9 +67,8 @@ impl Lane {
 /// `region(activations)` with one libtorch intra-op thread and grad mode
 /// `grad`; returns the results in the parts' order. `make` is called on
 /// the calling thread, once per part, so the work it returns may own
-/// (shallow clones of) whatever it needs.
-///
-/// With one part nothing is spawned and the thread count is left alone.
+/// (shallow clones of) whatever it needs. With one part nothing is
+/// spawned.
 pub(crate) fn run<P, T, W>(
     lane: &Lane,
     grad: bool,

@@ -320,12 +320,12 @@ impl ColoTrainer {
 
     /// The engine's weights as one lane's own handles.
     fn lane(&self) -> Lane {
-        Lane {
-            pool: self.pool.clone(),
-            model: self.model.clone(),
-            value_head: self.value_head.clone(),
-            params: self.params.iter().map(Tensor::shallow_clone).collect(),
-        }
+        Lane::of(
+            &self.pool,
+            &self.model,
+            self.value_head.as_ref(),
+            &self.params,
+        )
     }
 
     /// Scores `batch` in micro-batches without a gradient (see
