@@ -7,10 +7,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use colo_mem::{tags, Pool, PoolConfig, TagState};
-use colo_rl::config::{Capacity, Colocation, MemoryConfig};
+use colo_rl::config::{Capacity, Colocation, MemoryConfig, ReleaseCache};
 use colo_rl::worker::{HybridWorker, Phase, WorkerSpec};
 use colo_rollout::{Engine, EngineConfig, Request, SamplingParams};
 use colo_train::{SeqBatch, TrainEngine, TrainerConfig};
+use tch::{Device, Kind};
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny-qwen2")
@@ -24,6 +25,7 @@ fn memory(mode: Colocation) -> MemoryConfig {
         offload_train_grad: true,
         offload_train_optimizer: true,
         offload_ref: true,
+        release_cache: ReleaseCache::Auto,
     }
 }
 
@@ -32,7 +34,25 @@ fn worker(mode: Colocation, scratch: &str) -> HybridWorker {
 }
 
 fn worker_kv(mode: Colocation, scratch: &str, kv_tokens: usize) -> HybridWorker {
-    let pool = Pool::host(PoolConfig::default()).unwrap();
+    worker_in(mode, scratch, kv_tokens, Kind::Float)
+}
+
+fn worker_in(mode: Colocation, scratch: &str, kv_tokens: usize, kind: Kind) -> HybridWorker {
+    worker_on(u64::MAX, mode, scratch, kv_tokens, kind)
+}
+
+fn worker_on(
+    capacity: u64,
+    mode: Colocation,
+    scratch: &str,
+    kv_tokens: usize,
+    kind: Kind,
+) -> HybridWorker {
+    let pool = Pool::host(PoolConfig {
+        capacity,
+        ..PoolConfig::default()
+    })
+    .unwrap();
     let engine = EngineConfig {
         max_kv_tokens: Some(kv_tokens),
         ..EngineConfig::default()
@@ -43,6 +63,7 @@ fn worker_kv(mode: Colocation, scratch: &str, kv_tokens: usize) -> HybridWorker 
             lr: 1e-2,
             ..Default::default()
         },
+        kind,
         ..Default::default()
     };
     let spec = WorkerSpec {
@@ -79,7 +100,8 @@ fn reference_tokens(w: &HybridWorker, prompts: &[Vec<u32>], tag: &str) -> Vec<Ve
         max_kv_tokens: Some(512),
         ..EngineConfig::default()
     };
-    let mut e = Engine::from_dir(&dir, pool, &cfg).unwrap();
+    let kind = w.actor.model().unwrap().dtype();
+    let mut e = Engine::from_dir_on(&dir, kind, Device::Cpu, pool, &cfg).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     tokens(e.generate(greedy(prompts)).unwrap())
 }
@@ -125,6 +147,85 @@ fn every_mode_generates_with_the_actors_current_weights() {
             std::env::temp_dir().join(format!("colo-worker-{}-gen{i}", std::process::id())),
         );
     }
+}
+
+/// A bf16 actor's engine runs in bf16 (it once loaded the checkpoint in
+/// float32 whatever the actor's kind), in the modes that keep it and in the
+/// one that rebuilds it every step, and generates what a bf16 engine built
+/// from the actor's weights does.
+#[test]
+fn a_bf16_actor_generates_in_bf16() {
+    let prompts = vec![vec![278, 28, 274, 272, 337], vec![54, 74, 71, 223, 83, 87]];
+    for (i, mode) in [Colocation::Staged, Colocation::Restart]
+        .into_iter()
+        .enumerate()
+    {
+        let mut w = worker_in(mode, &format!("bf16-{i}"), 512, Kind::BFloat16);
+        let expected = reference_tokens(&w, &prompts, &format!("bf16-{i}"));
+        w.to_rollout().unwrap();
+        let engine = w.engine().unwrap();
+        assert_eq!(engine.model().unwrap().dtype(), Kind::BFloat16, "{mode:?}");
+        assert_eq!(
+            tokens(w.generate(greedy(&prompts)).unwrap()),
+            expected,
+            "{mode:?}"
+        );
+        w.to_train().unwrap();
+        let _ = std::fs::remove_dir_all(
+            std::env::temp_dir().join(format!("colo-worker-{}-bf16-{i}", std::process::id())),
+        );
+    }
+}
+
+/// The training passes' cached blocks stay through a switch when the
+/// engine fits beside them, and go (a `release_cache` phase) when it does
+/// not; either way the rollout runs.
+#[test]
+fn the_training_cache_goes_at_a_switch_only_when_the_engine_needs_the_room() {
+    let seqs =
+        SeqBatch::from_prompt_response(&[(&[278, 28, 274][..], &[272, 337, 7][..])], 0).unwrap();
+    let cached = |w: &HybridWorker| {
+        let s = w.pool().stats();
+        s.tags.iter().map(|t| t.cached_bytes).sum::<u64>()
+    };
+    let phases = |w: &HybridWorker| -> Vec<String> {
+        w.pool().timeline().into_iter().map(|e| e.phase).collect()
+    };
+    let prompts = vec![vec![278, 28, 274, 272, 337]];
+
+    // Roomy (no capacity): the cache stays.
+    let mut w = worker_in(Colocation::Staged, "cache-roomy", 4096, Kind::Float);
+    w.actor.sft_step(&seqs).unwrap();
+    let (resident, kept) = (w.pool().stats().resident_bytes, cached(&w));
+    assert!(kept > 0, "a training step leaves cached blocks");
+    let engine: u64 = [tags::WEIGHTS, tags::KV_CACHE]
+        .iter()
+        .map(|t| w.pool().stats().tag(t).unwrap().paused_bytes)
+        .sum();
+    w.to_rollout().unwrap();
+    assert_eq!(cached(&w), kept);
+    assert!(!phases(&w).iter().any(|p| p == "release_cache"));
+    assert_eq!(tokens(w.generate(greedy(&prompts)).unwrap()).len(), 1);
+    w.to_train().unwrap();
+
+    // Tight: the engine fits only once the cache is gone.
+    assert!(engine > kept / 2, "engine {engine}, cache {kept}");
+    let capacity = resident + engine - kept / 2;
+    let mut w = worker_on(
+        capacity,
+        Colocation::Staged,
+        "cache-tight",
+        4096,
+        Kind::Float,
+    );
+    w.actor.sft_step(&seqs).unwrap();
+    assert!(cached(&w) > 0);
+    w.to_rollout().unwrap();
+    assert_eq!(cached(&w), 0);
+    assert!(phases(&w).iter().any(|p| p == "release_cache"));
+    assert_eq!(tokens(w.generate(greedy(&prompts)).unwrap()).len(), 1);
+    assert!(w.pool().stats().peak_resident_bytes <= capacity);
+    w.to_train().unwrap();
 }
 
 #[test]

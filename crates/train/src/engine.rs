@@ -117,7 +117,9 @@ pub trait TrainEngine {
     /// tokens (supervised fine-tuning).
     fn sft_step(&mut self, batch: &SeqBatch) -> Result<SftMetrics>;
 
-    /// Moves the chosen parts of the state to host memory.
+    /// Moves the chosen parts of the state to host memory. Cached
+    /// activation blocks stay mapped: [`TrainEngine::release_cache`] returns
+    /// them, when something else needs the room.
     fn offload(&mut self, what: Offload) -> Result<()>;
 
     /// Brings offloaded parts back, bit-exactly, at the same addresses.

@@ -48,7 +48,7 @@ use colo_algo::{
     AdvantageConfig, KlControlConfig, KlEstimator, PolicyLossConfig, RolloutCorrectionConfig,
 };
 
-pub use raw::{Colocation, Device, Dtype, RawConfig};
+pub use raw::{Colocation, Device, Dtype, RawConfig, ReleaseCache};
 
 use crate::data::Fields;
 use crate::reward::RewardSpec;
@@ -226,6 +226,7 @@ pub struct MemoryConfig {
     pub offload_train_grad: bool,
     pub offload_train_optimizer: bool,
     pub offload_ref: bool,
+    pub release_cache: ReleaseCache,
 }
 
 /// How long the run is.

@@ -287,6 +287,20 @@ pub enum Colocation {
     Staged,
 }
 
+/// When the training passes' cached blocks go back to the device at a
+/// train → rollout switch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReleaseCache {
+    /// Only when the rollout engine would not fit beside them (the next
+    /// update then reuses them instead of faulting in fresh pages).
+    #[default]
+    Auto,
+    /// At every switch, as verl empties PyTorch's cache: the least memory at
+    /// every moment, for a device shared with memory colo does not see.
+    Always,
+}
+
 /// `[memory]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -300,6 +314,7 @@ pub struct RawMemory {
     pub offload_train_grad: bool,
     pub offload_train_optimizer: bool,
     pub offload_ref: bool,
+    pub release_cache: ReleaseCache,
 }
 
 impl Default for RawMemory {
@@ -311,6 +326,7 @@ impl Default for RawMemory {
             offload_train_grad: true,
             offload_train_optimizer: true,
             offload_ref: true,
+            release_cache: ReleaseCache::Auto,
         }
     }
 }

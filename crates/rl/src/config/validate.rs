@@ -445,6 +445,7 @@ fn memory_section(memory: &RawMemory) -> Check<MemoryConfig> {
         offload_train_grad: memory.offload_train_grad,
         offload_train_optimizer: memory.offload_train_optimizer,
         offload_ref: memory.offload_ref,
+        release_cache: memory.release_cache,
     };
 
     Ok(memory_cfg)
