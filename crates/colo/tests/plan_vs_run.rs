@@ -8,6 +8,11 @@
 //! fixture with its BPE tokenizer and JSONL prompts), three colocation
 //! modes, and both places the peak can be: generation (weights + KV
 //! cache) and training (trainer state + eager activations).
+//!
+//! The runs give up at every switch all the offload flags allow
+//! (`offload_policy = "always"`), the choreography the planner models; with
+//! the default `as_needed` a run keeps more where the capacity has room
+//! for it (`crates/rl/tests/worker.rs`), never more than the capacity.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -104,6 +109,7 @@ ppo_mini_batch_size = 8
 ppo_micro_batch_size = {micro}
 [memory]
 colocation = "{mode}"
+offload_policy = "always"
 [trainer]
 cpu_threads = 1
 total_steps = 2
@@ -168,6 +174,7 @@ kind = "exact_match"
 [memory]
 capacity = "256MiB"
 colocation = "{mode}"
+offload_policy = "always"
 [trainer]
 cpu_threads = 1
 total_steps = 1

@@ -26,12 +26,17 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")
 
 def write_config(path, **overrides):
     """configs/example.toml with absolute fixture paths, one mini-batch per
-    step (so 2 workers × 2 prompts is exactly 1 worker × 4), and overrides
+    step (so 2 workers × 2 prompts is exactly 1 worker × 4), offloads at
+    every switch, and overrides
     (key = raw TOML value, in the [trainer] or [actor] section)."""
     with open(os.path.join(ROOT, "configs", "example.toml")) as f:
         text = f.read()
     text = text.replace('"testdata/', f'"{ROOT}/testdata/')
     text = re.sub(r"ppo_mini_batch_size = \d+", "ppo_mini_batch_size = 4", text)
+    # Every switch gives up all the offload flags allow, so the tests see the
+    # staged choreography whatever the room (the default, as_needed, keeps
+    # what fits: crates/rl/tests/worker.rs).
+    text = text.replace("[memory]\n", '[memory]\noffload_policy = "always"\n')
     for key, value in overrides.items():
         text, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, flags=re.M)
         if n == 0:

@@ -24,11 +24,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use colo_mem::{tags, Pool};
+use colo_mem::{tags, Pool, TagState};
 use colo_rollout::{Engine, EngineConfig, Request, RequestOutput};
 use colo_train::{ColoTrainer, Offload, TrainEngine};
 
-use crate::config::{Colocation, MemoryConfig, ReleaseCache};
+use crate::config::{Colocation, MemoryConfig, OffloadPolicy};
 use crate::reference::Reference;
 use crate::{Error, Result};
 
@@ -77,14 +77,28 @@ pub struct HybridWorker {
     rollout: Option<Engine>,
     pub reference: Option<Reference>,
     mode: Colocation,
-    /// What the actor gives up during generation.
+    /// What the actor may give up during generation (the `offload_*`
+    /// flags).
     offload: Offload,
+    /// What the last train → rollout switch gave up: `to_train` brings
+    /// back exactly that.
+    offloaded: Offload,
+    policy: OffloadPolicy,
     offload_ref: bool,
     engine_cfg: EngineConfig,
-    release_cache: ReleaseCache,
     /// `restart` mode writes the actor here each step.
     scratch: PathBuf,
     phase: Phase,
+}
+
+/// What one train → rollout switch gives up ([`HybridWorker::switch_plan`]).
+#[derive(Debug, Clone, Copy)]
+struct SwitchPlan {
+    /// The training passes' cached blocks.
+    cache: bool,
+    /// The reference's weights (tag `ref`).
+    reference: bool,
+    actor: Offload,
 }
 
 impl HybridWorker {
@@ -164,7 +178,8 @@ impl HybridWorker {
             },
             offload_ref: memory.offload_ref && memory.colocation != Colocation::Naive,
             engine_cfg: spec.engine.clone(),
-            release_cache: memory.release_cache,
+            offloaded: Offload::NONE,
+            policy: memory.offload_policy,
             scratch: spec.scratch.clone(),
             phase: Phase::Train,
         })
@@ -192,10 +207,6 @@ impl HybridWorker {
     pub fn to_rollout(&mut self) -> Result<SwitchTiming> {
         self.expect("switch to rollout", Phase::Train)?;
         let start = Instant::now();
-        let not_params = Offload {
-            params: false,
-            ..self.offload
-        };
         let sync_s = match self.mode {
             Colocation::Naive => {
                 self.pool.set_phase("sync_weights");
@@ -208,6 +219,7 @@ impl HybridWorker {
                 let model = self.actor.model()?;
                 model.save_dir(&self.scratch)?;
                 let (kind, device) = (model.dtype(), model.device());
+                self.offloaded = self.offload;
                 self.offload_actor(self.offload)?;
                 // The engine about to be built is not in the pool yet, so
                 // there is nothing to weigh the cache against: it goes.
@@ -223,33 +235,21 @@ impl HybridWorker {
                 t.elapsed().as_secs_f64()
             }
             Colocation::Sleep => {
-                self.release_cache_if_needed();
-                self.pool.set_phase("offload_optimizer");
-                self.offload_actor(not_params)?;
+                let params = self.give_up_before_the_wake()?;
                 self.pool.set_phase("wake_all");
                 self.engine()?.resume(&[tags::WEIGHTS, tags::KV_CACHE])?;
                 self.pool.set_phase("sync_weights");
                 let s = self.sync()?;
-                self.pool.set_phase("free_trainer_weights");
-                self.offload_actor(Offload {
-                    params: self.offload.params,
-                    ..Offload::NONE
-                })?;
+                self.free_trainer_weights(params)?;
                 s
             }
             Colocation::Staged => {
-                self.release_cache_if_needed();
-                self.pool.set_phase("offload_optimizer");
-                self.offload_actor(not_params)?;
+                let params = self.give_up_before_the_wake()?;
                 self.pool.set_phase("wake_weights");
                 self.engine()?.resume(&[tags::WEIGHTS])?;
                 self.pool.set_phase("sync_weights");
                 let s = self.sync()?;
-                self.pool.set_phase("free_trainer_weights");
-                self.offload_actor(Offload {
-                    params: self.offload.params,
-                    ..Offload::NONE
-                })?;
+                self.free_trainer_weights(params)?;
                 self.pool.set_phase("wake_kv_cache");
                 self.engine()?.resume(&[tags::KV_CACHE])?;
                 s
@@ -307,8 +307,10 @@ impl HybridWorker {
         })
     }
 
-    /// Reference log-probabilities (training phase), reloading and
-    /// offloading the reference's weights around the pass if configured.
+    /// Reference log-probabilities (training phase), reloading the
+    /// reference's weights first if they are in host memory, and offloading
+    /// them after the pass if configured and the policy is `always` (with
+    /// `as_needed` they go at a switch, if the engine needs the room).
     pub fn ref_log_probs(
         &mut self,
         seqs: &colo_train::SeqBatch,
@@ -318,13 +320,19 @@ impl HybridWorker {
         let Some(r) = &self.reference else {
             return Ok(None);
         };
-        if self.offload_ref {
+        let paused = self.pool.tag_state(tags::REF) == Some(TagState::Paused);
+        if paused {
             self.pool.set_phase("ref_log_prob");
             r.reload()?;
         }
         let lp = r.score(seqs, micro)?;
-        if self.offload_ref {
+        // `restart` switches weigh nothing against the engine (it is not
+        // in the pool yet): there the reference goes after every use.
+        let after_use = self.policy == OffloadPolicy::Always || self.mode == Colocation::Restart;
+        if self.offload_ref && after_use {
             r.offload()?;
+        }
+        if paused {
             self.pool.set_phase("train");
         }
         Ok(Some(lp))
@@ -375,35 +383,118 @@ impl HybridWorker {
         Ok(())
     }
 
-    /// Returns the training passes' cached blocks to the device at every
-    /// switch (`memory.release_cache = "always"`), or (`"auto"`) if the
-    /// rollout engine, woken next, would not fit beside them: every byte
-    /// mapped now (the cache included) plus the engine's paused tags
-    /// against the capacity. On a roomy device the cache stays, and the
-    /// next update reuses it instead of faulting in fresh pages (on the
-    /// 3 M-parameter job that was a quarter of a bf16 step); on a tight one
-    /// (the built-in job's 72 MiB) it goes, as before. The decision is a
-    /// phase of the timeline (`release_cache`) when the cache goes.
-    fn release_cache_if_needed(&mut self) {
-        let stats = self.pool.stats();
-        let engine: u64 = [tags::WEIGHTS, tags::KV_CACHE]
-            .iter()
-            .filter_map(|t| stats.tag(t))
-            .map(|t| t.paused_bytes)
-            .sum();
-        let cached: u64 = stats.tags.iter().map(|t| t.cached_bytes).sum();
-        let needed = stats.resident_bytes.saturating_add(engine);
-        let always = self.release_cache == ReleaseCache::Always;
-        if cached > 0 && (always || needed > stats.capacity_bytes) {
+    /// The first stages of a sleep or staged switch: what the switch gives
+    /// up ([`HybridWorker::switch_plan`]) but the parameters, which the
+    /// sync still reads; returns whether they go after it.
+    fn give_up_before_the_wake(&mut self) -> Result<bool> {
+        let plan = self.switch_plan();
+        self.offloaded = plan.actor;
+        if plan.cache {
             self.pool.set_phase("release_cache");
             self.actor.release_cache();
         }
+        self.pool.set_phase("offload_optimizer");
+        self.offload_actor(Offload {
+            params: false,
+            ..plan.actor
+        })?;
+        if plan.reference {
+            self.pool.set_phase("offload_ref");
+            if let Some(r) = &self.reference {
+                r.offload()?;
+            }
+        }
+        Ok(plan.actor.params)
+    }
+
+    fn free_trainer_weights(&mut self, params: bool) -> Result<()> {
+        self.pool.set_phase("free_trainer_weights");
+        self.offload_actor(Offload {
+            params,
+            ..Offload::NONE
+        })
+    }
+
+    /// What a sleep or staged switch gives up, of what the `offload_*`
+    /// flags allow.
+    ///
+    /// `always`: all of it. `as_needed`: the cheapest first — the cache
+    /// (nothing to copy), the optimizer state, the gradients (neither is
+    /// read while generating), the reference, the parameters (they are
+    /// read by the sync and go after it) — until every byte mapped
+    /// now, less what goes, plus the engine's paused tags fits the
+    /// capacity. The estimate is the whole engine awake beside what stays,
+    /// so a staged switch may give up a little more than its stages need,
+    /// never less. On a roomy device nothing goes, and nothing is copied
+    /// out and back or faulted in again (the 3 M-parameter job's switches:
+    /// 10% of a bf16 step → 2%); on a tight one (the built-in job's 72 MiB)
+    /// all of it, as `always`.
+    fn switch_plan(&self) -> SwitchPlan {
+        let allowed = self.offload;
+        let ref_held = self.pool.tag_state(tags::REF) == Some(TagState::Active);
+        if self.policy == OffloadPolicy::Always {
+            return SwitchPlan {
+                cache: true,
+                reference: self.offload_ref && ref_held,
+                actor: allowed,
+            };
+        }
+        let stats = self.pool.stats();
+        let tag = |t: &str| stats.tag(t);
+        let engine: u64 = [tags::WEIGHTS, tags::KV_CACHE]
+            .iter()
+            .filter_map(|t| tag(t))
+            .map(|t| t.paused_bytes)
+            .sum();
+        let held = |t: &str| tag(t).map_or(0, |s| s.resident_bytes - s.cached_bytes);
+        let cached: u64 = stats.tags.iter().map(|t| t.cached_bytes).sum();
+        let mut need = stats.resident_bytes.saturating_add(engine);
+        let fits = |need: u64| need <= stats.capacity_bytes;
+        let mut plan = SwitchPlan {
+            cache: false,
+            reference: false,
+            actor: Offload::NONE,
+        };
+        let steps: [(bool, u64, &mut bool); 5] = [
+            (true, cached, &mut plan.cache),
+            (
+                allowed.optimizer,
+                held(tags::OPTIMIZER),
+                &mut plan.actor.optimizer,
+            ),
+            (
+                allowed.grads,
+                held(tags::TRAIN_GRADS),
+                &mut plan.actor.grads,
+            ),
+            (
+                self.offload_ref && ref_held,
+                held(tags::REF),
+                &mut plan.reference,
+            ),
+            (
+                allowed.params,
+                held(tags::TRAIN_PARAMS),
+                &mut plan.actor.params,
+            ),
+        ];
+        for (allowed, bytes, take) in steps {
+            if fits(need) {
+                break;
+            }
+            if allowed && bytes > 0 {
+                *take = true;
+                need -= bytes;
+            }
+        }
+        plan
     }
 
     fn reload_actor(&mut self) -> Result<()> {
-        if self.offload != Offload::NONE {
+        let what = std::mem::replace(&mut self.offloaded, Offload::NONE);
+        if what != Offload::NONE {
             self.pool.set_phase("reload_trainer");
-            self.actor.reload(self.offload)?;
+            self.actor.reload(what)?;
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use colo_mem::{tags, Pool, PoolConfig, TagState};
-use colo_rl::config::{Capacity, Colocation, MemoryConfig, ReleaseCache};
+use colo_rl::config::{Capacity, Colocation, MemoryConfig, OffloadPolicy};
 use colo_rl::worker::{HybridWorker, Phase, WorkerSpec};
 use colo_rollout::{Engine, EngineConfig, Request, SamplingParams};
 use colo_train::{SeqBatch, TrainEngine, TrainerConfig};
@@ -17,7 +17,7 @@ fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny-qwen2")
 }
 
-fn memory(mode: Colocation) -> MemoryConfig {
+fn memory(mode: Colocation, policy: OffloadPolicy) -> MemoryConfig {
     MemoryConfig {
         capacity: Capacity::Auto,
         colocation: mode,
@@ -25,7 +25,7 @@ fn memory(mode: Colocation) -> MemoryConfig {
         offload_train_grad: true,
         offload_train_optimizer: true,
         offload_ref: true,
-        release_cache: ReleaseCache::Auto,
+        offload_policy: policy,
     }
 }
 
@@ -37,8 +37,17 @@ fn worker_kv(mode: Colocation, scratch: &str, kv_tokens: usize) -> HybridWorker 
     worker_in(mode, scratch, kv_tokens, Kind::Float)
 }
 
+/// The choreography tests run with `always`: every switch gives up all the
+/// flags allow, whatever the room.
 fn worker_in(mode: Colocation, scratch: &str, kv_tokens: usize, kind: Kind) -> HybridWorker {
-    worker_on(u64::MAX, mode, scratch, kv_tokens, kind)
+    worker_on(
+        u64::MAX,
+        mode,
+        scratch,
+        kv_tokens,
+        kind,
+        OffloadPolicy::Always,
+    )
 }
 
 fn worker_on(
@@ -47,6 +56,7 @@ fn worker_on(
     scratch: &str,
     kv_tokens: usize,
     kind: Kind,
+    policy: OffloadPolicy,
 ) -> HybridWorker {
     let pool = Pool::host(PoolConfig {
         capacity,
@@ -71,7 +81,7 @@ fn worker_on(
         actor: trainer,
         critic: None,
         engine,
-        memory: memory(mode),
+        memory: memory(mode, policy),
         reference: true,
         scratch: dir,
     };
@@ -177,13 +187,17 @@ fn a_bf16_actor_generates_in_bf16() {
     }
 }
 
-/// The training passes' cached blocks stay through a switch when the
-/// engine fits beside them, and go (a `release_cache` phase) when it does
-/// not; either way the rollout runs.
+/// `as_needed`: a switch gives up only what the engine needs the room for,
+/// cheapest first, and the next `to_train` brings back exactly that. On a
+/// roomy device nothing goes; a little tighter, only the training cache;
+/// tighter still, the cache and the optimizer state, while the gradients,
+/// the reference and the parameters stay.
 #[test]
-fn the_training_cache_goes_at_a_switch_only_when_the_engine_needs_the_room() {
+fn a_switch_gives_up_only_what_the_engine_needs_the_room_for() {
     let seqs =
         SeqBatch::from_prompt_response(&[(&[278, 28, 274][..], &[272, 337, 7][..])], 0).unwrap();
+    let prompts = vec![vec![278, 28, 274, 272, 337]];
+    let kv = 16384;
     let cached = |w: &HybridWorker| {
         let s = w.pool().stats();
         s.tags.iter().map(|t| t.cached_bytes).sum::<u64>()
@@ -191,41 +205,89 @@ fn the_training_cache_goes_at_a_switch_only_when_the_engine_needs_the_room() {
     let phases = |w: &HybridWorker| -> Vec<String> {
         w.pool().timeline().into_iter().map(|e| e.phase).collect()
     };
-    let prompts = vec![vec![278, 28, 274, 272, 337]];
+    let active = |w: &HybridWorker, t: &str| w.pool().tag_state(t) == Some(TagState::Active);
+    // A step's worth of training state: cached activation blocks, the
+    // reference brought in by its scoring pass.
+    let trained = |capacity: u64, name: &str| {
+        let mut w = worker_on(
+            capacity,
+            Colocation::Staged,
+            name,
+            kv,
+            Kind::Float,
+            OffloadPolicy::AsNeeded,
+        );
+        w.ref_log_probs(&seqs, 4).unwrap();
+        w.actor.sft_step(&seqs).unwrap();
+        w
+    };
 
-    // Roomy (no capacity): the cache stays.
-    let mut w = worker_in(Colocation::Staged, "cache-roomy", 4096, Kind::Float);
-    w.actor.sft_step(&seqs).unwrap();
-    let (resident, kept) = (w.pool().stats().resident_bytes, cached(&w));
-    assert!(kept > 0, "a training step leaves cached blocks");
+    let mut w = trained(u64::MAX, "plan-roomy");
+    assert!(
+        active(&w, tags::REF),
+        "as_needed keeps the reference after use"
+    );
+    let stats = w.pool().stats();
+    let (resident, kept) = (stats.resident_bytes, cached(&w));
+    let opt = stats.tag(tags::OPTIMIZER).unwrap().resident_bytes;
     let engine: u64 = [tags::WEIGHTS, tags::KV_CACHE]
         .iter()
-        .map(|t| w.pool().stats().tag(t).unwrap().paused_bytes)
+        .map(|t| stats.tag(t).unwrap().paused_bytes)
         .sum();
+    assert!(kept > 0 && opt > 0, "cache {kept}, optimizer {opt}");
     w.to_rollout().unwrap();
     assert_eq!(cached(&w), kept);
+    for t in [
+        tags::TRAIN_PARAMS,
+        tags::TRAIN_GRADS,
+        tags::OPTIMIZER,
+        tags::REF,
+    ] {
+        assert!(active(&w, t), "{t} went on a roomy device");
+    }
     assert!(!phases(&w).iter().any(|p| p == "release_cache"));
     assert_eq!(tokens(w.generate(greedy(&prompts)).unwrap()).len(), 1);
     w.to_train().unwrap();
+    assert!(!phases(&w).iter().any(|p| p == "reload_trainer"));
 
-    // Tight: the engine fits only once the cache is gone.
-    assert!(engine > kept / 2, "engine {engine}, cache {kept}");
+    // The engine fits once the cache is gone.
     let capacity = resident + engine - kept / 2;
-    let mut w = worker_on(
-        capacity,
-        Colocation::Staged,
-        "cache-tight",
-        4096,
-        Kind::Float,
-    );
-    w.actor.sft_step(&seqs).unwrap();
-    assert!(cached(&w) > 0);
+    let mut w = trained(capacity, "plan-cache");
     w.to_rollout().unwrap();
     assert_eq!(cached(&w), 0);
     assert!(phases(&w).iter().any(|p| p == "release_cache"));
+    assert!(active(&w, tags::OPTIMIZER) && active(&w, tags::TRAIN_PARAMS));
     assert_eq!(tokens(w.generate(greedy(&prompts)).unwrap()).len(), 1);
-    assert!(w.pool().stats().peak_resident_bytes <= capacity);
     w.to_train().unwrap();
+    assert!(w.pool().stats().peak_resident_bytes <= capacity);
+
+    // ... once the cache and the optimizer state are gone (the capacity
+    // still above the training peak, which the roomy run's resident bytes
+    // bound).
+    assert!(
+        engine >= kept + opt / 2,
+        "engine {engine}, cache {kept}, optimizer {opt}"
+    );
+    let capacity = resident + engine - kept - opt / 2;
+    let mut w = trained(capacity, "plan-optimizer");
+    w.to_rollout().unwrap();
+    assert_eq!(w.pool().tag_state(tags::OPTIMIZER), Some(TagState::Paused));
+    for t in [tags::TRAIN_PARAMS, tags::TRAIN_GRADS, tags::REF] {
+        assert!(
+            active(&w, t),
+            "{t} went, and only the optimizer state had to"
+        );
+    }
+    assert_eq!(tokens(w.generate(greedy(&prompts)).unwrap()).len(), 1);
+    w.to_train().unwrap();
+    assert!(active(&w, tags::OPTIMIZER), "to_train brings it back");
+    w.actor.sft_step(&seqs).unwrap();
+    assert!(w.pool().stats().peak_resident_bytes <= capacity);
+    for name in ["plan-roomy", "plan-cache", "plan-optimizer"] {
+        let _ = std::fs::remove_dir_all(
+            std::env::temp_dir().join(format!("colo-worker-{}-{name}", std::process::id())),
+        );
+    }
 }
 
 #[test]

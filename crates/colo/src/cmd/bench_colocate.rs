@@ -26,10 +26,10 @@
 //!   not the wake's). In `sleep` it is trainer weights + rollout weights +
 //!   KV cache; in `staged` the trainer's copy is gone before the KV cache
 //!   comes back, so the difference is the trainer's weight bytes.
-//! - **The choreography alone**: the runs return the training passes'
-//!   cached blocks at every switch (`memory.release_cache = "always"`), so
-//!   the modes are compared by what each must hold, not by how much room a
-//!   roomy device leaves for a kept cache.
+//! - **The choreography alone**: the runs give up everything the offload
+//!   flags allow at every switch (`memory.offload_policy = "always"`), so
+//!   the modes are compared by what each must hold, not by how much a roomy
+//!   device lets them keep.
 //! - **The capacity experiment**: a device size halfway between `staged`'s
 //!   whole-step peak and `sleep`'s wake peak, both rerun there. The RFC's
 //!   claim is that `sleep` runs out of memory and `staged` fits; an
@@ -115,6 +115,7 @@ impl Args {
 const SWITCH_PHASES: &[&str] = &[
     "release_cache",
     "offload_optimizer",
+    "offload_ref",
     "wake_all",
     "wake_weights",
     "sync_weights",
@@ -342,7 +343,7 @@ use_kl_loss = true
 [memory]
 capacity = {capacity}
 colocation = "{mode}"
-release_cache = "always"
+offload_policy = "always"
 
 [trainer]
 device = "{device}"

@@ -48,7 +48,7 @@ use colo_algo::{
     AdvantageConfig, KlControlConfig, KlEstimator, PolicyLossConfig, RolloutCorrectionConfig,
 };
 
-pub use raw::{Colocation, Device, Dtype, RawConfig, ReleaseCache};
+pub use raw::{Colocation, Device, Dtype, OffloadPolicy, RawConfig};
 
 use crate::data::Fields;
 use crate::reward::RewardSpec;
@@ -226,7 +226,7 @@ pub struct MemoryConfig {
     pub offload_train_grad: bool,
     pub offload_train_optimizer: bool,
     pub offload_ref: bool,
-    pub release_cache: ReleaseCache,
+    pub offload_policy: OffloadPolicy,
 }
 
 /// How long the run is.

@@ -143,7 +143,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("memory.offload_train_grad", "while generating, the trainer's gradients go to host memory", "bool", ""),
     d("memory.offload_train_optimizer", "while generating, the optimiser state goes to host memory", "bool", "actor_rollout_ref.actor.fsdp_config.optimizer_offload"),
     d("memory.offload_ref", "the reference model waits in host memory between uses", "bool", "actor_rollout_ref.ref.fsdp_config.param_offload"),
-    d("memory.release_cache", "when the training passes' cached blocks go back at a train → rollout switch: \"auto\" only if the rollout engine would not fit beside them, \"always\" at every switch (verl empties the cache at every switch)", "\"auto\", \"always\"", ""),
+    d("memory.offload_policy", "how much a train → rollout switch gives up (sleep, staged): \"as_needed\": the training cache, then what the offload_* flags allow (optimizer, grads, params), only as far as the rollout engine needs the room; \"always\": all of it every switch", "\"as_needed\", \"always\"", ""),
     // [trainer]
     opt("trainer.total_steps", "length of the run; wins over total_epochs", "RL steps", "trainer.total_training_steps (alias)", "total_epochs, or 100 steps when neither is set"),
     opt("trainer.total_epochs", "length of the run in passes over the training prompts (used when total_steps is unset)", "epochs", "trainer.total_epochs", "total_steps decides"),
@@ -277,7 +277,7 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
             offload_train_grad: c.memory.offload_train_grad,
             offload_train_optimizer: c.memory.offload_train_optimizer,
             offload_ref: c.memory.offload_ref,
-            release_cache: c.memory.release_cache,
+            offload_policy: c.memory.offload_policy,
         },
         trainer: RawTrainer {
             total_steps,

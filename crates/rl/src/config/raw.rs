@@ -287,17 +287,19 @@ pub enum Colocation {
     Staged,
 }
 
-/// When the training passes' cached blocks go back to the device at a
-/// train → rollout switch.
+/// How much a train → rollout switch gives up: the training passes' cached
+/// blocks and the parts the `offload_*` flags allow.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ReleaseCache {
-    /// Only when the rollout engine would not fit beside them (the next
-    /// update then reuses them instead of faulting in fresh pages).
+pub enum OffloadPolicy {
+    /// As far as the rollout engine needs the room, cheapest first (the
+    /// cache, then the optimizer state, the gradients, the parameters);
+    /// what stays is not copied out and back, nor faulted in again.
     #[default]
-    Auto,
-    /// At every switch, as verl empties PyTorch's cache: the least memory at
-    /// every moment, for a device shared with memory colo does not see.
+    AsNeeded,
+    /// All of it at every switch (verl offloads what its flags say and
+    /// empties PyTorch's cache): the least memory at every moment, for a
+    /// device shared with memory colo does not see.
     Always,
 }
 
@@ -314,7 +316,7 @@ pub struct RawMemory {
     pub offload_train_grad: bool,
     pub offload_train_optimizer: bool,
     pub offload_ref: bool,
-    pub release_cache: ReleaseCache,
+    pub offload_policy: OffloadPolicy,
 }
 
 impl Default for RawMemory {
@@ -326,7 +328,7 @@ impl Default for RawMemory {
             offload_train_grad: true,
             offload_train_optimizer: true,
             offload_ref: true,
-            release_cache: ReleaseCache::Auto,
+            offload_policy: OffloadPolicy::AsNeeded,
         }
     }
 }

@@ -445,7 +445,7 @@ fn memory_section(memory: &RawMemory) -> Check<MemoryConfig> {
         offload_train_grad: memory.offload_train_grad,
         offload_train_optimizer: memory.offload_train_optimizer,
         offload_ref: memory.offload_ref,
-        release_cache: memory.release_cache,
+        offload_policy: memory.offload_policy,
     };
 
     Ok(memory_cfg)
@@ -567,13 +567,17 @@ pub(crate) fn summary(c: &Config) -> String {
         ),
         format!("reward     {}", name(&c.reward)),
         format!(
-            "memory     {} colocation, capacity {}, offload during generation: {}",
+            "memory     {} colocation, capacity {}, offload during generation: {} ({})",
             name(&m.colocation),
             match m.capacity {
                 Capacity::Auto => "auto".to_owned(),
                 Capacity::Bytes(b) => colo_mem::fmt_bytes(b),
             },
-            if offload.is_empty() { "none".to_owned() } else { offload.join(", ") }
+            if offload.is_empty() { "none".to_owned() } else { offload.join(", ") },
+            match m.offload_policy {
+                OffloadPolicy::AsNeeded => "as needed",
+                OffloadPolicy::Always => "always",
+            }
         ),
         format!(
             "run        {length}, eval {} ({}), checkpoint {}, seed {}, out {}",
