@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use colo_mem::{tags, Pool, TagState};
+use colo_mem::{tags, Pool};
 use colo_rollout::{Engine, EngineConfig, Request, RequestOutput};
 use colo_train::{ColoTrainer, Offload, TrainEngine};
 
@@ -96,8 +96,6 @@ pub struct HybridWorker {
 struct SwitchPlan {
     /// The training passes' cached blocks.
     cache: bool,
-    /// The reference's weights (tag `ref`).
-    reference: bool,
     actor: Offload,
 }
 
@@ -308,9 +306,11 @@ impl HybridWorker {
     }
 
     /// Reference log-probabilities (training phase), reloading the
-    /// reference's weights first if they are in host memory, and offloading
-    /// them after the pass if configured and the policy is `always` (with
-    /// `as_needed` they go at a switch, if the engine needs the room).
+    /// reference's weights around the pass if `offload_ref`. Unlike the
+    /// actor's state they go after every pass whatever the policy: they
+    /// are live memory, not a cache the pool can drop, and the update that
+    /// follows may need the room (kept resident on the built-in job they
+    /// pushed its update to the 72 MiB capacity and into the heap).
     pub fn ref_log_probs(
         &mut self,
         seqs: &colo_train::SeqBatch,
@@ -320,19 +320,13 @@ impl HybridWorker {
         let Some(r) = &self.reference else {
             return Ok(None);
         };
-        let paused = self.pool.tag_state(tags::REF) == Some(TagState::Paused);
-        if paused {
+        if self.offload_ref {
             self.pool.set_phase("ref_log_prob");
             r.reload()?;
         }
         let lp = r.score(seqs, micro)?;
-        // `restart` switches weigh nothing against the engine (it is not
-        // in the pool yet): there the reference goes after every use.
-        let after_use = self.policy == OffloadPolicy::Always || self.mode == Colocation::Restart;
-        if self.offload_ref && after_use {
+        if self.offload_ref {
             r.offload()?;
-        }
-        if paused {
             self.pool.set_phase("train");
         }
         Ok(Some(lp))
@@ -398,12 +392,6 @@ impl HybridWorker {
             params: false,
             ..plan.actor
         })?;
-        if plan.reference {
-            self.pool.set_phase("offload_ref");
-            if let Some(r) = &self.reference {
-                r.offload()?;
-            }
-        }
         Ok(plan.actor.params)
     }
 
@@ -420,8 +408,8 @@ impl HybridWorker {
     ///
     /// `always`: all of it. `as_needed`: the cheapest first — the cache
     /// (nothing to copy), the optimizer state, the gradients (neither is
-    /// read while generating), the reference, the parameters (they are
-    /// read by the sync and go after it) — until every byte mapped
+    /// read while generating), the parameters (they are read by the sync
+    /// and go after it) — until every byte mapped
     /// now, less what goes, plus the engine's paused tags fits the
     /// capacity. The estimate is the whole engine awake beside what stays,
     /// so a staged switch may give up a little more than its stages need,
@@ -431,11 +419,9 @@ impl HybridWorker {
     /// all of it, as `always`.
     fn switch_plan(&self) -> SwitchPlan {
         let allowed = self.offload;
-        let ref_held = self.pool.tag_state(tags::REF) == Some(TagState::Active);
         if self.policy == OffloadPolicy::Always {
             return SwitchPlan {
                 cache: true,
-                reference: self.offload_ref && ref_held,
                 actor: allowed,
             };
         }
@@ -452,10 +438,9 @@ impl HybridWorker {
         let fits = |need: u64| need <= stats.capacity_bytes;
         let mut plan = SwitchPlan {
             cache: false,
-            reference: false,
             actor: Offload::NONE,
         };
-        let steps: [(bool, u64, &mut bool); 5] = [
+        let steps: [(bool, u64, &mut bool); 4] = [
             (true, cached, &mut plan.cache),
             (
                 allowed.optimizer,
@@ -466,11 +451,6 @@ impl HybridWorker {
                 allowed.grads,
                 held(tags::TRAIN_GRADS),
                 &mut plan.actor.grads,
-            ),
-            (
-                self.offload_ref && ref_held,
-                held(tags::REF),
-                &mut plan.reference,
             ),
             (
                 allowed.params,
