@@ -101,10 +101,26 @@ pub(crate) struct State {
     /// Bytes mapped over all tags (including mappings a resume is making).
     pub(crate) resident: u64,
     pub(crate) peak: u64,
+    /// Highest mapped bytes outside the tags' caches (`resident` less the
+    /// cached blocks): what was allocated, not what was held for reuse.
+    pub(crate) peak_allocated: u64,
     pub(crate) phase: String,
     pub(crate) timeline: VecDeque<Event>,
     /// Failures of region allocations, by guard id, for `RegionGuard::finish`.
     pub(crate) region_failures: Vec<(u64, Error)>,
+}
+
+impl State {
+    /// Mapped bytes outside the tags' caches.
+    pub(crate) fn allocated(&self) -> u64 {
+        let cached: u64 = self.tags.iter().map(|t| t.cached_bytes).sum();
+        self.resident.saturating_sub(cached)
+    }
+
+    /// Raises `peak_allocated` to the bytes allocated now.
+    pub(crate) fn note_allocated_peak(&mut self) {
+        self.peak_allocated = self.peak_allocated.max(self.allocated());
+    }
 }
 
 pub(crate) struct Tag {
@@ -169,6 +185,7 @@ impl Pool {
             va: AddressSpace::new(base, span),
             resident: 0,
             peak: 0,
+            peak_allocated: 0,
             phase: "init".into(),
             timeline: VecDeque::new(),
             region_failures: Vec::new(),
@@ -299,6 +316,7 @@ impl Pool {
                 let t = &mut st.tags[id];
                 t.cache.remove(&(s, a));
                 t.cached_bytes -= s;
+                st.note_allocated_peak();
                 (a, s, false)
             }
             None => (self.map_fresh(st, id, size, "allocation")?, size, true),
@@ -407,6 +425,7 @@ impl Pool {
         st.resident += size;
         st.tags[id].resident += size;
         st.peak = st.peak.max(st.resident);
+        st.note_allocated_peak();
         Ok(())
     }
 
@@ -544,6 +563,7 @@ impl Pool {
     pub fn reset_peak(&self) {
         let mut st = self.lock();
         st.peak = st.resident;
+        st.peak_allocated = st.allocated();
     }
 
     /// The state of `tag`, or `None` if the pool does not know it.

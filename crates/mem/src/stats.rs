@@ -46,6 +46,10 @@ pub struct PoolStats {
     pub resident_bytes: u64,
     /// Highest `resident_bytes` since the pool was made or `reset_peak`.
     pub peak_resident_bytes: u64,
+    /// Highest mapped bytes outside the tags' caches since the same moment:
+    /// what was allocated (PyTorch's `max_memory_allocated`, where
+    /// `peak_resident_bytes` is its `max_memory_reserved`).
+    pub peak_allocated_bytes: u64,
     /// Tensor memory libtorch holds outside any region, process-wide (the
     /// CPU allocator shim counts it; worker-thread scratch such as bf16
     /// attention backward lands here): shown as "untagged", not lost.
@@ -97,6 +101,7 @@ impl Pool {
             capacity_bytes: self.cfg.capacity,
             resident_bytes: st.resident,
             peak_resident_bytes: st.peak,
+            peak_allocated_bytes: st.peak_allocated,
             untagged: crate::untagged(),
             tags,
         }

@@ -100,6 +100,46 @@ fn cache_reuses_freed_blocks_and_pause_returns_them() {
     assert_eq!((kv.cached_bytes, kv.resident_bytes), (0, 0));
 }
 
+/// The resident peak counts cached blocks (PyTorch's reserved bytes); the
+/// allocated peak does not: a block freed into the cache and taken again
+/// raises neither, a second live block raises both, and `reset_peak`
+/// starts both from now.
+#[test]
+fn peaks_of_resident_and_of_allocated_bytes() {
+    let p = pool(u64::MAX);
+    let a = p.alloc("act", 4 * MIB as usize).unwrap();
+    p.free(a).unwrap();
+    // Too small to take the cached 4 MiB block (more than half wasted).
+    let small = p.alloc("act", MIB as usize).unwrap();
+    let s = p.stats();
+    assert_eq!(s.peak_resident_bytes, 5 * MIB);
+    assert_eq!(
+        s.peak_allocated_bytes,
+        4 * MIB,
+        "never 5 MiB allocated at once"
+    );
+    p.free(small).unwrap();
+    p.reset_peak();
+    let s = p.stats();
+    assert_eq!(
+        (s.peak_resident_bytes, s.peak_allocated_bytes),
+        (5 * MIB, 0)
+    );
+    let b = p.alloc("act", 4 * MIB as usize).unwrap(); // from the cache
+    assert_eq!(b, a);
+    let s = p.stats();
+    assert_eq!(
+        (s.peak_resident_bytes, s.peak_allocated_bytes),
+        (5 * MIB, 4 * MIB)
+    );
+    let _c = p.alloc("act", MIB as usize).unwrap(); // from the cache too
+    let s = p.stats();
+    assert_eq!(
+        (s.peak_resident_bytes, s.peak_allocated_bytes),
+        (5 * MIB, 5 * MIB)
+    );
+}
+
 #[test]
 fn discard_gives_fresh_zeroed_memory_and_backup_restores() {
     let p = pool(u64::MAX);

@@ -312,6 +312,7 @@ impl Run<'_> {
             .map(Vec::len)
             .sum();
         let step_s = t_step.elapsed().as_secs_f64() - eval_s;
+        let pool_stats = self.worker.pool().stats();
         Ok(StepMetrics {
             step: batch.step + 1,
             epoch: batch.epoch,
@@ -346,7 +347,8 @@ impl Run<'_> {
             response_length_clip_ratio: rollouts.truncated.iter().filter(|&&t| t).count() as f64
                 / n as f64,
             throughput: tokens as f64 / step_s,
-            peak_device_bytes: self.worker.pool().stats().peak_resident_bytes,
+            peak_device_bytes: pool_stats.peak_resident_bytes,
+            peak_allocated_bytes: pool_stats.peak_allocated_bytes,
             reward_failures,
             mismatch: Some(mismatch.into()),
         })

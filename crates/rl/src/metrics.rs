@@ -111,8 +111,14 @@ pub struct StepMetrics {
     /// Tokens (prompt and response) processed per second of the step.
     #[serde(rename = "perf/throughput")]
     pub throughput: f64,
+    /// The step's peak of mapped device bytes, cached blocks included
+    /// (PyTorch's `max_memory_reserved`).
     #[serde(rename = "memory/peak_device_bytes")]
     pub peak_device_bytes: u64,
+    /// The step's peak of allocated device bytes, cached blocks not
+    /// included (`max_memory_allocated`); 0 in records of earlier versions.
+    #[serde(rename = "memory/peak_allocated_bytes", default)]
+    pub peak_allocated_bytes: u64,
     /// Samples whose reward failed and got the configured default.
     #[serde(rename = "reward/failures", default)]
     pub reward_failures: u64,
@@ -320,6 +326,7 @@ mod tests {
             step: 3,
             pg_loss: -0.5,
             peak_device_bytes: 1 << 30,
+            peak_allocated_bytes: 1 << 29,
             mismatch: Some(MismatchRecord {
                 kl: 0.01,
                 ..Default::default()

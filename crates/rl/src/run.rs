@@ -33,6 +33,9 @@ pub struct RunSummary {
     /// The largest `memory/peak_device_bytes` of the run's steps, those
     /// before a resume included.
     pub peak_device_bytes: u64,
+    /// The same of `memory/peak_allocated_bytes` (cached blocks not
+    /// counted).
+    pub peak_allocated_bytes: u64,
     /// What the run said about where it started (also printed to stderr):
     /// checkpoints skipped, records removed, starting from scratch.
     pub notes: Vec<String>,
@@ -125,6 +128,7 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
                         first_accuracy: start.before.first,
                         last_accuracy: start.before.last,
                         peak_device_bytes: start.before.peak,
+                        peak_allocated_bytes: start.before.peak_allocated,
                         notes: start.notes,
                     });
                 }
@@ -171,8 +175,9 @@ struct Earlier {
     /// The accuracy before the first step, and the last one.
     first: Option<f64>,
     last: Option<f64>,
-    /// Peak device bytes over the steps.
+    /// Peak device bytes over the steps, and of them allocated.
     peak: u64,
+    peak_allocated: u64,
     /// The last evaluation's step.
     evaluated_at: Option<usize>,
 }
@@ -191,7 +196,10 @@ fn earlier(path: &Path) -> Result<Earlier> {
                 }
                 (e.last, e.evaluated_at) = (Some(r.accuracy), Some(r.step));
             }
-            Record::Step(s) => e.peak = e.peak.max(s.peak_device_bytes),
+            Record::Step(s) => {
+                e.peak = e.peak.max(s.peak_device_bytes);
+                e.peak_allocated = e.peak_allocated.max(s.peak_allocated_bytes);
+            }
         }
     }
     Ok(e)
@@ -231,6 +239,7 @@ fn train_steps(
         first: mut first_accuracy,
         last: mut last_accuracy,
         mut peak,
+        mut peak_allocated,
         evaluated_at,
     } = start.before;
     // Evaluations during the run happen at the start of the next step's
@@ -254,6 +263,7 @@ fn train_steps(
             last_accuracy = Some(accuracy);
         }
         peak = peak.max(m.peak_device_bytes);
+        peak_allocated = peak_allocated.max(m.peak_allocated_bytes);
         run.metrics.step(&m)?;
         let done = step + 1;
         if config.trainer.save_freq.is_some_and(|f| done % f == 0) && done < total {
@@ -283,6 +293,7 @@ fn train_steps(
         first_accuracy,
         last_accuracy,
         peak_device_bytes: peak,
+        peak_allocated_bytes: peak_allocated,
         notes: start.notes,
     })
 }

@@ -148,6 +148,12 @@ fn a_run_writes_metrics_pictures_and_checkpoints() {
             m.peak_device_bytes > 0 && m.grad_norm > 0.0 && m.timing_gen > 0.0,
             "{m:?}"
         );
+        assert!(
+            m.peak_allocated_bytes > 0 && m.peak_allocated_bytes <= m.peak_device_bytes,
+            "allocated {} of {} mapped",
+            m.peak_allocated_bytes,
+            m.peak_device_bytes
+        );
         let mm = m.mismatch.unwrap();
         assert!(
             mm.max_abs_diff < 1e-3,

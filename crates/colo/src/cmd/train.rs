@@ -67,11 +67,12 @@ pub fn run(a: Args) -> Result<()> {
     let s = colo_rl::r#loop::run(&config, &out, resume).context("colo train")?;
     let pct = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));
     println!(
-        "done: {} steps; held-out accuracy {} -> {}; peak device memory {}",
+        "done: {} steps; held-out accuracy {} -> {}; peak device memory {} ({} allocated, the rest cached blocks)",
         s.steps,
         pct(s.first_accuracy),
         pct(s.last_accuracy),
-        colo_mem::fmt_bytes(s.peak_device_bytes)
+        colo_mem::fmt_bytes(s.peak_device_bytes),
+        colo_mem::fmt_bytes(s.peak_allocated_bytes)
     );
     println!(
         "wrote {0}/metrics.jsonl, {0}/memory_timeline.{{svg,png}}, {0}/reward_curve.{{svg,png}}, {0}/checkpoints/",
