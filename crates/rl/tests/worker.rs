@@ -88,6 +88,12 @@ fn worker_on(
     HybridWorker::new(pool, &spec).unwrap()
 }
 
+/// The scratch directory a worker named `scratch` wrote (restart mode).
+fn remove_scratch(scratch: &str) {
+    let dir = std::env::temp_dir().join(format!("colo-worker-{}-{scratch}", std::process::id()));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 fn greedy(prompts: &[Vec<u32>]) -> Vec<Request> {
     prompts
         .iter()
@@ -153,9 +159,7 @@ fn every_mode_generates_with_the_actors_current_weights() {
             "{mode:?}: sync after training"
         );
         w.to_train().unwrap();
-        let _ = std::fs::remove_dir_all(
-            std::env::temp_dir().join(format!("colo-worker-{}-gen{i}", std::process::id())),
-        );
+        remove_scratch(&format!("gen{i}"));
     }
 }
 
@@ -181,9 +185,7 @@ fn a_bf16_actor_generates_in_bf16() {
             "{mode:?}"
         );
         w.to_train().unwrap();
-        let _ = std::fs::remove_dir_all(
-            std::env::temp_dir().join(format!("colo-worker-{}-bf16-{i}", std::process::id())),
-        );
+        remove_scratch(&format!("bf16-{i}"));
     }
 }
 
@@ -279,9 +281,7 @@ fn a_switch_gives_up_only_what_the_engine_needs_the_room_for() {
     w.actor.sft_step(&seqs).unwrap();
     assert!(w.pool().stats().peak_resident_bytes <= capacity);
     for name in ["plan-roomy", "plan-cache", "plan-optimizer"] {
-        let _ = std::fs::remove_dir_all(
-            std::env::temp_dir().join(format!("colo-worker-{}-{name}", std::process::id())),
-        );
+        remove_scratch(name);
     }
 }
 

@@ -28,7 +28,8 @@ Metric aggregation over workers (each worker's step records its own
 prompts): `timing_s/*` the slowest worker (the step waits for it);
 `*/max`, `*/min` the extreme; `actor/*` rank 0's (the trainer already
 reduced them over the global batch); `reward/failures`, `perf/throughput`
-the sum; `memory/peak_device_bytes` the largest; everything else the mean
+the sum; `memory/peak_device_bytes`, `memory/peak_allocated_bytes` the
+largest; everything else the mean
 (shards are of equal size). Added: `timing_s/controller` (the step's wall
 time beyond the slowest worker), `timing_s/all_reduce` (the time inside
 gradient all-reduces: the transfer, as the worker that
@@ -151,7 +152,7 @@ def aggregate(per_worker):
             out[key] = per_worker[0][key]
         elif key in ("reward/failures", "perf/throughput"):
             out[key] = sum(values)
-        elif key == "memory/peak_device_bytes":
+        elif key in ("memory/peak_device_bytes", "memory/peak_allocated_bytes"):
             out[key] = max(values)
         else:
             out[key] = sum(values) / len(values)
