@@ -105,7 +105,11 @@ pub(crate) struct State {
     /// cached blocks): what was allocated, not what was held for reuse.
     pub(crate) peak_allocated: u64,
     pub(crate) phase: String,
+    /// The caller's step number (`Pool::set_step`), recorded with events.
+    pub(crate) step: u64,
     pub(crate) timeline: VecDeque<Event>,
+    /// Events recorded over the pool's life (the ring keeps the newest).
+    pub(crate) recorded: u64,
     /// Failures of region allocations, by guard id, for `RegionGuard::finish`.
     pub(crate) region_failures: Vec<(u64, Error)>,
 }
@@ -187,7 +191,9 @@ impl Pool {
             peak: 0,
             peak_allocated: 0,
             phase: "init".into(),
+            step: 0,
             timeline: VecDeque::new(),
+            recorded: 0,
             region_failures: Vec::new(),
         };
         Ok(std::sync::Arc::new(Pool {

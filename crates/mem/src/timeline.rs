@@ -32,6 +32,11 @@ pub enum EventKind {
 pub struct Event {
     /// Seconds since the pool was made.
     pub t_s: f64,
+    /// The caller's step number when it happened (`Pool::set_step`; 0
+    /// before the first). Lets a resumed run keep the events of the steps
+    /// its checkpoint covers.
+    #[serde(default)]
+    pub step: u64,
     pub phase: String,
     pub kind: EventKind,
     /// The tags the transition concerned (empty for phase changes and marks).
@@ -97,9 +102,28 @@ impl Pool {
         self.lock().phase.clone()
     }
 
+    /// Sets the step number recorded with later timeline events (the
+    /// caller's count: colo-rl's training step, 1-based). Records nothing.
+    pub fn set_step(&self, step: u64) {
+        self.lock().step = step;
+    }
+
     /// The timeline so far (the last `timeline_limit` events).
     pub fn timeline(&self) -> Vec<Event> {
         self.lock().timeline.iter().cloned().collect()
+    }
+
+    /// The events recorded after the first `seen` of the pool's life, and
+    /// how many it has recorded in all (the `seen` of the next call): how a
+    /// writer appends a timeline to a file as the run goes. Events the ring
+    /// of `timeline_limit` dropped before they were asked for are skipped.
+    pub fn timeline_since(&self, seen: u64) -> (Vec<Event>, u64) {
+        let st = self.lock();
+        let held = st.timeline.len() as u64;
+        let first_held = st.recorded.saturating_sub(held);
+        let skip = usize::try_from(seen.saturating_sub(first_held)).unwrap_or(usize::MAX);
+        let events = st.timeline.iter().skip(skip).cloned().collect();
+        (events, st.recorded)
     }
 
     /// Writes the timeline as JSON lines to `path`.
@@ -123,6 +147,7 @@ impl Pool {
     ) {
         let event = Event {
             t_s: self.epoch.elapsed().as_secs_f64(),
+            step: st.step,
             phase: st.phase.clone(),
             kind,
             tags,
@@ -139,5 +164,6 @@ impl Pool {
             st.timeline.pop_front();
         }
         st.timeline.push_back(event);
+        st.recorded = st.recorded.saturating_add(1);
     }
 }

@@ -317,7 +317,7 @@ impl Worker {
     /// and the device's capacity in bytes.
     fn finish(&self, py: Python<'_>) -> PyResult<(String, u64)> {
         py.detach(|| {
-            let r = self.rank()?;
+            let mut r = self.rank()?;
             let dir = r.finish().map_err(err)?;
             Ok((dir.display().to_string(), r.capacity()))
         })

@@ -86,6 +86,7 @@ mod run;
 mod setup;
 pub mod sft;
 pub mod task;
+pub mod timeline_file;
 pub mod vocab;
 pub mod worker;
 
@@ -93,4 +94,5 @@ pub use config::Config;
 pub use data::{Batch, Batches, Dataset, Fields, Prompt};
 pub use error::{Error, Result};
 pub use metrics::{EvalRecord, MetricsWriter, StepMetrics};
+pub use timeline_file::TimelineWriter;
 pub use reward::{Reward, RewardInput, RewardSpec};

@@ -121,6 +121,7 @@ impl Run<'_> {
         let (cfg, plan) = (self.config, self.config.batch);
         let t_step = Instant::now();
         self.worker.pool().reset_peak();
+        self.worker.pool().set_step(batch.step as u64 + 1);
 
         // 1. Generate n samples per prompt (memory: train → rollout → train).
         let t = Instant::now();

@@ -284,17 +284,24 @@ pub fn truncate_after(path: &Path, step: usize) -> Result<usize> {
         }
     }
     if removed > 0 {
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(dir, e))?;
-        tmp.write_all(kept.as_bytes())
-            .and_then(|()| tmp.as_file().sync_all())
-            .map_err(|e| Error::io(tmp.path(), e))?;
-        tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
+        replace_file(path, kept.as_bytes())?;
     }
     Ok(removed)
+}
+
+/// Replaces `path` with `bytes` at once (a temporary file beside it,
+/// synced, renamed over it): a kill leaves the old file or the new one.
+pub(crate) fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(dir, e))?;
+    tmp.write_all(bytes)
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(|e| Error::io(tmp.path(), e))?;
+    tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
+    Ok(())
 }
 
 /// Reads `metrics.jsonl` back (for the reward curve of a resumed run).

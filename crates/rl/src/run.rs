@@ -15,6 +15,7 @@ use crate::metrics::{self, MetricsWriter, Record};
 use crate::progress::{Progress, Status};
 use crate::r#loop::Run;
 use crate::setup::{draw, load_data, uses_critic};
+use crate::timeline_file::TimelineWriter;
 use crate::{Error, Result};
 
 /// What a finished run reports.
@@ -139,9 +140,16 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
         0 => MetricsWriter::create(&metrics_path)?,
         _ => MetricsWriter::append(&metrics_path)?,
     };
+    let timeline_path = out.join("timeline.jsonl");
+    let mut timeline = match start.first_step {
+        0 => TimelineWriter::create(&timeline_path)?,
+        step => TimelineWriter::resume(&timeline_path, step)?,
+    };
 
     // ---- device, worker, steps; the pictures however it ends ---------------
     let pool = crate::setup::make_pool(config)?;
+    // A resumed process's start-up belongs after its checkpoint's step.
+    pool.set_step(start.first_step as u64);
     let setup = Setup {
         model_dir,
         tokenizer,
@@ -149,8 +157,8 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
         val,
         metrics,
     };
-    let result = train_steps(config, out, &pool, setup, start);
-    match (result, draw(out, &pool)) {
+    let result = train_steps(config, out, &pool, setup, start, &mut timeline);
+    match (result, draw(out, &pool, &mut timeline)) {
         (Ok(summary), drawn) => drawn.map(|()| summary),
         (Err(e), Ok(())) => Err(e),
         (Err(e), Err(d)) => {
@@ -212,6 +220,7 @@ fn train_steps(
     pool: &Arc<colo_mem::Pool>,
     setup: Setup,
     start: Start,
+    timeline: &mut TimelineWriter,
 ) -> Result<RunSummary> {
     let Setup {
         model_dir,
@@ -265,6 +274,7 @@ fn train_steps(
         peak = peak.max(m.peak_device_bytes);
         peak_allocated = peak_allocated.max(m.peak_allocated_bytes);
         run.metrics.step(&m)?;
+        timeline.append_new(pool)?;
         let done = step + 1;
         if config.trainer.save_freq.is_some_and(|f| done % f == 0) && done < total {
             run.save(&ckpt_dir, done)?;

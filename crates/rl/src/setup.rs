@@ -13,6 +13,7 @@ use colo_train::LossConfig;
 
 use crate::config::{Capacity, Config, DataSource, KvBudget, ModelSource, ValSource};
 use crate::data::Dataset;
+use crate::timeline_file::TimelineWriter;
 use crate::{plot, Result};
 
 /// Training and held-out prompts.
@@ -157,10 +158,13 @@ pub(crate) fn loss_config(config: &Config) -> LossConfig {
     }
 }
 
-/// The memory timeline and the reward curve, as SVG and PNG in the run directory.
-pub(crate) fn draw(out: &Path, pool: &Pool) -> Result<()> {
-    let events = pool.timeline();
-    pool.write_timeline(&out.join("timeline.jsonl"))?;
+/// The memory timeline (the rest of `pool`'s events appended to
+/// `timeline.jsonl` first) and the reward curve, as SVG and PNG in the run
+/// directory; the timeline picture is the whole file's (a resumed run's
+/// earlier steps included).
+pub(crate) fn draw(out: &Path, pool: &Pool, timeline: &mut TimelineWriter) -> Result<()> {
+    timeline.append_new(pool)?;
+    let events = timeline.read()?;
     let cap = Some(pool.capacity()).filter(|&c| c != u64::MAX);
     plot::memory_timeline(&events, cap, "colo: device memory per tag")?
         .write(out, "memory_timeline")?;

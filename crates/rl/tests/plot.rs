@@ -116,6 +116,7 @@ fn event(t_s: f64, phase: &str, kind: EventKind, tags: &[(&str, u64)]) -> Event 
     let per_tag: BTreeMap<String, u64> = tags.iter().map(|(t, b)| (t.to_string(), *b)).collect();
     Event {
         t_s,
+        step: 0,
         phase: phase.into(),
         kind,
         tags: vec![],

@@ -1,6 +1,7 @@
 //! `--resume`, checkpoints and the run's records on a tiny checkpoint: a
 //! resume that would go backwards is refused, a killed run resumes from its
-//! newest complete checkpoint without duplicate records, a finished run is
+//! newest complete checkpoint without duplicate records (its memory
+//! timeline too), a finished run is
 //! not evaluated twice, checkpoints are Hugging Face directories that runs
 //! start from, reward failures are counted, prompts are checked when read,
 //! and a failed run still writes its timeline and pictures.
@@ -130,6 +131,10 @@ fn evals_of(run: &Path) -> Vec<usize> {
         .collect()
 }
 
+fn timeline_of(run: &Path) -> Vec<colo_mem::Event> {
+    colo_mem::read_timeline(&run.join("timeline.jsonl")).unwrap()
+}
+
 /// The metrics that do not depend on wall time.
 fn deterministic(m: &colo_rl::StepMetrics) -> Vec<f64> {
     vec![
@@ -243,12 +248,26 @@ fn a_killed_run_resumes_from_its_newest_complete_checkpoint_without_duplicates()
     colo_rl::r#loop::run(&config(&dir, 3), &run, false).unwrap();
     let want: Vec<Vec<f64>> = steps_of(&run).iter().map(deterministic).collect();
     assert_eq!(evals_of(&run), vec![0, 2, 3]);
+    let first = timeline_of(&run);
     let ckpts = run.join("checkpoints");
     std::fs::remove_file(ckpts.join("step-3/model.safetensors")).unwrap();
     std::fs::create_dir_all(ckpts.join("step-4")).unwrap();
 
     let s = colo_rl::r#loop::run(&config(&dir, 3), &run, true).unwrap();
     assert_eq!(s.resumed_from, Some(2));
+    // The timeline: the first process's events up to step 2 as they were,
+    // then the resumed process's start-up (step 2) and step 3, in time.
+    let after = timeline_of(&run);
+    let kept: Vec<_> = first.iter().filter(|e| e.step <= 2).cloned().collect();
+    assert!(kept.iter().any(|e| e.step == 2) && first.iter().any(|e| e.step == 3));
+    assert_eq!(&after[..kept.len()], &kept[..], "steps 0-2 kept as they were");
+    let resumed = &after[kept.len()..];
+    assert!(resumed.iter().all(|e| e.step >= 2), "nothing of the lost step 3");
+    assert!(after.windows(2).all(|w| w[0].t_s <= w[1].t_s), "one run in time");
+    let phases = |events: &[colo_mem::Event]| -> Vec<String> {
+        events.iter().filter(|e| e.step == 3).map(|e| e.phase.clone()).collect()
+    };
+    assert_eq!(phases(resumed), phases(&first), "step 3 once, as uninterrupted");
     let notes = s.notes.join("\n");
     assert!(
         notes.contains("step-4") && notes.contains("step-3") && notes.contains("skipped"),

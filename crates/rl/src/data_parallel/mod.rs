@@ -37,6 +37,7 @@ use crate::data::{Batch, Batches, Dataset};
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::r#loop::Run;
 use crate::setup::{draw, load_data, make_pool};
+use crate::timeline_file::TimelineWriter;
 use crate::{checkpoints, Error, Result};
 
 /// This rank's share of `0..len` when split into `world` contiguous parts
@@ -79,6 +80,8 @@ pub struct Rank {
     world: usize,
     out: PathBuf,
     dir: PathBuf,
+    /// This rank's `timeline.jsonl`, appended to after every step.
+    timeline: TimelineWriter,
 }
 
 impl Rank {
@@ -121,12 +124,20 @@ impl Rank {
         };
         let train: &'static Dataset = Box::leak(Box::new(train));
         let pool = make_pool(global)?;
+        pool.set_step(resume_from.unwrap_or(0) as u64);
         let records = dir.join("metrics.jsonl");
-        let metrics = match resume_from {
-            None => MetricsWriter::create(&records)?,
+        let timeline_path = dir.join("timeline.jsonl");
+        let (metrics, timeline) = match resume_from {
+            None => (
+                MetricsWriter::create(&records)?,
+                TimelineWriter::create(&timeline_path)?,
+            ),
             Some(step) => {
                 crate::metrics::truncate_after(&records, step)?;
-                MetricsWriter::append(&records)?
+                (
+                    MetricsWriter::append(&records)?,
+                    TimelineWriter::resume(&timeline_path, step)?,
+                )
             }
         };
         let mut run = Run::new(local, &dir, &pool, model_dir, tokenizer, val, metrics)?;
@@ -149,6 +160,7 @@ impl Rank {
             world,
             out: out.to_owned(),
             dir,
+            timeline,
         })
     }
 
@@ -171,6 +183,7 @@ impl Rank {
         };
         let m = self.run.step(&batch)?;
         self.run.metrics.step(&m)?;
+        self.timeline.append_new(self.run.worker.pool())?;
         Ok(m)
     }
 
@@ -231,9 +244,10 @@ impl Rank {
         self.pool().capacity()
     }
 
-    /// Writes this rank's timeline and pictures into its directory.
-    pub fn finish(&self) -> Result<PathBuf> {
-        draw(&self.dir, self.pool())?;
+    /// Writes the rest of this rank's timeline and its pictures into its
+    /// directory.
+    pub fn finish(&mut self) -> Result<PathBuf> {
+        draw(&self.dir, self.run.worker.pool(), &mut self.timeline)?;
         Ok(self.dir.clone())
     }
 }
