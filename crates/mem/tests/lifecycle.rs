@@ -352,6 +352,33 @@ fn resume_out_of_memory_half_way_rolls_back() {
     assert_eq!(&b[..5], b"first");
 }
 
+/// A writer takes the events as they come (`timeline_since`), each with
+/// the caller's step; events the ring dropped before they were taken are
+/// skipped, never repeated.
+#[test]
+fn timeline_since_gives_each_event_once_with_its_step() {
+    let p = Pool::host(PoolConfig {
+        timeline_limit: 4,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    p.set_step(1);
+    p.mark();
+    p.mark();
+    let (first, seen) = p.timeline_since(0);
+    assert_eq!((first.len(), seen), (2, 2));
+    assert!(first.iter().all(|e| e.step == 1));
+    p.set_step(2);
+    for _ in 0..6 {
+        p.mark();
+    }
+    let (next, seen) = p.timeline_since(seen);
+    assert_eq!(seen, 8);
+    assert_eq!(next.len(), 4, "the ring kept the last 4 of the 6");
+    assert!(next.iter().all(|e| e.step == 2));
+    assert!(p.timeline_since(seen).0.is_empty());
+}
+
 #[test]
 fn timeline_records_every_transition_with_phase_and_per_tag_bytes() {
     let p = pool(u64::MAX);

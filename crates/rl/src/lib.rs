@@ -94,5 +94,5 @@ pub use config::Config;
 pub use data::{Batch, Batches, Dataset, Fields, Prompt};
 pub use error::{Error, Result};
 pub use metrics::{EvalRecord, MetricsWriter, StepMetrics};
-pub use timeline_file::TimelineWriter;
 pub use reward::{Reward, RewardInput, RewardSpec};
+pub use timeline_file::TimelineWriter;

@@ -204,8 +204,7 @@ impl Run<'_> {
         let old = self.score_old(&rollouts, &seqs, first)?;
         let timing_old = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let micro = cfg.batch.micro_batch_samples;
-        let reference = self.worker.ref_log_probs(&seqs, micro)?;
+        let reference = self.worker.ref_log_probs(&seqs, cfg.batch.micro_split())?;
         let timing_ref = t.elapsed().as_secs_f64();
         let values = match &mut self.worker.critic {
             Some(c) => Some(c.values(&seqs)?), // (samples, seq)

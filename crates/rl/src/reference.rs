@@ -48,9 +48,9 @@ impl Reference {
     /// Per-token log-probabilities under the reference, (batch, seq) float32
     /// aligned with the tokens like the trainer's scores (column `t`: token
     /// `t` given the ones before it), zero outside the response mask.
-    /// `micro` rows per forward pass; the passes' transients are in the
+    /// `micro`: rows per forward pass, or a token budget; the passes' transients are in the
     /// `activations` tag, like the trainer's.
-    pub fn score(&self, seqs: &SeqBatch, micro: usize) -> Result<Tensor> {
+    pub fn score(&self, seqs: &SeqBatch, micro: impl Into<colo_train::Split>) -> Result<Tensor> {
         if self.pool.tag_state(tags::REF) != Some(TagState::Active) {
             return Err(Error::Phase {
                 op: "score with the reference model",

@@ -100,7 +100,8 @@ pub(crate) fn trainer_config(config: &Config) -> colo_train::TrainerConfig {
         },
         micro_batch: colo_train::MicroBatchConfig {
             micro_batch_size: config.batch.micro_batch_samples,
-            score_micro_batch_size: None,
+            max_tokens: config.batch.micro_batch_max_tokens,
+            ..Default::default()
         },
         value_head: None,
         kind: config.trainer.dtype.kind(),

@@ -197,7 +197,7 @@ fn trainer_config(cfg: &SftConfig) -> TrainerConfig {
         // The whole batch in one forward: a few hundred tokens.
         micro_batch: MicroBatchConfig {
             micro_batch_size: cfg.batch_size,
-            score_micro_batch_size: None,
+            ..Default::default()
         },
         value_head: None,
         ..TrainerConfig::default()

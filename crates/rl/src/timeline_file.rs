@@ -122,7 +122,8 @@ mod tests {
     use super::*;
 
     fn dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("colo-rl-timeline-{}-{name}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("colo-rl-timeline-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
@@ -163,11 +164,22 @@ mod tests {
     fn a_line_that_is_not_an_event_is_named() {
         let d = dir("bad");
         let path = d.join("timeline.jsonl");
-        std::fs::write(&path, format!("{}\nnot json\n{}\n", line(1, 1.0), line(2, 2.0))).unwrap();
-        let err = TimelineWriter::resume(&path, 2).err().expect("refused").to_string();
+        std::fs::write(
+            &path,
+            format!("{}\nnot json\n{}\n", line(1, 1.0), line(2, 2.0)),
+        )
+        .unwrap();
+        let err = TimelineWriter::resume(&path, 2)
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(err.contains("timeline.jsonl") && err.contains('2'), "{err}");
         assert!(err.contains("not a timeline event"), "{err}");
-        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 3, "nothing lost");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap().lines().count(),
+            3,
+            "nothing lost"
+        );
         std::fs::remove_dir_all(d).unwrap();
     }
 }

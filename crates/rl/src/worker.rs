@@ -314,7 +314,7 @@ impl HybridWorker {
     pub fn ref_log_probs(
         &mut self,
         seqs: &colo_train::SeqBatch,
-        micro: usize,
+        micro: impl Into<colo_train::Split>,
     ) -> Result<Option<tch::Tensor>> {
         self.expect("score with the reference", Phase::Train)?;
         let Some(r) = &self.reference else {

@@ -224,6 +224,33 @@ fn batch_sizes_are_checked_against_each_other() {
     assert!(parse("[rollout]\nn = 1\n[algorithm]\nadv_estimator = \"reinforce_plus_plus\"\n[actor]\nppo_micro_batch_size = 16\n").is_ok());
 }
 
+/// verl's `use_dynamic_bsz`: a token budget replaces the micro-batch's
+/// sample count (which then need not divide anything), and must hold the
+/// longest sample.
+#[test]
+fn a_token_budget_replaces_the_micro_batch_size() {
+    let c = parse("[rollout]\nn = 3\n[actor]\nppo_micro_batch_size = 32\nuse_dynamic_bsz = true\nppo_max_token_len_per_gpu = 4096\n").unwrap();
+    assert_eq!(c.batch.micro_batch_max_tokens, Some(4096));
+    assert_eq!(c.batch.micro_split(), colo_train::Split::Tokens(4096));
+    assert!(
+        c.summary().contains("within 4096 padded tokens"),
+        "{}",
+        c.summary()
+    );
+    let rows = parse("").unwrap();
+    assert_eq!(rows.batch.micro_split(), colo_train::Split::Rows(64));
+
+    let (line, field, msg) = err("[data]\nmax_prompt_length = 100\n[rollout]\nmax_new_tokens = 50\n[actor]\nuse_dynamic_bsz = true\nppo_max_token_len_per_gpu = 120\n");
+    assert_eq!(
+        (line, field.as_str()),
+        (Some(7), "actor.ppo_max_token_len_per_gpu")
+    );
+    assert!(
+        msg.contains("120 tokens") && msg.contains("= 150 tokens"),
+        "{msg}"
+    );
+}
+
 #[test]
 fn bad_values_name_their_field() {
     for (text, want_field, want_line) in [

@@ -24,6 +24,11 @@ fn config(dir: &Path, steps: usize, mode: &str) -> Config {
 }
 
 fn config_with(dir: &Path, steps: usize, mode: &str, estimator: &str) -> Config {
+    let text = config_toml(dir, steps, mode, estimator);
+    Config::from_toml(&text, &dir.join("run.toml")).unwrap()
+}
+
+fn config_toml(dir: &Path, steps: usize, mode: &str, estimator: &str) -> String {
     let data = dir.join("train.jsonl");
     let lines: Vec<String> = (0..16)
         .map(|i| {
@@ -88,7 +93,7 @@ seed = 11
         model = fixture().display(),
         script = script.display(),
     );
-    Config::from_toml(&text, &dir.join("run.toml")).unwrap()
+    text
 }
 
 fn steps_of(dir: &Path) -> Vec<colo_rl::StepMetrics> {
@@ -252,6 +257,43 @@ fn a_prompt_longer_than_max_prompt_length_is_an_error_naming_it() {
     assert!(
         err.contains("max_prompt_length = 3") && err.contains("prompt "),
         "{err}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `actor.use_dynamic_bsz`: micro-batches cut by a token budget train the
+/// same policy as those cut by sample count (the micro-batches' gradients
+/// add up to the same sum; float rounding apart). (What it saves is
+/// measured where activations dominate: colo-train's `tests/memory.rs`.)
+#[test]
+fn a_token_budget_trains_the_same_policy() {
+    let dir = tmp("dynamic");
+    // 2 prompts × 4 samples a mini-batch, all 8 in one micro-batch …
+    let text = config_toml(&dir, 1, "staged", "grpo")
+        .replace(
+            "ppo_mini_batch_size = 1\nppo_micro_batch_size = 2",
+            "ppo_mini_batch_size = 2\nppo_micro_batch_size = 8",
+        )
+        .replace("seed = 3\n", "seed = 3\nmax_prompt_length = 24\n");
+    let rows = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    // … or one at a time: 28 tokens hold one sample of up to 24 + 4.
+    let budget = text.replace(
+        "ppo_micro_batch_size = 8",
+        "ppo_micro_batch_size = 8\nuse_dynamic_bsz = true\nppo_max_token_len_per_gpu = 28",
+    );
+    let tokens = Config::from_toml(&budget, &dir.join("run.toml")).unwrap();
+    assert_eq!(tokens.batch.micro_batch_max_tokens, Some(28));
+    colo_rl::r#loop::run(&rows, &dir.join("rows"), false).unwrap();
+    colo_rl::r#loop::run(&tokens, &dir.join("tokens"), false).unwrap();
+    let (x, y) = (
+        &steps_of(&dir.join("rows"))[0],
+        &steps_of(&dir.join("tokens"))[0],
+    );
+    let close = |p: f64, q: f64| (p - q).abs() <= 1e-4 * (1.0 + p.abs());
+    assert_eq!(x.score_mean, y.score_mean, "the same samples");
+    assert!(
+        close(x.pg_loss, y.pg_loss) && close(x.grad_norm, y.grad_norm),
+        "{x:?}\n{y:?}"
     );
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -260,14 +260,32 @@ fn a_killed_run_resumes_from_its_newest_complete_checkpoint_without_duplicates()
     let after = timeline_of(&run);
     let kept: Vec<_> = first.iter().filter(|e| e.step <= 2).cloned().collect();
     assert!(kept.iter().any(|e| e.step == 2) && first.iter().any(|e| e.step == 3));
-    assert_eq!(&after[..kept.len()], &kept[..], "steps 0-2 kept as they were");
+    assert_eq!(
+        &after[..kept.len()],
+        &kept[..],
+        "steps 0-2 kept as they were"
+    );
     let resumed = &after[kept.len()..];
-    assert!(resumed.iter().all(|e| e.step >= 2), "nothing of the lost step 3");
-    assert!(after.windows(2).all(|w| w[0].t_s <= w[1].t_s), "one run in time");
+    assert!(
+        resumed.iter().all(|e| e.step >= 2),
+        "nothing of the lost step 3"
+    );
+    assert!(
+        after.windows(2).all(|w| w[0].t_s <= w[1].t_s),
+        "one run in time"
+    );
     let phases = |events: &[colo_mem::Event]| -> Vec<String> {
-        events.iter().filter(|e| e.step == 3).map(|e| e.phase.clone()).collect()
+        events
+            .iter()
+            .filter(|e| e.step == 3)
+            .map(|e| e.phase.clone())
+            .collect()
     };
-    assert_eq!(phases(resumed), phases(&first), "step 3 once, as uninterrupted");
+    assert_eq!(
+        phases(resumed),
+        phases(&first),
+        "step 3 once, as uninterrupted"
+    );
     let notes = s.notes.join("\n");
     assert!(
         notes.contains("step-4") && notes.contains("step-3") && notes.contains("skipped"),

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use colo_model::SharedPrompts;
 use tch::{Device, Kind, Tensor};
 
+use crate::config::Split;
 use crate::{Error, Result};
 
 /// Where one row's tokens are, read once from the masks.
@@ -465,6 +466,35 @@ impl CriticBatch {
 }
 
 /// `(start, len)` of each micro-batch of `n` rows, `size` rows at most.
+/// The micro-batches of `batch` under `split`, as (first row, rows), in
+/// order, every row in exactly one.
+pub(crate) fn micro_batches(batch: &SeqBatch, split: Split) -> Vec<(usize, usize)> {
+    match split {
+        Split::Rows(n) => chunks(batch.batch_size(), n).collect(),
+        // A micro-batch is as wide as its longest row, at least 2 (`micro`).
+        Split::Tokens(budget) => token_chunks(batch.rows.iter().map(|r| r.len.max(2)), budget),
+    }
+}
+
+/// Consecutive rows while rows × the longest stays within `budget`; a row
+/// longer than the budget alone.
+fn token_chunks(lens: impl Iterator<Item = usize>, budget: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let (mut start, mut rows, mut width) = (0, 0usize, 0);
+    for (i, len) in lens.enumerate() {
+        if rows > 0 && (rows + 1).saturating_mul(width.max(len)) > budget {
+            out.push((start, rows));
+            (start, rows, width) = (i, 0, 0);
+        }
+        rows += 1;
+        width = width.max(len);
+    }
+    if rows > 0 {
+        out.push((start, rows));
+    }
+    out
+}
+
 pub(crate) fn chunks(n: usize, size: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n)
         .step_by(size.max(1))
@@ -514,5 +544,35 @@ mod tests {
     fn chunks_cover_every_row_once() {
         let c: Vec<_> = chunks(5, 2).collect();
         assert_eq!(c, vec![(0, 2), (2, 2), (4, 1)]);
+    }
+
+    #[test]
+    fn token_chunks_cover_every_row_once_within_the_budget() {
+        let lens = [3, 5, 2, 9, 4, 4, 4, 20, 1];
+        let c = token_chunks(lens.iter().copied(), 12);
+        assert_eq!(c, vec![(0, 2), (2, 1), (3, 1), (4, 3), (7, 1), (8, 1)]);
+        for &(s, n) in &c {
+            let width = lens[s..s + n].iter().max().unwrap();
+            assert!(n == 1 || n * width <= 12, "{s}+{n}");
+        }
+        assert!(token_chunks(std::iter::empty(), 12).is_empty());
+
+        // On a batch: rows of 5 and 3 tokens (padded to 5), then 4 and 2.
+        let b = SeqBatch::from_prompt_response(
+            &[
+                (&[1, 2], &[3, 4, 5]),
+                (&[1], &[2, 3]),
+                (&[1, 2], &[3, 4]),
+                (&[1], &[2]),
+            ],
+            0,
+        )
+        .unwrap();
+        assert_eq!(
+            micro_batches(&b, Split::Tokens(8)),
+            vec![(0, 1), (1, 2), (3, 1)]
+        );
+        assert_eq!(micro_batches(&b, Split::Tokens(10)), vec![(0, 2), (2, 2)]);
+        assert_eq!(micro_batches(&b, Split::Rows(3)), vec![(0, 3), (3, 1)]);
     }
 }

@@ -128,7 +128,8 @@ impl OptimConfig {
     }
 }
 
-/// How a batch is cut into micro-batches (rows).
+/// How a batch is cut into micro-batches: a number of rows, or — with
+/// `max_tokens` — as many consecutive rows as fit a token budget.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MicroBatchConfig {
@@ -138,6 +139,14 @@ pub struct MicroBatchConfig {
     /// Rows per forward of a no-grad scoring pass; `None`: twice
     /// `micro_batch_size` (no activations are kept for a backward).
     pub score_micro_batch_size: Option<usize>,
+    /// Instead of `micro_batch_size`: each micro-batch takes consecutive
+    /// rows while its padded tokens — rows × its longest row, what a pass
+    /// computes and holds activations for — stay within this budget
+    /// (verl's `use_dynamic_bsz` with `ppo_max_token_len_per_gpu`). A row
+    /// longer than the budget is a micro-batch of its own.
+    pub max_tokens: Option<usize>,
+    /// The same for scoring passes; `None`: twice `max_tokens`.
+    pub score_max_tokens: Option<usize>,
 }
 
 impl Default for MicroBatchConfig {
@@ -145,15 +154,33 @@ impl Default for MicroBatchConfig {
         MicroBatchConfig {
             micro_batch_size: 4,
             score_micro_batch_size: None,
+            max_tokens: None,
+            score_max_tokens: None,
         }
     }
 }
 
-/// Validated micro-batch sizes.
+/// How a pass cuts a batch: see [`MicroBatchConfig`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// This many rows a micro-batch (the last may have fewer).
+    Rows(usize),
+    /// Consecutive rows within this many padded tokens a micro-batch.
+    Tokens(usize),
+}
+
+impl From<usize> for Split {
+    /// `rows` rows a micro-batch (at least one).
+    fn from(rows: usize) -> Self {
+        Split::Rows(rows.max(1))
+    }
+}
+
+/// Validated micro-batch splits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MicroBatches {
-    pub train: usize,
-    pub score: usize,
+    pub train: Split,
+    pub score: Split,
 }
 
 impl MicroBatchConfig {
@@ -171,10 +198,20 @@ impl MicroBatchConfig {
                 "must be at least 1",
             ));
         }
-        Ok(MicroBatches {
-            train: self.micro_batch_size,
-            score,
-        })
+        let positive = |key: &'static str, v: Option<usize>| match v {
+            Some(0) => Err(Error::config(key, 0, "must be at least 1 token")),
+            v => Ok(v),
+        };
+        let max_tokens = positive("max_tokens", self.max_tokens)?;
+        let score_max_tokens = positive("score_max_tokens", self.score_max_tokens)?;
+        let (train, score) = match max_tokens {
+            None => (Split::Rows(self.micro_batch_size), Split::Rows(score)),
+            Some(t) => (
+                Split::Tokens(t),
+                Split::Tokens(score_max_tokens.unwrap_or(t.saturating_mul(2))),
+            ),
+        };
+        Ok(MicroBatches { train, score })
     }
 }
 
@@ -323,6 +360,36 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(msg.contains("micro_batch_size"), "{msg}");
+        let msg = MicroBatchConfig {
+            max_tokens: Some(0),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(msg.contains("max_tokens"), "{msg}");
+    }
+
+    #[test]
+    fn a_token_budget_replaces_the_row_counts() {
+        let rows = MicroBatchConfig::default().validate().unwrap();
+        assert_eq!((rows.train, rows.score), (Split::Rows(4), Split::Rows(8)));
+        let tokens = MicroBatchConfig {
+            max_tokens: Some(1000),
+            ..Default::default()
+        };
+        let t = tokens.validate().unwrap();
+        assert_eq!(
+            (t.train, t.score),
+            (Split::Tokens(1000), Split::Tokens(2000))
+        );
+        let t = MicroBatchConfig {
+            score_max_tokens: Some(300),
+            ..tokens
+        }
+        .validate()
+        .unwrap();
+        assert_eq!(t.score, Split::Tokens(300));
     }
 
     #[test]

@@ -117,7 +117,7 @@ pub use buffers::storage_addr;
 pub use collective::{Collective, ReduceOp, Solo};
 pub use config::{
     check_target, device_name, kind_name, parse_device, parse_kind, MicroBatchConfig, MicroBatches,
-    Optim, OptimConfig,
+    Optim, OptimConfig, Split,
 };
 pub use engine::{CriticMetrics, PolicyMetrics, Scores, SftMetrics, StepStats, TrainEngine};
 pub use error::{Error, Result};

@@ -9,7 +9,8 @@ use colo_mem::Pool;
 use colo_model::Model;
 use tch::{Device, Kind, Tensor};
 
-use crate::batch::{chunks, Micro, SeqBatch};
+use crate::batch::{micro_batches, Micro, SeqBatch};
+use crate::config::Split;
 use crate::engine::Scores;
 use crate::forward::Entropy;
 use crate::lanes::{self, Lane};
@@ -42,12 +43,12 @@ pub(crate) fn to_host(t: Tensor) -> Result<Tensor> {
     Ok(t.f_to_device(Device::Cpu)?)
 }
 
-/// Scores `batch` with `lane`'s model in micro-batches of `micro` rows,
+/// Scores `batch` with `lane`'s model in the micro-batches of `split`,
 /// each split over `lanes` threads; zero outside the response mask.
 pub(crate) fn score(
     lane: &Lane,
     lanes: usize,
-    micro: usize,
+    split: Split,
     batch: &SeqBatch,
     with_entropy: bool,
 ) -> Result<Scores> {
@@ -58,7 +59,7 @@ pub(crate) fn score(
     };
     let out = || per_token_out(batch, device);
     let (log_probs, entropy) = (out()?, with_entropy.then(out).transpose()?);
-    for (start, len) in chunks(batch.batch_size(), micro) {
+    for (start, len) in micro_batches(batch, split) {
         let parts = lane_parts(batch, start, len, lanes, device)?;
         let scored = lanes::run(lane, false, parts, || {
             move |lane: &Lane, mb: Micro| Ok((lane.token_scores(&mb, ent)?, mb))
@@ -105,8 +106,9 @@ impl Scorer {
     }
 
     /// Per-token log-probabilities (batch, seq) float32 on the CPU, zero
-    /// outside the response mask, `micro` rows per forward pass.
-    pub fn log_probs(&self, batch: &SeqBatch, micro: usize) -> Result<Tensor> {
-        Ok(score(&self.lane, self.lanes, micro.max(1), batch, false)?.log_probs)
+    /// outside the response mask, in the micro-batches of `split` (a number
+    /// of rows, or a [`Split`]).
+    pub fn log_probs(&self, batch: &SeqBatch, split: impl Into<Split>) -> Result<Tensor> {
+        Ok(score(&self.lane, self.lanes, split.into(), batch, false)?.log_probs)
     }
 }

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::adamw::AdamW;
-use crate::batch::{chunks, Micro, SeqBatch};
+use crate::batch::{micro_batches, Micro, SeqBatch};
 use crate::buffers::{copy_in, done, zeros_in};
 use crate::collective::{Collective, ReduceOp};
 use crate::config::{
@@ -354,7 +354,7 @@ impl ColoTrainer {
         }
         let out = per_token_out(batch, self.device)?;
         let lane = self.lane();
-        for (start, len) in chunks(batch.batch_size(), self.micro.score) {
+        for (start, len) in micro_batches(batch, self.micro.score) {
             let parts = lane_parts(batch, start, len, self.lanes, self.device)?;
             let values = lanes::run(&lane, false, parts, || {
                 move |lane: &Lane, mb: Micro| Ok((lane.token_values(&mb)?, mb))
@@ -391,9 +391,9 @@ impl ColoTrainer {
         // Accumulators not yet written this step: the first gradient is
         // copied in, the following ones added.
         let mut fresh = vec![true; self.grads.len()];
-        let mut micro_batches = 0;
+        let mut micro_count = 0;
         let lane = self.lane();
-        for (start, len) in chunks(batch.batch_size(), self.micro.train) {
+        for (start, len) in micro_batches(batch, self.micro.train) {
             let parts = lane_parts(batch, start, len, self.lanes, self.device)?;
             let done_parts = lanes::run(&lane, true, parts, || {
                 let loss_of = make_loss();
@@ -422,7 +422,7 @@ impl ColoTrainer {
                     }
                 }
             }
-            micro_batches += 1;
+            micro_count += 1;
         }
         tch::no_grad(|| -> Result<()> {
             for (acc, fresh) in self.grads.iter().zip(fresh) {
@@ -437,7 +437,7 @@ impl ColoTrainer {
         }
         // The optimizer's temporaries reuse the activations' cached blocks.
         let guard = self.pool.region(tags::ACTIVATIONS)?;
-        let stats = self.apply_update(micro_batches);
+        let stats = self.apply_update(micro_count);
         guard.finish()?;
         Ok((metrics, stats?))
     }

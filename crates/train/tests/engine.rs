@@ -137,8 +137,9 @@ fn sft_gradient_over_micro_batches_matches_pytorch() {
     }
 }
 
-/// Gradient accumulation: micro-batches of 1, 3 and 4 rows give the
-/// full-batch gradient and metrics, for each aggregation and for GSPO.
+/// Gradient accumulation: micro-batches of 1, 3 and 4 rows, and of token
+/// budgets that cut the rows (lengths 8, 9, 6, 7) as 1+1+2 and 2+2, give
+/// the full-batch gradient and metrics, for each aggregation and for GSPO.
 #[test]
 fn accumulated_gradient_equals_full_batch_gradient() {
     let modes = [
@@ -168,8 +169,13 @@ fn accumulated_gradient_equals_full_batch_gradient() {
         )
         .unwrap();
         let want = full.update_policy(&batch, &cfg).unwrap();
-        for mb in [1, 3] {
-            let mut e = engine("tiny-llama", mb);
+        let engines = [
+            ("1 row", engine("tiny-llama", 1)),
+            ("3 rows", engine("tiny-llama", 3)),
+            ("16 tokens", engine_by_tokens("tiny-llama", 16)),
+            ("18 tokens", engine_by_tokens("tiny-llama", 18)),
+        ];
+        for (mb, mut e) in engines {
             let got = e.update_policy(&batch, &cfg).unwrap();
             for ((n, g), (_, r)) in e.gradients().iter().zip(full.gradients()) {
                 let d = rel_diff(g, &r);

@@ -205,7 +205,7 @@ fn measure(a: &Args, cfg: &ModelConfig, name: &str, kind: Kind) -> Result<(Dtype
         },
         micro_batch: MicroBatchConfig {
             micro_batch_size: a.micro_batch,
-            score_micro_batch_size: None,
+            ..Default::default()
         },
         kind,
         device: Device::Cpu,

@@ -79,7 +79,12 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         KvBudget::Fraction(f) => (Some(f), None),
         KvBudget::Tokens(t) => (None, Some(t as u64)),
     };
-    let micro_tokens = config.batch.micro_batch_samples as u64 * seq_len;
+    // A token budget (`actor.use_dynamic_bsz`) bounds a micro-batch's
+    // padded tokens whatever the samples' lengths.
+    let micro_tokens = match config.batch.micro_batch_max_tokens {
+        Some(t) => (t as u64).min(config.batch.mini_batch_samples as u64 * seq_len),
+        None => config.batch.micro_batch_samples as u64 * seq_len,
+    };
     let input = PlanInput {
         model: ModelSource::Config(hf_config(&model_cfg)),
         param_dtype: "f32".into(),

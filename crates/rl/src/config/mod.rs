@@ -269,10 +269,27 @@ pub struct BatchPlan {
     pub mini_batches_per_step: usize,
     /// `actor.ppo_micro_batch_size` (samples per forward/backward).
     pub micro_batch_samples: usize,
-    /// Gradient accumulation steps per optimiser step.
+    /// Gradient accumulation steps per optimiser step (with
+    /// `micro_batch_max_tokens`, the most there can be: one per sample).
     pub micro_batches_per_mini_batch: usize,
+    /// `actor.ppo_max_token_len_per_gpu` when `actor.use_dynamic_bsz`:
+    /// micro-batches of consecutive samples within this many padded tokens
+    /// replace `micro_batch_samples` (the reference scores within it too;
+    /// the old-policy pass within twice it, as colo-train's default).
+    pub micro_batch_max_tokens: Option<usize>,
     /// mini_batches_per_step × ppo_epochs.
     pub optimizer_steps_per_step: usize,
+}
+
+impl BatchPlan {
+    /// How a forward/backward cuts its samples: `micro_batch_samples`
+    /// rows, or the token budget.
+    pub fn micro_split(&self) -> colo_train::Split {
+        match self.micro_batch_max_tokens {
+            Some(t) => colo_train::Split::Tokens(t),
+            None => colo_train::Split::Rows(self.micro_batch_samples),
+        }
+    }
 }
 
 impl Config {

@@ -178,6 +178,10 @@ pub struct RawActor {
     /// Samples per forward/backward pass.
     #[serde(alias = "ppo_micro_batch_size_per_gpu")]
     pub ppo_micro_batch_size: usize,
+    /// Micro-batches by a token budget instead of `ppo_micro_batch_size`.
+    pub use_dynamic_bsz: bool,
+    /// The budget: padded tokens per forward/backward (per device).
+    pub ppo_max_token_len_per_gpu: usize,
     pub ppo_epochs: usize,
     pub loss_mode: PolicyLossMode,
     pub clip_ratio: f64,
@@ -200,6 +204,8 @@ impl Default for RawActor {
             grad_clip: 1.0,
             ppo_mini_batch_size: 16,
             ppo_micro_batch_size: 64,
+            use_dynamic_bsz: false,
+            ppo_max_token_len_per_gpu: 16384,
             ppo_epochs: 1,
             loss_mode: PolicyLossMode::Vanilla,
             clip_ratio: 0.2,

@@ -104,7 +104,8 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
     let prompts = data.train_batch_size;
     let data_cfg = data_section(data, trainer.seed)?;
     let rollout_cfg = rollout_section(&rollout, algorithm.adv_estimator)?;
-    let batch = batch_plan(prompts, rollout_cfg.n, &actor)?;
+    let longest = data_cfg.max_prompt_length + rollout_cfg.max_new_tokens;
+    let batch = batch_plan(prompts, rollout_cfg.n, longest, &actor)?;
     let ppo_epochs = batch.optimizer_steps_per_step / batch.mini_batches_per_step;
     let actor_cfg = actor_section(actor, ppo_epochs)?;
     let algorithm_cfg = algorithm_section(algorithm)?;
@@ -318,8 +319,9 @@ fn rollout_section(rollout: &RawRollout, estimator: AdvEstimator) -> Check<Rollo
     Ok(rollout_cfg)
 }
 
-/// Prompts per step → mini-batches (prompts) → micro-batches (samples).
-fn batch_plan(prompts: usize, n: usize, actor: &RawActor) -> Check<BatchPlan> {
+/// Prompts per step → mini-batches (prompts) → micro-batches (samples, or
+/// a token budget that must hold the `longest` sample).
+fn batch_plan(prompts: usize, n: usize, longest: usize, actor: &RawActor) -> Check<BatchPlan> {
     let prompts = positive("data.train_batch_size", prompts)?;
     let mini = positive("actor.ppo_mini_batch_size", actor.ppo_mini_batch_size)?;
     if prompts % mini != 0 {
@@ -329,7 +331,21 @@ fn batch_plan(prompts: usize, n: usize, actor: &RawActor) -> Check<BatchPlan> {
         );
     }
     let micro = positive("actor.ppo_micro_batch_size", actor.ppo_micro_batch_size)?;
-    if (mini * n) % micro != 0 {
+    let max_tokens = match actor.use_dynamic_bsz {
+        false => None,
+        true if actor.ppo_max_token_len_per_gpu < longest => {
+            return bad(
+                "actor.ppo_max_token_len_per_gpu",
+                format!(
+                    "{} tokens cannot hold the longest sample: data.max_prompt_length + rollout.max_new_tokens = {longest} tokens",
+                    actor.ppo_max_token_len_per_gpu
+                ),
+            )
+        }
+        true => Some(actor.ppo_max_token_len_per_gpu),
+    };
+    // With a token budget the sample count is not used (as in verl).
+    if max_tokens.is_none() && (mini * n) % micro != 0 {
         return bad(
             "actor.ppo_micro_batch_size",
             format!(
@@ -347,7 +363,11 @@ fn batch_plan(prompts: usize, n: usize, actor: &RawActor) -> Check<BatchPlan> {
         mini_batch_samples: mini * n,
         mini_batches_per_step: prompts / mini,
         micro_batch_samples: micro,
-        micro_batches_per_mini_batch: mini * n / micro,
+        micro_batches_per_mini_batch: match max_tokens {
+            Some(_) => mini * n,
+            None => mini * n / micro,
+        },
+        micro_batch_max_tokens: max_tokens,
         optimizer_steps_per_step: prompts / mini * ppo_epochs,
     };
 
@@ -551,9 +571,13 @@ pub(crate) fn summary(c: &Config) -> String {
             b.prompts_per_step, b.n, b.samples_per_step, c.rollout.max_new_tokens, sampling_text(&c.rollout.sampling)
         ),
         format!(
-            "update     {} mini-batches of {} prompts ({} samples) × {} ppo epochs = {} optimiser steps; {} micro-batches of {} samples each",
+            "update     {} mini-batches of {} prompts ({} samples) × {} ppo epochs = {} optimiser steps; {}",
             b.mini_batches_per_step, b.mini_batch_prompts, b.mini_batch_samples, c.actor.ppo_epochs,
-            b.optimizer_steps_per_step, b.micro_batches_per_mini_batch, b.micro_batch_samples
+            b.optimizer_steps_per_step,
+            match b.micro_batch_max_tokens {
+                Some(t) => format!("micro-batches of consecutive samples within {t} padded tokens each"),
+                None => format!("{} micro-batches of {} samples each", b.micro_batches_per_mini_batch, b.micro_batch_samples),
+            }
         ),
         format!(
             "algorithm  {} advantages, {} policy loss (clip {}/{}, {}), {kl}, lr {} (warmup {})",

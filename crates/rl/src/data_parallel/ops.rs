@@ -127,8 +127,11 @@ impl Rank {
     ) -> Result<Option<Vec<Vec<f32>>>> {
         let r = samples(prompts, responses)?;
         let seqs = r.seq_batch(0..r.len(), self.run.pad)?;
-        let micro = self.run.config.batch.micro_batch_samples;
-        match self.run.worker.ref_log_probs(&seqs, micro)? {
+        match self
+            .run
+            .worker
+            .ref_log_probs(&seqs, self.run.config.batch.micro_split())?
+        {
             Some(lp) => Ok(Some(r.from_token_layout(&lp)?)),
             None => Ok(None),
         }

@@ -37,7 +37,7 @@ pub fn config(micro_batch_size: usize) -> TrainerConfig {
         },
         micro_batch: MicroBatchConfig {
             micro_batch_size,
-            score_micro_batch_size: None,
+            ..Default::default()
         },
         ..Default::default()
     }
@@ -50,6 +50,13 @@ pub fn engine_with(name: &str, cfg: &TrainerConfig) -> ColoTrainer {
 
 pub fn engine(name: &str, micro_batch_size: usize) -> ColoTrainer {
     engine_with(name, &config(micro_batch_size))
+}
+
+/// Micro-batches of consecutive rows within `max_tokens` padded tokens.
+pub fn engine_by_tokens(name: &str, max_tokens: usize) -> ColoTrainer {
+    let mut cfg = config(1);
+    cfg.micro_batch.max_tokens = Some(max_tokens);
+    engine_with(name, &cfg)
 }
 
 pub fn pool_of(e: &ColoTrainer) -> &Arc<Pool> {
