@@ -261,6 +261,43 @@ fn a_long_run_labels_each_phase_once() {
     assert_eq!(texts(&pic.svg).iter().filter(|t| *t == "train").count(), 1);
 }
 
+/// A 10,000-step run's ~170,000 events make a picture of bounded size (it
+/// is drawn thinned), whose legend still gives each tag's whole-run peak.
+#[test]
+fn a_very_long_run_draws_a_bounded_picture_with_its_peaks() {
+    let events: Vec<Event> = (0..170_000)
+        .map(|i| {
+            let kv = if i == 123_457 {
+                9 * MIB
+            } else {
+                (i % 3) as u64 * MIB
+            };
+            event(
+                i as f64 * 0.01,
+                "generate",
+                EventKind::Mark,
+                &[("kv_cache", kv), ("optimizer", MIB)],
+            )
+        })
+        .collect();
+    let pic = plot::memory_timeline(&events, None, "10,000 steps").unwrap();
+    check_xml(&pic.svg);
+    assert!(pic.svg.len() < 2 << 20, "{} bytes of SVG", pic.svg.len());
+    assert!(
+        has_text(&pic.svg, "kv_cache  (max 9.0 MiB)"),
+        "{:?}",
+        texts(&pic.svg)
+    );
+    let workers = [("worker 0".to_string(), events)];
+    let pic = plot::workers_timeline(&workers, None, "one worker").unwrap();
+    assert!(pic.svg.len() < 2 << 20, "{} bytes of SVG", pic.svg.len());
+    assert!(
+        texts(&pic.svg).iter().any(|t| t.contains("peak 10.0 MiB")),
+        "{:?}",
+        texts(&pic.svg)
+    );
+}
+
 #[test]
 fn empty_timeline_is_still_a_picture() {
     let pic = plot::memory_timeline(&[], None, "nothing yet").unwrap();

@@ -43,10 +43,62 @@ fn tag_order(events: &[Event]) -> Vec<String> {
 }
 
 /// The timeline of `events` over time; `capacity` (bytes) is drawn as a
-/// line when given.
+/// line when given. A run of more than [`MAX_DRAWN_EVENTS`] events is drawn
+/// thinned (see [`thin`]); the legend's per-tag maxima are the whole run's.
 pub fn memory_timeline(events: &[Event], capacity: Option<u64>, title: &str) -> Result<Picture> {
-    let points = events.iter().map(|e| e.t_s).collect();
-    render(&Timeline::new(events, points, capacity, title, "time (s)"))
+    let drawn = thin(events, TIME_SLICES);
+    let points = drawn.iter().map(|e| e.t_s).collect();
+    let mut chart = Timeline::new(&drawn, points, capacity, title, "time (s)");
+    chart.maxima = maxima(events, &chart.order);
+    render(&chart)
+}
+
+/// Events a time-axis picture draws at most before it is thinned: a
+/// 100-step run records ~1,700; a 10,000-step one ~170,000, whose every
+/// event would make a ~50 MB SVG of bands finer than its pixels.
+pub(crate) const MAX_DRAWN_EVENTS: usize = 4000;
+
+/// Time slices of a thinned picture (the plot is ~700 pixels wide).
+pub(crate) const TIME_SLICES: usize = 2000;
+
+/// `events` as drawn: all of them up to [`MAX_DRAWN_EVENTS`]; past that,
+/// in each of `slices` equal slices of time the event with the most bytes
+/// resident (so every peak stays in the picture), the first and the last
+/// event, and each phase's first change (its labelled line), in order.
+pub(crate) fn thin(events: &[Event], slices: usize) -> std::borrow::Cow<'_, [Event]> {
+    if events.len() <= MAX_DRAWN_EVENTS || slices == 0 {
+        return std::borrow::Cow::Borrowed(events);
+    }
+    let (t0, t1) = (events[0].t_s, events[events.len() - 1].t_s);
+    let span = (t1 - t0).max(f64::MIN_POSITIVE);
+    let mut best: Vec<Option<usize>> = vec![None; slices];
+    let mut keep = BTreeSet::from([0, events.len() - 1]);
+    let mut phases = HashSet::new();
+    for (i, e) in events.iter().enumerate() {
+        let slice = (((e.t_s - t0) / span * slices as f64) as usize).min(slices - 1);
+        if best[slice].is_none_or(|b| e.resident_bytes > events[b].resident_bytes) {
+            best[slice] = Some(i);
+        }
+        if e.kind == EventKind::Phase && phases.insert(e.phase.as_str()) {
+            keep.insert(i);
+        }
+    }
+    keep.extend(best.into_iter().flatten());
+    std::borrow::Cow::Owned(keep.into_iter().map(|i| events[i].clone()).collect())
+}
+
+/// The most bytes each tag of `order` held over `events`.
+fn maxima(events: &[Event], order: &[String]) -> Vec<u64> {
+    order
+        .iter()
+        .map(|t| {
+            events
+                .iter()
+                .map(|e| e.per_tag.get(t).copied().unwrap_or(0))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect()
 }
 
 /// The same picture with every transition given the same width instead of
@@ -54,13 +106,15 @@ pub fn memory_timeline(events: &[Event], capacity: Option<u64>, title: &str) -> 
 /// generation of seconds but is the thing to see.
 pub fn memory_transitions(events: &[Event], capacity: Option<u64>, title: &str) -> Result<Picture> {
     let points = (0..events.len()).map(|i| i as f64).collect();
-    render(&Timeline::new(
+    let mut chart = Timeline::new(
         events,
         points,
         capacity,
         title,
         "transition (equal widths, not time)",
-    ))
+    );
+    chart.maxima = maxima(events, &chart.order);
+    render(&chart)
 }
 
 struct Timeline<'a> {
@@ -73,6 +127,9 @@ struct Timeline<'a> {
     /// Transition indices: only whole numbers are labelled.
     integer_x: bool,
     order: Vec<String>,
+    /// Each tag's most bytes (in `order`), for the legend: the whole run's,
+    /// where `events` are thinned.
+    maxima: Vec<u64>,
 }
 
 /// Phase lines drawn at most; past this only each phase's first change is
@@ -91,6 +148,7 @@ impl<'a> Timeline<'a> {
         Timeline {
             integer_x: x_label.starts_with("transition"),
             order: tag_order(events),
+            maxima: Vec::new(),
             events,
             x,
             capacity,
@@ -199,11 +257,7 @@ impl Chart for Timeline<'_> {
                 step_outline(&self.x, &below, &above),
                 style,
             )))?;
-            let hi = self
-                .events
-                .iter()
-                .map(|e| e.per_tag.get(tag).copied().unwrap_or(0));
-            let hi = fmt_bytes(hi.max().unwrap_or(0));
+            let hi = fmt_bytes(self.maxima.get(k).copied().unwrap_or(0));
             entries.push((format!("{tag}  (max {hi})"), style));
             below = above;
         }
@@ -290,6 +344,42 @@ fn step_outline(x: &[f64], below: &[f64], above: &[f64]) -> Vec<(f64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn event(t_s: f64, phase: &str, kind: EventKind, bytes: u64) -> Event {
+        Event {
+            t_s,
+            step: 0,
+            phase: phase.into(),
+            kind,
+            tags: vec![],
+            duration_s: 0.0,
+            resident_bytes: bytes,
+            per_tag: [("kv_cache".to_string(), bytes)].into(),
+            untagged_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn a_long_run_is_thinned_keeping_its_peaks_and_phases() {
+        let mut events: Vec<Event> = (0..50_000)
+            .map(|i| event(i as f64, "generate", EventKind::Mark, (i % 7) as u64))
+            .collect();
+        events[0].kind = EventKind::Phase;
+        events[31_337].resident_bytes = 1000; // one spike
+        events[40_000] = event(40_000.0, "train", EventKind::Phase, 0);
+        let drawn = thin(&events, TIME_SLICES);
+        assert!(drawn.len() <= TIME_SLICES + 3, "{}", drawn.len());
+        assert!(drawn.iter().any(|e| e.resident_bytes == 1000), "the spike");
+        assert!(drawn.iter().any(|e| e.phase == "train"), "the phase change");
+        assert_eq!(drawn.first(), events.first());
+        assert_eq!(drawn.last(), events.last());
+        assert!(drawn.windows(2).all(|w| w[0].t_s < w[1].t_s), "in order");
+        // A short run is drawn whole.
+        assert_eq!(
+            thin(&events[..MAX_DRAWN_EVENTS], TIME_SLICES).len(),
+            MAX_DRAWN_EVENTS
+        );
+    }
 
     #[test]
     fn a_band_holds_each_value_until_the_next_event() {

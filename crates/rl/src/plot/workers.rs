@@ -6,6 +6,7 @@ use colo_mem::{fmt_bytes, Event};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+use super::timeline::{thin, TIME_SLICES};
 use super::{color, extent, legend, render, text, widen, Chart, Picture};
 use crate::Result;
 
@@ -70,7 +71,10 @@ impl Chart for Workers<'_> {
             .axis_desc_style(text(13))
             .draw()?;
         let mut entries = Vec::new();
-        for (k, (name, evs)) in self.workers.iter().enumerate() {
+        for (k, (name, all)) in self.workers.iter().enumerate() {
+            // A long run's line is drawn thinned, its peak kept (see
+            // `timeline::thin`); the legend's peak is the whole run's.
+            let evs = thin(all, TIME_SLICES);
             // A step line: memory changes at events and stays put between.
             let mut points = Vec::with_capacity(2 * evs.len());
             for (i, e) in evs.iter().enumerate() {
@@ -81,7 +85,7 @@ impl Chart for Workers<'_> {
             }
             let style = color(k).stroke_width(2);
             chart.draw_series(LineSeries::new(points, style))?;
-            let peak = evs.iter().map(|e| e.resident_bytes).max().unwrap_or(0);
+            let peak = all.iter().map(|e| e.resident_bytes).max().unwrap_or(0);
             entries.push((
                 format!("{name}  (peak {})", fmt_bytes(peak)),
                 color(k).filled(),
