@@ -261,6 +261,32 @@ fn a_long_run_labels_each_phase_once() {
     assert_eq!(texts(&pic.svg).iter().filter(|t| *t == "train").count(), 1);
 }
 
+#[test]
+fn a_long_run_is_thinned_keeping_its_peaks_and_phases() {
+    let mark = |i: usize, bytes: u64| {
+        event(
+            i as f64,
+            "generate",
+            EventKind::Mark,
+            &[("kv_cache", bytes)],
+        )
+    };
+    let mut events: Vec<Event> = (0..50_000).map(|i| mark(i, (i % 7) as u64)).collect();
+    events[0].kind = EventKind::Phase;
+    events[31_337] = mark(31_337, 1000); // one spike
+    events[40_000] = event(40_000.0, "train", EventKind::Phase, &[("kv_cache", 0)]);
+    let drawn = plot::thin(&events, plot::TIME_SLICES);
+    assert!(drawn.len() <= plot::TIME_SLICES + 3, "{}", drawn.len());
+    assert!(drawn.iter().any(|e| e.resident_bytes == 1000), "the spike");
+    assert!(drawn.iter().any(|e| e.phase == "train"), "the phase change");
+    assert_eq!(drawn.first(), events.first());
+    assert_eq!(drawn.last(), events.last());
+    assert!(drawn.windows(2).all(|w| w[0].t_s < w[1].t_s), "in order");
+    // A short run is drawn whole.
+    let short = &events[..plot::MAX_DRAWN_EVENTS];
+    assert_eq!(plot::thin(short, plot::TIME_SLICES).len(), short.len());
+}
+
 /// A 10,000-step run's ~170,000 events make a picture of bounded size (it
 /// is drawn thinned), whose legend still gives each tag's whole-run peak.
 #[test]

@@ -15,7 +15,7 @@ mod timeline;
 mod workers;
 
 pub use curve::reward_curve;
-pub use timeline::{memory_timeline, memory_transitions};
+pub use timeline::{memory_timeline, memory_transitions, thin, MAX_DRAWN_EVENTS, TIME_SLICES};
 pub use workers::workers_timeline;
 
 use std::path::Path;

@@ -56,16 +56,16 @@ pub fn memory_timeline(events: &[Event], capacity: Option<u64>, title: &str) -> 
 /// Events a time-axis picture draws at most before it is thinned: a
 /// 100-step run records ~1,700; a 10,000-step one ~170,000, whose every
 /// event would make a ~50 MB SVG of bands finer than its pixels.
-pub(crate) const MAX_DRAWN_EVENTS: usize = 4000;
+pub const MAX_DRAWN_EVENTS: usize = 4000;
 
 /// Time slices of a thinned picture (the plot is ~700 pixels wide).
-pub(crate) const TIME_SLICES: usize = 2000;
+pub const TIME_SLICES: usize = 2000;
 
 /// `events` as drawn: all of them up to [`MAX_DRAWN_EVENTS`]; past that,
 /// in each of `slices` equal slices of time the event with the most bytes
 /// resident (so every peak stays in the picture), the first and the last
 /// event, and each phase's first change (its labelled line), in order.
-pub(crate) fn thin(events: &[Event], slices: usize) -> std::borrow::Cow<'_, [Event]> {
+pub fn thin(events: &[Event], slices: usize) -> std::borrow::Cow<'_, [Event]> {
     if events.len() <= MAX_DRAWN_EVENTS || slices == 0 {
         return std::borrow::Cow::Borrowed(events);
     }
@@ -344,42 +344,6 @@ fn step_outline(x: &[f64], below: &[f64], above: &[f64]) -> Vec<(f64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn event(t_s: f64, phase: &str, kind: EventKind, bytes: u64) -> Event {
-        Event {
-            t_s,
-            step: 0,
-            phase: phase.into(),
-            kind,
-            tags: vec![],
-            duration_s: 0.0,
-            resident_bytes: bytes,
-            per_tag: [("kv_cache".to_string(), bytes)].into(),
-            untagged_bytes: 0,
-        }
-    }
-
-    #[test]
-    fn a_long_run_is_thinned_keeping_its_peaks_and_phases() {
-        let mut events: Vec<Event> = (0..50_000)
-            .map(|i| event(i as f64, "generate", EventKind::Mark, (i % 7) as u64))
-            .collect();
-        events[0].kind = EventKind::Phase;
-        events[31_337].resident_bytes = 1000; // one spike
-        events[40_000] = event(40_000.0, "train", EventKind::Phase, 0);
-        let drawn = thin(&events, TIME_SLICES);
-        assert!(drawn.len() <= TIME_SLICES + 3, "{}", drawn.len());
-        assert!(drawn.iter().any(|e| e.resident_bytes == 1000), "the spike");
-        assert!(drawn.iter().any(|e| e.phase == "train"), "the phase change");
-        assert_eq!(drawn.first(), events.first());
-        assert_eq!(drawn.last(), events.last());
-        assert!(drawn.windows(2).all(|w| w[0].t_s < w[1].t_s), "in order");
-        // A short run is drawn whole.
-        assert_eq!(
-            thin(&events[..MAX_DRAWN_EVENTS], TIME_SLICES).len(),
-            MAX_DRAWN_EVENTS
-        );
-    }
 
     #[test]
     fn a_band_holds_each_value_until_the_next_event() {
