@@ -260,6 +260,15 @@ class Faults(unittest.TestCase):
             with open(os.path.join(out, "workers", f"rank-{rank}", "metrics.jsonl")) as f:
                 steps = [json.loads(l)["training/global_step"] for l in f if "actor/pg_loss" in l]
             self.assertEqual(steps, [1, 2, 3], f"rank {rank}'s own records, kept and cut back")
+            # Its memory timeline too: steps 1-2 of the stopped run (appended
+            # step by step, a killed process included), then the resumed one.
+            with open(os.path.join(out, "workers", f"rank-{rank}", "timeline.jsonl")) as f:
+                events = [json.loads(l) for l in f]
+            steps = [e["step"] for e in events]
+            self.assertEqual(steps, sorted(steps), f"rank {rank}: steps in order, none repeated")
+            self.assertTrue({1, 2, 3} <= set(steps), f"rank {rank}: {sorted(set(steps))}")
+            times = [e["t_s"] for e in events]
+            self.assertEqual(times, sorted(times), f"rank {rank}: one run in time")
 
     def test_a_killed_worker_stops_the_run_naming_it_and_resume_continues(self):
         self.check_stops_then_resumes("exit", "worker 1 died")
