@@ -150,6 +150,13 @@ fn builtin_training_peak() {
         &builtin("naive", 64, "max_kv_tokens = 512"),
         "training",
     );
+    // Activation checkpointing: the layers' boundaries and one layer.
+    check(
+        "builtin-train-checkpointing",
+        &(builtin("naive", 64, "max_kv_tokens = 512")
+            + "[model]\nenable_gradient_checkpointing = true\n"),
+        "training",
+    );
 }
 
 /// The tiny Qwen2 fixture on JSONL prompts of ~30 BPE tokens.

@@ -89,6 +89,7 @@ pub mod layers;
 pub mod loss;
 pub mod model;
 mod shared_prompt;
+mod stages;
 pub mod tokenizer;
 pub mod weights;
 
@@ -116,6 +117,7 @@ pub use error::{Error, Result};
 pub use layers::{Linear, RmsNorm, RopeTables};
 pub use model::{Attention, Block, KvCache, Mlp, Model};
 pub use shared_prompt::SharedPrompts;
+pub use stages::Stages;
 pub use tokenizer::{ChatMessage, SpecialToken, SpecialTokens, Tokenizer};
 pub use weights::{check_device, Weights};
 

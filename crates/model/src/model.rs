@@ -407,7 +407,12 @@ impl Block {
         self.forward_visible(x, rope, mask.map_or(Visible::All, Visible::Mask))
     }
 
-    fn forward_visible(&self, x: &Tensor, rope: &RopeTables, vis: Visible) -> Result<Tensor> {
+    pub(crate) fn forward_visible(
+        &self,
+        x: &Tensor,
+        rope: &RopeTables,
+        vis: Visible,
+    ) -> Result<Tensor> {
         let attn = self
             .self_attn
             .forward_visible(&self.input_layernorm.forward(x)?, rope, vis)?;
@@ -663,43 +668,7 @@ impl Model {
         attention_mask: Option<&Tensor>,
         position_ids: Option<&Tensor>,
     ) -> Result<Tensor> {
-        check_rank("input_ids", input_ids, 2)?;
-        let (b, s) = input_ids.size2()?;
-        let device = self.device();
-        let rope = match (position_ids, attention_mask) {
-            (Some(p), _) => {
-                let pd = p.size();
-                if pd.len() != 2 || (pd[0] != 1 && pd[0] != b) || pd[1] != s {
-                    return Err(Error::Input(format!(
-                        "position_ids has shape {pd:?}, expected [{b}, {s}] or [1, {s}]"
-                    )));
-                }
-                self.rope_tables_for_positions(p)?
-            }
-            (None, Some(m)) => {
-                check_dims("attention_mask", m, &[b, s])?;
-                self.rope_tables_for_positions(&layers::position_ids_from_mask(m)?)?
-            }
-            (None, None) => self.rope_tables_for_range(0, s as usize)?,
-        };
-        let mask = match attention_mask {
-            Some(m) => {
-                check_dims("attention_mask", m, &[b, s])?;
-                let m = m.f_to_device(device)?;
-                Some(layers::causal_padded(&m, s as usize, self.dtype())?)
-            }
-            None => None,
-        };
-        let vis = match &mask {
-            Some(m) => Visible::Mask(m),
-            None if s > 1 => Visible::Causal,
-            None => Visible::All,
-        };
-        let mut x = self.embed(input_ids)?;
-        for layer in &self.layers {
-            x = layer.forward_visible(&x, &rope, vis)?;
-        }
-        self.final_norm(&x)
+        self.stages(input_ids, attention_mask, position_ids)?.run()
     }
 
     /// Incremental forward: runs the new tokens `input_ids` (batch, seq)
@@ -760,7 +729,7 @@ impl Model {
     }
 }
 
-fn check_rank(what: &str, t: &Tensor, rank: usize) -> Result<()> {
+pub(crate) fn check_rank(what: &str, t: &Tensor, rank: usize) -> Result<()> {
     if t.dim() != rank {
         return Err(Error::Input(format!(
             "{what} must have {rank} dimensions, got shape {:?}",
@@ -770,7 +739,7 @@ fn check_rank(what: &str, t: &Tensor, rank: usize) -> Result<()> {
     Ok(())
 }
 
-fn check_dims(what: &str, t: &Tensor, expected: &[i64]) -> Result<()> {
+pub(crate) fn check_dims(what: &str, t: &Tensor, expected: &[i64]) -> Result<()> {
     if t.size() != expected {
         return Err(Error::Input(format!(
             "{what} has shape {:?}, expected {expected:?}",

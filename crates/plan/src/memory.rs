@@ -134,6 +134,8 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
 /// passes it and the parameters' gradients reuse those blocks from the
 /// tag's cache (as does the update of the scoring passes' cached blocks),
 /// so the tag's high-water mark is the graph.
+/// With activation checkpointing only the layers' boundaries are kept,
+/// and one layer's graph at a time.
 /// A forward-only pass frees each layer's outputs as the next one runs:
 /// one layer's working set and the logits. Both include the logits, so
 /// the `logits` component stays empty.
@@ -174,10 +176,29 @@ fn eager_activations(
         }
     };
     let (tokens, window, gathered) = run(plan.tokens_per_micro_batch);
-    s.train_activations = (tokens * (m.layers * per_layer + 2 * m.hidden)
-        + m.layers * gathered
-        + 3 * window * m.vocab)
-        * b;
+    s.train_activations = match plan.activation_checkpointing {
+        false => {
+            (tokens * (m.layers * per_layer + 2 * m.hidden)
+                + m.layers * gathered
+                + 3 * window * m.vocab)
+                * b
+        }
+        // colo-train's checkpointing keeps every layer's input and the last
+        // output (`L + 1` boundaries of `h`), and holds one layer's graph
+        // and the gradient flowing between layers (`h`) at a time; the
+        // head's graph is the same as without. The parameters' gradients
+        // are summed piece by piece beside them (without checkpointing
+        // they come at the end, into the graph's freed blocks), and a
+        // layer's backward works beside its small graph (~2i per token,
+        // the MLP's gradients: measured, plan_vs_run).
+        true => {
+            (tokens * ((m.layers + 2) * m.hidden + per_layer + 2 * m.hidden + 2 * m.intermediate)
+                + gathered
+                + 3 * window * m.vocab
+                + m.params())
+                * b
+        }
+    };
     s.train_logits = 0;
     let (lp, lp_window, lp_gathered) = run(plan.logprob_tokens_per_micro_batch);
     s.forward_activations =
@@ -486,13 +507,14 @@ mod tests {
     }
 
     /// Eager activations: a shared prompt runs once for its rows (fewer
-    /// tokens through the layers, the same LM-head window), and every lane
-    /// but one adds a set of gradients.
+    /// tokens through the layers, the same LM-head window), every lane
+    /// but one adds a set of gradients, and checkpointing keeps one layer.
     #[test]
     fn shared_prompts_shrink_and_lanes_grow_eager_activations() {
-        let eager = |rows: Option<u64>, lanes: Option<u64>| {
+        let eager_with = |rows: Option<u64>, lanes: Option<u64>, checkpointing: bool| {
             let p = plan(|i| {
                 i.activation_model = "eager".into();
+                i.activation_checkpointing = checkpointing;
                 i.seq_len = Some(1024);
                 i.response_len = Some(256);
                 i.tokens_per_micro_batch = 8 * 1024;
@@ -504,6 +526,7 @@ mod tests {
                 p.model.params() * p.param_dtype.bytes(),
             )
         };
+        let eager = |rows, lanes| eager_with(rows, lanes, false);
         let (full, grads) = eager(None, None);
         let (shared, _) = eager(Some(8), None);
         assert!(shared.train_activations < full.train_activations / 2);
@@ -513,6 +536,9 @@ mod tests {
             lanes.train_activations,
             shared.train_activations + 2 * grads
         );
+        let (ckpt, _) = eager_with(Some(8), None, true);
+        assert!(ckpt.train_activations < shared.train_activations);
+        assert_eq!(ckpt.forward_activations, shared.forward_activations);
     }
 
     #[test]

@@ -107,6 +107,7 @@ pub(crate) fn trainer_config(config: &Config) -> colo_train::TrainerConfig {
         kind: config.trainer.dtype.kind(),
         device: config.trainer.device.torch(),
         cpu_threads: config.trainer.cpu_threads.unwrap_or(0),
+        gradient_checkpointing: config.actor.gradient_checkpointing,
     }
 }
 

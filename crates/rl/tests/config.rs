@@ -224,6 +224,25 @@ fn batch_sizes_are_checked_against_each_other() {
     assert!(parse("[rollout]\nn = 1\n[algorithm]\nadv_estimator = \"reinforce_plus_plus\"\n[actor]\nppo_micro_batch_size = 16\n").is_ok());
 }
 
+/// verl's `model.enable_gradient_checkpointing` reaches the actor's config
+/// (and `--print-config` shows it).
+#[test]
+fn gradient_checkpointing_is_read_from_the_model_section() {
+    assert!(!parse("").unwrap().actor.gradient_checkpointing);
+    let c = parse("[model]\nenable_gradient_checkpointing = true\n").unwrap();
+    assert!(c.actor.gradient_checkpointing);
+    let toml = c.to_toml().unwrap();
+    assert!(
+        toml.contains("enable_gradient_checkpointing = true"),
+        "{toml}"
+    );
+    let (line, field, _) = err("[model]\nenable_gradient_checkpointing = 1\n");
+    assert_eq!(
+        (line, field.as_str()),
+        (Some(2), "model.enable_gradient_checkpointing")
+    );
+}
+
 /// verl's `use_dynamic_bsz`: a token budget replaces the micro-batch's
 /// sample count (which then need not divide anything), and must hold the
 /// longest sample.

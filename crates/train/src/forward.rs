@@ -41,11 +41,15 @@ impl Lane {
         let Some((t0, t1)) = mb.window else {
             return Ok(None);
         };
+        let stages = self.stages(mb)?;
+        let hidden = match &self.top {
+            Some(top) => stages.finish(top)?,
+            None => stages.run()?,
+        };
         let Some((shared, prompt_lens)) = &mb.shared else {
-            let hidden = self.model.hidden_states(mb.seqs.input_ids(), None, None)?;
             return Ok(Some(hidden.f_narrow(1, t0 as i64 - 1, (t1 - t0) as i64)?));
         };
-        let hidden = self.model.hidden_states_shared_prompts(shared)?; // (rows, 1 + R, h)
+        // (rows, 1 + R, h)
         let (rows, cols, h) = hidden.size3()?;
         // Window column c of row r predicts token t0 + c from position
         // t0 + c − 1, which is column t0 + c − P of the row's states.
@@ -70,6 +74,15 @@ impl Lane {
         Ok(Some(
             flat.f_index_select(0, &idx)?.f_view([rows, w as i64, h])?,
         ))
+    }
+
+    /// The model's forward of `mb` in stages: the rows, or each shared
+    /// prompt once ([`Lane::window_hidden`]).
+    pub(crate) fn stages(&self, mb: &Micro) -> Result<colo_model::Stages<'_>> {
+        Ok(match &mb.shared {
+            None => self.model.stages(mb.seqs.input_ids(), None, None)?,
+            Some((shared, _)) => self.model.stages_shared_prompts(shared)?,
+        })
     }
 
     /// Log-probabilities (rows, t1 − t0) of the window's tokens in float32,

@@ -22,6 +22,10 @@ pub(crate) struct Lane {
     /// The parameters, in the engine's order (gradients are taken with
     /// respect to them).
     pub(crate) params: Vec<Tensor>,
+    /// With activation checkpointing: the last layer's output as a leaf,
+    /// which the forward's head starts from instead of running the layers
+    /// (see `checkpointing.rs`).
+    pub(crate) top: Option<Tensor>,
 }
 
 impl Clone for Lane {
@@ -50,6 +54,7 @@ impl Lane {
             model: model.clone(),
             value_head: value_head.cloned(),
             params: params.iter().map(Tensor::shallow_clone).collect(),
+            top: None,
         }
     }
 

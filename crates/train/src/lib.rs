@@ -97,6 +97,7 @@ pub mod adamw;
 pub mod batch;
 mod buffers;
 pub mod checkpoint;
+pub mod checkpointing;
 pub mod collective;
 pub mod config;
 pub mod engine;

@@ -96,6 +96,7 @@ impl Scorer {
                 model,
                 value_head: None,
                 params: Vec::new(),
+                top: None,
             },
             lanes,
         }

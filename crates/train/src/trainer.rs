@@ -80,6 +80,10 @@ pub struct TrainerConfig {
     /// each running libtorch with one intra-op thread (see
     /// [`colo_model::lanes`]); 0: the process's share (`OMP_NUM_THREADS`, else the cores). Ignored on CUDA.
     pub cpu_threads: usize,
+    /// Activation checkpointing in training passes: keep each decoder
+    /// layer's input, recompute the layer for the backward (see
+    /// [`crate::checkpointing`]). Less activation memory, one more forward.
+    pub gradient_checkpointing: bool,
 }
 
 impl Default for TrainerConfig {
@@ -91,6 +95,7 @@ impl Default for TrainerConfig {
             kind: Kind::Float,
             device: Device::Cpu,
             cpu_threads: 0,
+            gradient_checkpointing: false,
         }
     }
 }
@@ -116,6 +121,8 @@ pub struct ColoTrainer {
     pub(crate) device: Device,
     /// Threads a pass splits its rows over (see [`crate::lanes`]); 1 on CUDA.
     pub(crate) lanes: usize,
+    /// [`TrainerConfig::gradient_checkpointing`].
+    pub(crate) checkpointing: bool,
     /// The data-parallel peers, if any (see [`crate::collective`]).
     pub(crate) collective: Option<Box<dyn Collective>>,
 }
@@ -183,6 +190,7 @@ impl ColoTrainer {
             kind,
             device,
             lanes: colo_model::lanes::count(device, cfg.cpu_threads),
+            checkpointing: cfg.gradient_checkpointing,
             collective: None,
         })
     }
@@ -393,11 +401,15 @@ impl ColoTrainer {
         let mut fresh = vec![true; self.grads.len()];
         let mut micro_count = 0;
         let lane = self.lane();
+        let checkpointing = self.checkpointing;
         for (start, len) in micro_batches(batch, self.micro.train) {
             let parts = lane_parts(batch, start, len, self.lanes, self.device)?;
             let done_parts = lanes::run(&lane, true, parts, || {
                 let loss_of = make_loss();
                 move |lane: &Lane, mb: Micro| {
+                    if checkpointing {
+                        return lane.checkpointed_grads(&mb, loss_of);
+                    }
                     let Some((loss, m)) = loss_of(lane, &mb)? else {
                         return Ok((None, M::default()));
                     };

@@ -4,26 +4,8 @@
 
 mod common;
 
-use colo_train::{LossConfig, PolicyBatch, SeqBatch, TrainEngine, TrainerConfig};
+use colo_train::{LossConfig, PolicyBatch, TrainEngine, TrainerConfig};
 use common::*;
-
-/// Three prompts (4, 2 and 6 tokens), two samples each, responses of
-/// different lengths.
-fn grouped() -> SeqBatch {
-    let tok = |i: usize, j: usize| ((i * 41 + j * 13) % 350 + 3) as u32;
-    let prompts: Vec<Vec<u32>> = [4, 2, 6]
-        .iter()
-        .enumerate()
-        .map(|(g, &n)| (0..n).map(|j| tok(g, j)).collect())
-        .collect();
-    let rows: Vec<(Vec<u32>, Vec<u32>)> = [(0, 3), (0, 5), (1, 2), (1, 6), (2, 1), (2, 4)]
-        .iter()
-        .enumerate()
-        .map(|(r, &(g, n))| (prompts[g].clone(), (0..n).map(|j| tok(7 + r, j)).collect()))
-        .collect();
-    let pairs: Vec<(&[u32], &[u32])> = rows.iter().map(|(p, r)| (&p[..], &r[..])).collect();
-    SeqBatch::from_prompt_response(&pairs, 0).unwrap()
-}
 
 fn cfg(micro: usize) -> TrainerConfig {
     TrainerConfig {

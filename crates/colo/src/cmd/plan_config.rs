@@ -93,7 +93,7 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         device_memory_gib: capacity as f64 / GIB as f64,
         runtime_overhead_gib: 0.0,
         optimizer: "adamw-fp32".into(),
-        activation_checkpointing: false,
+        activation_checkpointing: config.actor.gradient_checkpointing,
         tokens_per_micro_batch: micro_tokens,
         logprob_tokens_per_micro_batch: Some(micro_tokens),
         kv_free_fraction,

@@ -186,6 +186,10 @@ pub struct ActorConfig {
     pub policy_loss: PolicyLossConfig,
     pub entropy_coeff: f64,
     pub kl_loss: Option<KlLoss>,
+    /// `model.enable_gradient_checkpointing`: the actor's and the
+    /// critic's training passes keep each layer's input and recompute the
+    /// layer for the backward (colo-train's `checkpointing.rs`).
+    pub gradient_checkpointing: bool,
 }
 
 /// KL as a reward penalty (verl's `use_kl_in_reward`).

@@ -81,6 +81,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("data.builtin.val_size", "built-in task: held-out problems (disjoint from training)", "prompts", ""),
     d("data.builtin.seed", "built-in task: seed of the problem generator", "integer", ""),
     // [model]
+    d("model.enable_gradient_checkpointing", "activation checkpointing in the actor's and critic's updates: keep each decoder layer's input, recompute the layer for the backward (less activation memory, one more forward)", "bool", "actor_rollout_ref.model.enable_gradient_checkpointing"),
     opt("model.path", "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)", "path", "actor_rollout_ref.model.path", "the built-in 0.8M-parameter model and its committed SFT checkpoint"),
     // [rollout]
     d("rollout.n", "samples generated per prompt", "samples", "actor_rollout_ref.rollout.n"),
@@ -219,6 +220,7 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
                 ModelSource::Builtin => None,
                 ModelSource::Path(p) => Some(p.clone()),
             },
+            enable_gradient_checkpointing: c.actor.gradient_checkpointing,
         },
         rollout: RawRollout {
             n: b.n,

@@ -100,6 +100,8 @@ impl Default for RawData {
 pub struct RawModel {
     /// A Hugging Face checkpoint directory; absent means the built-in model.
     pub path: Option<PathBuf>,
+    /// Activation checkpointing in the actor's (and critic's) updates.
+    pub enable_gradient_checkpointing: bool,
 }
 
 /// `[rollout]`.

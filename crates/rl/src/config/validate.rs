@@ -107,7 +107,8 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
     let longest = data_cfg.max_prompt_length + rollout_cfg.max_new_tokens;
     let batch = batch_plan(prompts, rollout_cfg.n, longest, &actor)?;
     let ppo_epochs = batch.optimizer_steps_per_step / batch.mini_batches_per_step;
-    let actor_cfg = actor_section(actor, ppo_epochs)?;
+    let mut actor_cfg = actor_section(actor, ppo_epochs)?;
+    actor_cfg.gradient_checkpointing = model.enable_gradient_checkpointing;
     let algorithm_cfg = algorithm_section(algorithm)?;
     if let Err((field, message)) = reward.validate() {
         return bad(&format!("reward.{field}"), message);
@@ -416,6 +417,7 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
             }),
             false => None,
         },
+        gradient_checkpointing: false,
     };
 
     Ok(actor_cfg)
