@@ -64,6 +64,9 @@ pub enum Optimizer {
     /// dtype, fp32 master weights and both moments (2 + 2 + 12 bytes per
     /// parameter in bf16).
     AdamwMixed,
+    /// Mixed precision with float32 gradient accumulators (colo-train's
+    /// bf16, PyTorch AMP's): 2 + 4 + 12 bytes per parameter in bf16.
+    AdamwMixedFp32Grads,
     /// Everything in fp32: 4 + 4 + 8 bytes per parameter.
     AdamwFp32,
 }
@@ -72,11 +75,12 @@ impl Optimizer {
     pub fn parse(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
             "adamw-mixed" | "mixed" => Ok(Optimizer::AdamwMixed),
+            "adamw-mixed-fp32-grads" => Ok(Optimizer::AdamwMixedFp32Grads),
             "adamw-fp32" | "fp32" => Ok(Optimizer::AdamwFp32),
             _ => Err(PlanError::UnknownKeyword {
                 what: "optimizer",
                 value: s.into(),
-                valid: "adamw-mixed, adamw-fp32".into(),
+                valid: "adamw-mixed, adamw-mixed-fp32-grads, adamw-fp32".into(),
             }),
         }
     }

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use crate::config::{ActivationModel, KvBudget, Mode, Optimizer, Plan, TrainLayout, WeightSync};
 use crate::error::{out_of_range, Result};
+use crate::model::DType;
 use crate::report::{Component, MemoryReport, PhaseKind, PhaseMemory};
 
 /// Bytes of each component on one device, before any choreography.
@@ -45,6 +46,7 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
     let params = m.params();
     let (pb, gb, ob) = match plan.optimizer {
         Optimizer::AdamwMixed => (plan.param_dtype.bytes(), plan.param_dtype.bytes(), 12),
+        Optimizer::AdamwMixedFp32Grads => (plan.param_dtype.bytes(), 4, 12),
         Optimizer::AdamwFp32 => (4, 4, 8),
     };
     let (state_shards, opt_shards, t) = match plan.train {
@@ -153,7 +155,14 @@ fn eager_activations(
     prompt_rows: u64,
 ) {
     let m = &plan.model;
-    let b = plan.param_dtype.bytes();
+    // The log-softmax over the vocabulary and its gradients are float32
+    // whatever the parameters' dtype. The layers' saved tensors are
+    // planned at float32 bytes too: calibrated in f32; in bf16 an upper
+    // bound (colo-train's bf16 activations measured 65-79% of f32's, not
+    // half: some saved tensors stay float32), so the plan check never
+    // admits a bf16 run its activations would not fit.
+    let f = DType::F32.bytes();
+    let b = f;
     let per_layer = m.eager_elems_per_token_layer(seq);
     // Tokens through the layers, the LM-head window, and the elements each
     // layer keeps of the rows' gathered prompt keys and values.
@@ -178,10 +187,8 @@ fn eager_activations(
     let (tokens, window, gathered) = run(plan.tokens_per_micro_batch);
     s.train_activations = match plan.activation_checkpointing {
         false => {
-            (tokens * (m.layers * per_layer + 2 * m.hidden)
-                + m.layers * gathered
-                + 3 * window * m.vocab)
-                * b
+            (tokens * (m.layers * per_layer + 2 * m.hidden) + m.layers * gathered) * b
+                + 3 * window * m.vocab * f
         }
         // colo-train's checkpointing keeps every layer's input and the last
         // output (`L + 1` boundaries of `h`), and holds one layer's graph
@@ -194,15 +201,15 @@ fn eager_activations(
         true => {
             (tokens * ((m.layers + 2) * m.hidden + per_layer + 2 * m.hidden + 2 * m.intermediate)
                 + gathered
-                + 3 * window * m.vocab
                 + m.params())
                 * b
+                + 3 * window * m.vocab * f
         }
     };
     s.train_logits = 0;
     let (lp, lp_window, lp_gathered) = run(plan.logprob_tokens_per_micro_batch);
     s.forward_activations =
-        (lp * (per_layer + 2 * m.hidden) + lp_gathered + lp_window * 2 * m.vocab) * b;
+        (lp * (per_layer + 2 * m.hidden) + lp_gathered) * b + lp_window * 2 * m.vocab * f;
     s.forward_logits = 0;
 }
 

@@ -27,7 +27,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")
 def write_config(path, **overrides):
     """configs/example.toml with absolute fixture paths, one mini-batch per
     step (so 2 workers × 2 prompts is exactly 1 worker × 4), offloads at
-    every switch, and overrides
+    every switch, float32, and overrides
     (key = raw TOML value, in the [trainer] or [actor] section)."""
     with open(os.path.join(ROOT, "configs", "example.toml")) as f:
         text = f.read()
@@ -37,6 +37,8 @@ def write_config(path, **overrides):
     # staged choreography whatever the room (the default, as_needed, keeps
     # what fits: crates/rl/tests/worker.rs).
     text = text.replace("[memory]\n", '[memory]\noffload_policy = "always"\n')
+    # The tolerances are float32's (`auto` is bf16 on some CPUs).
+    text = text.replace("[trainer]\n", '[trainer]\ndtype = "f32"\n')
     for key, value in overrides.items():
         text, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, flags=re.M)
         if n == 0:

@@ -39,7 +39,9 @@ use crate::worker::{HybridWorker, WorkerSpec};
 use crate::{Error, Result};
 
 pub use crate::run::{run, RunSummary};
-pub use crate::setup::{device_capacity, BUILTIN_CAPACITY};
+pub use crate::setup::{
+    builtin_capacity, device_capacity, BUILTIN_CAPACITY, BUILTIN_CAPACITY_BF16,
+};
 
 /// Everything the steps share.
 pub(crate) struct Run<'a> {

@@ -47,23 +47,38 @@ pub(crate) fn load_data(
     }
 }
 
-/// The device capacity of the built-in run when the config says `auto`:
-/// its training phase peaks near 56 MiB (parameters, gradients, AdamW
-/// state and activations) and its rollout phase holds the weights and half
-/// of the rest as KV cache, so the two fit one after the other but not
+/// The device capacity of the built-in run in f32 when the config says
+/// `auto`: its training phase peaks near 56 MiB (parameters, gradients,
+/// AdamW state and activations) and its rollout phase holds the weights and
+/// half of the rest as KV cache, so the two fit one after the other but not
 /// together (`colocation = "naive"` would need ~82 MiB) — the colocation
 /// choreography is what makes the run fit. (128 MiB until the
 /// shared-prompt forward shrank the update's activations.)
 pub const BUILTIN_CAPACITY: u64 = 72 << 20;
 
-/// The device capacity: the config's; on `auto`, [`BUILTIN_CAPACITY`] for
+/// The same in bf16, where the staged run peaks near 30 MiB mapped (the plan
+/// check, planning activations at f32 bytes, predicts 39 MiB) and
+/// `naive` would need ~60 MiB (measured 54 MiB): a device of the f32 size
+/// would hold the naive run, and the built-in job would no longer show
+/// the choreography at work.
+pub const BUILTIN_CAPACITY_BF16: u64 = 44 << 20;
+
+/// The built-in run's "device" for the dtype the run computes in.
+pub fn builtin_capacity(config: &Config) -> u64 {
+    match config.trainer.dtype.resolve(config.trainer.device) {
+        crate::config::Dtype::Bf16 => BUILTIN_CAPACITY_BF16,
+        _ => BUILTIN_CAPACITY,
+    }
+}
+
+/// The device capacity: the config's; on `auto`, [`builtin_capacity`] for
 /// the built-in model and the machine's memory for others (what a CUDA
 /// device would report as its size). `colo plan --config` plans with the
 /// same number.
 pub fn device_capacity(config: &Config) -> Result<u64> {
     match (config.memory.capacity, &config.model) {
         (Capacity::Bytes(b), _) => Ok(b),
-        (Capacity::Auto, ModelSource::Builtin) => Ok(BUILTIN_CAPACITY),
+        (Capacity::Auto, ModelSource::Builtin) => Ok(builtin_capacity(config)),
         (Capacity::Auto, ModelSource::Path(_)) => match config.trainer.device {
             crate::config::Device::Cpu => Ok(colo_mem::os::machine_memory_bytes()?),
             // The GPU's total memory, as the driver reports it.
@@ -104,7 +119,7 @@ pub(crate) fn trainer_config(config: &Config) -> colo_train::TrainerConfig {
             ..Default::default()
         },
         value_head: None,
-        kind: config.trainer.dtype.kind(),
+        kind: config.trainer.dtype.kind(config.trainer.device),
         device: config.trainer.device.torch(),
         cpu_threads: config.trainer.cpu_threads.unwrap_or(0),
         gradient_checkpointing: config.actor.gradient_checkpointing,

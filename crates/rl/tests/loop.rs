@@ -84,6 +84,8 @@ capacity = "256MiB"
 colocation = "{mode}"
 
 [trainer]
+# The tolerances below are float32's (`auto` is bf16 on some CPUs).
+dtype = "f32"
 total_steps = {steps}
 save_freq = 1
 test_freq = 2

@@ -94,6 +94,12 @@ pub struct Args {
     /// the `cuda` feature, on a machine with an NVIDIA GPU).
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// The runs' `trainer.dtype`: `f32` (the default: the modes' memory
+    /// story at its targets' proportions) or `bf16`, where the trainer's
+    /// float32 state (gradients, moments, master weights: 16 bytes per
+    /// 2-byte weight) outweighs the wake on small models.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
 }
 
 impl Args {
@@ -183,6 +189,11 @@ fn measure_report(a: &Args) -> Result<Report> {
         "--device must be cpu or cuda, got {:?}",
         a.device
     );
+    ensure!(
+        ["f32", "bf16"].contains(&a.dtype.as_str()),
+        "--dtype must be f32 or bf16, got {:?}",
+        a.dtype
+    );
     ensure!(a.steps > 0, "--steps must be at least 1");
     ensure!(
         a.kv_over_weights > 0.0,
@@ -208,13 +219,14 @@ fn measure_report(a: &Args) -> Result<Report> {
             hidden: cfg.hidden_size,
             layers: cfg.num_layers,
             weight_bytes: setup.weight_bytes,
+            dtype: a.dtype.clone(),
         },
         prompts: a.prompts,
         n: a.n,
         warmup_steps: a.warmup,
         measured_steps: a.steps,
         max_kv_tokens: setup.kv_tokens,
-        kv_cache_bytes: (setup.kv_tokens * kv_bytes_per_token(&cfg)) as u64,
+        kv_cache_bytes: (setup.kv_tokens * kv_bytes_per_token(&cfg, dtype_bytes(&a.dtype))) as u64,
         capacity: a.capacity.clone(),
         targets: targets(&modes),
         modes,
@@ -265,8 +277,16 @@ fn model_config(hidden: usize, layers: usize) -> Result<ModelConfig> {
 
 /// Bytes of one token's keys and values over all layers (f32, as the
 /// rollout engine stores them).
-fn kv_bytes_per_token(cfg: &ModelConfig) -> usize {
-    2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
+fn kv_bytes_per_token(cfg: &ModelConfig, dtype_bytes: usize) -> usize {
+    2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+}
+
+fn dtype_bytes(dtype: &str) -> usize {
+    if dtype == "bf16" {
+        2
+    } else {
+        4
+    }
 }
 
 /// The files every mode's run shares.
@@ -280,6 +300,7 @@ struct Setup {
     kv_tokens: usize,
     weight_bytes: u64,
     device: String,
+    dtype: String,
 }
 
 impl Setup {
@@ -299,8 +320,10 @@ impl Setup {
             .with_context(|| format!("reading {}", val_all.display()))?;
         let head: String = text.lines().take(4).map(|l| format!("{l}\n")).collect();
         std::fs::write(&val, head).with_context(|| format!("writing {}", val.display()))?;
-        let weight_bytes = 4 * cfg.num_parameters() as u64;
-        let kv_tokens = (a.kv_over_weights * weight_bytes as f64 / kv_bytes_per_token(cfg) as f64)
+        let bytes = dtype_bytes(&a.dtype);
+        let weight_bytes = (bytes * cfg.num_parameters()) as u64;
+        let kv_tokens = (a.kv_over_weights * weight_bytes as f64
+            / kv_bytes_per_token(cfg, bytes) as f64)
             .ceil() as usize;
         Ok(Setup {
             work: work.to_owned(),
@@ -312,6 +335,7 @@ impl Setup {
             kv_tokens,
             weight_bytes,
             device: a.device.clone(),
+            dtype: a.dtype.clone(),
         })
     }
 
@@ -347,6 +371,7 @@ offload_policy = "always"
 
 [trainer]
 device = "{device}"
+dtype = "{dtype}"
 total_steps = {steps}
 save_freq = 0
 test_freq = 0
@@ -360,6 +385,7 @@ val_before_train = false
             samples = self.prompts * self.n,
             kv = self.kv_tokens,
             device = self.device,
+            dtype = self.dtype,
         );
         Ok(Config::from_toml(
             &toml,

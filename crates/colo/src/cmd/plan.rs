@@ -80,7 +80,7 @@ struct MemoryArgs {
     /// Megatron without the distributed optimizer (optimizer states not sharded over dp).
     #[arg(long)]
     no_distributed_optimizer: bool,
-    /// adamw-mixed (2+2+12 bytes/param) or adamw-fp32 (4+4+8).
+    /// adamw-mixed (2+2+12 bytes/param), adamw-mixed-fp32-grads (2+4+12) or adamw-fp32 (4+4+8).
     #[arg(long, default_value = "adamw-mixed")]
     optimizer: String,
     /// Turn activation checkpointing off.
@@ -248,8 +248,9 @@ fn memory(a: MemoryArgs) -> Result<()> {
         } else {
             let m = &plan.model;
             println!(
-                "colo train run: {:.2}M params (f32), capacity {:.1} MiB, mode {}, longest prompt {} tokens, {} KV tokens\n",
+                "colo train run: {:.2}M params ({}), capacity {:.1} MiB, mode {}, longest prompt {} tokens, {} KV tokens\n",
                 m.params() as f64 / 1e6,
+                run.input.param_dtype,
                 run.capacity as f64 / (1u64 << 20) as f64,
                 run.input.mode,
                 run.max_prompt_tokens,

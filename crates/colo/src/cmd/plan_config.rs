@@ -7,11 +7,15 @@
 //! long the prompts are) happens here. The translation follows what the
 //! run does (`colo_rl::worker`, `colo_rl::loop`):
 //!
-//! - one device of the run's capacity (`auto`: 72 MiB for the built-in
+//! - one device of the run's capacity (`auto`: 72 MiB in f32, 44 MiB in bf16 for the built-in
 //!   model, the machine's memory otherwise), no runtime overhead (the host
 //!   backend has no CUDA context), no sharding;
-//! - float32 everywhere: parameters, gradients and both AdamW moments
-//!   (`adamw-fp32`, 4 + 4 + 8 bytes per parameter), weights and KV cache;
+//! - the run's dtype (`trainer.dtype`, `auto` decided for its device): in
+//!   f32 parameters, gradients and both AdamW moments in float32
+//!   (`adamw-fp32`, 4 + 4 + 8 bytes per parameter); in bf16 parameters,
+//!   the engine's weights, activations and KV cache in bf16, float32
+//!   gradient accumulators, moments and master weights
+//!   (`adamw-mixed-fp32-grads`, 2 + 4 + 12);
 //! - the rollout engine is built first, so `rollout.mem_fraction` is a
 //!   share of the capacity left after its weights, in blocks of 16 tokens
 //!   (`max_kv_tokens` rounds up to whole blocks);
@@ -31,7 +35,7 @@ use anyhow::{bail, Context, Result};
 use colo_model::{ModelConfig, Tokenizer};
 use colo_plan::config::{ModelSource, Offload, PlanInput, WeightSync, GIB};
 use colo_plan::model::HfConfig;
-use colo_rl::config::{Colocation, Config, DataSource, KvBudget, ModelSource as RunModel};
+use colo_rl::config::{Colocation, Config, DataSource, Dtype, KvBudget, ModelSource as RunModel};
 
 /// Tokens per KV-cache block in colo-rollout (`EngineConfig::default`).
 const KV_BLOCK_TOKENS: u64 = 16;
@@ -85,14 +89,19 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         Some(t) => (t as u64).min(config.batch.mini_batch_samples as u64 * seq_len),
         None => config.batch.micro_batch_samples as u64 * seq_len,
     };
+    let dtype = config.trainer.dtype.resolve(config.trainer.device);
     let input = PlanInput {
         model: ModelSource::Config(hf_config(&model_cfg)),
-        param_dtype: "f32".into(),
-        kv_dtype: "f32".into(),
+        param_dtype: dtype.name().into(),
+        kv_dtype: dtype.name().into(),
         devices: 1,
         device_memory_gib: capacity as f64 / GIB as f64,
         runtime_overhead_gib: 0.0,
-        optimizer: "adamw-fp32".into(),
+        optimizer: match dtype {
+            Dtype::Bf16 => "adamw-mixed-fp32-grads",
+            _ => "adamw-fp32",
+        }
+        .into(),
         activation_checkpointing: config.actor.gradient_checkpointing,
         tokens_per_micro_batch: micro_tokens,
         logprob_tokens_per_micro_batch: Some(micro_tokens),

@@ -140,7 +140,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("reward.timeout_s", "external: how long to wait for each answer line", "seconds", ""),
     opt("reward.default_score", "external: the score of a sample the command failed on", "score", "", "a failure stops the run with an error naming the sample"),
     // [memory]
-    d("memory.capacity", "device capacity the memory layer enforces; \"auto\": the device's memory (CPU: 72 MiB for the built-in model, the machine's memory otherwise)", "\"auto\", bytes, or \"512 MiB\" / \"2 GB\"", ""),
+    d("memory.capacity", "device capacity the memory layer enforces; \"auto\": the device's memory (CPU: for the built-in model 72 MiB in f32, 44 MiB in bf16; the machine's memory otherwise)", "\"auto\", bytes, or \"512 MiB\" / \"2 GB\"", ""),
     d("memory.colocation", "how trainer and rollout engine share the device (also spelled `mode`)", "\"naive\", \"restart\", \"sleep\", \"staged\"", ""),
     d("memory.offload_train_param", "while generating, the trainer's parameters go to host memory", "bool", "actor_rollout_ref.actor.fsdp_config.param_offload"),
     d("memory.offload_train_grad", "while generating, the trainer's gradients go to host memory", "bool", ""),
@@ -158,7 +158,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("trainer.seed", "seed of sampling and initialisation; data.seed defaults to it", "integer", "data.seed, actor_rollout_ref.rollout.seed"),
     d("trainer.device", "where the run computes", "\"cpu\" or \"cuda\"", ""),
     d("trainer.cpu_threads", "on the CPU, threads the trainer's passes split each micro-batch's rows over, each running libtorch with one intra-op thread (many small ops: lanes beat intra-op threads); 0: OMP_NUM_THREADS if set, else one per core", "threads", ""),
-    d("trainer.dtype", "dtype of weights and compute (optimiser moments stay f32)", "\"f32\" or \"bf16\"", "actor_rollout_ref.model.dtype (alias: model_dtype)"),
+    d("trainer.dtype", "dtype of weights and compute; bf16 is mixed precision (gradients, optimiser moments and master weights stay f32); auto: bf16 where the device multiplies bf16 natively (CUDA; a CPU with AVX512_BF16 or AMX-BF16), else f32", "\"auto\", \"f32\" or \"bf16\"", "actor_rollout_ref.model.dtype (alias: model_dtype)"),
     // [cluster]
     opt("cluster.workers", "data-parallel workers, one per device, on Ray (colo-py's controller); 1: this process alone", "devices", "trainer.n_gpus_per_node × trainer.nnodes", "the layout's devices, else 1"),
     opt("cluster.layout", "a layout from `colo plan map` for the run to execute; data-parallel \"1-1-N\" only", "\"p-t-d\"", "", "none"),

@@ -361,12 +361,18 @@ impl Device {
 }
 
 /// The dtype of the models' weights and compute (`trainer.dtype`, verl's
-/// `model_dtype`). bf16 on the CPU runs oneDNN's bf16 kernels (AMX or
-/// AVX-512 BF16, whichever the CPU has); optimizer moments and the
-/// algorithms' reductions stay in float32.
+/// `model_dtype`). bf16 is mixed precision: bf16 weights and passes, float32
+/// gradient accumulators, optimizer moments and master weights; on the CPU
+/// it runs oneDNN's bf16 kernels (AMX or AVX-512 BF16). `auto`, the
+/// default, is bf16 where the device multiplies bf16 natively — a CUDA
+/// device, a CPU with AVX512_BF16 or AMX-BF16 — and f32 elsewhere, as
+/// verl's actor (bf16 parameters by default) and TRL's `bf16` default do on
+/// hardware that has it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Dtype {
     #[default]
+    #[serde(rename = "auto")]
+    Auto,
     #[serde(rename = "f32", alias = "float32", alias = "fp32")]
     F32,
     #[serde(rename = "bf16", alias = "bfloat16")]
@@ -374,12 +380,59 @@ pub enum Dtype {
 }
 
 impl Dtype {
-    pub fn kind(self) -> tch::Kind {
+    /// The dtype a run on `device` computes in: `auto` decided, the others
+    /// as they are.
+    pub fn resolve(self, device: Device) -> Dtype {
         match self {
-            Dtype::F32 => tch::Kind::Float,
-            Dtype::Bf16 => tch::Kind::BFloat16,
+            Dtype::Auto if native_bf16(device) => Dtype::Bf16,
+            Dtype::Auto => Dtype::F32,
+            d => d,
         }
     }
+
+    /// The libtorch kind of a run on `device`.
+    pub fn kind(self, device: Device) -> tch::Kind {
+        match self.resolve(device) {
+            Dtype::Bf16 => tch::Kind::BFloat16,
+            _ => tch::Kind::Float,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Auto => "auto",
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+}
+
+/// Whether `device` multiplies bf16 in hardware: every CUDA device colo is
+/// built for (pre-Ampere GPUs emulate bf16 slowly: set `f32` there); a CPU
+/// whose flags in `/proc/cpuinfo` include `avx512_bf16` or `amx_bf16`.
+fn native_bf16(device: Device) -> bool {
+    static CPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match device {
+        Device::Cuda => true,
+        Device::Cpu => *CPU.get_or_init(|| {
+            std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|info| cpu_flags_have_bf16(&info))
+        }),
+    }
+}
+
+/// `/proc/cpuinfo`'s first `flags` line names a bf16 matrix instruction set.
+pub(crate) fn cpu_flags_have_bf16(cpuinfo: &str) -> bool {
+    cpuinfo
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("flags")
+                .and_then(|r| r.trim_start().strip_prefix(':'))
+        })
+        .is_some_and(|flags| {
+            flags
+                .split_whitespace()
+                .any(|f| f == "avx512_bf16" || f == "amx_bf16")
+        })
 }
 
 /// `[trainer]`.
@@ -420,7 +473,7 @@ impl Default for RawTrainer {
             out_dir: PathBuf::from("runs/colo"),
             seed: 1,
             device: Device::Cpu,
-            dtype: Dtype::F32,
+            dtype: Dtype::Auto,
             cpu_threads: 0,
         }
     }
@@ -439,4 +492,31 @@ pub struct RawCluster {
     pub layout: Option<String>,
     /// A Ray cluster (`"auto"` or `host:port`); unset: a local one.
     pub address: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_flags_are_read_from_the_flags_line() {
+        let zen4 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\nbugs\t\t: sysret_ss_attrs\n";
+        let spr = "flags\t\t: avx512f amx_bf16 amx_tile amx_int8\n";
+        let skylake =
+            "flags\t\t: fpu avx2 avx512f avx512bw\nbugs\t\t: avx512_bf16_is_not_a_flag_here\n";
+        assert!(cpu_flags_have_bf16(zen4));
+        assert!(cpu_flags_have_bf16(spr));
+        assert!(!cpu_flags_have_bf16(skylake));
+        assert!(!cpu_flags_have_bf16(""));
+    }
+
+    #[test]
+    fn explicit_dtypes_are_kept_and_auto_is_bf16_on_cuda() {
+        for d in [Device::Cpu, Device::Cuda] {
+            assert_eq!(Dtype::F32.resolve(d), Dtype::F32);
+            assert_eq!(Dtype::Bf16.resolve(d), Dtype::Bf16);
+        }
+        assert_eq!(Dtype::Auto.resolve(Device::Cuda), Dtype::Bf16);
+        assert_eq!(Dtype::Auto.kind(Device::Cuda), tch::Kind::BFloat16);
+    }
 }

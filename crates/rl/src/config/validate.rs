@@ -510,6 +510,22 @@ fn name(v: &impl serde::Serialize) -> String {
     }
 }
 
+/// `bf16 (auto: …)`: what the run computes in, and why when it was chosen.
+fn dtype_text(dtype: Dtype, device: Device) -> String {
+    let resolved = dtype.resolve(device);
+    let why = match (dtype, resolved) {
+        (Dtype::Auto, Dtype::Bf16) => " (auto: the device multiplies bf16 natively)",
+        (Dtype::Auto, _) => " (auto: the device has no native bf16)",
+        _ => "",
+    };
+    let mixed = if resolved == Dtype::Bf16 {
+        ", mixed precision with f32 master weights"
+    } else {
+        ""
+    };
+    format!("{}{why}{mixed}", resolved.name())
+}
+
 fn sampling_text(s: &Sampling) -> String {
     if s.temperature == 0.0 {
         return "greedy".into();
@@ -592,6 +608,7 @@ pub(crate) fn summary(c: &Config) -> String {
             c.actor.optim.warmup_steps
         ),
         format!("reward     {}", name(&c.reward)),
+        format!("compute    {}, {}", name(&c.trainer.device), dtype_text(c.trainer.dtype, c.trainer.device)),
         format!(
             "memory     {} colocation, capacity {}, offload during generation: {} ({})",
             name(&m.colocation),

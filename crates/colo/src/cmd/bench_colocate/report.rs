@@ -55,8 +55,10 @@ pub(super) struct ModelInfo {
     pub(super) parameters: usize,
     pub(super) hidden: usize,
     pub(super) layers: usize,
-    /// 4 bytes per parameter: the trainer's f32 weights as allocated.
+    /// The trainer's weights as allocated: 4 bytes per parameter in f32,
+    /// 2 in bf16.
     pub(super) weight_bytes: u64,
+    pub(super) dtype: String,
 }
 
 /// The issue's three targets, as ratios of this run's measurements.
@@ -140,12 +142,13 @@ pub(super) fn targets(modes: &[ModeResult]) -> Option<Targets> {
 pub(super) fn print_table(r: &Report) {
     let m = &r.model;
     println!(
-        "model {:.1}M parameters (hidden {}, {} layers, {} of f32 weights); KV cache {} tokens = {}; \
+        "model {:.1}M parameters (hidden {}, {} layers, {} of {} weights); KV cache {} tokens = {}; \
          {} prompts × {} samples; {} warm-up + {} measured steps; capacity {}\n",
         m.parameters as f64 / 1e6,
         m.hidden,
         m.layers,
         fmt_bytes(m.weight_bytes),
+        m.dtype,
         r.max_kv_tokens,
         fmt_bytes(r.kv_cache_bytes),
         r.prompts,
