@@ -14,9 +14,16 @@
 //   in the pool under the tag; it still sub-allocates tensors inside them.
 // - colo_cuda_empty_tag(slot, tag, device) returns the tag's cached free
 //   segments to Rust (colo_mem_cuda_segment_free); the pool calls it before a
-//   pause so that only live tensors' segments are paused.
+//   pause so that only live tensors' segments are paused. The caching
+//   allocator releases a pool's cached blocks only once nothing holds the
+//   pool (emptyCache(id) skips pools in use, and the MemPool object is a
+//   holder), so with no region open on the tag the MemPool is destroyed
+//   (releasePool + emptyCache) and its id kept: blocks of tensors still
+//   alive in it are released by a later empty, once those tensors are
+//   freed. The next region makes a fresh MemPool.
 // - Errors are returned as nonzero with a message in `err`; nothing throws
 //   into Rust.
+#include <ATen/Context.h>
 #include <ATen/cuda/MemPool.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -28,6 +35,7 @@
 #include <memory>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 extern "C" {
 void* colo_mem_cuda_segment_alloc(uint32_t slot, uint32_t tag, size_t bytes);
@@ -39,10 +47,17 @@ namespace {
 struct TagPool {
   std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator;
   std::unique_ptr<at::cuda::MemPool> pool;
+  // Regions open on the tag (begin without end).
+  int open = 0;
+  // Ids of this tag's destroyed MemPools (see colo_cuda_empty_tag).
+  std::vector<c10::MempoolId_t> retired;
 };
 
 std::mutex g_mu;
-std::map<std::pair<uint32_t, uint32_t>, TagPool> g_pools;
+// Leaked on purpose, as PyTorch does with its own statics: destroying the
+// MemPools at exit would call into the caching allocator (and back into
+// Rust) after the CUDA runtime has been torn down.
+auto& g_pools = *new std::map<std::pair<uint32_t, uint32_t>, TagPool>();
 
 int fail(const char* what, char* err, size_t len) {
   if (err != nullptr && len > 0) {
@@ -52,9 +67,16 @@ int fail(const char* what, char* err, size_t len) {
   return 1;
 }
 
-TagPool& tag_pool(uint32_t slot, uint32_t tag, int device) {
+// The tag's MemPool (made if there is none) with `open` added to its count
+// of open regions, in one step under the lock, so that an empty on another
+// thread never destroys a pool a region is about to use.
+TagPool& tag_pool(uint32_t slot, uint32_t tag, int device, int open) {
+  // The caching allocator is set up on libtorch's first CUDA tensor; a
+  // MemPool made before that fails ("did you call init?").
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
   std::lock_guard<std::mutex> lock(g_mu);
   TagPool& tp = g_pools[{slot, tag}];
+  tp.open += open;
   if (!tp.pool) {
     tp.allocator = torch::cuda::CUDAPluggableAllocator::createCustomAllocator(
         [slot, tag](size_t bytes, int, cudaStream_t) {
@@ -74,9 +96,15 @@ extern "C" {
 
 int colo_cuda_region_begin(uint32_t slot, uint32_t tag, int device, char* err, size_t len) {
   try {
-    auto id = tag_pool(slot, tag, device).pool->id();
-    c10::cuda::CUDACachingAllocator::beginAllocateToPool(
-        static_cast<c10::DeviceIndex>(device), id, [](cudaStream_t) { return true; });
+    TagPool& tp = tag_pool(slot, tag, device, 1);
+    try {
+      c10::cuda::CUDACachingAllocator::beginAllocateToPool(
+          static_cast<c10::DeviceIndex>(device), tp.pool->id(), [](cudaStream_t) { return true; });
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(g_mu);
+      tp.open -= 1;
+      throw;
+    }
     return 0;
   } catch (const std::exception& e) {
     return fail(e.what(), err, len);
@@ -85,12 +113,15 @@ int colo_cuda_region_begin(uint32_t slot, uint32_t tag, int device, char* err, s
 
 int colo_cuda_region_end(uint32_t slot, uint32_t tag, int device, char* err, size_t len) {
   try {
-    auto id = tag_pool(slot, tag, device).pool->id();
+    TagPool& tp = tag_pool(slot, tag, device, 0);
+    auto id = tp.pool->id();
     auto dev = static_cast<c10::DeviceIndex>(device);
     // begin took a reference on the pool; end + release give it back, as
     // torch.cuda.use_mem_pool does.
     c10::cuda::CUDACachingAllocator::endAllocateToPool(dev, id);
     c10::cuda::CUDACachingAllocator::releasePool(dev, id);
+    std::lock_guard<std::mutex> lock(g_mu);
+    tp.open -= 1;
     return 0;
   } catch (const std::exception& e) {
     return fail(e.what(), err, len);
@@ -99,12 +130,22 @@ int colo_cuda_region_end(uint32_t slot, uint32_t tag, int device, char* err, siz
 
 int colo_cuda_empty_tag(uint32_t slot, uint32_t tag, int device, char* err, size_t len) {
   try {
+    std::unique_ptr<at::cuda::MemPool> dying;
+    std::vector<c10::MempoolId_t> retired;
     {
       std::lock_guard<std::mutex> lock(g_mu);
-      if (g_pools.find({slot, tag}) == g_pools.end()) return 0;
+      auto it = g_pools.find({slot, tag});
+      if (it == g_pools.end()) return 0;
+      TagPool& tp = it->second;
+      if (tp.open > 0 || !tp.pool) return 0;  // in use: nothing can go
+      tp.retired.push_back(tp.pool->id());
+      dying = std::move(tp.pool);
+      retired = tp.retired;
     }
-    auto id = tag_pool(slot, tag, device).pool->id();
-    c10::cuda::CUDACachingAllocator::emptyCache(id);
+    // Outside the lock: the frees call back into Rust.
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    dying.reset();  // releasePool: the pool becomes freeable
+    for (const auto& id : retired) c10::cuda::CUDACachingAllocator::emptyCache(id);
     return 0;
   } catch (const std::exception& e) {
     return fail(e.what(), err, len);

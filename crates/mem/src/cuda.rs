@@ -251,6 +251,11 @@ impl Backend for CudaBackend {
 
     unsafe fn unmap(&self, addr: DevicePtr, size: usize) -> Result<()> {
         self.make_current()?;
+        // Work queued on a stream may still read the range: libtorch's
+        // pluggable free does not synchronise as cudaFree does, and
+        // torch_memory_saver synchronises before its unmaps too.
+        // SAFETY: no arguments; waits for the current context's work.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })?;
         // SAFETY: the caller guarantees the range is our mapping and unused.
         check("cuMemUnmap", unsafe { sys::cuMemUnmap(addr, size) })
     }

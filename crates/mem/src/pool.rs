@@ -490,9 +490,26 @@ impl Pool {
     /// outside the lock and spread over the copy threads like a pause's
     /// discards: the blocks are taken out of the caches first (no one can
     /// reach them then), their pages discarded in chunks, unmapped, and
-    /// only then uncharged and their addresses given back.
+    /// only then uncharged and their addresses given back. On CUDA the
+    /// caching allocator's free segments of every tag without an open
+    /// region come back to the pool first (`torch.cuda.empty_cache`).
     pub fn empty_cache(&self) -> u64 {
         let start = Instant::now();
+        #[cfg(feature = "cuda")]
+        {
+            let names: Vec<String> = {
+                let st = self.lock();
+                st.tags
+                    .iter()
+                    .filter(|t| t.state == TagState::Active)
+                    .map(|t| t.name.clone())
+                    .collect()
+            };
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            if let Err(e) = crate::cuda_region::empty_tags(self, &names) {
+                eprintln!("colo-mem: emptying libtorch's CUDA cache: {e}");
+            }
+        }
         let taken: Vec<(TagId, u64, u64)> = {
             let mut st = self.lock();
             let mut taken = Vec::new();
@@ -578,10 +595,15 @@ impl Pool {
         st.tag_id(tag).map(|id| st.tags[id].state)
     }
 
-    /// The tag of the live allocation at `addr`.
+    /// The tag of the live allocation that contains `addr`. On the host
+    /// every c10 allocation is one pool allocation, so a tensor's address
+    /// is an allocation's start; on CUDA a pool allocation is a whole
+    /// caching-allocator segment and tensors lie inside it.
     pub fn tag_of(&self, addr: DevicePtr) -> Option<String> {
         let st = self.lock();
-        st.allocs.get(&addr).map(|a| st.tags[a.tag].name.clone())
+        let (&start, a) = st.allocs.range(..=addr).next_back()?;
+        let end = start.checked_add(a.size)?;
+        (addr < end).then(|| st.tags[a.tag].name.clone())
     }
 }
 

@@ -71,6 +71,11 @@ struct Active {
     tag: TagId,
     threshold: usize,
     guard: u64,
+    /// A host pool's region takes the thread's c10 CPU allocations; a
+    /// CUDA pool's takes only CUDA ones (through its MemPool), never the
+    /// CPU tensors made inside it (a checkpoint read on the host, a mask
+    /// built from a slice), which a device address would crash.
+    routes_cpu: bool,
 }
 
 thread_local! {
@@ -163,6 +168,7 @@ impl Pool {
             tag: tag_id,
             threshold: threshold.max(1),
             guard,
+            routes_cpu: cuda.is_none(),
         };
         OPEN.with(|o| o.borrow_mut().push(active));
         ACTIVE.with(|a| a.set(Some(active)));
@@ -243,7 +249,7 @@ fn cuda_end(_: usize, _: TagId, _: i32) -> Result<()> {
 /// region applies to it.
 fn region_alloc(bytes: usize) -> Option<u64> {
     let active = ACTIVE.try_with(|a| a.get()).ok().flatten()?;
-    if bytes < active.threshold {
+    if !active.routes_cpu || bytes < active.threshold {
         return None;
     }
     let pool = registered(active.slot);

@@ -8,6 +8,20 @@ fn pool(capacity: u64) -> std::sync::Arc<Pool> {
     Pool::host(PoolConfig::with_capacity(capacity)).unwrap()
 }
 
+/// `tag_of` names the allocation an address lies in (on CUDA tensors sit
+/// inside a segment-sized allocation), and nothing outside every one.
+#[test]
+fn tag_of_finds_the_allocation_containing_an_address() {
+    let p = pool(u64::MAX);
+    let a = p.alloc("weights", 3 * 4096).unwrap();
+    assert_eq!(p.tag_of(a).as_deref(), Some("weights"));
+    assert_eq!(p.tag_of(a + 4096 + 17).as_deref(), Some("weights"));
+    assert_eq!(p.tag_of(a + 3 * 4096 - 1).as_deref(), Some("weights"));
+    assert_eq!(p.tag_of(a - 1), None);
+    p.free(a).unwrap();
+    assert_eq!(p.tag_of(a + 17), None);
+}
+
 #[test]
 fn addresses_survive_many_cycles_for_many_buffers_and_tags() {
     let p = pool(u64::MAX);

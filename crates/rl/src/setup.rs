@@ -72,14 +72,19 @@ pub fn builtin_capacity(config: &Config) -> u64 {
 }
 
 /// The device capacity: the config's; on `auto`, [`builtin_capacity`] for
-/// the built-in model and the machine's memory for others (what a CUDA
-/// device would report as its size). `colo plan --config` plans with the
-/// same number.
+/// the built-in model on the CPU, and the device's memory otherwise (the
+/// machine's on the CPU, the GPU's as the driver reports it: on CUDA every
+/// tag's memory comes in caching-allocator segments of 2 MiB and more, so
+/// the built-in model's tens of MiB would not hold its tags). `colo plan
+/// --config` plans with the same number.
 pub fn device_capacity(config: &Config) -> Result<u64> {
+    let device = config.trainer.device;
     match (config.memory.capacity, &config.model) {
         (Capacity::Bytes(b), _) => Ok(b),
-        (Capacity::Auto, ModelSource::Builtin) => Ok(builtin_capacity(config)),
-        (Capacity::Auto, ModelSource::Path(_)) => match config.trainer.device {
+        (Capacity::Auto, ModelSource::Builtin) if device == crate::config::Device::Cpu => {
+            Ok(builtin_capacity(config))
+        }
+        (Capacity::Auto, _) => match device {
             crate::config::Device::Cpu => Ok(colo_mem::os::machine_memory_bytes()?),
             // The GPU's total memory, as the driver reports it.
             #[cfg(feature = "cuda")]

@@ -140,7 +140,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("reward.timeout_s", "external: how long to wait for each answer line", "seconds", ""),
     opt("reward.default_score", "external: the score of a sample the command failed on", "score", "", "a failure stops the run with an error naming the sample"),
     // [memory]
-    d("memory.capacity", "device capacity the memory layer enforces; \"auto\": the device's memory (CPU: for the built-in model 72 MiB in f32, 44 MiB in bf16; the machine's memory otherwise)", "\"auto\", bytes, or \"512 MiB\" / \"2 GB\"", ""),
+    d("memory.capacity", "device capacity the memory layer enforces; \"auto\": the device's memory (the built-in model on the CPU: 72 MiB in f32, 44 MiB in bf16; otherwise the machine's memory, or the GPU's)", "\"auto\", bytes, or \"512 MiB\" / \"2 GB\"", ""),
     d("memory.colocation", "how trainer and rollout engine share the device (also spelled `mode`)", "\"naive\", \"restart\", \"sleep\", \"staged\"", ""),
     d("memory.offload_train_param", "while generating, the trainer's parameters go to host memory", "bool", "actor_rollout_ref.actor.fsdp_config.param_offload"),
     d("memory.offload_train_grad", "while generating, the trainer's gradients go to host memory", "bool", ""),
