@@ -125,6 +125,44 @@ pub fn write_model_files(source: &Path, dst: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A run resumed from the checkpoint `dir` computes in the dtype it was
+/// saved in when its config says `trainer.dtype = "auto"` (which another
+/// machine may decide otherwise: an f32 run resumed in bf16, or a bf16 run
+/// continued in f32 from its rounded weights, would not be the run that
+/// was checkpointed). An explicit dtype is kept. Returns the config to run
+/// and, when `auto` was settled by the checkpoint against this device's
+/// choice, what to tell the user.
+pub fn resume_dtype(config: &crate::Config, dir: &Path) -> (crate::Config, Option<String>) {
+    use crate::config::Dtype;
+    let mut config = config.clone();
+    if config.trainer.dtype != Dtype::Auto {
+        return (config, None);
+    }
+    let saved = std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .and_then(|v| match v["torch_dtype"].as_str() {
+            Some("float32") => Some(Dtype::F32),
+            Some("bfloat16") => Some(Dtype::Bf16),
+            _ => None,
+        });
+    let Some(saved) = saved else {
+        return (config, None);
+    };
+    let here = Dtype::Auto.resolve(config.trainer.device);
+    config.trainer.dtype = saved;
+    let note = (saved != here).then(|| {
+        format!(
+            "--resume: {} was saved in {}; trainer.dtype = \"auto\" continues in {} (on this device \"auto\" is {})",
+            dir.display(),
+            saved.name(),
+            saved.name(),
+            here.name()
+        )
+    });
+    (config, note)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -86,6 +86,7 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
         before: Earlier::default(),
         notes: Vec::new(),
     };
+    let mut resumed_config = None;
     if let Some(found) = found {
         for (dir, why) in &found.skipped {
             start.say(format!(
@@ -107,6 +108,11 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
                 )))
             }
             Some((step, dir)) => {
+                let (c, note) = checkpoints::resume_dtype(config, &dir);
+                resumed_config = Some(c);
+                if let Some(note) = note {
+                    start.say(note);
+                }
                 let removed = metrics::truncate_after(&metrics_path, step)?;
                 start.first_step = step;
                 start.before = earlier(&metrics_path)?;
@@ -147,6 +153,7 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
     };
 
     // ---- device, worker, steps; the pictures however it ends ---------------
+    let config = resumed_config.as_ref().unwrap_or(config);
     let pool = crate::setup::make_pool(config)?;
     // A resumed process's start-up belongs after its checkpoint's step.
     pool.set_step(start.first_step as u64);

@@ -463,3 +463,39 @@ fn a_gae_checkpoint_holds_the_critic() {
     assert_eq!(a[1].vf_loss, b[1].vf_loss, "the critic was restored");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A run checkpointed in f32 and resumed with `trainer.dtype = "auto"`
+/// continues in f32 whatever this machine's `auto` would be (bf16 here on
+/// a CPU with AVX512_BF16); an explicit dtype is the user's choice.
+#[test]
+fn auto_resumes_in_the_checkpoints_dtype() {
+    let dir = tmp("dtype");
+    let run = dir.join("run");
+    let script = write_reward(&dir, None);
+    let reward = format!(
+        "kind = \"external\"\ncommand = [\"python3\", \"{}\"]",
+        script.display()
+    );
+    let parse = |steps: usize, extra: &str| {
+        Config::from_toml(
+            &config_text(&dir, steps, &reward, extra),
+            &dir.join("run.toml"),
+        )
+        .unwrap()
+    };
+    colo_rl::r#loop::run(&parse(2, "dtype = \"f32\""), &run, false).unwrap();
+    let saved = run.join("checkpoints/step-2");
+
+    let (kept, _) = colo_rl::checkpoints::resume_dtype(&parse(4, "dtype = \"bf16\""), &saved);
+    assert_eq!(kept.trainer.dtype, colo_rl::config::Dtype::Bf16);
+    let (settled, _) = colo_rl::checkpoints::resume_dtype(&parse(4, ""), &saved);
+    assert_eq!(settled.trainer.dtype, colo_rl::config::Dtype::F32);
+
+    colo_rl::r#loop::run(&parse(4, ""), &run, true).unwrap();
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run.join("checkpoints/step-4/config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config["torch_dtype"], "float32", "{config}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

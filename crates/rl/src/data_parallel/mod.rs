@@ -105,6 +105,18 @@ impl Rank {
                 "rank {rank} of a group of {world} workers"
             )));
         }
+        // As `colo train --resume`: `auto` continues in the checkpoint's dtype.
+        let config = match resume_from {
+            Some(step) => {
+                let saved = out.join(checkpoints::DIR).join(format!("step-{step}"));
+                let (config, note) = checkpoints::resume_dtype(&config, &saved);
+                if let (Some(note), 0) = (note, rank) {
+                    eprintln!("{note}");
+                }
+                config
+            }
+            None => config,
+        };
         let local = rank_config(&config, world)?;
         let dir = out.join("workers").join(format!("rank-{rank}"));
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
