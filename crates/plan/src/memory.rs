@@ -156,13 +156,19 @@ fn eager_activations(
 ) {
     let m = &plan.model;
     // The log-softmax over the vocabulary and its gradients are float32
-    // whatever the parameters' dtype. The layers' saved tensors are
-    // planned at float32 bytes too: calibrated in f32; in bf16 an upper
-    // bound (colo-train's bf16 activations measured 65-79% of f32's, not
-    // half: some saved tensors stay float32), so the plan check never
-    // admits a bf16 run its activations would not fit.
+    // whatever the parameters' dtype.
+    let b = plan.param_dtype.bytes();
     let f = DType::F32.bytes();
-    let b = f;
+    // In a reduced precision some of what is kept stays float32 (measured
+    // on colo-train's bf16, plan_vs_run; bf16 activations are 65-79% of
+    // f32's, not half): per token and layer ~2.5 hidden-sized float32
+    // tensors (the RMSNorms compute in float32), and per LM-head window
+    // token ~2.5 vocabulary-sized ones (the head's casts to and from the
+    // float32 log-softmax), 10 bytes each per element.
+    let (upcast_h, upcast_vocab) = match b < f {
+        true => (10 * m.hidden, 10 * m.vocab),
+        false => (0, 0),
+    };
     let per_layer = m.eager_elems_per_token_layer(seq);
     // Tokens through the layers, the LM-head window, and the elements each
     // layer keeps of the rows' gathered prompt keys and values.
@@ -188,7 +194,8 @@ fn eager_activations(
     s.train_activations = match plan.activation_checkpointing {
         false => {
             (tokens * (m.layers * per_layer + 2 * m.hidden) + m.layers * gathered) * b
-                + 3 * window * m.vocab * f
+                + tokens * m.layers * upcast_h
+                + window * (3 * m.vocab * f + upcast_vocab)
         }
         // colo-train's checkpointing keeps every layer's input and the last
         // output (`L + 1` boundaries of `h`), and holds one layer's graph
@@ -203,7 +210,8 @@ fn eager_activations(
                 + gathered
                 + m.params())
                 * b
-                + 3 * window * m.vocab * f
+                + tokens * upcast_h
+                + window * (3 * m.vocab * f + upcast_vocab)
         }
     };
     s.train_logits = 0;

@@ -57,8 +57,8 @@ pub(crate) fn load_data(
 pub const BUILTIN_CAPACITY: u64 = 72 << 20;
 
 /// The same in bf16, where the staged run peaks near 30 MiB mapped (the plan
-/// check, planning activations at f32 bytes, predicts 39 MiB) and
-/// `naive` would need ~60 MiB (measured 54 MiB): a device of the f32 size
+/// check predicts 30 MiB) and `naive` would need ~52 MiB (measured 54
+/// MiB): a device of the f32 size
 /// would hold the naive run, and the built-in job would no longer show
 /// the choreography at work.
 pub const BUILTIN_CAPACITY_BF16: u64 = 44 << 20;
