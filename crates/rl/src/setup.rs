@@ -51,13 +51,13 @@ pub(crate) fn load_data(
 /// `auto`: its training phase peaks near 56 MiB (parameters, gradients,
 /// AdamW state and activations) and its rollout phase holds the weights and
 /// half of the rest as KV cache, so the two fit one after the other but not
-/// together (`colocation = "naive"` would need ~82 MiB) — the colocation
+/// together (`colocation = "naive"` would need ~80 MiB) — the colocation
 /// choreography is what makes the run fit. (128 MiB until the
 /// shared-prompt forward shrank the update's activations.)
 pub const BUILTIN_CAPACITY: u64 = 72 << 20;
 
 /// The same in bf16, where the staged run peaks near 30 MiB mapped (the plan
-/// check predicts 30 MiB) and `naive` would need ~52 MiB (measured 54
+/// check predicts 30 MiB) and `naive` would need ~53 MiB (measured 54
 /// MiB): a device of the f32 size
 /// would hold the naive run, and the built-in job would no longer show
 /// the choreography at work.

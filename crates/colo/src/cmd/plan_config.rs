@@ -77,7 +77,8 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         train_param: !naive && mem.offload_train_param,
         train_grad: !naive && mem.offload_train_grad,
         optimizer: !naive && mem.offload_train_optimizer,
-        ref_param: mem.offload_ref,
+        // colo-rl's worker keeps the reference resident in naive too.
+        ref_param: !naive && mem.offload_ref,
     };
     let (kv_free_fraction, kv_tokens) = match config.rollout.kv {
         KvBudget::Fraction(f) => (Some(f), None),
