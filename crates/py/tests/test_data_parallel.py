@@ -61,6 +61,24 @@ def quiet(*_):
     pass
 
 
+class Bf16(unittest.TestCase):
+    """bf16 mixed precision, the default where the device multiplies bf16
+    natively (`trainer.dtype = "auto"`): two workers keep identical weights
+    (the controller compares digests every step and stops the run if they
+    differ) and the checkpoint is written in bf16."""
+
+    def test_two_bf16_workers_stay_identical(self):
+        tmp = tempfile.mkdtemp(prefix="colo-dp-bf16-")
+        try:
+            cfg = write_config(os.path.join(tmp, "run.toml"), dtype='"bf16"', total_steps=2)
+            r = train(cfg, os.path.join(tmp, "run"), 2, digest_every=1, log=quiet)
+            self.assertEqual(len(r["history"]), 2)
+            with open(os.path.join(tmp, "run", "checkpoints", "step-2", "config.json")) as f:
+                self.assertEqual(json.load(f)["torch_dtype"], "bfloat16")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 class Equivalence(unittest.TestCase):
     """2 workers × 2 prompts against 1 worker × 4 prompts, same seeds, 3
     steps. They differ only in the order of float sums: the all-reduce
