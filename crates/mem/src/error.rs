@@ -76,6 +76,15 @@ pub enum Error {
         state: TagState,
     },
 
+    #[error(
+        "cannot {op} tag `{tag}`: {regions} region(s) are open on it (on this or another thread); \
+         close them (drop their guards) first"
+    )]
+    RegionOpen {
+        op: &'static str,
+        tag: String,
+        regions: u32,
+    },
     #[error("cannot {op} tag `{tag}`: no such tag in this pool (known tags: {known})")]
     UnknownTag {
         op: &'static str,

@@ -143,6 +143,8 @@ pub(crate) struct Tag {
     pub(crate) last_pause: Option<Duration>,
     pub(crate) last_resume: Option<Duration>,
     pub(crate) region_fallback_bytes: u64,
+    /// Regions open on the tag, on any thread: a pause waits for none.
+    pub(crate) open_regions: u32,
 }
 
 pub(crate) struct Alloc {
@@ -630,6 +632,7 @@ impl State {
             last_pause: None,
             last_resume: None,
             region_fallback_bytes: 0,
+            open_regions: 0,
         });
         self.tags.len() - 1
     }

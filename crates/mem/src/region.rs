@@ -155,13 +155,27 @@ impl Pool {
                     state,
                 });
             }
+            let open = &mut st.tags[id].open_regions;
+            *open = open
+                .checked_add(1)
+                .ok_or_else(|| Error::Invalid(format!("too many regions open on tag `{tag}`")))?;
             id
         };
-        let slot = register(self)?;
-        let cuda = self.cuda_device().map(|device| (slot, tag_id, device));
-        if let Some((slot, tag, device)) = cuda {
-            cuda_begin(slot, tag, device)?;
-        }
+        let opened = (|| {
+            let slot = register(self)?;
+            let cuda = self.cuda_device().map(|device| (slot, tag_id, device));
+            if let Some((slot, tag, device)) = cuda {
+                cuda_begin(slot, tag, device)?;
+            }
+            Ok((slot, cuda))
+        })();
+        let (slot, cuda) = match opened {
+            Ok(o) => o,
+            Err(e) => {
+                self.close_region(tag_id);
+                return Err(e);
+            }
+        };
         let guard = NEXT_GUARD.fetch_add(1, Ordering::Relaxed);
         let active = Active {
             slot,
@@ -175,6 +189,7 @@ impl Pool {
         Ok(RegionGuard {
             pool: Arc::clone(self),
             cuda,
+            tag: tag_id,
             guard,
             _not_send: PhantomData,
         })
@@ -196,6 +211,7 @@ pub struct RegionGuard {
     pool: Arc<Pool>,
     /// On a CUDA pool: (slot, tag, device) of the MemPool routing to end.
     cuda: Option<(usize, TagId, i32)>,
+    tag: TagId,
     guard: u64,
     /// A region belongs to the thread that opened it.
     _not_send: PhantomData<*const ()>,
@@ -229,6 +245,16 @@ impl Drop for RegionGuard {
             open.retain(|a| a.guard != self.guard);
             let _ = ACTIVE.try_with(|a| a.set(open.last().copied()));
         });
+        self.pool.close_region(self.tag);
+    }
+}
+
+impl Pool {
+    /// One region of `tag` fewer open.
+    fn close_region(&self, tag: TagId) {
+        let mut st = self.lock();
+        let open = &mut st.tags[tag].open_regions;
+        *open = open.saturating_sub(1);
     }
 }
 

@@ -242,6 +242,17 @@ fn begin(
                 state,
             });
         }
+        // Tensors being made in an open region would land in memory that
+        // is going away (on CUDA the caching allocator would hand out
+        // blocks of unmapped segments without asking the pool).
+        let regions = st.tags[id].open_regions;
+        if to == TagState::Pausing && regions > 0 {
+            return Err(Error::RegionOpen {
+                op,
+                tag: tag.to_string(),
+                regions,
+            });
+        }
         ids.push(id);
     }
     for &id in &ids {

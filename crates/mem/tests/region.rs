@@ -148,6 +148,40 @@ fn a_region_in_a_paused_tag_is_refused() {
     );
 }
 
+/// The other way round: a tag with a region open, on any thread, cannot be
+/// paused (what the region makes would land in memory going away); nothing
+/// changes, and once the guards are dropped the pause goes through.
+#[test]
+fn a_tag_with_an_open_region_is_not_paused() {
+    let pool = Pool::host(PoolConfig::default()).unwrap();
+    pool.alloc("activations", 4096).unwrap();
+    let here = pool.region("activations").unwrap();
+    let (opened, close) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+    let other = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            let _guard = pool.region("activations").unwrap();
+            opened.0.send(()).unwrap();
+            close.1.recv().unwrap();
+        })
+    };
+    opened.1.recv().unwrap();
+    let e = pool.pause(&["activations"]).err().unwrap();
+    assert!(matches!(e, Error::RegionOpen { regions: 2, .. }), "{e}");
+    assert!(e.to_string().contains("tag `activations`"), "{e}");
+    assert_eq!(
+        pool.stats().tag("activations").unwrap().state,
+        TagState::Active
+    );
+    drop(here);
+    let e = pool.pause(&["activations"]).err().unwrap();
+    assert!(matches!(e, Error::RegionOpen { regions: 1, .. }), "{e}");
+    close.0.send(()).unwrap();
+    other.join().unwrap();
+    pool.pause(&["activations"]).unwrap();
+    pool.resume(&["activations"]).unwrap();
+}
+
 #[test]
 fn refused_region_allocations_fall_back_to_libtorch_and_are_reported() {
     let pool = Pool::host(PoolConfig::with_capacity(4 * MIB as u64)).unwrap();
