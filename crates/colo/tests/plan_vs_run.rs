@@ -238,24 +238,24 @@ fn tiny_fixture_generation_and_training_peaks() {
 /// first two configs; the other two check them).
 #[test]
 fn bf16_training_peaks() {
-    check(
-        "builtin-train-naive-bf16",
-        &builtin_in("bf16", "naive", 64, "max_kv_tokens = 512"),
-        "training",
-    );
-    check(
-        "tiny-train-staged-bf16",
-        &tiny_in("bf16", "staged", 32, "max_kv_tokens = 1024"),
-        "training",
-    );
-    check(
-        "builtin-train-staged-bf16",
-        &builtin_in("bf16", "staged", 32, "max_kv_tokens = 512"),
-        "training",
-    );
-    check(
-        "tiny-train-staged-16-bf16",
-        &tiny_in("bf16", "staged", 16, "max_kv_tokens = 1024"),
-        "training",
-    );
+    for (name, toml) in [
+        (
+            "builtin-train-naive-bf16",
+            builtin_in("bf16", "naive", 64, "max_kv_tokens = 512"),
+        ),
+        (
+            "tiny-train-staged-bf16",
+            tiny_in("bf16", "staged", 32, "max_kv_tokens = 1024"),
+        ),
+        (
+            "builtin-train-staged-bf16",
+            builtin_in("bf16", "staged", 32, "max_kv_tokens = 512"),
+        ),
+        (
+            "tiny-train-staged-16-bf16",
+            tiny_in("bf16", "staged", 16, "max_kv_tokens = 1024"),
+        ),
+    ] {
+        check(name, &toml, "training");
+    }
 }
