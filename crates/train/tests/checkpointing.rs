@@ -5,7 +5,7 @@
 mod common;
 
 use colo_train::{
-    ColoTrainer, CriticBatch, CriticLossConfig, LossConfig, PolicyBatch, SeqBatch, TrainEngine,
+    ColoTrainer, CriticBatch, CriticLossConfig, LossConfig, PolicyBatch, TrainEngine,
     TrainerConfig, ValueHeadConfig,
 };
 use common::*;
@@ -106,28 +106,11 @@ fn critic_and_sft_gradients_are_the_same_with_checkpointing() {
 /// state, 16 rows of 60 tokens in one micro-batch on one lane.
 #[test]
 fn checkpointing_lowers_the_updates_peak() {
-    let tok = |i: usize, j: usize| ((i * 37 + j * 11) % 370 + 3) as u32;
-    let rows: Vec<(Vec<u32>, Vec<u32>)> = (0..16)
-        .map(|i| {
-            (
-                (0..20).map(|j| tok(i, j)).collect(),
-                (20..60).map(|j| tok(i, j)).collect(),
-            )
-        })
-        .collect();
-    let pairs: Vec<(&[u32], &[u32])> = rows.iter().map(|(p, r)| (&p[..], &r[..])).collect();
-    let seqs = SeqBatch::from_prompt_response(&pairs, 0).unwrap();
+    let seqs = sixteen_rows_of_sixty_tokens();
     let peak_of = |checkpointing: bool| {
         let mut cfg = config(16);
-        cfg.cpu_threads = 1; // one lane: peaks that do not depend on timing
         cfg.gradient_checkpointing = checkpointing;
-        let mut e = engine_with("tiny-llama", &cfg);
-        let old = e.score(&seqs, false).unwrap().log_probs;
-        let batch = PolicyBatch::new(seqs.clone(), &old, &advantages(&seqs), None, None).unwrap();
-        let state = e.pool().stats().resident_bytes;
-        e.pool().reset_peak();
-        e.update_policy(&batch, &LossConfig::default()).unwrap();
-        e.pool().stats().peak_allocated_bytes - state
+        update_peak_above_state(cfg, &seqs)
     };
     let (plain, ckpt) = (peak_of(false), peak_of(true));
     eprintln!("above the state at the peak: {plain} bytes, with checkpointing {ckpt}");

@@ -5,9 +5,7 @@
 mod common;
 
 use colo_mem::{os, tags, TagState};
-use colo_train::{
-    storage_addr, ColoTrainer, Error, LossConfig, Offload, PolicyBatch, SeqBatch, TrainEngine,
-};
+use colo_train::{storage_addr, ColoTrainer, Error, LossConfig, Offload, TrainEngine};
 use common::*;
 
 fn tag_resident(e: &ColoTrainer, tag: &str) -> u64 {
@@ -203,28 +201,11 @@ fn the_model_is_not_handed_out_while_its_parameters_are_offloaded() {
 /// allocated bytes above the training state.
 #[test]
 fn a_token_budget_lowers_the_updates_peak() {
-    let tok = |i: usize, j: usize| ((i * 37 + j * 11) % 370 + 3) as u32;
-    let rows: Vec<(Vec<u32>, Vec<u32>)> = (0..16)
-        .map(|i| {
-            (
-                (0..20).map(|j| tok(i, j)).collect(),
-                (20..60).map(|j| tok(i, j)).collect(),
-            )
-        })
-        .collect();
-    let pairs: Vec<(&[u32], &[u32])> = rows.iter().map(|(p, r)| (&p[..], &r[..])).collect();
-    let seqs = SeqBatch::from_prompt_response(&pairs, 0).unwrap();
+    let seqs = sixteen_rows_of_sixty_tokens();
     let peak_of = |max_tokens: Option<usize>| {
         let mut cfg = config(16);
-        cfg.cpu_threads = 1; // one lane: peaks that do not depend on timing
         cfg.micro_batch.max_tokens = max_tokens;
-        let mut e = engine_with("tiny-llama", &cfg);
-        let old = e.score(&seqs, false).unwrap().log_probs;
-        let batch = PolicyBatch::new(seqs.clone(), &old, &advantages(&seqs), None, None).unwrap();
-        let state = e.pool().stats().resident_bytes;
-        e.pool().reset_peak();
-        e.update_policy(&batch, &LossConfig::default()).unwrap();
-        e.pool().stats().peak_allocated_bytes - state
+        update_peak_above_state(cfg, &seqs)
     };
     let (all, one) = (peak_of(None), peak_of(Some(60)));
     eprintln!("above the state at the peak: one row {one}, 16 rows {all}");

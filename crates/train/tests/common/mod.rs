@@ -156,3 +156,35 @@ pub fn grouped() -> SeqBatch {
     let pairs: Vec<(&[u32], &[u32])> = rows.iter().map(|(p, r)| (&p[..], &r[..])).collect();
     SeqBatch::from_prompt_response(&pairs, 0).unwrap()
 }
+
+/// 16 rows of a 20-token prompt and a 40-token response (token ids within
+/// the fixtures' vocabulary): the batch the peak-memory tests compare
+/// micro-batch settings on.
+pub fn sixteen_rows_of_sixty_tokens() -> SeqBatch {
+    let tok = |i: usize, j: usize| ((i * 37 + j * 11) % 370 + 3) as u32;
+    let rows: Vec<(Vec<u32>, Vec<u32>)> = (0..16)
+        .map(|i| {
+            (
+                (0..20).map(|j| tok(i, j)).collect(),
+                (20..60).map(|j| tok(i, j)).collect(),
+            )
+        })
+        .collect();
+    let pairs: Vec<(&[u32], &[u32])> = rows.iter().map(|(p, r)| (&p[..], &r[..])).collect();
+    SeqBatch::from_prompt_response(&pairs, 0).unwrap()
+}
+
+/// The update's peak of allocated bytes above the training state, for a
+/// policy update of `seqs` on the tiny Llama fixture with `cfg` on one
+/// lane (peaks that do not depend on timing).
+pub fn update_peak_above_state(mut cfg: TrainerConfig, seqs: &SeqBatch) -> u64 {
+    cfg.cpu_threads = 1;
+    let mut e = engine_with("tiny-llama", &cfg);
+    let old = e.score(seqs, false).unwrap().log_probs;
+    let batch = PolicyBatch::new(seqs.clone(), &old, &advantages(seqs), None, None).unwrap();
+    let state = e.pool().stats().resident_bytes;
+    e.pool().reset_peak();
+    e.update_policy(&batch, &colo_train::LossConfig::default())
+        .unwrap();
+    e.pool().stats().peak_allocated_bytes - state
+}
