@@ -198,12 +198,8 @@ fn malformed_toml_gives_the_line() {
 
 #[test]
 fn batch_sizes_are_checked_against_each_other() {
-    let (line, field, msg) = err("[data]\ntrain_batch_size = 30\n");
-    assert_eq!(
-        (line, field.as_str()),
-        (None, "actor.ppo_mini_batch_size"),
-        "a default: no line"
-    );
+    let (line, field, msg) = err("[data]\ntrain_batch_size = 30\n[actor]\nppo_mini_batch_size = 16\n");
+    assert_eq!((line, field.as_str()), (Some(4), "actor.ppo_mini_batch_size"));
     assert!(
         msg.contains("16 prompts must divide data.train_batch_size (30 prompts)"),
         "{msg}"
@@ -222,6 +218,37 @@ fn batch_sizes_are_checked_against_each_other() {
     let (line, field, _) = err("[rollout]\nn = 1\n");
     assert_eq!((line, field.as_str()), (Some(2), "rollout.n"));
     assert!(parse("[rollout]\nn = 1\n[algorithm]\nadv_estimator = \"reinforce_plus_plus\"\n[actor]\nppo_micro_batch_size = 16\n").is_ok());
+}
+
+/// Unset mini- and micro-batch sizes follow their defaults (16 prompts, 64
+/// samples) down to the largest size that divides the batch they cut: a
+/// user's first small config runs instead of failing on values it never
+/// wrote; `--print-config` writes what was chosen.
+#[test]
+fn unset_batch_sizes_fit_the_batch_they_cut() {
+    let cases = [
+        // (file, mini-batch prompts, micro-batch samples)
+        ("", 16, 64),
+        ("[data]\ntrain_batch_size = 4\n[rollout]\nn = 4\n", 4, 16),
+        ("[data]\ntrain_batch_size = 30\n", 15, 60),
+        ("[rollout]\nn = 3\n", 16, 48),
+        ("[data]\ntrain_batch_size = 7\n[rollout]\nn = 2\n[actor]\nppo_micro_batch_size = 7\n", 7, 7),
+        ("[data]\ntrain_batch_size = 8\n[actor]\nppo_mini_batch_size = 2\n", 2, 16),
+    ];
+    for (text, mini, micro) in cases {
+        let c = parse(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert_eq!(
+            (c.batch.mini_batch_prompts, c.batch.micro_batch_samples),
+            (mini, micro),
+            "{text:?}"
+        );
+        let printed = c.to_toml().unwrap();
+        assert!(
+            printed.contains(&format!("ppo_mini_batch_size = {mini}"))
+                && printed.contains(&format!("ppo_micro_batch_size = {micro}")),
+            "{printed}"
+        );
+    }
 }
 
 /// verl's `model.enable_gradient_checkpointing` reaches the actor's config

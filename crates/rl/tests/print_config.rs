@@ -54,7 +54,7 @@ fn the_builtin_config_round_trips_and_every_key_has_a_comment() {
     let c = comment_of("ppo_mini_batch_size = ");
     assert!(
         c.contains("[prompts]")
-            && c.contains("Default: 16")
+            && c.contains("Default: unset (the largest divisor of data.train_batch_size up to 16)")
             && c.contains("verl: actor_rollout_ref.actor.ppo_mini_batch_size"),
         "{c}"
     );

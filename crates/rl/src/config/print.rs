@@ -101,8 +101,8 @@ pub(crate) const DOCS: &[Doc] = &[
     d("actor.warmup_steps", "linear learning-rate warmup", "optimiser steps", "actor_rollout_ref.actor.optim.lr_warmup_steps (alias; also: warmup)"),
     d("actor.weight_decay", "AdamW weight decay", "[0, 1]", "actor_rollout_ref.actor.optim.weight_decay"),
     d("actor.grad_clip", "gradient-norm clip", "> 0", "actor_rollout_ref.actor.grad_clip"),
-    d("actor.ppo_mini_batch_size", "prompts per optimiser step (× rollout.n samples); must divide data.train_batch_size", "prompts", "actor_rollout_ref.actor.ppo_mini_batch_size"),
-    d("actor.ppo_micro_batch_size", "samples per forward/backward pass (gradient accumulation); must divide ppo_mini_batch_size × rollout.n", "samples", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (alias)"),
+    opt("actor.ppo_mini_batch_size", "prompts per optimiser step (× rollout.n samples); must divide data.train_batch_size", "prompts", "actor_rollout_ref.actor.ppo_mini_batch_size", "the largest divisor of data.train_batch_size up to 16"),
+    opt("actor.ppo_micro_batch_size", "samples per forward/backward pass (gradient accumulation); must divide ppo_mini_batch_size × rollout.n", "samples", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (alias)", "the largest divisor of ppo_mini_batch_size × rollout.n up to 64"),
     d("actor.use_dynamic_bsz", "cut micro-batches by a token budget (ppo_max_token_len_per_gpu) instead of ppo_micro_batch_size: consecutive samples while samples × the longest stay within it; bounds activation memory as responses grow", "bool", "actor_rollout_ref.actor.use_dynamic_bsz"),
     d("actor.ppo_max_token_len_per_gpu", "the budget of use_dynamic_bsz: padded tokens per forward/backward (the reference's too; the old-policy pass: twice it); at least max_prompt_length + max_new_tokens", "tokens", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
     d("actor.ppo_epochs", "passes over each step's samples", "epochs", "actor_rollout_ref.actor.ppo_epochs"),
@@ -243,8 +243,8 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
             warmup_steps: c.actor.optim.warmup_steps,
             weight_decay: c.actor.optim.weight_decay,
             grad_clip: c.actor.optim.grad_clip,
-            ppo_mini_batch_size: b.mini_batch_prompts,
-            ppo_micro_batch_size: b.micro_batch_samples,
+            ppo_mini_batch_size: Some(b.mini_batch_prompts),
+            ppo_micro_batch_size: Some(b.micro_batch_samples),
             use_dynamic_bsz: b.micro_batch_max_tokens.is_some(),
             ppo_max_token_len_per_gpu: b
                 .micro_batch_max_tokens

@@ -167,6 +167,13 @@ impl Default for RawValKwargs {
 }
 
 /// `[actor]`: optimiser, PPO batching and the actor loss.
+/// Prompts per optimiser step when `actor.ppo_mini_batch_size` is unset
+/// (and it divides the step's prompts).
+pub const DEFAULT_MINI_BATCH_PROMPTS: usize = 16;
+/// Samples per forward/backward when `actor.ppo_micro_batch_size` is
+/// unset (and it divides a mini-batch).
+pub const DEFAULT_MICRO_BATCH_SAMPLES: usize = 64;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawActor {
@@ -175,11 +182,15 @@ pub struct RawActor {
     pub warmup_steps: usize,
     pub weight_decay: f64,
     pub grad_clip: f64,
-    /// Prompts per optimiser step (verl's unit; × `rollout.n` samples).
-    pub ppo_mini_batch_size: usize,
-    /// Samples per forward/backward pass.
+    /// Prompts per optimiser step (verl's unit; × `rollout.n` samples);
+    /// unset: [`DEFAULT_MINI_BATCH_PROMPTS`], or the largest divisor of
+    /// `data.train_batch_size` below it.
+    pub ppo_mini_batch_size: Option<usize>,
+    /// Samples per forward/backward pass; unset:
+    /// [`DEFAULT_MICRO_BATCH_SAMPLES`], or the largest divisor of a
+    /// mini-batch's samples below it.
     #[serde(alias = "ppo_micro_batch_size_per_gpu")]
-    pub ppo_micro_batch_size: usize,
+    pub ppo_micro_batch_size: Option<usize>,
     /// Micro-batches by a token budget instead of `ppo_micro_batch_size`.
     pub use_dynamic_bsz: bool,
     /// The budget: padded tokens per forward/backward (per device).
@@ -204,8 +215,8 @@ impl Default for RawActor {
             warmup_steps: 5,
             weight_decay: 0.01,
             grad_clip: 1.0,
-            ppo_mini_batch_size: 16,
-            ppo_micro_batch_size: 64,
+            ppo_mini_batch_size: None,
+            ppo_micro_batch_size: None,
             use_dynamic_bsz: false,
             ppo_max_token_len_per_gpu: 16384,
             ppo_epochs: 1,

@@ -6,7 +6,7 @@ use colo_algo::{AdvEstimator, AdvantageConfig, PolicyLossConfig, RolloutCorrecti
 
 use super::raw::{
     RawActor, RawAlgorithm, RawCapacity, RawCluster, RawConfig, RawData, RawMemory, RawRollout,
-    RawTrainer,
+    RawTrainer, DEFAULT_MICRO_BATCH_SAMPLES, DEFAULT_MINI_BATCH_PROMPTS,
 };
 use super::*;
 
@@ -320,18 +320,40 @@ fn rollout_section(rollout: &RawRollout, estimator: AdvEstimator) -> Check<Rollo
     Ok(rollout_cfg)
 }
 
+/// `n` and the noun in its number: "1 mini-batch", "2 mini-batches".
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The largest divisor of `whole` that is at most `limit`: an unset
+/// mini- or micro-batch size follows its default down to what divides the
+/// batch it cuts, as a user who shrinks the batch would expect (the
+/// explicit value that does not divide is an error).
+fn fitting(limit: usize, whole: usize) -> usize {
+    (1..=limit.min(whole))
+        .rev()
+        .find(|d| whole % d == 0)
+        .unwrap_or(1)
+}
+
 /// Prompts per step → mini-batches (prompts) → micro-batches (samples, or
 /// a token budget that must hold the `longest` sample).
 fn batch_plan(prompts: usize, n: usize, longest: usize, actor: &RawActor) -> Check<BatchPlan> {
     let prompts = positive("data.train_batch_size", prompts)?;
-    let mini = positive("actor.ppo_mini_batch_size", actor.ppo_mini_batch_size)?;
+    let mini = match actor.ppo_mini_batch_size {
+        Some(m) => positive("actor.ppo_mini_batch_size", m)?,
+        None => fitting(DEFAULT_MINI_BATCH_PROMPTS, prompts),
+    };
     if prompts % mini != 0 {
         return bad(
             "actor.ppo_mini_batch_size",
             format!("{mini} prompts must divide data.train_batch_size ({prompts} prompts)"),
         );
     }
-    let micro = positive("actor.ppo_micro_batch_size", actor.ppo_micro_batch_size)?;
+    let micro = match actor.ppo_micro_batch_size {
+        Some(m) => positive("actor.ppo_micro_batch_size", m)?,
+        None => fitting(DEFAULT_MICRO_BATCH_SAMPLES, mini * n),
+    };
     let max_tokens = match actor.use_dynamic_bsz {
         false => None,
         true if actor.ppo_max_token_len_per_gpu < longest => {
@@ -589,12 +611,13 @@ pub(crate) fn summary(c: &Config) -> String {
             b.prompts_per_step, b.n, b.samples_per_step, c.rollout.max_new_tokens, sampling_text(&c.rollout.sampling)
         ),
         format!(
-            "update     {} mini-batches of {} prompts ({} samples) × {} ppo epochs = {} optimiser steps; {}",
-            b.mini_batches_per_step, b.mini_batch_prompts, b.mini_batch_samples, c.actor.ppo_epochs,
-            b.optimizer_steps_per_step,
+            "update     {} of {} prompts ({} samples) × {} = {}; {}",
+            count(b.mini_batches_per_step, "mini-batch", "mini-batches"), b.mini_batch_prompts, b.mini_batch_samples,
+            count(c.actor.ppo_epochs, "ppo epoch", "ppo epochs"),
+            count(b.optimizer_steps_per_step, "optimiser step", "optimiser steps"),
             match b.micro_batch_max_tokens {
                 Some(t) => format!("micro-batches of consecutive samples within {t} padded tokens each"),
-                None => format!("{} micro-batches of {} samples each", b.micro_batches_per_mini_batch, b.micro_batch_samples),
+                None => format!("{} of {} samples each", count(b.micro_batches_per_mini_batch, "micro-batch", "micro-batches"), b.micro_batch_samples),
             }
         ),
         format!(
