@@ -16,16 +16,21 @@ pub enum Error {
     #[error("invalid config: {0}")]
     Config(String),
 
-    /// The checkpoint has no tensor of this name.
-    #[error("missing tensor `{name}` in the checkpoint")]
-    MissingTensor { name: String },
+    /// The checkpoint has no tensor of this name (that the config implies).
+    #[error("{}missing tensor `{name}`, which the model's config.json implies", in_checkpoint(checkpoint))]
+    MissingTensor {
+        name: String,
+        /// The directory the weights were read from, if they were.
+        checkpoint: Option<PathBuf>,
+    },
 
     /// The checkpoint has the tensor, but not with the shape the config implies.
-    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    #[error("{}tensor `{name}` has shape {found:?}, but the model's config.json implies {expected:?}", in_checkpoint(checkpoint))]
     ShapeMismatch {
         name: String,
         expected: Vec<usize>,
         found: Vec<usize>,
+        checkpoint: Option<PathBuf>,
     },
 
     /// A file the checkpoint directory must hold is absent.
@@ -87,4 +92,10 @@ impl Error {
             Error::Io { path, source }
         }
     }
+}
+
+/// "checkpoint DIR: " when the weights came from a directory.
+fn in_checkpoint(dir: &Option<PathBuf>) -> String {
+    dir.as_ref()
+        .map_or(String::new(), |d| format!("checkpoint {}: ", d.display()))
 }

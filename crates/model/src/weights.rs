@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors, View};
 use tch::{Device, Kind, Tensor};
@@ -27,6 +27,8 @@ pub const WEIGHTS_INDEX_FILE: &str = "model.safetensors.index.json";
 #[derive(Debug, Default)]
 pub struct Weights {
     tensors: HashMap<String, Tensor>,
+    /// The checkpoint directory they were read from, named in errors.
+    dir: Option<PathBuf>,
 }
 
 impl Clone for Weights {
@@ -38,6 +40,7 @@ impl Clone for Weights {
                 .iter()
                 .map(|(n, t)| (n.clone(), t.shallow_clone()))
                 .collect(),
+            dir: self.dir.clone(),
         }
     }
 }
@@ -65,7 +68,7 @@ impl Weights {
     /// from a trainer). They are used as they are: same storage, kind,
     /// device and `requires_grad`.
     pub fn from_tensors(tensors: HashMap<String, Tensor>) -> Self {
-        Weights { tensors }
+        Weights { tensors, dir: None }
     }
 
     /// Reads `model.safetensors`, or every shard that
@@ -89,7 +92,10 @@ impl Weights {
         for file in files {
             read_safetensors(&file, kind, device, &mut tensors)?;
         }
-        Ok(Weights { tensors })
+        Ok(Weights {
+            tensors,
+            dir: Some(dir.to_owned()),
+        })
     }
 
     /// Freshly initialised weights for `cfg` (for tests, benchmarks and
@@ -110,14 +116,15 @@ impl Weights {
             };
             tensors.insert(name, t);
         }
-        Ok(Weights { tensors })
+        Ok(Weights { tensors, dir: None })
     }
 
     /// The tensor `name` (a shallow clone sharing its storage), which must
-    /// have exactly `shape`.
+    /// have exactly `shape` (what the model's config implies).
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let t = self.tensors.get(name).ok_or_else(|| Error::MissingTensor {
             name: name.to_owned(),
+            checkpoint: self.dir.clone(),
         })?;
         let found: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
         if found != shape {
@@ -125,6 +132,7 @@ impl Weights {
                 name: name.to_owned(),
                 expected: shape.to_vec(),
                 found,
+                checkpoint: self.dir.clone(),
             });
         }
         Ok(t.shallow_clone())

@@ -218,14 +218,51 @@ fn missing_tensor_is_named() {
     let (cfg, mut tensors) = fixture_weights("tiny-llama");
     tensors.remove("model.layers.1.mlp.up_proj.weight");
     match Model::load(&cfg, &Weights::from_tensors(tensors)) {
-        Err(Error::MissingTensor { name }) => assert_eq!(name, "model.layers.1.mlp.up_proj.weight"),
+        Err(Error::MissingTensor { name, .. }) => assert_eq!(name, "model.layers.1.mlp.up_proj.weight"),
         other => panic!("expected MissingTensor, got {other:?}"),
     }
     // An untied model needs its head.
     let (cfg, mut tensors) = fixture_weights("tiny-llama");
     tensors.remove("lm_head.weight");
     assert!(
-        matches!(Model::load(&cfg, &Weights::from_tensors(tensors)), Err(Error::MissingTensor { name }) if name == "lm_head.weight")
+        matches!(Model::load(&cfg, &Weights::from_tensors(tensors)), Err(Error::MissingTensor { name, .. }) if name == "lm_head.weight")
+    );
+}
+
+/// Weights whose config.json was edited (a user's mix-up of two
+/// checkpoints): the error names the directory, the tensor and both
+/// shapes, and says where the expected one comes from.
+#[test]
+fn a_config_that_does_not_match_the_weights_names_the_checkpoint() {
+    let dir = scratch_dir("mismatched-config");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture_dir("tiny-qwen2").join(f), dir.join(f)).unwrap();
+    }
+    let edit = |key: &str, by: i64| {
+        let path = dir.join("config.json");
+        let mut c: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        c[key] = (c[key].as_i64().unwrap() + by).into();
+        std::fs::write(&path, c.to_string()).unwrap();
+    };
+    edit("intermediate_size", 2);
+    let e = Model::from_dir(&dir, Kind::Float, Device::Cpu).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        matches!(e, Error::ShapeMismatch { .. })
+            && msg.starts_with(&format!("checkpoint {}: ", dir.display()))
+            && msg.contains("`model.layers.0.mlp.gate_proj.weight` has shape")
+            && msg.contains("config.json implies"),
+        "{msg}"
+    );
+    edit("intermediate_size", -2);
+    edit("num_hidden_layers", 1);
+    let msg = Model::from_dir(&dir, Kind::Float, Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(&dir.display().to_string()) && msg.contains("missing tensor `model.layers.2."),
+        "{msg}"
     );
 }
 
@@ -240,6 +277,7 @@ fn mis_shaped_tensor_is_named_with_both_shapes() {
                 name: n,
                 expected,
                 found,
+                ..
             } = &e
             else {
                 unreachable!()
