@@ -137,13 +137,15 @@ impl MemoryReport {
             .collect();
         cols.sort();
         cols.dedup();
-        // GiB for real devices, MiB for colo's small CPU runs.
-        let (unit, scale) = if self.device_bytes >= GIB {
-            ("GiB", GIB)
-        } else {
-            ("MiB", 1 << 20)
-        };
+        // The peak's unit: GiB for real models, MiB or KiB for colo's small
+        // CPU runs (a 0.1 M-parameter model on a 24 GiB "device" is all
+        // zeros in GiB).
+        let (unit, scale) = unit_of(self.peak_bytes);
         let gib = |b: u64| format!("{:.1}", b as f64 / scale as f64);
+        let sized = |b: u64| {
+            let (unit, scale) = unit_of(b);
+            format!("{:.1} {unit}", b as f64 / scale as f64)
+        };
         let name_w = self
             .phases
             .iter()
@@ -176,27 +178,90 @@ impl MemoryReport {
         }
         let _ = writeln!(
             out,
-            "\npeak {} {unit} in `{}` of {} {unit} per device: {}",
+            "\npeak {} {unit} in `{}` of {} per device: {}",
             gib(self.peak_bytes),
             self.peak_phase,
-            gib(self.device_bytes),
+            sized(self.device_bytes),
             if self.fits { "fits" } else { "OUT OF MEMORY" }
         );
         let _ = writeln!(
             out,
-            "engine: mem fraction {:.3}, KV cache {} {unit} = {} tokens per replica",
-            self.mem_fraction,
-            gib(self.kv_cache_bytes),
+            "engine: mem fraction {}, KV cache {} = {} tokens per replica",
+            fraction(self.mem_fraction),
+            sized(self.kv_cache_bytes),
             self.kv_tokens
         );
         match self.max_mem_fraction {
             Some(f) => {
-                let _ = writeln!(out, "largest mem fraction that fits: {f:.3}");
+                let _ = writeln!(out, "largest mem fraction that fits: {}", fraction(f));
             }
             None => {
                 let _ = writeln!(out, "no mem fraction fits");
             }
         }
         out
+    }
+}
+
+/// The binary unit a size reads best in: GiB from 1 GiB, MiB from 1 MiB,
+/// else KiB; with its size in bytes.
+fn unit_of(bytes: u64) -> (&'static str, u64) {
+    match bytes {
+        b if b >= GIB => ("GiB", GIB),
+        b if b >= 1 << 20 => ("MiB", 1 << 20),
+        _ => ("KiB", 1 << 10),
+    }
+}
+
+/// A memory fraction with three decimals, or two significant digits
+/// below 0.001 (a small model's KV cache on a large device).
+fn fraction(f: f64) -> String {
+    match f {
+        f if f == 0.0 || f >= 1e-3 => format!("{f:.3}"),
+        f => format!("{f:.1e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_in_the_unit_of_their_magnitude() {
+        assert_eq!(unit_of(3 * GIB), ("GiB", GIB));
+        assert_eq!(unit_of(GIB - 1), ("MiB", 1 << 20));
+        assert_eq!(unit_of(320 << 10), ("KiB", 1 << 10));
+        assert_eq!(fraction(0.9), "0.900");
+        assert_eq!(fraction(2.2e-5), "2.2e-5");
+        assert_eq!(fraction(0.0), "0.000");
+    }
+
+    /// A 4.4 MiB peak on a 24 GiB device: the table in MiB, not zeros in GiB.
+    #[test]
+    fn a_small_run_on_a_large_device_is_tabled_in_mib() {
+        let mut components = std::collections::BTreeMap::new();
+        components.insert(Component::Activations, 4_600_000u64);
+        let report = MemoryReport {
+            peak_bytes: 4_600_000,
+            peak_phase: "training".into(),
+            device_bytes: 24 * GIB,
+            fits: true,
+            mem_fraction: 2.2e-5,
+            max_mem_fraction: Some(1.0),
+            kv_cache_bytes: 320 << 10,
+            kv_tokens: 1280,
+            phases: vec![PhaseMemory {
+                name: "training".into(),
+                kind: PhaseKind::Training,
+                components,
+                total_bytes: 4_600_000,
+            }],
+        };
+        let t = report.table();
+        assert!(
+            t.contains("peak 4.4 MiB in `training` of 24.0 GiB per device: fits")
+                && t.contains("KV cache 320.0 KiB = 1280 tokens"),
+            "{t}"
+        );
     }
 }

@@ -248,10 +248,10 @@ fn memory(a: MemoryArgs) -> Result<()> {
         } else {
             let m = &plan.model;
             println!(
-                "colo train run: {:.2}M params ({}), capacity {:.1} MiB, mode {}, longest prompt {} tokens, {} KV tokens\n",
+                "colo train run: {:.2}M params ({}), capacity {}, mode {}, longest prompt {} tokens, {} KV tokens\n",
                 m.params() as f64 / 1e6,
                 run.input.param_dtype,
-                run.capacity as f64 / (1u64 << 20) as f64,
+                colo_mem::fmt_bytes(run.capacity),
                 run.input.mode,
                 run.max_prompt_tokens,
                 report.kv_tokens,
