@@ -106,10 +106,19 @@ pub(crate) fn empty_tags(pool: &Pool, tags: &[&str]) -> Result<()> {
 pub extern "C" fn colo_mem_cuda_segment_alloc(slot: u32, tag: u32, bytes: usize) -> *mut c_void {
     std::panic::catch_unwind(|| {
         let pool = crate::region::registered(slot as usize);
-        let got = pool.alloc_locked(&mut pool.lock(), tag as usize, bytes);
-        got.map(|(addr, _)| addr)
-            .map_err(|e| eprintln!("colo-mem: {e}"))
-            .ok()
+        let mut st = pool.lock();
+        match pool.alloc_locked(&mut st, tag as usize, bytes) {
+            Ok((addr, _)) => Some(addr),
+            Err(e) => {
+                // libtorch raises its own "CUDA out of memory" for the null
+                // below; the reason waits for `Pool::take_device_refusal`.
+                if st.device_refusal.is_none() {
+                    eprintln!("colo-mem: {e}");
+                    st.device_refusal = Some(e);
+                }
+                None
+            }
+        }
     })
     .ok()
     .flatten()

@@ -112,6 +112,9 @@ pub(crate) struct State {
     pub(crate) recorded: u64,
     /// Failures of region allocations, by guard id, for `RegionGuard::finish`.
     pub(crate) region_failures: Vec<(u64, Error)>,
+    /// The first CUDA segment refused since `take_device_refusal` last
+    /// looked (libtorch turns the refusal into its own generic OOM).
+    pub(crate) device_refusal: Option<Error>,
 }
 
 impl State {
@@ -197,6 +200,7 @@ impl Pool {
             timeline: VecDeque::new(),
             recorded: 0,
             region_failures: Vec::new(),
+            device_refusal: None,
         };
         Ok(std::sync::Arc::new(Pool {
             backend,

@@ -250,6 +250,17 @@ impl Drop for RegionGuard {
 }
 
 impl Pool {
+    /// The first CUDA segment this pool refused a region (out of memory,
+    /// a paused tag) since the last call, taken; always `None` on a host
+    /// pool, whose refusals fall back to the heap and are reported by
+    /// [`RegionGuard::finish`]. libtorch turns a refused segment into its
+    /// own generic "CUDA out of memory" error, which does not say which
+    /// tag, capacity or phase: a caller that gets a libtorch error asks
+    /// here for colo-mem's reason.
+    pub fn take_device_refusal(&self) -> Option<Error> {
+        self.lock().device_refusal.take()
+    }
+
     /// One region of `tag` fewer open.
     fn close_region(&self, tag: TagId) {
         let mut st = self.lock();

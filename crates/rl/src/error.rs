@@ -77,6 +77,15 @@ pub enum Error {
     #[error("tensor: {0}")]
     Torch(Box<tch::TchError>),
 
+    /// libtorch failed after colo-mem refused it device memory (a CUDA
+    /// region's segment): colo-mem's refusal says which tag, phase and
+    /// capacity; libtorch's own message only "CUDA out of memory".
+    #[error("memory: {refusal} (libtorch: {libtorch})")]
+    DeviceRefused {
+        refusal: Box<colo_mem::Error>,
+        libtorch: String,
+    },
+
     /// A chart could not be drawn or encoded.
     #[error("picture `{what}`: {reason}")]
     Plot { what: &'static str, reason: String },
@@ -109,6 +118,18 @@ impl Error {
         Error::Context {
             context: context.into(),
             source: Box::new(source.into()),
+        }
+    }
+
+    /// This error, or — when `pool` refused a CUDA region device memory
+    /// meanwhile — that refusal with this error's first line beside it.
+    pub fn explained_by(self, pool: &colo_mem::Pool) -> Self {
+        match pool.take_device_refusal() {
+            Some(refusal) => Error::DeviceRefused {
+                refusal: Box::new(refusal),
+                libtorch: self.to_string().lines().next().unwrap_or("").to_owned(),
+            },
+            None => self,
         }
     }
 

@@ -124,6 +124,9 @@ impl Run<'_> {
         let t_step = Instant::now();
         self.worker.pool().reset_peak();
         self.worker.pool().set_step(batch.step as u64 + 1);
+        // A refusal libtorch recovered from (by emptying its caches) is
+        // not the reason for a later error.
+        let _ = self.worker.pool().take_device_refusal();
 
         // 1. Generate n samples per prompt (memory: train → rollout → train).
         let t = Instant::now();

@@ -9,6 +9,8 @@
 //!    (the autograd thread's gradients included) pause and resume at the
 //!    same address, bit-exact, with the memory released as the driver
 //!    reports it;
+//!    and a region over the pool's capacity fails with colo-mem's reason
+//!    (tag, capacity), not only libtorch's generic "CUDA out of memory";
 //! 4. `colo bench colocate --device cuda` (its three targets and the
 //!    capacity experiment, on the GPU's memory);
 //! 5. the built-in `colo train` on CUDA (a few steps, or all with `--full`).
@@ -51,6 +53,7 @@ pub fn run(a: Args) -> Result<()> {
             ));
         }
         results.push(("memory", memory()));
+        results.push(("oom", oom()));
         results.push(("colocate", super::bench_colocate::check_on("cuda")));
         results.push(("train", train(&a)));
     }
@@ -181,8 +184,46 @@ fn memory() -> Result<String> {
     ))
 }
 
+/// A 256 MiB tensor in a region of a 64 MiB pool: libtorch fails with its
+/// own OOM, and the pool has colo-mem's reason for it.
+#[cfg(feature = "cuda")]
+fn oom() -> Result<String> {
+    use colo_mem::cuda::CudaBackend;
+    use colo_mem::{Pool, PoolConfig};
+    let config = PoolConfig {
+        capacity: 64 << 20,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(Box::new(CudaBackend::new(0)?), config)?;
+    let made = {
+        let _g = pool.region("kv_cache")?;
+        Tensor::f_zeros([64 << 20], (Kind::Float, Device::Cuda(0)))
+    };
+    let Err(libtorch) = made else {
+        bail!("a 256 MiB tensor was made in a region of a 64 MiB pool");
+    };
+    let refusal = pool
+        .take_device_refusal()
+        .context("libtorch failed, but the pool recorded no refusal")?;
+    let text = refusal.to_string();
+    ensure!(
+        text.contains("out of device memory") && text.contains("`kv_cache`"),
+        "the refusal does not name the tag: {text}"
+    );
+    let libtorch = libtorch.to_string();
+    Ok(format!(
+        "libtorch: {}; colo-mem: {text}",
+        libtorch.lines().next().unwrap_or("")
+    ))
+}
+
 #[cfg(not(feature = "cuda"))]
 fn memory() -> Result<String> {
+    bail!("this colo was built without the `cuda` feature (cargo build --features cuda)")
+}
+
+#[cfg(not(feature = "cuda"))]
+fn oom() -> Result<String> {
     bail!("this colo was built without the `cuda` feature (cargo build --features cuda)")
 }
 

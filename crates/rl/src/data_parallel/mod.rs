@@ -193,7 +193,10 @@ impl Rank {
             epoch: global.epoch,
             prompts: global.prompts[mine].to_vec(),
         };
-        let m = self.run.step(&batch)?;
+        let m = self
+            .run
+            .step(&batch)
+            .map_err(|e| e.explained_by(self.run.worker.pool()))?;
         self.run.metrics.step(&m)?;
         self.timeline.append_new(self.run.worker.pool())?;
         Ok(m)
