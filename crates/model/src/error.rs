@@ -17,7 +17,10 @@ pub enum Error {
     Config(String),
 
     /// The checkpoint has no tensor of this name (that the config implies).
-    #[error("{}missing tensor `{name}`, which the model's config.json implies", in_checkpoint(checkpoint))]
+    #[error(
+        "{}missing tensor `{name}`, which the model's config.json implies",
+        in_checkpoint(checkpoint)
+    )]
     MissingTensor {
         name: String,
         /// The directory the weights were read from, if they were.
@@ -25,7 +28,10 @@ pub enum Error {
     },
 
     /// The checkpoint has the tensor, but not with the shape the config implies.
-    #[error("{}tensor `{name}` has shape {found:?}, but the model's config.json implies {expected:?}", in_checkpoint(checkpoint))]
+    #[error(
+        "{}tensor `{name}` has shape {found:?}, but the model's config.json implies {expected:?}",
+        in_checkpoint(checkpoint)
+    )]
     ShapeMismatch {
         name: String,
         expected: Vec<usize>,

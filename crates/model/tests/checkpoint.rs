@@ -218,7 +218,9 @@ fn missing_tensor_is_named() {
     let (cfg, mut tensors) = fixture_weights("tiny-llama");
     tensors.remove("model.layers.1.mlp.up_proj.weight");
     match Model::load(&cfg, &Weights::from_tensors(tensors)) {
-        Err(Error::MissingTensor { name, .. }) => assert_eq!(name, "model.layers.1.mlp.up_proj.weight"),
+        Err(Error::MissingTensor { name, .. }) => {
+            assert_eq!(name, "model.layers.1.mlp.up_proj.weight")
+        }
         other => panic!("expected MissingTensor, got {other:?}"),
     }
     // An untied model needs its head.

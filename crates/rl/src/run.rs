@@ -271,7 +271,9 @@ fn train_steps(
 
     // ---- the steps ---------------------------------------------------------
     for step in first_step..total {
-        let m = run.step(&batches.batch(step)).map_err(|e| e.explained_by(pool))?;
+        let m = run
+            .step(&batches.batch(step))
+            .map_err(|e| e.explained_by(pool))?;
         if let Some((at, accuracy)) = run.evaluated.take() {
             if at == 0 {
                 first_accuracy = Some(accuracy);

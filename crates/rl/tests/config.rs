@@ -198,8 +198,12 @@ fn malformed_toml_gives_the_line() {
 
 #[test]
 fn batch_sizes_are_checked_against_each_other() {
-    let (line, field, msg) = err("[data]\ntrain_batch_size = 30\n[actor]\nppo_mini_batch_size = 16\n");
-    assert_eq!((line, field.as_str()), (Some(4), "actor.ppo_mini_batch_size"));
+    let (line, field, msg) =
+        err("[data]\ntrain_batch_size = 30\n[actor]\nppo_mini_batch_size = 16\n");
+    assert_eq!(
+        (line, field.as_str()),
+        (Some(4), "actor.ppo_mini_batch_size")
+    );
     assert!(
         msg.contains("16 prompts must divide data.train_batch_size (30 prompts)"),
         "{msg}"
@@ -232,8 +236,16 @@ fn unset_batch_sizes_fit_the_batch_they_cut() {
         ("[data]\ntrain_batch_size = 4\n[rollout]\nn = 4\n", 4, 16),
         ("[data]\ntrain_batch_size = 30\n", 15, 60),
         ("[rollout]\nn = 3\n", 16, 48),
-        ("[data]\ntrain_batch_size = 7\n[rollout]\nn = 2\n[actor]\nppo_micro_batch_size = 7\n", 7, 7),
-        ("[data]\ntrain_batch_size = 8\n[actor]\nppo_mini_batch_size = 2\n", 2, 16),
+        (
+            "[data]\ntrain_batch_size = 7\n[rollout]\nn = 2\n[actor]\nppo_micro_batch_size = 7\n",
+            7,
+            7,
+        ),
+        (
+            "[data]\ntrain_batch_size = 8\n[actor]\nppo_mini_batch_size = 2\n",
+            2,
+            16,
+        ),
     ];
     for (text, mini, micro) in cases {
         let c = parse(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));

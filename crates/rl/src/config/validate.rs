@@ -608,30 +608,59 @@ pub(crate) fn summary(c: &Config) -> String {
         format!("model      {model}"),
         format!(
             "step       {} prompts × n {} = {} samples, max {} new tokens, {}",
-            b.prompts_per_step, b.n, b.samples_per_step, c.rollout.max_new_tokens, sampling_text(&c.rollout.sampling)
+            b.prompts_per_step,
+            b.n,
+            b.samples_per_step,
+            c.rollout.max_new_tokens,
+            sampling_text(&c.rollout.sampling)
         ),
         format!(
             "update     {} of {} prompts ({} samples) × {} = {}; {}",
-            count(b.mini_batches_per_step, "mini-batch", "mini-batches"), b.mini_batch_prompts, b.mini_batch_samples,
+            count(b.mini_batches_per_step, "mini-batch", "mini-batches"),
+            b.mini_batch_prompts,
+            b.mini_batch_samples,
             count(c.actor.ppo_epochs, "ppo epoch", "ppo epochs"),
-            count(b.optimizer_steps_per_step, "optimiser step", "optimiser steps"),
+            count(
+                b.optimizer_steps_per_step,
+                "optimiser step",
+                "optimiser steps"
+            ),
             match b.micro_batch_max_tokens {
-                Some(t) => format!("micro-batches of consecutive samples within {t} padded tokens each"),
-                None => format!("{} of {} samples each", count(b.micro_batches_per_mini_batch, "micro-batch", "micro-batches"), b.micro_batch_samples),
+                Some(t) =>
+                    format!("micro-batches of consecutive samples within {t} padded tokens each"),
+                None => format!(
+                    "{} of {} samples each",
+                    count(
+                        b.micro_batches_per_mini_batch,
+                        "micro-batch",
+                        "micro-batches"
+                    ),
+                    b.micro_batch_samples
+                ),
             }
         ),
         format!(
             "algorithm  {} advantages, {} policy loss (clip {}/{}, {}), {kl}, lr {} (warmup {})",
             c.algorithm.advantage.adv_estimator.name(),
             name(&c.actor.policy_loss.loss_mode),
-            c.actor.policy_loss.clip_ratio_low.unwrap_or(c.actor.policy_loss.clip_ratio),
-            c.actor.policy_loss.clip_ratio_high.unwrap_or(c.actor.policy_loss.clip_ratio),
+            c.actor
+                .policy_loss
+                .clip_ratio_low
+                .unwrap_or(c.actor.policy_loss.clip_ratio),
+            c.actor
+                .policy_loss
+                .clip_ratio_high
+                .unwrap_or(c.actor.policy_loss.clip_ratio),
             name(&c.actor.policy_loss.loss_agg_mode),
             c.actor.optim.lr,
             c.actor.optim.warmup_steps
         ),
         format!("reward     {}", name(&c.reward)),
-        format!("compute    {}, {}", name(&c.trainer.device), dtype_text(c.trainer.dtype, c.trainer.device)),
+        format!(
+            "compute    {}, {}",
+            name(&c.trainer.device),
+            dtype_text(c.trainer.dtype, c.trainer.device)
+        ),
         format!(
             "memory     {} colocation, capacity {}, offload during generation: {} ({})",
             name(&m.colocation),
@@ -639,7 +668,11 @@ pub(crate) fn summary(c: &Config) -> String {
                 Capacity::Auto => "auto".to_owned(),
                 Capacity::Bytes(b) => colo_mem::fmt_bytes(b),
             },
-            if offload.is_empty() { "none".to_owned() } else { offload.join(", ") },
+            if offload.is_empty() {
+                "none".to_owned()
+            } else {
+                offload.join(", ")
+            },
             match m.offload_policy {
                 OffloadPolicy::AsNeeded => "as needed",
                 OffloadPolicy::Always => "always",
