@@ -8,7 +8,11 @@
 //! `colo generate --model …/step-N` and `model.path = "…/step-N"` load it.
 //! Beside them, the optimizer state and `trainer_state.json`
 //! (`global_step`: RL steps, `optimizer_steps`: optimizer steps), written
-//! last, and for a GAE run the critic in `critic/`.
+//! last, for a GAE run the critic in `critic/`, and `worker_state.json`:
+//! what the memory choreography learnt of the steps so far (the largest
+//! step, whether the reference stays resident), so that a resumed run
+//! keeps and gives up what the uninterrupted one would have (optional:
+//! older checkpoints resume without it).
 //!
 //! `--resume` continues from the newest *complete* checkpoint
 //! ([`latest_complete`]): one whose `trainer_state.json` reads, whose

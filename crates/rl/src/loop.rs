@@ -122,11 +122,7 @@ impl Run<'_> {
     pub(crate) fn step(&mut self, batch: &Batch) -> Result<StepMetrics> {
         let (cfg, plan) = (self.config, self.config.batch);
         let t_step = Instant::now();
-        self.worker.pool().reset_peak();
-        self.worker.pool().set_step(batch.step as u64 + 1);
-        // A refusal libtorch recovered from (by emptying its caches) is
-        // not the reason for a later error.
-        let _ = self.worker.pool().take_device_refusal();
+        self.worker.begin_step(batch.step as u64 + 1);
 
         // 1. Generate n samples per prompt (memory: train → rollout → train).
         let t = Instant::now();

@@ -85,17 +85,49 @@ pub struct HybridWorker {
     offloaded: Offload,
     policy: OffloadPolicy,
     offload_ref: bool,
+    /// `as_needed`: the reference stayed resident after its last pass.
+    ref_kept: bool,
+    /// Padded tokens (rows × length) of this step's batch, from the
+    /// reference's pass.
+    step_tokens: Option<u64>,
+    /// The largest step so far, for [`HybridWorker::room_for_the_reference`].
+    largest: Option<StepSize>,
     engine_cfg: EngineConfig,
     /// `restart` mode writes the actor here each step.
     scratch: PathBuf,
     phase: Phase,
 }
 
+/// The most any completed step held: its padded tokens and its allocated
+/// peak without the reference (each the maximum over the steps).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+struct StepSize {
+    tokens: u64,
+    peak: u64,
+}
+
+/// What the memory choreography remembers across steps, saved in each
+/// checkpoint (`worker_state.json`) so that a resumed run gives up and
+/// keeps what the uninterrupted one would have.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+struct MemoryState {
+    /// The largest step so far, the one just ended included.
+    largest: Option<StepSize>,
+    /// The reference stayed resident after the last pass.
+    reference_kept: bool,
+}
+
+/// The file of [`MemoryState`] in a checkpoint (absent in checkpoints
+/// written before it existed: the state starts empty then).
+pub const WORKER_STATE_FILE: &str = "worker_state.json";
+
 /// What one train → rollout switch gives up ([`HybridWorker::switch_plan`]).
 #[derive(Debug, Clone, Copy)]
 struct SwitchPlan {
     /// The training passes' cached blocks.
     cache: bool,
+    /// The reference's weights, when the last pass kept them.
+    reference: bool,
     actor: Offload,
 }
 
@@ -175,6 +207,9 @@ impl HybridWorker {
                 },
             },
             offload_ref: memory.offload_ref && memory.colocation != Colocation::Naive,
+            ref_kept: false,
+            step_tokens: None,
+            largest: None,
             engine_cfg: spec.engine.clone(),
             offloaded: Offload::NONE,
             policy: memory.offload_policy,
@@ -185,6 +220,19 @@ impl HybridWorker {
 
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
+    }
+
+    /// Starts RL step `step` (1-based, for the timeline): folds the step
+    /// before into the largest so far (what `as_needed` weighs the
+    /// reference against) and starts a new peak window. A CUDA refusal
+    /// libtorch recovered from (by emptying its caches) is forgotten: it
+    /// is not the reason for a later error.
+    pub fn begin_step(&mut self, step: u64) {
+        self.largest = self.largest_with_this_step();
+        self.step_tokens = None;
+        self.pool.reset_peak();
+        self.pool.set_step(step);
+        let _ = self.pool.take_device_refusal();
     }
 
     pub fn phase(&self) -> Phase {
@@ -306,11 +354,19 @@ impl HybridWorker {
     }
 
     /// Reference log-probabilities (training phase), reloading the
-    /// reference's weights around the pass if `offload_ref`. Unlike the
-    /// actor's state they go after every pass whatever the policy: they
-    /// are live memory, not a cache the pool can drop, and the update that
-    /// follows may need the room (kept resident on the built-in job they
-    /// pushed its update to the 72 MiB capacity and into the heap).
+    /// reference's weights around the pass if `offload_ref`.
+    ///
+    /// `always` (and `restart` mode): they go after every pass. `as_needed`
+    /// (sleep and staged): they stay through the update when a step at
+    /// least as large (padded tokens) has run and its allocated peak plus
+    /// them fits the capacity. They are live memory, which the pool cannot
+    /// drop like a cache if the update needs more, so only a step no
+    /// larger than one already measured keeps them (in RL responses grow);
+    /// before that, and on a device without that room (the built-in job in
+    /// f32), they go. Kept, they are the first thing after the training
+    /// cache that the next switch gives up if the engine needs the room
+    /// ([`HybridWorker::switch_plan`]). verl offloads its reference only
+    /// when told; on a GPU each offload is two copies of the model a step.
     pub fn ref_log_probs(
         &mut self,
         seqs: &colo_train::SeqBatch,
@@ -320,16 +376,60 @@ impl HybridWorker {
         let Some(r) = &self.reference else {
             return Ok(None);
         };
+        let tokens = (seqs.batch_size() as u64).saturating_mul(seqs.seq_len() as u64);
+        self.step_tokens = Some(self.step_tokens.unwrap_or(0).max(tokens));
         if self.offload_ref {
             self.pool.set_phase("ref_log_prob");
-            r.reload()?;
+            if self.pool.tag_state(tags::REF) == Some(colo_mem::TagState::Paused) {
+                r.reload()?;
+            }
         }
         let lp = r.score(seqs, micro)?;
         if self.offload_ref {
-            r.offload()?;
+            self.ref_kept = self.room_for_the_reference(tokens);
+            if !self.ref_kept {
+                r.offload()?;
+            }
             self.pool.set_phase("train");
         }
         Ok(Some(lp))
+    }
+
+    /// The largest step so far with the step under way (since the last
+    /// `begin_step`) folded in, if it scored with the reference.
+    fn largest_with_this_step(&self) -> Option<StepSize> {
+        let Some(tokens) = self.step_tokens else {
+            return self.largest;
+        };
+        let stats = self.pool.stats();
+        let reference = stats
+            .tag(tags::REF)
+            .map_or(0, |t| t.resident_bytes + t.paused_bytes);
+        let peak = match self.ref_kept {
+            true => stats.peak_allocated_bytes.saturating_sub(reference),
+            false => stats.peak_allocated_bytes,
+        };
+        Some(match self.largest {
+            None => StepSize { tokens, peak },
+            Some(l) => StepSize {
+                tokens: l.tokens.max(tokens),
+                peak: l.peak.max(peak),
+            },
+        })
+    }
+
+    /// Whether the reference may stay resident through the update of a
+    /// batch of `tokens` padded tokens (see [`HybridWorker::ref_log_probs`]).
+    fn room_for_the_reference(&self, tokens: u64) -> bool {
+        let (Some(largest), OffloadPolicy::AsNeeded) = (self.largest, self.policy) else {
+            return false;
+        };
+        if !matches!(self.mode, Colocation::Sleep | Colocation::Staged) || tokens > largest.tokens {
+            return false;
+        }
+        let stats = self.pool.stats();
+        let reference = stats.tag(tags::REF).map_or(0, |t| t.resident_bytes);
+        largest.peak.saturating_add(reference) <= stats.capacity_bytes
     }
 
     /// Writes the checkpoint of RL step `step` into `dir` (training phase),
@@ -340,9 +440,16 @@ impl HybridWorker {
     pub fn save_checkpoint(&self, dir: &Path, step: usize, model_dir: &Path) -> Result<()> {
         self.expect("save a checkpoint", Phase::Train)?;
         let critic = self.critic.as_ref();
+        let memory = MemoryState {
+            largest: self.largest_with_this_step(),
+            reference_kept: self.ref_kept,
+        };
         self.actor
             .save_checkpoint_with(dir, Some(step as u64), |tmp| -> Result<()> {
                 crate::checkpoints::write_model_files(model_dir, tmp)?;
+                let path = tmp.join(WORKER_STATE_FILE);
+                let text = serde_json::to_string_pretty(&memory)?;
+                std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
                 if let Some(c) = critic {
                     let cdir = tmp.join(crate::checkpoints::CRITIC_DIR);
                     c.save_checkpoint_with(&cdir, Some(step as u64), |_| Ok::<(), Error>(()))?;
@@ -358,6 +465,23 @@ impl HybridWorker {
         self.actor.load_checkpoint(dir)?;
         if let Some(c) = &mut self.critic {
             c.load_checkpoint(&dir.join(crate::checkpoints::CRITIC_DIR))?;
+        }
+        let path = dir.join(WORKER_STATE_FILE);
+        if path.is_file() {
+            let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+            let memory: MemoryState = serde_json::from_str(&text)
+                .map_err(|e| Error::Resume(format!("{}: {e}", path.display())))?;
+            self.largest = memory.largest;
+            self.step_tokens = None;
+            // Resident again where the run that wrote it had it resident.
+            if let (true, true, Some(r)) =
+                (memory.reference_kept, self.offload_ref, &self.reference)
+            {
+                if self.pool.tag_state(tags::REF) == Some(colo_mem::TagState::Paused) {
+                    r.reload()?;
+                }
+            }
+            self.ref_kept = memory.reference_kept && self.offload_ref;
         }
         Ok(())
     }
@@ -387,6 +511,11 @@ impl HybridWorker {
             self.pool.set_phase("release_cache");
             self.actor.release_cache();
         }
+        if let (true, Some(r)) = (plan.reference, &self.reference) {
+            self.pool.set_phase("offload_ref");
+            r.offload()?;
+            self.ref_kept = false;
+        }
         self.pool.set_phase("offload_optimizer");
         self.offload_actor(Offload {
             params: false,
@@ -407,7 +536,8 @@ impl HybridWorker {
     /// flags allow.
     ///
     /// `always`: all of it. `as_needed`: the cheapest first — the cache
-    /// (nothing to copy), the optimizer state, the gradients (neither is
+    /// (nothing to copy), a kept reference (one copy of the model), the
+    /// optimizer state, the gradients (neither is
     /// read while generating), the parameters (they are read by the sync
     /// and go after it) — until every byte mapped
     /// now, less what goes, plus the engine's paused tags fits the
@@ -419,9 +549,12 @@ impl HybridWorker {
     /// all of it, as `always`.
     fn switch_plan(&self) -> SwitchPlan {
         let allowed = self.offload;
+        let kept_ref =
+            self.offload_ref && self.pool.tag_state(tags::REF) == Some(colo_mem::TagState::Active);
         if self.policy == OffloadPolicy::Always {
             return SwitchPlan {
                 cache: true,
+                reference: kept_ref,
                 actor: allowed,
             };
         }
@@ -438,10 +571,12 @@ impl HybridWorker {
         let fits = |need: u64| need <= stats.capacity_bytes;
         let mut plan = SwitchPlan {
             cache: false,
+            reference: false,
             actor: Offload::NONE,
         };
-        let steps: [(bool, u64, &mut bool); 4] = [
+        let steps: [(bool, u64, &mut bool); 5] = [
             (true, cached, &mut plan.cache),
+            (kept_ref, held(tags::REF), &mut plan.reference),
             (
                 allowed.optimizer,
                 held(tags::OPTIMIZER),

@@ -227,7 +227,7 @@ fn a_switch_gives_up_only_what_the_engine_needs_the_room_for() {
     let mut w = trained(u64::MAX, "plan-roomy");
     assert!(
         !active(&w, tags::REF),
-        "the reference is live memory: it goes after its pass whatever the room"
+        "before a whole step has run, the reference goes after its pass whatever the room"
     );
     let stats = w.pool().stats();
     let (resident, kept) = (stats.resident_bytes, cached(&w));
@@ -283,6 +283,128 @@ fn a_switch_gives_up_only_what_the_engine_needs_the_room_for() {
     for name in ["plan-roomy", "plan-cache", "plan-optimizer"] {
         remove_scratch(name);
     }
+}
+
+/// `as_needed` and the reference: it stays resident through the update
+/// when a step at least as large has run and its allocated peak plus the
+/// reference fits the capacity (no copy out and back every step: verl does
+/// not offload its reference unless told); a larger batch than any so far,
+/// or a peak without that room, sends it away after its pass as before;
+/// and a kept reference is the first thing after the cache that a switch
+/// gives up when the engine needs the room.
+#[test]
+fn an_as_needed_reference_stays_while_a_step_as_large_had_room_for_it() {
+    let seqs =
+        SeqBatch::from_prompt_response(&[(&[278, 28, 274][..], &[272, 337, 7][..])], 0).unwrap();
+    let longer = SeqBatch::from_prompt_response(
+        &[(&[278, 28, 274][..], &[272, 337, 7, 272, 337, 7][..])],
+        0,
+    )
+    .unwrap();
+    let state = |w: &HybridWorker, t: &str| w.pool().tag_state(t).unwrap();
+    let tag = |w: &HybridWorker, t: &str| w.pool().stats().tag(t).unwrap().clone();
+    // A step without generation: the reference's pass, then an update.
+    let step = |w: &mut HybridWorker, n: u64| {
+        w.begin_step(n);
+        w.ref_log_probs(&seqs, 4).unwrap();
+        w.actor.sft_step(&seqs).unwrap();
+    };
+    let make = |capacity: u64, name: &str, kv: usize| {
+        worker_on(
+            capacity,
+            Colocation::Staged,
+            name,
+            kv,
+            Kind::Float,
+            OffloadPolicy::AsNeeded,
+        )
+    };
+
+    // Roomy: offloaded after the first step's pass, kept from the second.
+    let mut w = make(u64::MAX, "ref-roomy", 512);
+    step(&mut w, 1);
+    assert_eq!(
+        state(&w, tags::REF),
+        TagState::Paused,
+        "no step's peak known yet"
+    );
+    let step1_peak = w.pool().stats().peak_allocated_bytes;
+    let reference = tag(&w, tags::REF).paused_bytes;
+    step(&mut w, 2);
+    assert_eq!(state(&w, tags::REF), TagState::Active);
+    let (pauses, resumes) = (tag(&w, tags::REF).pauses, tag(&w, tags::REF).resumes);
+    step(&mut w, 3);
+    assert_eq!(
+        (tag(&w, tags::REF).pauses, tag(&w, tags::REF).resumes),
+        (pauses, resumes),
+        "a kept reference is neither copied out nor back"
+    );
+    w.to_rollout().unwrap();
+    assert_eq!(
+        state(&w, tags::REF),
+        TagState::Active,
+        "the roomy switch keeps it"
+    );
+    w.to_train().unwrap();
+    w.begin_step(4);
+    w.ref_log_probs(&longer, 4).unwrap();
+    assert_eq!(
+        state(&w, tags::REF),
+        TagState::Paused,
+        "a batch longer than any measured step may need more than its peak"
+    );
+    w.actor.sft_step(&longer).unwrap();
+    step(&mut w, 5);
+    assert_eq!(
+        state(&w, tags::REF),
+        TagState::Active,
+        "the longer step is measured now"
+    );
+    remove_scratch("ref-roomy");
+
+    // No room beside the largest step's peak: it goes after every pass.
+    let capacity = step1_peak + reference / 2;
+    let mut w = make(capacity, "ref-tight", 512);
+    step(&mut w, 1);
+    step(&mut w, 2);
+    assert_eq!(state(&w, tags::REF), TagState::Paused);
+    assert!(w.pool().stats().peak_resident_bytes <= capacity);
+    remove_scratch("ref-tight");
+
+    // Room for it beside the update, not beside the engine (a KV cache
+    // larger than the update's activations): kept after the pass, given up
+    // by the switch (the training cache gone already).
+    let kv = 65536;
+    let mut w = make(u64::MAX, "ref-sizes", kv);
+    step(&mut w, 1);
+    let step1_peak = w.pool().stats().peak_allocated_bytes;
+    let stats = w.pool().stats();
+    let held = |t: &str| {
+        let s = stats.tag(t).unwrap();
+        s.resident_bytes + s.paused_bytes - s.cached_bytes
+    };
+    let trainer = held(tags::TRAIN_PARAMS) + held(tags::TRAIN_GRADS) + held(tags::OPTIMIZER);
+    let engine = held(tags::WEIGHTS) + held(tags::KV_CACHE);
+    remove_scratch("ref-sizes");
+    let capacity = trainer + engine + reference / 2;
+    assert!(
+        step1_peak + reference <= capacity,
+        "trainer {trainer}, engine {engine}, reference {reference}, step peak {step1_peak}"
+    );
+    let mut w = make(capacity, "ref-switch", kv);
+    step(&mut w, 1);
+    step(&mut w, 2);
+    assert_eq!(state(&w, tags::REF), TagState::Active);
+    w.actor.release_cache();
+    w.to_rollout().unwrap();
+    assert_eq!(state(&w, tags::REF), TagState::Paused);
+    let phases: Vec<String> = w.pool().timeline().into_iter().map(|e| e.phase).collect();
+    assert!(phases.iter().any(|p| p == "offload_ref"), "{phases:?}");
+    w.to_train().unwrap();
+    w.begin_step(3);
+    w.ref_log_probs(&seqs, 4).unwrap();
+    assert!(w.pool().stats().peak_resident_bytes <= capacity);
+    remove_scratch("ref-switch");
 }
 
 #[test]
