@@ -88,6 +88,18 @@ fn worker_on(
     HybridWorker::new(pool, &spec).unwrap()
 }
 
+/// A staged worker with `as_needed` switches on the CPU in float32.
+fn staged_as_needed(capacity: u64, name: &str, kv_tokens: usize) -> HybridWorker {
+    worker_on(
+        capacity,
+        Colocation::Staged,
+        name,
+        kv_tokens,
+        Kind::Float,
+        OffloadPolicy::AsNeeded,
+    )
+}
+
 /// The scratch directory a worker named `scratch` wrote (restart mode).
 fn remove_scratch(scratch: &str) {
     let dir = std::env::temp_dir().join(format!("colo-worker-{}-{scratch}", std::process::id()));
@@ -211,14 +223,7 @@ fn a_switch_gives_up_only_what_the_engine_needs_the_room_for() {
     // A step's worth of training state: the reference's pass, cached
     // activation blocks.
     let trained = |capacity: u64, name: &str| {
-        let mut w = worker_on(
-            capacity,
-            Colocation::Staged,
-            name,
-            kv,
-            Kind::Float,
-            OffloadPolicy::AsNeeded,
-        );
+        let mut w = staged_as_needed(capacity, name, kv);
         w.ref_log_probs(&seqs, 4).unwrap();
         w.actor.sft_step(&seqs).unwrap();
         w
@@ -309,16 +314,7 @@ fn an_as_needed_reference_stays_while_a_step_as_large_had_room_for_it() {
         w.ref_log_probs(&seqs, 4).unwrap();
         w.actor.sft_step(&seqs).unwrap();
     };
-    let make = |capacity: u64, name: &str, kv: usize| {
-        worker_on(
-            capacity,
-            Colocation::Staged,
-            name,
-            kv,
-            Kind::Float,
-            OffloadPolicy::AsNeeded,
-        )
-    };
+    let make = staged_as_needed;
 
     // Roomy: offloaded after the first step's pass, kept from the second.
     let mut w = make(u64::MAX, "ref-roomy", 512);
