@@ -140,11 +140,34 @@ pub fn make_pool(config: &Config) -> Result<std::sync::Arc<colo_mem::Pool>> {
         #[cfg(feature = "cuda")]
         crate::config::Device::Cuda => {
             let backend = colo_mem::cuda::CudaBackend::new(0)?;
-            Ok(colo_mem::Pool::new(Box::new(backend), cfg)?)
+            let pool = colo_mem::Pool::new(Box::new(backend), cfg)?;
+            warm_up_cublas(tch::Device::Cuda(0))?;
+            Ok(pool)
         }
         #[cfg(not(feature = "cuda"))]
         crate::config::Device::Cuda => Err(no_cuda()),
     }
+}
+
+/// cuBLAS and cuBLASLt make a thread's workspaces on its first product,
+/// through the caching allocator: inside a region they would land in that
+/// region's tag (the MemPool routing is process-wide) and pin a segment of
+/// it for the rest of the run. One small product with a bias and its
+/// backward, in float32 and bf16, before any region makes them outside
+/// every tag: the calling thread's, and the autograd device thread's
+/// (where the backward's products run).
+#[cfg(feature = "cuda")]
+fn warm_up_cublas(device: tch::Device) -> Result<()> {
+    for kind in [tch::Kind::Float, tch::Kind::BFloat16] {
+        let x = tch::Tensor::f_ones([8, 8], (kind, device))?.f_set_requires_grad(true)?;
+        let w = tch::Tensor::f_ones([8, 8], (kind, device))?.f_set_requires_grad(true)?;
+        let b = tch::Tensor::f_zeros([8], (kind, device))?;
+        x.f_linear(&w, Some(&b))?
+            .f_sum(tch::Kind::Float)?
+            .f_backward()?;
+    }
+    tch::Cuda::synchronize(0);
+    Ok(())
 }
 
 pub(crate) fn engine_config(config: &Config) -> EngineConfig {
