@@ -13,7 +13,10 @@
 //!    (tag, capacity), not only libtorch's generic "CUDA out of memory";
 //! 4. `colo bench colocate --device cuda` (its three targets and the
 //!    capacity experiment, on the GPU's memory);
-//! 5. the built-in `colo train` on CUDA (a few steps, or all with `--full`).
+//! 5. the built-in `colo train` on CUDA (a few steps, or all with `--full`),
+//!    and two steps with `offload_policy = "always"` whose every emptied
+//!    activations cache must hold nothing (no cuBLAS workspace, no kept
+//!    MemPool pinning a segment of it).
 //!
 //! Each check prints its figures; the summary lists pass/fail and the exit
 //! status is 1 if any failed.
@@ -235,14 +238,81 @@ fn train(a: &Args) -> Result<String> {
     }
     let t = Instant::now();
     let s = colo_rl::r#loop::run(&config, &a.out, false).context("colo train on CUDA")?;
+    let secs = t.elapsed().as_secs_f64();
+    // Two steps that give up everything at each switch: every emptied
+    // activations cache must be empty (a cuBLAS workspace or a MemPool the
+    // caching allocator kept would pin a segment of it).
+    config.memory.offload_policy = colo_rl::config::OffloadPolicy::Always;
+    config.trainer.length = colo_rl::config::RunLength::Steps(2);
+    let always = a.out.join("always");
+    colo_rl::r#loop::run(&config, &always, false).context("colo train on CUDA, always")?;
+    let emptied = emptied_caches(&always.join("timeline.jsonl"))?;
     let pct = |x: Option<f64>| x.map_or("-".into(), |x| format!("{:.1}%", 100.0 * x));
     Ok(format!(
-        "{} steps in {:.1} s; held-out accuracy {} → {}; peak device memory {}; run in {}",
+        "{} steps in {secs:.1} s; held-out accuracy {} → {}; peak device memory {}; run in {}; \
+         `always`: the activations cache empty after each of {emptied} switches",
         s.steps,
-        t.elapsed().as_secs_f64(),
         pct(s.first_accuracy),
         pct(s.last_accuracy),
         colo_mem::fmt_bytes(s.peak_device_bytes),
         s.run_dir.display()
     ))
+}
+
+/// The `release_cache` events of a run's timeline, each of which must
+/// leave the `activations` tag holding nothing; returns how many there were.
+fn emptied_caches(timeline: &Path) -> Result<usize> {
+    let text = std::fs::read_to_string(timeline)
+        .with_context(|| format!("reading {}", timeline.display()))?;
+    let mut emptied = 0;
+    for line in text.lines() {
+        let e: serde_json::Value = serde_json::from_str(line)?;
+        if e["phase"] != "release_cache" || e["kind"] != "empty_cache" {
+            continue;
+        }
+        let held = e["per_tag"]["activations"].as_u64().unwrap_or(0);
+        ensure!(
+            held == 0,
+            "step {}: the activations tag holds {} after its cache was emptied",
+            e["step"],
+            colo_mem::fmt_bytes(held)
+        );
+        emptied += 1;
+    }
+    ensure!(
+        emptied > 0,
+        "no release_cache event in {}",
+        timeline.display()
+    );
+    Ok(emptied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::emptied_caches;
+
+    /// The check reads colo-rl's timeline lines: an emptied cache that
+    /// still holds activations fails, naming the step; none at all fails.
+    #[test]
+    fn an_emptied_activations_cache_must_hold_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("timeline.jsonl");
+        let line = |step: u64, held: u64| {
+            format!(
+                r#"{{"t_s":1.0,"step":{step},"phase":"release_cache","kind":"empty_cache","tags":[],"duration_s":0.0,"resident_bytes":5,"per_tag":{{"activations":{held}}},"untagged_bytes":0}}"#
+            )
+        };
+        let other = r#"{"t_s":0.5,"step":1,"phase":"train","kind":"phase","tags":[],"duration_s":0.0,"resident_bytes":5,"per_tag":{"activations":4096},"untagged_bytes":0}"#;
+        std::fs::write(
+            &path,
+            [other.to_string(), line(1, 0), line(2, 0)].join("\n"),
+        )
+        .unwrap();
+        assert_eq!(emptied_caches(&path).unwrap(), 2);
+        std::fs::write(&path, [line(1, 0), line(2, 2 << 20)].join("\n")).unwrap();
+        let e = emptied_caches(&path).unwrap_err().to_string();
+        assert!(e.contains("step 2") && e.contains("2.0 MiB"), "{e}");
+        std::fs::write(&path, other).unwrap();
+        assert!(emptied_caches(&path).is_err());
+    }
 }
