@@ -159,6 +159,15 @@ impl Worker {
         })
     }
 
+    /// Starts RL step `step` (1-based) of a loop composed op by op: the
+    /// timeline's step number, a new peak window, and what `as_needed`
+    /// learns of each step (whether the reference may stay resident
+    /// through the update). `step()` does it itself.
+    fn begin_step(&self, step: u64) -> PyResult<()> {
+        self.rank()?.begin_step(step);
+        Ok(())
+    }
+
     /// Train → rollout in the config's colocation mode; returns (seconds,
     /// of which weight sync).
     fn to_rollout(&self, py: Python<'_>) -> PyResult<(f64, f64)> {

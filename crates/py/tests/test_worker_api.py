@@ -46,8 +46,11 @@ class WorkerApi(unittest.TestCase):
     def test_a_grpo_step_composed_by_hand(self):
         w = self.w
         self.assertEqual(w.phase(), "train")
+        w.begin_step(5)
         w.to_rollout()
         self.assertEqual(w.phase(), "rollout")
+        last = json.loads(w.timeline().splitlines()[-1])
+        self.assertEqual(last["step"], 5, "begin_step numbers the timeline's events")
         # Staged colocation: the trainer's state is released while generating.
         stats = json.loads(w.memory())
         self.assertEqual(tag(stats, "train_params")["resident_bytes"], 0)

@@ -62,6 +62,12 @@ impl Rank {
         self.run.worker.phase()
     }
 
+    /// Starts RL step `step` (1-based) of a loop composed op by op
+    /// ([`crate::worker::HybridWorker::begin_step`]; `step` does it itself).
+    pub fn begin_step(&mut self, step: u64) {
+        self.run.worker.begin_step(step)
+    }
+
     /// Train → rollout in the config's colocation mode (weights synced).
     pub fn to_rollout(&mut self) -> Result<SwitchTiming> {
         self.run.worker.to_rollout()
