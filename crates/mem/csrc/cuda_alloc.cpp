@@ -16,11 +16,13 @@
 //   segments to Rust (colo_mem_cuda_segment_free); the pool calls it before a
 //   pause so that only live tensors' segments are paused. The caching
 //   allocator releases a pool's cached blocks only once nothing holds the
-//   pool (emptyCache(id) skips pools in use, and the MemPool object is a
-//   holder), so with no region open on the tag the MemPool is destroyed
-//   (releasePool + emptyCache) and its id kept: blocks of tensors still
-//   alive in it are released by a later empty, once those tensors are
-//   freed. The next region makes a fresh MemPool.
+//   pool (it must be "freeable": the MemPool object is a holder), so with no
+//   region open on the tag the MemPool is destroyed (releasePool) and the
+//   cache emptied with the default id, which releases the cached blocks of
+//   every freeable pool — this one, and earlier ones of any tag whose last
+//   tensors have been freed since (a pool is erased once it holds nothing)
+//   — and of the default pool, as torch.cuda.empty_cache() does. No ids are
+//   kept. The next region makes a fresh MemPool.
 // - Errors are returned as nonzero with a message in `err`; nothing throws
 //   into Rust.
 #include <ATen/Context.h>
@@ -35,7 +37,6 @@
 #include <memory>
 #include <mutex>
 #include <utility>
-#include <vector>
 
 extern "C" {
 void* colo_mem_cuda_segment_alloc(uint32_t slot, uint32_t tag, size_t bytes);
@@ -49,8 +50,6 @@ struct TagPool {
   std::unique_ptr<at::cuda::MemPool> pool;
   // Regions open on the tag (begin without end).
   int open = 0;
-  // Ids of this tag's destroyed MemPools (see colo_cuda_empty_tag).
-  std::vector<c10::MempoolId_t> retired;
 };
 
 std::mutex g_mu;
@@ -131,21 +130,18 @@ int colo_cuda_region_end(uint32_t slot, uint32_t tag, int device, char* err, siz
 int colo_cuda_empty_tag(uint32_t slot, uint32_t tag, int device, char* err, size_t len) {
   try {
     std::unique_ptr<at::cuda::MemPool> dying;
-    std::vector<c10::MempoolId_t> retired;
     {
       std::lock_guard<std::mutex> lock(g_mu);
       auto it = g_pools.find({slot, tag});
       if (it == g_pools.end()) return 0;
       TagPool& tp = it->second;
-      if (tp.open > 0 || !tp.pool) return 0;  // in use: nothing can go
-      tp.retired.push_back(tp.pool->id());
-      dying = std::move(tp.pool);
-      retired = tp.retired;
+      if (tp.open > 0) return 0;  // in use: nothing can go
+      dying = std::move(tp.pool);  // null when an earlier empty destroyed it
     }
     // Outside the lock: the frees call back into Rust.
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     dying.reset();  // releasePool: the pool becomes freeable
-    for (const auto& id : retired) c10::cuda::CUDACachingAllocator::emptyCache(id);
+    c10::cuda::CUDACachingAllocator::emptyCache();
     return 0;
   } catch (const std::exception& e) {
     return fail(e.what(), err, len);
