@@ -145,8 +145,8 @@ pub(crate) const DOCS: &[Doc] = &[
     d("memory.offload_train_param", "while generating, the trainer's parameters go to host memory", "bool", "actor_rollout_ref.actor.fsdp_config.param_offload"),
     d("memory.offload_train_grad", "while generating, the trainer's gradients go to host memory", "bool", ""),
     d("memory.offload_train_optimizer", "while generating, the optimiser state goes to host memory", "bool", "actor_rollout_ref.actor.fsdp_config.optimizer_offload"),
-    d("memory.offload_ref", "the reference model waits in host memory between uses", "bool", "actor_rollout_ref.ref.fsdp_config.param_offload"),
-    d("memory.offload_policy", "how much a train → rollout switch gives up (sleep, staged): \"as_needed\": the training cache, then what the offload_* flags allow (optimizer, grads, params), only as far as the rollout engine needs the room; \"always\": all of it every switch", "\"as_needed\", \"always\"", ""),
+    d("memory.offload_ref", "the reference model may wait in host memory between uses: after every pass with offload_policy \"always\"; with \"as_needed\" only where no step as large has run yet or its peak left no room for it, and at a switch whose engine needs the room", "bool", "actor_rollout_ref.ref.fsdp_config.param_offload"),
+    d("memory.offload_policy", "how much a train → rollout switch gives up (sleep, staged): \"as_needed\": the training cache, a kept reference, then what the offload_* flags allow (optimizer, grads, params), only as far as the rollout engine needs the room; \"always\": all of it every switch", "\"as_needed\", \"always\"", ""),
     // [trainer]
     opt("trainer.total_steps", "length of the run; wins over total_epochs", "RL steps", "trainer.total_training_steps (alias)", "total_epochs, or 100 steps when neither is set"),
     opt("trainer.total_epochs", "length of the run in passes over the training prompts (used when total_steps is unset)", "epochs", "trainer.total_epochs", "total_steps decides"),
