@@ -45,6 +45,12 @@ pub struct Found {
     pub skipped: Vec<(PathBuf, String)>,
 }
 
+/// The checkpoint of RL step `step` in the checkpoints directory `dir`:
+/// `dir/step-N`.
+pub fn step_dir(dir: &Path, step: usize) -> PathBuf {
+    dir.join(format!("step-{step}"))
+}
+
 /// `dir/step-N` directories, newest first (none if `dir` does not exist).
 pub fn step_dirs(dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
     let entries = match std::fs::read_dir(dir) {

@@ -499,7 +499,7 @@ impl Run<'_> {
     /// Writes `checkpoints/step-N`, atomically and as a complete Hugging
     /// Face directory, with the critic if any (see [`crate::checkpoints`]).
     pub(crate) fn save(&self, dir: &Path, step: usize) -> Result<()> {
-        let path = dir.join(format!("step-{step}"));
+        let path = crate::checkpoints::step_dir(dir, step);
         self.worker.save_checkpoint(&path, step, &self.model_dir)
     }
 }

@@ -240,7 +240,7 @@ fn train_steps(
     let ckpt_dir = out.join(checkpoints::DIR);
     let (first_step, total) = (start.first_step, start.total);
     if first_step > 0 {
-        let dir = ckpt_dir.join(format!("step-{first_step}"));
+        let dir = checkpoints::step_dir(&ckpt_dir, first_step);
         run.worker.load_checkpoint(&dir)?;
     }
 

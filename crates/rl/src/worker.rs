@@ -85,8 +85,6 @@ pub struct HybridWorker {
     offloaded: Offload,
     policy: OffloadPolicy,
     offload_ref: bool,
-    /// `as_needed`: the reference stayed resident after its last pass.
-    ref_kept: bool,
     /// Padded tokens (rows × length) of this step's batch, from the
     /// reference's pass.
     step_tokens: Option<u64>,
@@ -207,7 +205,6 @@ impl HybridWorker {
                 },
             },
             offload_ref: memory.offload_ref && memory.colocation != Colocation::Naive,
-            ref_kept: false,
             step_tokens: None,
             largest: None,
             engine_cfg: spec.engine.clone(),
@@ -380,19 +377,27 @@ impl HybridWorker {
         self.step_tokens = Some(self.step_tokens.unwrap_or(0).max(tokens));
         if self.offload_ref {
             self.pool.set_phase("ref_log_prob");
-            if self.pool.tag_state(tags::REF) == Some(colo_mem::TagState::Paused) {
+            if !self.reference_kept() {
                 r.reload()?;
             }
         }
         let lp = r.score(seqs, micro)?;
         if self.offload_ref {
-            self.ref_kept = self.room_for_the_reference(tokens);
-            if !self.ref_kept {
+            if !self.room_for_the_reference(tokens) {
                 r.offload()?;
             }
             self.pool.set_phase("train");
         }
         Ok(Some(lp))
+    }
+
+    /// Whether the reference's weights are resident although `offload_ref`
+    /// lets them go: kept by `as_needed` after its last pass (a switch may
+    /// give them up since). Derived from the pool, the one record of it.
+    fn reference_kept(&self) -> bool {
+        self.offload_ref
+            && self.reference.is_some()
+            && self.pool.tag_state(tags::REF) == Some(colo_mem::TagState::Active)
     }
 
     /// The largest step so far with the step under way (since the last
@@ -405,7 +410,7 @@ impl HybridWorker {
         let reference = stats
             .tag(tags::REF)
             .map_or(0, |t| t.resident_bytes + t.paused_bytes);
-        let peak = match self.ref_kept {
+        let peak = match self.reference_kept() {
             true => stats.peak_allocated_bytes.saturating_sub(reference),
             false => stats.peak_allocated_bytes,
         };
@@ -442,7 +447,7 @@ impl HybridWorker {
         let critic = self.critic.as_ref();
         let memory = MemoryState {
             largest: self.largest_with_this_step(),
-            reference_kept: self.ref_kept,
+            reference_kept: self.reference_kept(),
         };
         self.actor
             .save_checkpoint_with(dir, Some(step as u64), |tmp| -> Result<()> {
@@ -477,11 +482,10 @@ impl HybridWorker {
             if let (true, true, Some(r)) =
                 (memory.reference_kept, self.offload_ref, &self.reference)
             {
-                if self.pool.tag_state(tags::REF) == Some(colo_mem::TagState::Paused) {
+                if !self.reference_kept() {
                     r.reload()?;
                 }
             }
-            self.ref_kept = memory.reference_kept && self.offload_ref;
         }
         Ok(())
     }
@@ -514,7 +518,6 @@ impl HybridWorker {
         if let (true, Some(r)) = (plan.reference, &self.reference) {
             self.pool.set_phase("offload_ref");
             r.offload()?;
-            self.ref_kept = false;
         }
         self.pool.set_phase("offload_optimizer");
         self.offload_actor(Offload {
@@ -549,8 +552,7 @@ impl HybridWorker {
     /// all of it, as `always`.
     fn switch_plan(&self) -> SwitchPlan {
         let allowed = self.offload;
-        let kept_ref =
-            self.offload_ref && self.pool.tag_state(tags::REF) == Some(colo_mem::TagState::Active);
+        let kept_ref = self.reference_kept();
         if self.policy == OffloadPolicy::Always {
             return SwitchPlan {
                 cache: true,

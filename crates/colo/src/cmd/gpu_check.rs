@@ -222,11 +222,16 @@ fn oom() -> Result<String> {
 
 #[cfg(not(feature = "cuda"))]
 fn memory() -> Result<String> {
-    bail!("this colo was built without the `cuda` feature (cargo build --features cuda)")
+    without_cuda()
 }
 
 #[cfg(not(feature = "cuda"))]
 fn oom() -> Result<String> {
+    without_cuda()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn without_cuda() -> Result<String> {
     bail!("this colo was built without the `cuda` feature (cargo build --features cuda)")
 }
 

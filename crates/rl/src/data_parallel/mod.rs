@@ -108,7 +108,7 @@ impl Rank {
         // As `colo train --resume`: `auto` continues in the checkpoint's dtype.
         let config = match resume_from {
             Some(step) => {
-                let saved = out.join(checkpoints::DIR).join(format!("step-{step}"));
+                let saved = checkpoints::step_dir(&out.join(checkpoints::DIR), step);
                 let (config, note) = checkpoints::resume_dtype(&config, &saved);
                 if let (Some(note), 0) = (note, rank) {
                     eprintln!("{note}");
@@ -220,7 +220,7 @@ impl Rank {
 
     /// Loads `out/checkpoints/step-N` (every rank).
     pub fn load(&mut self, step: usize) -> Result<()> {
-        let dir = self.out.join(checkpoints::DIR).join(format!("step-{step}"));
+        let dir = checkpoints::step_dir(&self.out.join(checkpoints::DIR), step);
         self.run.worker.load_checkpoint(&dir)
     }
 
