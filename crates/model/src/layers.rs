@@ -135,9 +135,15 @@ impl Clone for RotaryEmbedding {
     }
 }
 
-/// cos and sin of every (row, position, frequency): each (batch or 1, seq,
-/// head_dim / 2), in the model's kind. Build once per forward and share
-/// across layers.
+/// The rotation's tables for every (row, position), full head width: each
+/// (batch or 1, seq, head_dim), in the model's kind, built once per forward
+/// and shared across layers.
+///
+/// `cos` is transformers' table, each frequency's cosine twice (`cat(cos,
+/// cos)`); `sin` carries `rotate_half`'s sign, `cat(−sin, sin)`, so a
+/// rotation is `x · cos + swap_halves(x) · sin`: four ops where the
+/// half-split form takes seven, with the same rounding (a product with a
+/// negated sine is the negated product, exactly).
 #[derive(Debug)]
 pub struct RopeTables {
     pub cos: Tensor,
@@ -185,9 +191,10 @@ impl RotaryEmbedding {
             .to_kind(Kind::Float)
             .unsqueeze(-1)
             * &self.inv_freq; // (rows, seq, half)
+        let (cos, sin) = (angles.cos().to_kind(kind), angles.sin().to_kind(kind));
         Ok(RopeTables {
-            cos: angles.cos().to_kind(kind),
-            sin: angles.sin().to_kind(kind),
+            cos: Tensor::cat(&[&cos, &cos], -1),
+            sin: Tensor::cat(&[&-sin.shallow_clone(), &sin], -1),
         })
     }
 
@@ -214,42 +221,28 @@ impl RotaryEmbedding {
 }
 
 impl RopeTables {
-    /// (rows, seq, head_dim / 2) of the tables.
+    /// (rows, seq, head_dim) of the tables.
     pub fn dims(&self) -> Vec<i64> {
         self.cos.size()
     }
 
     /// Rotates `x` (batch, seq, heads, head_dim) — a projection's output
-    /// viewed per head — and returns it as (batch, heads, seq, head_dim).
-    /// Rotation as transformers' `rotate_half`: the two halves of each head
-    /// are the (real, imaginary) pairs.
+    /// viewed per head — and returns it as (batch, heads, seq, head_dim):
+    /// transformers' `x · cos + rotate_half(x) · sin`, the two halves of
+    /// each head being the (real, imaginary) pairs.
     ///
-    /// The final `cat` writes the result's memory in one pass, in either
-    /// layout at the same cost: `heads_major` gives a contiguous tensor;
-    /// otherwise the memory stays (batch, seq, heads, head_dim) and the
-    /// result is its transposed view — what the attention kernel reads
-    /// as well, and whose output then needs no transpose copy.
+    /// The result's memory is (batch, seq, heads, head_dim), what the
+    /// attention kernel reads as well (its output then needs no transpose
+    /// copy); `heads_major` makes it contiguous (batch, heads, seq,
+    /// head_dim), a copy only when seq > 1.
     pub(crate) fn apply(&self, x: &Tensor, heads_major: bool) -> Tensor {
         let half = x.size()[3] / 2;
-        let (x, cos, sin) = match heads_major {
-            // (b, heads, s, d) view; tables (rows, 1, s, half).
-            true => (
-                x.transpose(1, 2),
-                self.cos.unsqueeze(1),
-                self.sin.unsqueeze(1),
-            ),
-            // (b, s, heads, d); tables (rows, s, 1, half).
-            false => (
-                x.shallow_clone(),
-                self.cos.unsqueeze(2),
-                self.sin.unsqueeze(2),
-            ),
-        };
-        let (x1, x2) = (x.narrow(-1, 0, half), x.narrow(-1, half, half));
-        let out = Tensor::cat(&[&x1 * &cos - &x2 * &sin, &x2 * &cos + &x1 * &sin], -1);
+        let swapped = Tensor::cat(&[x.narrow(-1, half, half), x.narrow(-1, 0, half)], -1);
+        let out = x * self.cos.unsqueeze(2) + swapped * self.sin.unsqueeze(2);
+        let out = out.transpose(1, 2);
         match heads_major {
-            true => out,
-            false => out.transpose(1, 2),
+            true => out.contiguous(),
+            false => out,
         }
     }
 }
@@ -364,13 +357,15 @@ mod tests {
         let t = RotaryEmbedding::new(8, 1e4, None, Device::Cpu)
             .tables_for_range(0, 2, Kind::Float)
             .unwrap();
-        assert_eq!(t.dims(), [1, 2, 4]);
-        assert_eq!(rows3(&t.cos)[0][0], vec![1.0; 4]);
-        assert_eq!(rows3(&t.sin)[0][1][0], 1f32.sin());
+        assert_eq!(t.dims(), [1, 2, 8]);
+        assert_eq!(rows3(&t.cos)[0][0], vec![1.0; 8]);
+        assert_eq!(rows3(&t.sin)[0][1][0], -(1f32.sin()));
+        assert_eq!(rows3(&t.sin)[0][1][4], 1f32.sin());
     }
 
-    /// The half-split rotation is transformers' `q * cos + rotate_half(q) *
-    /// sin` with full-width tables, in both memory layouts.
+    /// The rotation is transformers' `q * cos + rotate_half(q) * sin` with
+    /// its full-width tables (`cat(cos, cos)`, `cat(sin, sin)`), in both
+    /// memory layouts.
     #[test]
     fn rope_matches_rotate_half_and_is_contiguous() {
         let (b, s, h, d) = (2, 5, 3, 8);
@@ -385,12 +380,18 @@ mod tests {
         assert!(seq_major.transpose(1, 2).is_contiguous());
         assert!(seq_major.equal(&got));
         let xt = x.transpose(1, 2);
-        let cos = Tensor::cat(&[&rope.cos, &rope.cos], -1).unsqueeze(1);
-        let sin = Tensor::cat(&[&rope.sin, &rope.sin], -1).unsqueeze(1);
+        let (cos, sin) = (
+            rope.cos.narrow(-1, 0, d / 2),
+            rope.sin.narrow(-1, d / 2, d / 2),
+        );
+        let cos = Tensor::cat(&[&cos, &cos], -1).unsqueeze(1);
+        let sin = Tensor::cat(&[&sin, &sin], -1).unsqueeze(1);
         let rotated = Tensor::cat(&[-xt.narrow(-1, d / 2, d / 2), xt.narrow(-1, 0, d / 2)], -1);
         let want = &xt * cos + rotated * sin;
-        let diff = f64::try_from((got - want).abs().max()).unwrap();
-        assert!(diff < 1e-6, "{diff}");
+        assert!(
+            got.equal(&want),
+            "the same ops in the same order round alike"
+        );
     }
 
     #[test]

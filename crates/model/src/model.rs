@@ -211,7 +211,7 @@ impl Attention {
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let d = self.head_dim as i64;
         let rd = rope.dims();
-        if rd.len() != 3 || (rd[0] != 1 && rd[0] != b) || rd[1] != s || rd[2] * 2 != d {
+        if rd.len() != 3 || (rd[0] != 1 && rd[0] != b) || rd[1] != s || rd[2] != d {
             return Err(Error::Input(format!(
                 "qkv: RoPE tables {rd:?} do not fit input [{b}, {s}, ·] (head_dim {d})"
             )));
