@@ -36,6 +36,15 @@ pub enum Error {
         message: String,
     },
 
+    /// A row of a parquet dataset could not be used (`row` is 1-based).
+    #[error("{}: row {row}: {}{message}", path.display(), field.as_ref().map(|f| format!("field `{f}`: ")).unwrap_or_default())]
+    DataRow {
+        path: PathBuf,
+        row: usize,
+        field: Option<String>,
+        message: String,
+    },
+
     /// A dataset is unusable as a whole (empty, too small for a batch, …).
     /// A data-parallel run that cannot be laid out (workers, shards).
     #[error("cluster: {0}")]

@@ -25,7 +25,7 @@ pub(crate) fn load_data(
     // Every prompt, training and held-out, is checked against
     // `max_prompt_length` here, when the data are read.
     let read = |files: &[PathBuf]| {
-        Dataset::from_jsonl_max_len(
+        Dataset::from_files_max_len(
             files,
             &config.data.fields,
             tokenizer,

@@ -115,8 +115,8 @@ pub fn run(cfg: &SftConfig, out: &Path, mut on_event: impl FnMut(&SftEvent)) -> 
     let (train_path, val_path) = cfg.task.write_jsonl(&out.join("data"))?;
     task::write_model_files(out)?;
     let tokenizer = Tokenizer::from_dir(out)?;
-    let train = Dataset::from_jsonl(&[train_path], &Fields::default(), None)?;
-    let val = Dataset::from_jsonl(&[val_path], &Fields::default(), None)?;
+    let train = Dataset::from_files(&[train_path], &Fields::default(), None)?;
+    let val = Dataset::from_files(&[val_path], &Fields::default(), None)?;
     let examples = tokenize(&train, &tokenizer)?;
 
     let model_cfg = task::model_config();

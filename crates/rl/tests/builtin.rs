@@ -90,8 +90,8 @@ fn task_data_go_through_the_user_loader() {
         ..Default::default()
     };
     let (train_path, val_path) = t.write_jsonl(&dir.0).unwrap();
-    let train = Dataset::from_jsonl(&[train_path], &Fields::default(), None).unwrap();
-    let val = Dataset::from_jsonl(&[val_path], &Fields::default(), None).unwrap();
+    let train = Dataset::from_files(&[train_path], &Fields::default(), None).unwrap();
+    let val = Dataset::from_files(&[val_path], &Fields::default(), None).unwrap();
     assert_eq!((train.len(), val.len()), (300, 50));
     let (gen_train, _) = t.generate().unwrap();
     assert_eq!(train.prompts[7].text, gen_train[7].prompt);

@@ -27,7 +27,7 @@ fn plain_and_chat_prompts_with_nested_answers() {
             r#"{"question": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "3+3="}], "reward_model": {"ground_truth": "6"}}"#, "\n",
         ),
     );
-    let d = Dataset::from_jsonl(
+    let d = Dataset::from_files(
         &[path.clone(), path],
         &fields("question", "reward_model.ground_truth"),
         Some(&tok),
@@ -48,7 +48,7 @@ fn plain_and_chat_prompts_with_nested_answers() {
 fn load_err(text: &str, f: &Fields) -> (String, Error) {
     let dir = TempDir::new("data-err");
     let path = dir.write("bad.jsonl", text);
-    let e = Dataset::from_jsonl(&[path], f, None).unwrap_err();
+    let e = Dataset::from_files(&[path], f, None).unwrap_err();
     (e.to_string(), e)
 }
 
@@ -111,11 +111,104 @@ fn errors_name_the_line_and_field() {
 
 #[test]
 fn missing_file_is_named() {
-    let e = Dataset::from_jsonl(
+    let e = Dataset::from_files(
         &["/nonexistent/train.jsonl".into()],
         &Fields::default(),
         None,
     )
     .unwrap_err();
     assert_eq!(e.to_string(), "dataset not found: /nonexistent/train.jsonl");
+}
+
+/// The fixtures `tests/data/make_verl_parquet.py` wrote with pyarrow, in
+/// verl's gsm8k layout.
+fn verl_fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+#[test]
+fn a_verl_parquet_file_reads_as_its_jsonl_twin() {
+    let dir = TempDir::new("data-parquet");
+    vocab::write_tokenizer(&dir.0).unwrap();
+    let tok = Tokenizer::from_dir(&dir.0).unwrap();
+    let f = fields("prompt", "reward_model.ground_truth");
+    let load = |name: &str| Dataset::from_files(&[verl_fixture(name)], &f, Some(&tok)).unwrap();
+    let (parquet, jsonl) = (load("gsm8k-verl.parquet"), load("gsm8k-verl.jsonl"));
+    assert_eq!(parquet, jsonl);
+    assert_eq!(
+        load("gsm8k-verl-zstd.parquet"),
+        jsonl,
+        "zstd (polars' default) too"
+    );
+    assert_eq!(parquet.len(), 3);
+    let p = &parquet.prompts[1];
+    assert_eq!(p.ground_truth, "150");
+    assert!(
+        p.text
+            .starts_with("<|im_start|>user\nA train travels 60 km")
+            && p.text.ends_with("<|im_start|>assistant\n"),
+        "the chat prompt rendered with the template: {:?}",
+        p.text
+    );
+    assert_eq!(p.extra["data_source"], "openai/gsm8k");
+    assert_eq!(
+        p.extra["extra_info"]["index"], 1,
+        "nested structs as objects, int64 as numbers"
+    );
+    let both = Dataset::from_files(
+        &[
+            verl_fixture("gsm8k-verl.jsonl"),
+            verl_fixture("gsm8k-verl.parquet"),
+        ],
+        &f,
+        Some(&tok),
+    )
+    .unwrap();
+    let ids: Vec<u64> = both.prompts.iter().map(|p| p.prompt_id).collect();
+    assert_eq!(ids, (0..6).collect::<Vec<_>>(), "ids run over both formats");
+}
+
+#[test]
+fn parquet_errors_name_the_file_the_row_and_what_to_do() {
+    let dir = TempDir::new("data-parquet-err");
+    vocab::write_tokenizer(&dir.0).unwrap();
+    let tok = Tokenizer::from_dir(&dir.0).unwrap();
+    let load = |path: std::path::PathBuf, f: &Fields| {
+        Dataset::from_files(&[path], f, Some(&tok))
+            .unwrap_err()
+            .to_string()
+    };
+
+    let msg = load(verl_fixture("gsm8k-verl.parquet"), &Fields::default());
+    assert!(
+        msg.contains("gsm8k-verl.parquet: row 1: field `answer`: missing")
+            && msg.contains("data.answer_key = \"reward_model.ground_truth\""),
+        "{msg}"
+    );
+
+    let f = fields("prompt", "reward_model.ground_truth");
+    let msg = load(verl_fixture("gsm8k-verl-gzip.parquet"), &f);
+    assert!(
+        msg.contains("gsm8k-verl-gzip.parquet: compressed with ")
+            && msg.to_lowercase().contains("gzip")
+            && msg.contains("compression=\"snappy\""),
+        "{msg}"
+    );
+
+    let mut cut = std::fs::read(verl_fixture("gsm8k-verl.parquet")).unwrap();
+    cut.truncate(cut.len() / 2);
+    let path = dir.0.join("cut.parquet");
+    std::fs::write(&path, cut).unwrap();
+    let msg = load(path, &f);
+    assert!(
+        msg.contains("cut.parquet: not a readable parquet file"),
+        "{msg}"
+    );
+
+    let path = dir.0.join("binary.jsonl");
+    std::fs::write(&path, [0xffu8, 0xfe, 0x00, 0x01]).unwrap();
+    let msg = load(path, &f);
+    assert!(msg.contains("binary.jsonl: neither JSONL"), "{msg}");
 }

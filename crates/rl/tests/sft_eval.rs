@@ -49,7 +49,7 @@ fn builtin_checkpoint_loads_and_has_the_documented_accuracy() {
     let (_, val) = ArithmeticTask::default()
         .write_jsonl(&dir.0.join("data"))
         .unwrap();
-    let data = Dataset::from_jsonl(&[val], &Fields::default(), None).unwrap();
+    let data = Dataset::from_files(&[val], &Fields::default(), None).unwrap();
     let mut r = reward::build(&RewardSpec::ExactMatch {}).unwrap();
     let cfg = EvalConfig {
         limit: Some(64),

@@ -66,8 +66,8 @@ const fn opt(
 /// Every key of the file, in the order printed.
 pub(crate) const DOCS: &[Doc] = &[
     // [data]
-    d("data.train_files", "training prompts: JSONL files, one object per line (README: \"The JSONL schema\"); none means the built-in arithmetic task", "paths (one or a list)", "data.train_files"),
-    d("data.val_files", "held-out prompts for eval/accuracy: JSONL files", "paths (one or a list)", "data.val_files"),
+    d("data.train_files", "training prompts: JSONL files (one object per line) or parquet files (verl's, as they are; README: \"The data schema\"); none means the built-in arithmetic task", "paths (one or a list)", "data.train_files"),
+    d("data.val_files", "held-out prompts for eval/accuracy: JSONL or parquet files", "paths (one or a list)", "data.val_files"),
     opt("data.val_fraction", "instead of val_files: hold out this fraction of the training prompts (seeded split)", "fraction in (0, 1)", "", "val_files are the held-out set"),
     d("data.prompt_key", "field holding the prompt: a string, or a chat (a list of {role, content} messages rendered with the tokenizer's chat template)", "JSON key", "data.prompt_key"),
     d("data.answer_key", "field holding the ground truth the reward compares with; a dotted path reaches into objects", "JSON key or dotted path", "reward_model.ground_truth (fixed in verl)"),

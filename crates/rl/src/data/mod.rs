@@ -1,6 +1,9 @@
-//! Prompts from JSONL files, and the batches of them a run trains on.
+//! Prompts from JSONL or parquet files, and the batches of them a run
+//! trains on.
 //!
-//! One object per line. The prompt field (`prompt_key`, default `prompt`) is
+//! A file is parquet if it starts with parquet's magic bytes (verl's
+//! datasets; see [`parquet`]), else JSONL: one object per line. Either way
+//! each record is a JSON object. The prompt field (`prompt_key`, default `prompt`) is
 //! a plain string, or a chat — a list of `{"role", "content"}` messages,
 //! rendered with the tokenizer's chat template and a generation prompt. The
 //! answer field (`answer_key`, default `answer`; a dotted path such as verl's
@@ -20,6 +23,11 @@ use serde_json::{Map, Value};
 
 use crate::rng::SplitMix64;
 use crate::{Error, Result};
+
+mod parquet;
+
+/// Where verl's datasets keep the ground truth.
+const VERL_ANSWER: &str = "reward_model.ground_truth";
 
 /// Where in a line the prompt and the answer are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,9 +67,10 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    /// Loads and concatenates JSONL files; prompt ids run over all of them.
+    /// Loads and concatenates JSONL or parquet files; prompt ids run over
+    /// all of them.
     /// `tokenizer` renders chat prompts (needed only if there are any).
-    pub fn from_jsonl(
+    pub fn from_files(
         paths: &[PathBuf],
         fields: &Fields,
         tokenizer: Option<&Tokenizer>,
@@ -69,13 +78,13 @@ impl Dataset {
         Self::read(paths, fields, tokenizer, None)
     }
 
-    /// As [`Dataset::from_jsonl`], and every prompt must be at most
+    /// As [`Dataset::from_files`], and every prompt must be at most
     /// `max_prompt_length` tokens as the run encodes it (the tokenizer's
     /// special tokens included): a longer one is an error naming the file,
     /// the line and both lengths, before anything runs (verl's
     /// `truncation = "error"`: a silently cut prompt would train on a
     /// different question).
-    pub fn from_jsonl_max_len(
+    pub fn from_files_max_len(
         paths: &[PathBuf],
         fields: &Fields,
         tokenizer: &Tokenizer,
@@ -118,7 +127,25 @@ impl Dataset {
                 path: path.to_owned(),
             });
         }
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        if bytes.starts_with(parquet::MAGIC) {
+            for (i, row) in parquet::rows(path)?.into_iter().enumerate() {
+                let bad = |field: Option<&str>, message: String| Error::DataRow {
+                    path: path.to_owned(),
+                    row: i + 1,
+                    field: field.map(str::to_owned),
+                    message,
+                };
+                self.push(row, &bad, fields, tok, max_len)?;
+            }
+            return Ok(());
+        }
+        let text = String::from_utf8(bytes).map_err(|e| {
+            Error::Dataset(format!(
+                "{}: neither JSONL (not UTF-8 text: {e}) nor parquet",
+                path.display()
+            ))
+        })?;
         for (i, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
@@ -131,40 +158,63 @@ impl Dataset {
             };
             let row: Value =
                 serde_json::from_str(line).map_err(|e| bad(None, format!("not JSON: {e}")))?;
-            let Value::Object(mut row) = row else {
-                return Err(bad(None, "expected a JSON object".into()));
-            };
-            let pk = fields.prompt_key.as_str();
-            let prompt = row
-                .remove(pk)
-                .ok_or_else(|| bad(Some(pk), "missing".into()))?;
-            let text = prompt_text(&prompt, tok)
-                .map_err(|(sub, m)| bad(Some(&format!("{pk}{sub}")), m))?;
-            if let Some((tok, max)) = max_len {
-                let n = tok.encode(&text, true)?.len();
-                if n > max {
-                    return Err(bad(
-                        Some(pk),
-                        format!(
-                            "the prompt has {n} tokens, more than data.max_prompt_length = {max}"
-                        ),
-                    ));
-                }
-            }
-            let ak = fields.answer_key.as_str();
-            let answer = lookup(&row, ak).ok_or_else(|| bad(Some(ak), "missing".into()))?;
-            let ground_truth = match answer {
-                Value::String(s) => s.clone(),
-                Value::Null => return Err(bad(Some(ak), "is null".into())),
-                other => other.to_string(),
-            };
-            self.prompts.push(Prompt {
-                prompt_id: self.prompts.len() as u64,
-                text,
-                ground_truth,
-                extra: row,
-            });
+            self.push(row, &bad, fields, tok, max_len)?;
         }
+        Ok(())
+    }
+
+    /// Adds one record (a JSONL line or a parquet row); `bad` makes the
+    /// error naming where it is.
+    fn push(
+        &mut self,
+        row: Value,
+        bad: &dyn Fn(Option<&str>, String) -> Error,
+        fields: &Fields,
+        tok: Option<&Tokenizer>,
+        max_len: Option<(&Tokenizer, usize)>,
+    ) -> Result<()> {
+        let Value::Object(mut row) = row else {
+            return Err(bad(None, "expected a JSON object".into()));
+        };
+        let pk = fields.prompt_key.as_str();
+        let prompt = row
+            .remove(pk)
+            .ok_or_else(|| bad(Some(pk), "missing".into()))?;
+        let text =
+            prompt_text(&prompt, tok).map_err(|(sub, m)| bad(Some(&format!("{pk}{sub}")), m))?;
+        if let Some((tok, max)) = max_len {
+            let n = tok.encode(&text, true)?.len();
+            if n > max {
+                return Err(bad(
+                    Some(pk),
+                    format!("the prompt has {n} tokens, more than data.max_prompt_length = {max}"),
+                ));
+            }
+        }
+        let ak = fields.answer_key.as_str();
+        let answer = lookup(&row, ak).ok_or_else(|| {
+            let verl = lookup(&row, VERL_ANSWER).is_some();
+            bad(
+                Some(ak),
+                match verl {
+                    true => format!(
+                        "missing (this is verl's layout: set data.answer_key = \"{VERL_ANSWER}\")"
+                    ),
+                    false => "missing".into(),
+                },
+            )
+        })?;
+        let ground_truth = match answer {
+            Value::String(s) => s.clone(),
+            Value::Null => return Err(bad(Some(ak), "is null".into())),
+            other => other.to_string(),
+        };
+        self.prompts.push(Prompt {
+            prompt_id: self.prompts.len() as u64,
+            text,
+            ground_truth,
+            extra: row,
+        });
         Ok(())
     }
 
