@@ -180,6 +180,45 @@ fn unknown_keys_are_errors_with_their_line() {
     assert!(msg.contains("expected `tolerance` or `after`"), "{msg}");
 }
 
+/// A verl user writes verl's names in verl's places: the error says where
+/// colo keeps them.
+#[test]
+fn unknown_keys_say_where_colo_keeps_them() {
+    let (line, field, msg) = err("[data]
+train_batch_size = 4
+max_response_length = 64
+");
+    assert_eq!(
+        (line, field.as_str()),
+        (Some(3), "data.max_response_length")
+    );
+    assert!(
+        msg.contains("colo keeps it as `rollout.max_new_tokens`"),
+        "verl's data.max_response_length: {msg}"
+    );
+    let (_, _, msg) = err("[optim]
+lr = 1e-6
+");
+    assert!(
+        msg.contains("colo keeps it as `actor.lr`, `actor.warmup_steps`, `actor.weight_decay`"),
+        "verl's actor.optim.*: {msg}"
+    );
+    let (_, _, msg) = err("[trainer]
+total_training_step = 5
+");
+    assert!(
+        !msg.contains("colo keeps") && msg.contains("`colo train --print-config` writes every key"),
+        "a name colo does not know at all: {msg}"
+    );
+    let (_, _, msg) = err("[actor_rollout_ref]
+hybrid_engine = true
+");
+    assert!(
+        msg.ends_with(". `colo train --print-config` writes every key with verl's name beside it"),
+        "verl's whole actor_rollout_ref tree maps to too many keys to list: {msg}"
+    );
+}
+
 #[test]
 fn bad_enum_values_list_the_choices() {
     let (line, field, msg) = err("[algorithm]\nadv_estimator = \"ppo\"\n");

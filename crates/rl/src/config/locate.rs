@@ -7,6 +7,7 @@
 
 use std::path::Path;
 
+use super::print;
 use crate::Error;
 
 /// A `toml` error as [`Error::Config`], with the line and the field.
@@ -19,17 +20,53 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
         .unwrap_or_else(|| "<file>".to_owned());
     // `toml` names the table of an unknown key; name the key itself, and
     // find its line (a buffered table, like `[reward]`, reports its header).
+    let mut message = e.message().trim().to_owned();
     if let Some(unknown) = unknown_field(e.message()) {
         if !field.ends_with(unknown) {
             field = join(&field, unknown);
         }
         line = key_line(text, &field).or(line);
+        message.push_str(&where_colo_keeps(unknown));
     }
     Error::Config {
         path: path.to_owned(),
         line,
         field,
-        message: e.message().trim().to_owned(),
+        message,
+    }
+}
+
+/// Most keys a hint lists before it sends the reader to `--print-config`.
+const HINT_KEYS: usize = 4;
+
+/// A hint for an unknown key `name`: the keys of colo's file that hold it
+/// — those named `name` in another section, and those whose verl spelling
+/// has `name` as one of its dotted parts (verl's `data.max_response_length`
+/// is colo's `rollout.max_new_tokens`; verl's `optim` settings are in
+/// `[actor]`) — and where to see them all.
+fn where_colo_keeps(name: &str) -> String {
+    let is_part = |path: &str| path.split('.').any(|part| part == name);
+    let keys: Vec<&str> = print::DOCS
+        .iter()
+        .filter(|d| {
+            d.key.rsplit('.').next() == Some(name)
+                || d.verl
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+                    .any(is_part)
+        })
+        .map(|d| d.key)
+        .collect();
+    let all = "`colo train --print-config` writes every key with verl's name beside it";
+    match keys.len() {
+        0 => format!(" ({all})"),
+        n if n <= HINT_KEYS => format!(
+            ". colo keeps it as {} ({all})",
+            keys.iter()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        _ => format!(". {all}"),
     }
 }
 
