@@ -101,3 +101,51 @@ fn the_example_config_runs_on_the_fixtures() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// verl's data as they are: chat prompts in a parquet file (written by
+/// pyarrow, `crates/rl/tests/data`), on a checkpoint whose tokenizer has a
+/// chat template. The plan check renders the chats as the run does (it
+/// used to read them without a tokenizer and skip itself).
+#[test]
+fn verl_parquet_chats_are_planned_and_run() {
+    let dir = tmp("verl-parquet");
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    for f in std::fs::read_dir(repo().join("testdata/tiny-qwen2")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, model.join(f.file_name().unwrap())).unwrap();
+    }
+    let tc = model.join("tokenizer_config.json");
+    let mut tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&tc).unwrap()).unwrap();
+    tok["chat_template"] = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}".into();
+    std::fs::write(&tc, tok.to_string()).unwrap();
+    let data = repo().join("crates/rl/tests/data/gsm8k-verl.parquet");
+    let config = dir.join("run.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[data]\ntrain_files = {data:?}\nval_files = {data:?}\n\
+             answer_key = \"reward_model.ground_truth\"\ntrain_batch_size = 2\n\
+             max_prompt_length = 1024\n\
+             [model]\npath = {model:?}\n\
+             [rollout]\nn = 2\nmax_new_tokens = 4\nmax_kv_tokens = 4096\n\
+             [trainer]\ntotal_steps = 1\nval_before_train = false\n"
+        ),
+    )
+    .unwrap();
+    let run = dir.join("run");
+    let out = colo_train(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(stderr.contains("plan check: predicted peak"), "{stderr}");
+    assert!(stdout.contains("done: 1 step;"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

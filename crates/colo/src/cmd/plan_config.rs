@@ -199,7 +199,7 @@ fn longest_prompt(config: &Config, model_dir: Option<&Path>) -> Result<u64> {
     let prompts: Vec<String> = match &config.data.source {
         DataSource::Builtin(task) => task.generate()?.0.into_iter().map(|p| p.prompt).collect(),
         DataSource::Files { train, .. } => {
-            colo_rl::Dataset::from_files(train, &config.data.fields, None)?
+            colo_rl::Dataset::from_files(train, &config.data.fields, Some(&tokenizer))?
                 .prompts
                 .into_iter()
                 .map(|p| p.text)

@@ -68,8 +68,9 @@ pub fn run(a: Args) -> Result<()> {
     let s = colo_rl::r#loop::run(&config, &out, resume).context("colo train")?;
     let pct = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));
     println!(
-        "done: {} steps; held-out accuracy {} -> {}; peak device memory {} ({} allocated, the rest cached blocks)",
+        "done: {} step{}; held-out accuracy {} -> {}; peak device memory {} ({} allocated, the rest cached blocks)",
         s.steps,
+        if s.steps == 1 { "" } else { "s" },
         pct(s.first_accuracy),
         pct(s.last_accuracy),
         colo_mem::fmt_bytes(s.peak_device_bytes),
