@@ -7,15 +7,12 @@ use std::path::{Path, PathBuf};
 use colo_rl::metrics::{read, Record};
 use colo_rl::Config;
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny-qwen2")
-}
+mod common;
+
+use common::fixture;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("colo-loop-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::tmp("loop", name)
 }
 
 /// A config for `steps` steps on a few arithmetic prompts.
@@ -29,27 +26,8 @@ fn config_with(dir: &Path, steps: usize, mode: &str, estimator: &str) -> Config 
 }
 
 fn config_toml(dir: &Path, steps: usize, mode: &str, estimator: &str) -> String {
-    let data = dir.join("train.jsonl");
-    let lines: Vec<String> = (0..16)
-        .map(|i| {
-            format!(
-                r#"{{"prompt": "Question: what is {i} + {}? Answer:", "answer": "{}"}}"#,
-                i + 1,
-                2 * i + 1
-            )
-        })
-        .collect();
-    std::fs::write(&data, lines.join("\n")).unwrap();
-    // A reward with variance on a random tiny model (so GRPO has non-zero
-    // advantages and the updates matter): 1 for completions of even length,
-    // through the external-command reward.
-    let script = dir.join("reward.py");
-    std::fs::write(
-        &script,
-        "import json, sys\nfor line in sys.stdin:\n    r = json.loads(line)\n    \
-         print(json.dumps({'id': r['id'], 'score': float(len(r['completion']) % 2 == 0)}), flush=True)\n",
-    )
-    .unwrap();
+    let data = common::write_arith_data(dir, 16);
+    let script = common::write_parity_reward(dir, None);
     let text = format!(
         r#"
 [data]

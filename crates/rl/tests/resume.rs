@@ -11,50 +11,12 @@ use std::path::{Path, PathBuf};
 use colo_rl::metrics::{read, Record};
 use colo_rl::Config;
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny-qwen2")
-}
+mod common;
+
+use common::{fixture, write_parity_reward as write_reward};
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("colo-resume-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// Eight arithmetic prompts (so 2 prompts × 4 samples per step).
-fn write_data(dir: &Path) -> PathBuf {
-    let data = dir.join("train.jsonl");
-    let lines: Vec<String> = (0..8)
-        .map(|i| {
-            format!(
-                r#"{{"prompt": "Question: what is {i} + {}? Answer:", "answer": "{}"}}"#,
-                i + 1,
-                2 * i + 1
-            )
-        })
-        .collect();
-    std::fs::write(&data, lines.join("\n")).unwrap();
-    data
-}
-
-/// A reward with variance on a random model: 1 for completions of even
-/// length. After `fail_after` answers the script exits with status 3.
-fn write_reward(dir: &Path, fail_after: Option<usize>) -> PathBuf {
-    let script = dir.join("reward.py");
-    let stop = match fail_after {
-        Some(n) => format!("    if i >= {n}:\n        sys.exit(3)\n"),
-        None => String::new(),
-    };
-    std::fs::write(
-        &script,
-        format!(
-            "import json, sys\nfor i, line in enumerate(sys.stdin):\n{stop}    r = json.loads(line)\n    \
-             print(json.dumps({{'id': r['id'], 'score': float(len(r['completion']) % 2 == 0)}}), flush=True)\n"
-        ),
-    )
-    .unwrap();
-    script
+    common::tmp("resume", name)
 }
 
 /// A run config: `steps` steps on the fixture; `extra` is appended TOML
@@ -95,7 +57,7 @@ test_freq = 2
 seed = 11
 {extra}
 "#,
-        data = write_data(dir).display(),
+        data = common::write_arith_data(dir, 8).display(),
         model = fixture().display(),
     )
 }

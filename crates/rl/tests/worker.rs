@@ -3,7 +3,6 @@
 //! needs them, and multi-stage awake lowers the peak by the trainer's
 //! weight bytes.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use colo_mem::{tags, Pool, PoolConfig, TagState};
@@ -13,9 +12,9 @@ use colo_rollout::{Engine, EngineConfig, Request, SamplingParams};
 use colo_train::{SeqBatch, TrainEngine, TrainerConfig};
 use tch::{Device, Kind};
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny-qwen2")
-}
+mod common;
+
+use common::fixture;
 
 fn memory(mode: Colocation, policy: OffloadPolicy) -> MemoryConfig {
     MemoryConfig {

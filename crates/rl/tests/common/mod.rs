@@ -30,3 +30,54 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// The tiny random Qwen2 checkpoint of `testdata/`.
+pub fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny-qwen2")
+}
+
+/// A fresh directory `colo-{suite}-{pid}-{name}` under the system temp dir
+/// (kept after the test, for inspecting a failure).
+pub fn tmp(suite: &str, name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("colo-{suite}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `n` arithmetic prompts ("Question: what is i + i+1? Answer:") in
+/// `dir/train.jsonl`.
+pub fn write_arith_data(dir: &std::path::Path, n: usize) -> PathBuf {
+    let data = dir.join("train.jsonl");
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                r#"{{"prompt": "Question: what is {i} + {}? Answer:", "answer": "{}"}}"#,
+                i + 1,
+                2 * i + 1
+            )
+        })
+        .collect();
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    data
+}
+
+/// An external reward with variance on a random model (so GRPO has
+/// non-zero advantages and the updates matter): 1 for completions of even
+/// length. After `fail_after` answers the script exits with status 3.
+pub fn write_parity_reward(dir: &std::path::Path, fail_after: Option<usize>) -> PathBuf {
+    let script = dir.join("reward.py");
+    let stop = match fail_after {
+        Some(n) => format!("    if i >= {n}:\n        sys.exit(3)\n"),
+        None => String::new(),
+    };
+    std::fs::write(
+        &script,
+        format!(
+            "import json, sys\nfor i, line in enumerate(sys.stdin):\n{stop}    r = json.loads(line)\n    \
+             print(json.dumps({{'id': r['id'], 'score': float(len(r['completion']) % 2 == 0)}}), flush=True)\n"
+        ),
+    )
+    .unwrap();
+    script
+}
