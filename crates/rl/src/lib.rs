@@ -91,7 +91,7 @@ pub mod vocab;
 pub mod worker;
 
 pub use config::Config;
-pub use data::{Batch, Batches, Dataset, Fields, Prompt};
+pub use data::{Batch, Batches, Dataset, Fields, Overlong, Prompt};
 pub use error::{Error, Result};
 pub use metrics::{EvalRecord, MetricsWriter, StepMetrics};
 pub use reward::{Reward, RewardInput, RewardSpec};

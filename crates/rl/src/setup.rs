@@ -14,7 +14,7 @@ use colo_train::LossConfig;
 use crate::config::{Capacity, Config, DataSource, KvBudget, ModelSource, ValSource};
 use crate::data::Dataset;
 use crate::timeline_file::TimelineWriter;
-use crate::{plot, Result};
+use crate::{plot, Error, Result};
 
 /// Training and held-out prompts.
 pub(crate) fn load_data(
@@ -25,12 +25,22 @@ pub(crate) fn load_data(
     // Every prompt, training and held-out, is checked against
     // `max_prompt_length` here, when the data are read.
     let read = |files: &[PathBuf]| {
-        Dataset::from_files_max_len(
+        let data = Dataset::from_files_max_len(
             files,
             &config.data.fields,
             tokenizer,
             config.data.max_prompt_length,
-        )
+            config.data.overlong,
+        )?;
+        if data.dropped_overlong > 0 {
+            eprintln!(
+                "data: left out {} of {} prompts of {files:?}: longer than data.max_prompt_length = {} tokens (data.filter_overlong_prompts)",
+                data.dropped_overlong,
+                data.dropped_overlong + data.len(),
+                config.data.max_prompt_length
+            );
+        }
+        Ok::<_, Error>(data)
     };
     match &config.data.source {
         DataSource::Builtin(task) => {

@@ -393,6 +393,83 @@ fn prompts_longer_than_max_prompt_length_are_refused_when_read() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// With `data.filter_overlong_prompts` (verl's), the long prompt is left
+/// out and counted instead, and the run goes on with the rest.
+#[test]
+fn filtered_overlong_prompts_are_left_out_and_counted() {
+    let dir = tmp("long-filtered");
+    let val = dir.join("val.jsonl");
+    let long = "word ".repeat(200);
+    std::fs::write(
+        &val,
+        format!(
+            "{{\"prompt\": \"{long}\", \"answer\": \"2\"}}\n{{\"prompt\": \"Question: 1 + 1? Answer:\", \"answer\": \"2\"}}\n"
+        ),
+    )
+    .unwrap();
+    let read = |overlong| {
+        let tok = colo_model::Tokenizer::from_dir(&fixture()).unwrap();
+        colo_rl::Dataset::from_files_max_len(
+            std::slice::from_ref(&val),
+            &colo_rl::Fields::default(),
+            &tok,
+            64,
+            overlong,
+        )
+    };
+    let kept = read(colo_rl::Overlong::Drop).unwrap();
+    assert_eq!((kept.len(), kept.dropped_overlong), (1, 1));
+    assert_eq!(kept.prompts[0].text, "Question: 1 + 1? Answer:");
+    assert_eq!(kept.prompts[0].prompt_id, 0, "ids count the prompts kept");
+    let err = read(colo_rl::Overlong::Error).unwrap_err().to_string();
+    assert!(
+        err.contains("data.filter_overlong_prompts = true"),
+        "the error says how to drop them: {err}"
+    );
+
+    let mut cfg = config(&dir, 1);
+    cfg.data.overlong = colo_rl::Overlong::Drop;
+    if let colo_rl::config::DataSource::Files { val: v, .. } = &mut cfg.data.source {
+        *v = colo_rl::config::ValSource::Files(vec![val.clone()]);
+    }
+    let summary = colo_rl::r#loop::run(&cfg, &dir.join("run"), false).unwrap();
+    assert_eq!(summary.steps, 1);
+    let evals: Vec<_> = colo_rl::metrics::read(&dir.join("run/metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::Eval(e) => Some(e),
+            Record::Step(_) => None,
+        })
+        .collect();
+    assert!(
+        !evals.is_empty() && evals.iter().all(|e| e.n_samples == 1),
+        "evaluated on the one prompt kept: {evals:?}"
+    );
+
+    let only_long = dir.join("long.jsonl");
+    std::fs::write(
+        &only_long,
+        format!("{{\"prompt\": \"{long}\", \"answer\": \"2\"}}\n"),
+    )
+    .unwrap();
+    let tok = colo_model::Tokenizer::from_dir(&fixture()).unwrap();
+    let err = colo_rl::Dataset::from_files_max_len(
+        &[only_long],
+        &colo_rl::Fields::default(),
+        &tok,
+        64,
+        colo_rl::Overlong::Drop,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("1 left out as longer than data.max_prompt_length = 64"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// A GAE run's checkpoint holds its critic, so a resumed run's critic
 /// continues where it was: step 2 after a resume is step 2 of an
 /// uninterrupted run, the value loss included.

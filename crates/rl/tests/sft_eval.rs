@@ -171,6 +171,7 @@ fn evaluate_counts_right_answers() {
         prompts: (0..4)
             .map(|i| prompt(i as u64, texts[i], &truths[i]))
             .collect(),
+        ..Dataset::default()
     };
     let same = |a: &str, b: &str| a.trim() == b.trim();
     let want_acc = (0..4).filter(|&i| same(&g[i], &truths[i])).count();

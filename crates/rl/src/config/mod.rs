@@ -50,7 +50,7 @@ use colo_algo::{
 
 pub use raw::{Colocation, Device, Dtype, OffloadPolicy, RawConfig};
 
-use crate::data::Fields;
+use crate::data::{Fields, Overlong};
 use crate::reward::RewardSpec;
 use crate::task::ArithmeticTask;
 use crate::{Error, Result};
@@ -109,6 +109,8 @@ pub struct DataConfig {
     pub source: DataSource,
     pub fields: Fields,
     pub max_prompt_length: usize,
+    /// What a longer prompt does when the data are read.
+    pub overlong: Overlong,
     pub seed: u64,
     pub shuffle: bool,
 }

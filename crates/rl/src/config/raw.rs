@@ -68,8 +68,10 @@ pub struct RawData {
     pub answer_key: String,
     /// Prompts per RL step.
     pub train_batch_size: usize,
-    /// Longer prompts (in tokens) are an error when the data are read.
+    /// Longer prompts (in tokens) are an error when the data are read…
     pub max_prompt_length: usize,
+    /// …or are left out.
+    pub filter_overlong_prompts: bool,
     /// The shuffling seed; absent means `trainer.seed`.
     pub seed: Option<u64>,
     pub shuffle: bool,
@@ -87,6 +89,7 @@ impl Default for RawData {
             answer_key: "answer".into(),
             train_batch_size: 32,
             max_prompt_length: 64,
+            filter_overlong_prompts: false,
             seed: None,
             shuffle: true,
             builtin: ArithmeticTask::default(),

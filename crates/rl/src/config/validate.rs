@@ -267,6 +267,10 @@ fn data_section(data: RawData, default_seed: u64) -> Check<DataConfig> {
             answer_key: data.answer_key,
         },
         max_prompt_length: positive("data.max_prompt_length", data.max_prompt_length)?,
+        overlong: match data.filter_overlong_prompts {
+            true => Overlong::Drop,
+            false => Overlong::Error,
+        },
         seed: data.seed.unwrap_or(default_seed),
         shuffle: data.shuffle,
     };

@@ -64,6 +64,29 @@ pub struct Prompt {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Dataset {
     pub prompts: Vec<Prompt>,
+    /// Prompts left out for being longer than `max_prompt_length`
+    /// ([`Overlong::Drop`]).
+    pub dropped_overlong: usize,
+}
+
+/// What a prompt longer than `max_prompt_length` does when it is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overlong {
+    /// Stops the read with an error naming it (verl's `truncation =
+    /// "error"`: a silently cut prompt would train on a different
+    /// question).
+    Error,
+    /// Leaves it out and counts it (verl's `filter_overlong_prompts`).
+    Drop,
+}
+
+/// The length check of a read: the tokenizer, the limit, and what a
+/// longer prompt does.
+#[derive(Clone, Copy)]
+struct Limit<'a> {
+    tok: &'a Tokenizer,
+    max: usize,
+    overlong: Overlong,
 }
 
 impl Dataset {
@@ -78,38 +101,45 @@ impl Dataset {
         Self::read(paths, fields, tokenizer, None)
     }
 
-    /// As [`Dataset::from_files`], and every prompt must be at most
+    /// As [`Dataset::from_files`], and every prompt is measured against
     /// `max_prompt_length` tokens as the run encodes it (the tokenizer's
-    /// special tokens included): a longer one is an error naming the file,
-    /// the line and both lengths, before anything runs (verl's
-    /// `truncation = "error"`: a silently cut prompt would train on a
-    /// different question).
+    /// special tokens included), before anything runs: a longer one is an
+    /// error naming the file, the line and both lengths, or is left out
+    /// and counted in [`Dataset::dropped_overlong`] (`overlong`).
     pub fn from_files_max_len(
         paths: &[PathBuf],
         fields: &Fields,
         tokenizer: &Tokenizer,
         max_prompt_length: usize,
+        overlong: Overlong,
     ) -> Result<Self> {
-        Self::read(
-            paths,
-            fields,
-            Some(tokenizer),
-            Some((tokenizer, max_prompt_length)),
-        )
+        let limit = Limit {
+            tok: tokenizer,
+            max: max_prompt_length,
+            overlong,
+        };
+        Self::read(paths, fields, Some(tokenizer), Some(limit))
     }
 
     fn read(
         paths: &[PathBuf],
         fields: &Fields,
         tokenizer: Option<&Tokenizer>,
-        max_len: Option<(&Tokenizer, usize)>,
+        limit: Option<Limit>,
     ) -> Result<Self> {
         let mut data = Dataset::default();
         for path in paths {
-            data.read_file(path, fields, tokenizer, max_len)?;
+            data.read_file(path, fields, tokenizer, limit)?;
         }
         if data.prompts.is_empty() {
-            return Err(Error::Dataset(format!("no prompts in {paths:?}")));
+            let dropped = match (data.dropped_overlong, limit) {
+                (0, _) | (_, None) => String::new(),
+                (n, Some(l)) => format!(
+                    " ({n} left out as longer than data.max_prompt_length = {} tokens)",
+                    l.max
+                ),
+            };
+            return Err(Error::Dataset(format!("no prompts in {paths:?}{dropped}")));
         }
         Ok(data)
     }
@@ -119,7 +149,7 @@ impl Dataset {
         path: &Path,
         fields: &Fields,
         tok: Option<&Tokenizer>,
-        max_len: Option<(&Tokenizer, usize)>,
+        limit: Option<Limit>,
     ) -> Result<()> {
         if !path.is_file() {
             return Err(Error::MissingFile {
@@ -136,7 +166,7 @@ impl Dataset {
                     field: field.map(str::to_owned),
                     message,
                 };
-                self.push(row, &bad, fields, tok, max_len)?;
+                self.push(row, &bad, fields, tok, limit)?;
             }
             return Ok(());
         }
@@ -158,7 +188,7 @@ impl Dataset {
             };
             let row: Value =
                 serde_json::from_str(line).map_err(|e| bad(None, format!("not JSON: {e}")))?;
-            self.push(row, &bad, fields, tok, max_len)?;
+            self.push(row, &bad, fields, tok, limit)?;
         }
         Ok(())
     }
@@ -171,7 +201,7 @@ impl Dataset {
         bad: &dyn Fn(Option<&str>, String) -> Error,
         fields: &Fields,
         tok: Option<&Tokenizer>,
-        max_len: Option<(&Tokenizer, usize)>,
+        limit: Option<Limit>,
     ) -> Result<()> {
         let Value::Object(mut row) = row else {
             return Err(bad(None, "expected a JSON object".into()));
@@ -182,13 +212,23 @@ impl Dataset {
             .ok_or_else(|| bad(Some(pk), "missing".into()))?;
         let text =
             prompt_text(&prompt, tok).map_err(|(sub, m)| bad(Some(&format!("{pk}{sub}")), m))?;
-        if let Some((tok, max)) = max_len {
+        if let Some(Limit { tok, max, overlong }) = limit {
             let n = tok.encode(&text, true)?.len();
-            if n > max {
-                return Err(bad(
-                    Some(pk),
-                    format!("the prompt has {n} tokens, more than data.max_prompt_length = {max}"),
-                ));
+            match overlong {
+                _ if n <= max => {}
+                Overlong::Error => {
+                    return Err(bad(
+                        Some(pk),
+                        format!(
+                            "the prompt has {n} tokens, more than data.max_prompt_length = \
+                             {max} (data.filter_overlong_prompts = true leaves such prompts out)"
+                        ),
+                    ))
+                }
+                Overlong::Drop => {
+                    self.dropped_overlong += 1;
+                    return Ok(());
+                }
             }
         }
         let ak = fields.answer_key.as_str();
@@ -241,7 +281,11 @@ impl Dataset {
         SplitMix64::derive(seed, 0x5EED_5917).shuffle(&mut order);
         let mut is_eval = vec![false; n];
         order[..n_eval].iter().for_each(|&i| is_eval[i] = true);
-        let (mut train, mut eval) = (Dataset::default(), Dataset::default());
+        let mut train = Dataset {
+            dropped_overlong: self.dropped_overlong,
+            ..Dataset::default()
+        };
+        let mut eval = Dataset::default();
         for (p, e) in self.prompts.into_iter().zip(is_eval) {
             if e { &mut eval } else { &mut train }.prompts.push(p);
         }
@@ -380,6 +424,7 @@ mod tests {
                     extra: Map::new(),
                 })
                 .collect(),
+            ..Dataset::default()
         }
     }
 

@@ -133,6 +133,7 @@ impl Rank {
         let (train, val) = load_data(global, &dir, &tokenizer)?;
         let val = Dataset {
             prompts: val.prompts[shard(val.len(), rank, world)].to_vec(),
+            ..Dataset::default()
         };
         let train: &'static Dataset = Box::leak(Box::new(train));
         let pool = make_pool(global)?;
