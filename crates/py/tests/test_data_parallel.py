@@ -175,6 +175,9 @@ class Equivalence(unittest.TestCase):
             self.assertIn("timing_s/gen", r)
             self.assertGreater(r["perf/all_reduce_bytes"], 0)
             self.assertGreaterEqual(r["timing_s/controller"], 0.0)
+        evals = [r for r in records if "eval/accuracy" in r]
+        self.assertEqual([r["training/global_step"] for r in evals], [0, 3])
+        self.assertTrue(all(r["eval/n_samples"] == 4 for r in evals), evals)
         self.assertTrue(os.path.isdir(os.path.join(self.two["out"], "checkpoints", "step-3")))
 
 
@@ -191,21 +194,26 @@ def colo_binary():
 
 class CommandLine(unittest.TestCase):
     def test_colo_train_with_a_cluster_section_runs_on_ray(self):
+        """Without held-out data (no val_files), too: the run does not
+        evaluate."""
         with tempfile.TemporaryDirectory(prefix="colo-dp-cli-") as tmp:
             cfg = write_config(os.path.join(tmp, "run.toml"))
-            with open(cfg, "a") as f:
-                f.write('\n[cluster]\nlayout = "1-1-2"\n')
+            with open(cfg) as f:
+                text = re.sub(r"^val_files = .*\n", "", f.read(), flags=re.M)
+            with open(cfg, "w") as f:
+                f.write(text + '\n[cluster]\nlayout = "1-1-2"\n')
             out = os.path.join(tmp, "run")
             r = subprocess.run(
                 [colo_binary(), "train", "--config", cfg, "--out", out],
                 capture_output=True, text=True, timeout=300,
             )
             self.assertEqual(r.returncode, 0, r.stderr[-3000:])
-            self.assertIn("3 steps on 2 workers", r.stdout)
+            self.assertIn("3 steps on 2 workers; no evaluation", r.stdout)
             self.assertEqual(sorted(os.listdir(os.path.join(out, "workers"))), ["rank-0", "rank-1"])
             with open(os.path.join(out, "metrics.jsonl")) as f:
-                steps = [json.loads(l)["training/global_step"] for l in f if "actor/pg_loss" in l]
-            self.assertEqual(steps, [1, 2, 3])
+                records = [json.loads(l) for l in f]
+            self.assertEqual([r["training/global_step"] for r in records], [1, 2, 3])
+            self.assertTrue(all("actor/pg_loss" in r for r in records), "steps only, no evaluation")
 
 
 MULTI_NODE = """

@@ -263,9 +263,11 @@ fn train_steps(
     // comes before that step's, as if evaluated in between. A resumed run
     // makes up an evaluation of its checkpoint's step that was due but not
     // logged (a run stopped between the checkpoint and the next step).
-    let test_step = |done: usize| config.trainer.test_freq.is_some_and(|f| done % f == 0);
+    let evaluates = config.evaluates();
+    let test_step =
+        |done: usize| evaluates && config.trainer.test_freq.is_some_and(|f| done % f == 0);
     run.pending_eval = match first_step {
-        0 => config.trainer.val_before_train.then_some(0),
+        0 => (evaluates && config.trainer.val_before_train).then_some(0),
         k => (test_step(k) && evaluated_at != Some(k)).then_some(k),
     };
 
@@ -303,7 +305,9 @@ fn train_steps(
     // ---- the end: one evaluation, the last checkpoint ----------------------
     // (`run` returns early when a resumed run has no step left, so this
     // evaluation is the only one at `total`.)
-    last_accuracy = Some(run.evaluate(total)?);
+    if evaluates {
+        last_accuracy = Some(run.evaluate(total)?);
+    }
     run.save(&ckpt_dir, total)?;
     Ok(RunSummary {
         run_dir: out.to_owned(),

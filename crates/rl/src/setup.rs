@@ -52,6 +52,7 @@ pub(crate) fn load_data(
             match val {
                 ValSource::Files(v) => Ok((data, read(v)?)),
                 ValSource::Fraction(f) => data.split(*f, config.data.seed),
+                ValSource::None => Ok((data, Dataset::default())),
             }
         }
     }
@@ -235,8 +236,11 @@ pub(crate) fn draw(out: &Path, pool: &Pool, timeline: &mut TimelineWriter) -> Re
             crate::metrics::Record::Eval(e) => acc.push((e.step, e.accuracy)),
         }
     }
-    plot::reward_curve(&scores, &acc, "colo: reward and held-out accuracy")?
-        .write(out, "reward_curve")
+    let title = match acc.is_empty() {
+        true => "colo: reward",
+        false => "colo: reward and held-out accuracy",
+    };
+    plot::reward_curve(&scores, &acc, title)?.write(out, "reward_curve")
 }
 
 /// Whether the run trains a critic (GAE needs its values).

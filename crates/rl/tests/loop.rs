@@ -226,6 +226,37 @@ fn gae_trains_a_critic_and_remax_uses_greedy_baselines() {
     }
 }
 
+/// Without val_files or val_fraction the run does not evaluate (as
+/// OpenRLHF's and TRL's runs without an eval set): no evaluation records,
+/// no accuracy in the summary, a reward curve without it.
+#[test]
+fn a_run_without_a_held_out_set_does_not_evaluate() {
+    let dir = tmp("no-val");
+    let text = config_toml(&dir, 2, "staged", "grpo").replace("val_fraction = 0.25\n", "");
+    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    assert!(!cfg.evaluates());
+    assert!(
+        cfg.summary().contains("no evaluation (no held-out set)"),
+        "{}",
+        cfg.summary()
+    );
+    let run = dir.join("run");
+    let s = colo_rl::r#loop::run(&cfg, &run, false).unwrap();
+    assert_eq!(
+        (s.steps, s.first_accuracy, s.last_accuracy),
+        (2, None, None)
+    );
+    let records = read(&run.join("metrics.jsonl")).unwrap();
+    assert_eq!(records.len(), 2, "two steps and no evaluation: {records:?}");
+    assert!(records.iter().all(|r| matches!(r, Record::Step(_))));
+    let svg = std::fs::read_to_string(run.join("reward_curve.svg")).unwrap();
+    assert!(
+        svg.contains("colo: reward") && !svg.contains("held-out"),
+        "{svg}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[test]
 fn a_prompt_longer_than_max_prompt_length_is_an_error_naming_it() {
     let dir = tmp("long");

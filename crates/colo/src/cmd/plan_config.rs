@@ -69,8 +69,8 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
     };
     let (model_cfg, model_dir) = model(config)?;
     // A longer prompt stops the run or is left out (filter_overlong_prompts).
-    let max_prompt_tokens = longest_prompt(config, model_dir.as_deref())?
-        .min(config.data.max_prompt_length as u64);
+    let max_prompt_tokens =
+        longest_prompt(config, model_dir.as_deref())?.min(config.data.max_prompt_length as u64);
     let seq_len = max_prompt_tokens + config.rollout.max_new_tokens as u64;
     let capacity = capacity(config)?;
     let mem = &config.memory;

@@ -67,12 +67,18 @@ pub fn run(a: Args) -> Result<()> {
     }
     let s = colo_rl::r#loop::run(&config, &out, resume).context("colo train")?;
     let pct = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));
+    let accuracy = match config.evaluates() {
+        true => format!(
+            "held-out accuracy {} -> {}",
+            pct(s.first_accuracy),
+            pct(s.last_accuracy)
+        ),
+        false => "no held-out set".to_owned(),
+    };
     println!(
-        "done: {} step{}; held-out accuracy {} -> {}; peak device memory {} ({} allocated, the rest cached blocks)",
+        "done: {} step{}; {accuracy}; peak device memory {} ({} allocated, the rest cached blocks)",
         s.steps,
         if s.steps == 1 { "" } else { "s" },
-        pct(s.first_accuracy),
-        pct(s.last_accuracy),
         colo_mem::fmt_bytes(s.peak_device_bytes),
         colo_mem::fmt_bytes(s.peak_allocated_bytes)
     );

@@ -370,7 +370,9 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log):
         t = time.perf_counter()
         parts = _gather([a.evaluate.remote() for a in actors], actors, f"evaluate at step {step}", timeout)
         right, n = sum(p[0] for p in parts), sum(p[1] for p in parts)
-        accuracy = right / max(n, 1)
+        if n == 0:
+            return None  # no held-out set: the run does not evaluate
+        accuracy = right / n
         write(
             {
                 "training/global_step": step,
@@ -448,7 +450,8 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 1
     acc = s["last_accuracy"]
-    print(f"{s['steps']} steps on {s['workers']} workers; accuracy {acc if acc is None else f'{acc:.3f}'}; out {s['out']}")
+    acc = "no evaluation" if acc is None else f"accuracy {acc:.3f}"
+    print(f"{s['steps']} steps on {s['workers']} workers; {acc}; out {s['out']}")
     return 0
 
 

@@ -102,6 +102,22 @@ pub enum ValSource {
     Files(Vec<PathBuf>),
     /// This fraction of the training prompts, held out by a seeded split.
     Fraction(f64),
+    /// None: the run does not evaluate (OpenRLHF's and TRL's runs without an
+    /// eval set).
+    None,
+}
+
+impl Config {
+    /// Whether the run has held-out prompts to evaluate on.
+    pub fn evaluates(&self) -> bool {
+        !matches!(
+            self.data.source,
+            DataSource::Files {
+                val: ValSource::None,
+                ..
+            }
+        )
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

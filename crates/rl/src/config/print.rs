@@ -67,8 +67,8 @@ const fn opt(
 pub(crate) const DOCS: &[Doc] = &[
     // [data]
     d("data.train_files", "training prompts: JSONL files (one object per line) or parquet files (verl's, as they are; README: \"The data schema\"); none means the built-in arithmetic task", "paths (one or a list)", "data.train_files"),
-    d("data.val_files", "held-out prompts for eval/accuracy: JSONL or parquet files", "paths (one or a list)", "data.val_files"),
-    opt("data.val_fraction", "instead of val_files: hold out this fraction of the training prompts (seeded split)", "fraction in (0, 1)", "", "val_files are the held-out set"),
+    d("data.val_files", "held-out prompts for eval/accuracy: JSONL or parquet files; with neither these nor val_fraction the run does not evaluate", "paths (one or a list)", "data.val_files"),
+    opt("data.val_fraction", "instead of val_files: hold out this fraction of the training prompts (seeded split)", "fraction in (0, 1)", "", "val_files are the held-out set (none: no evaluation)"),
     d("data.prompt_key", "field holding the prompt: a string, or a chat (a list of {role, content} messages rendered with the tokenizer's chat template)", "JSON key", "data.prompt_key"),
     d("data.answer_key", "field holding the ground truth the reward compares with; a dotted path reaches into objects", "JSON key or dotted path", "reward_model.ground_truth (fixed in verl)"),
     d("data.train_batch_size", "prompts per RL step (each sampled rollout.n times)", "prompts", "data.train_batch_size"),
@@ -179,6 +179,7 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
             match val {
                 ValSource::Files(v) => (paths(train), paths(v), None, builtin),
                 ValSource::Fraction(f) => (paths(train), Files::default(), Some(*f), builtin),
+                ValSource::None => (paths(train), Files::default(), None, builtin),
             }
         }
     };

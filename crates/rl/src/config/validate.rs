@@ -231,12 +231,10 @@ fn data_section(data: RawData, default_seed: u64) -> Check<DataConfig> {
         (false, true, Some(f)) => {
             return bad("data.val_fraction", format!("must be in (0, 1), got {f}"))
         }
-        (false, true, None) => {
-            return bad(
-                "data.val_files",
-                "a held-out set is needed for eval/accuracy: give val_files or val_fraction",
-            )
-        }
+        (false, true, None) => DataSource::Files {
+            train,
+            val: ValSource::None,
+        },
     };
     if let DataSource::Builtin(t) = &source {
         if t.train_size + t.val_size > t.space() {
@@ -575,6 +573,7 @@ pub(crate) fn summary(c: &Config) -> String {
                 let val = match val {
                     ValSource::Files(v) => format!("held-out {v:?}"),
                     ValSource::Fraction(f) => format!("{f} held out"),
+                    ValSource::None => "no held-out set".to_owned(),
                 };
                 format!(
                     "{train:?}, {val}; prompt `{}`, answer `{}`",
@@ -683,9 +682,15 @@ pub(crate) fn summary(c: &Config) -> String {
             }
         ),
         format!(
-            "run        {length}, eval {} ({}), checkpoint {}, seed {}, out {}",
-            freq(c.trainer.test_freq),
-            sampling_text(&c.rollout.val_sampling),
+            "run        {length}, {}, checkpoint {}, seed {}, out {}",
+            match c.evaluates() {
+                true => format!(
+                    "eval {} ({})",
+                    freq(c.trainer.test_freq),
+                    sampling_text(&c.rollout.val_sampling)
+                ),
+                false => "no evaluation (no held-out set)".to_owned(),
+            },
             freq(c.trainer.save_freq),
             c.trainer.seed,
             c.trainer.out_dir.display()

@@ -52,6 +52,9 @@ impl Chart for Curve<'_> {
         root.fill(&WHITE)?;
         let all = || self.scores.iter().chain(self.accuracy);
         let x = widen(extent(all().map(|p| p.0 as f64)).unwrap_or((0.0, 1.0)));
+        // Steps are whole: no more labels than steps in the span (a short
+        // run's fractional ticks printed "1 1 1 2 2").
+        let x_labels = ((x.end - x.start).round() as usize + 1).clamp(2, 10);
         let y = extent(all().map(|p| p.1)).unwrap_or((0.0, 1.0));
         let body = root.titled(self.title, text(18))?;
         let (plot, side) = body.split_horizontally(640);
@@ -65,6 +68,7 @@ impl Chart for Curve<'_> {
             .light_line_style(RGBColor(0xf2, 0xf2, 0xf2))
             .max_light_lines(1)
             .x_desc("step")
+            .x_labels(x_labels)
             .x_label_formatter(&|v| format!("{v:.0}"))
             .y_label_formatter(&|v| format!("{v:.2}"))
             .label_style(text(12))
