@@ -369,11 +369,6 @@ fn bad_values_name_their_field() {
             Some(2),
         ),
         (
-            "[data]\ntrain_files = [\"a.jsonl\"]\n",
-            "data.val_files",
-            None,
-        ),
-        (
             "[data]\nval_files = [\"a.jsonl\"]\n",
             "data.train_files",
             None,
