@@ -146,6 +146,11 @@ fn verl_parquet_chats_are_planned_and_run() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(stderr.contains("plan check: predicted peak"), "{stderr}");
+    assert!(
+        stderr.contains("data_source is \"openai/gsm8k\"")
+            && stderr.contains("reward.kind = \"verl\" scores them as verl does"),
+        "the default exact_match on verl's GSM8K rows gets a note: {stderr}"
+    );
     assert!(stdout.contains("done: 1 step;"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }

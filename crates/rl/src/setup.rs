@@ -13,6 +13,7 @@ use colo_train::LossConfig;
 
 use crate::config::{Capacity, Config, DataSource, KvBudget, ModelSource, ValSource};
 use crate::data::Dataset;
+use crate::reward::{verl, RewardSpec};
 use crate::timeline_file::TimelineWriter;
 use crate::{plot, Error, Result};
 
@@ -42,20 +43,43 @@ pub(crate) fn load_data(
         }
         Ok::<_, Error>(data)
     };
-    match &config.data.source {
+    let (train, val) = match &config.data.source {
         DataSource::Builtin(task) => {
             let (train, val) = task.write_jsonl(&out.join("data"))?;
-            Ok((read(&[train])?, read(&[val])?))
+            (read(&[train])?, read(&[val])?)
         }
         DataSource::Files { train, val } => {
             let data = read(train)?;
             match val {
-                ValSource::Files(v) => Ok((data, read(v)?)),
-                ValSource::Fraction(f) => data.split(*f, config.data.seed),
-                ValSource::None => Ok((data, Dataset::default())),
+                ValSource::Files(v) => (data, read(v)?),
+                ValSource::Fraction(f) => data.split(*f, config.data.seed)?,
+                ValSource::None => (data, Dataset::default()),
             }
         }
+    };
+    if let Some(note) = reward_hint(&config.reward, &train) {
+        eprintln!("{note}");
     }
+    Ok((train, val))
+}
+
+/// A note when the rows name a `data_source` verl scores with a rule of its
+/// own while the run compares whole completions: verl's GSM8K data under
+/// the default `exact_match` reward would score (almost) nothing.
+pub(crate) fn reward_hint(reward: &RewardSpec, train: &Dataset) -> Option<String> {
+    let source = train
+        .prompts
+        .first()?
+        .extra
+        .get(verl::DATA_SOURCE)?
+        .as_str()?;
+    (*reward == RewardSpec::ExactMatch {} && verl::rule_for(source).is_some()).then(|| {
+        format!(
+            "reward: the rows' data_source is {source:?}, which verl scores with a rule of its \
+             own, while reward.kind = \"exact_match\" wants the whole completion to equal the \
+             ground truth; reward.kind = \"verl\" scores them as verl does"
+        )
+    })
 }
 
 /// The device capacity of the built-in run in f32 when the config says
@@ -278,4 +302,42 @@ fn one_step(events: &[colo_mem::Event]) -> Option<&[colo_mem::Event]> {
         .collect();
     let pick = if starts.len() >= 4 { 2 } else { 0 };
     Some(&events[*starts.get(pick)?..*starts.get(pick + 1)?])
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::data::Prompt;
+
+    fn rows(source: Option<&str>) -> Dataset {
+        let mut extra = serde_json::Map::new();
+        if let Some(s) = source {
+            extra.insert("data_source".into(), json!(s));
+        }
+        Dataset {
+            prompts: vec![Prompt {
+                prompt_id: 0,
+                text: "q".into(),
+                ground_truth: "1".into(),
+                extra,
+            }],
+            ..Dataset::default()
+        }
+    }
+
+    #[test]
+    fn exact_match_on_rows_verl_scores_by_rule_gets_a_note() {
+        let exact = RewardSpec::ExactMatch {};
+        let note = reward_hint(&exact, &rows(Some("openai/gsm8k"))).unwrap();
+        assert!(note.contains("reward.kind = \"verl\""), "{note}");
+        assert!(reward_hint(&RewardSpec::Verl {}, &rows(Some("openai/gsm8k"))).is_none());
+        assert!(
+            reward_hint(&exact, &rows(Some("my/own"))).is_none(),
+            "a source verl has no rule for"
+        );
+        assert!(reward_hint(&exact, &rows(None)).is_none());
+        assert!(reward_hint(&exact, &Dataset::default()).is_none());
+    }
 }

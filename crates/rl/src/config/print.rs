@@ -131,7 +131,7 @@ pub(crate) const DOCS: &[Doc] = &[
     opt("algorithm.rollout_correction.rollout_is", "truncated importance sampling between rollout and trainer probabilities", "\"token\" or \"sequence\"", "algorithm.rollout_correction.rollout_is", "off"),
     d("algorithm.rollout_correction.rollout_is_threshold", "the importance-weight cap C", "> 0", "algorithm.rollout_correction.rollout_is_threshold"),
     // [reward]
-    d("reward.kind", "the reward", "\"exact_match\", \"numeric\", \"boxed\", \"format\", \"weighted\", \"external\"", "reward_model / custom_reward_function (verl picks a Python function)"),
+    d("reward.kind", "the reward; \"verl\" picks the rule by each row's data_source as verl's default reward does (openai/gsm8k: numeric after \"####\"; lighteval/MATH: boxed)", "\"exact_match\", \"numeric\", \"boxed\", \"format\", \"weighted\", \"verl\", \"external\"", "reward_model / custom_reward_function (verl picks a Python function; by default by data_source)"),
     d("reward.tolerance", "numeric, boxed: numbers within this are equal", "absolute", ""),
     opt("reward.after", "numeric: read the first number after the last occurrence of this marker (GSM8K: \"####\")", "text", "", "the last number of the completion"),
     d("reward.open", "format: the answer must stand between open…", "text", ""),

@@ -4,7 +4,8 @@
 //!
 //! - **From the config**: a [`RewardSpec`] (the `[reward]` section, chosen by
 //!   `kind`) is turned into a reward by [`build`], a `match` on the enum —
-//!   rule-based rewards ([`rules`]), a [`Weighted`] combination, or an
+//!   rule-based rewards ([`rules`]; verl's choice of them by each row's
+//!   `data_source`, [`verl`]), a [`Weighted`] combination, or an
 //!   [`ExternalReward`] (a long-lived child process spoken to in JSON lines,
 //!   for rewards written in other languages).
 //! - **From Rust**: implement [`Reward`] for your own type.
@@ -18,12 +19,14 @@
 
 mod external;
 pub mod rules;
+pub mod verl;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use external::{ExternalReward, FINISH_GRACE};
 pub use rules::{BoxedMatch, ExactMatch, FormatReward, NumericMatch};
+pub use verl::VerlDefault;
 
 use crate::{Error, Result};
 
@@ -117,6 +120,9 @@ pub enum RewardSpec {
     Format { open: String, close: String },
     /// Σ weight · reward: [`Weighted`].
     Weighted { terms: Vec<WeightedTerm> },
+    /// verl's default reward, its rule chosen by each row's `data_source`
+    /// (GSM8K, MATH): [`VerlDefault`].
+    Verl {},
     /// A child process spoken to in JSON lines: [`ExternalReward`].
     External {
         /// The program and its arguments, e.g. `["python3", "score.py"]`.
@@ -202,6 +208,7 @@ pub fn build(spec: &RewardSpec) -> Result<Box<dyn Reward>> {
     }
     Ok(match spec {
         RewardSpec::ExactMatch {} => Box::new(ExactMatch),
+        RewardSpec::Verl {} => Box::new(VerlDefault),
         RewardSpec::Numeric { tolerance, after } => Box::new(NumericMatch {
             tolerance: *tolerance,
             after: after.clone(),

@@ -1,0 +1,141 @@
+//! verl's default reward: the rule is chosen per sample by the dataset row's
+//! `data_source` (verl's `default_compute_score`), so verl's preprocessed
+//! datasets train with the reward verl would give them.
+//!
+//! | `data_source` | rule |
+//! |---|---|
+//! | `openai/gsm8k` | the number after the last `####` ([`NumericMatch`], verl's strict GSM8K rule) |
+//! | `lighteval/MATH`, `DigitalLearningGmbH/MATH-lighteval` | the last `\boxed{…}` ([`BoxedMatch`]) |
+//!
+//! verl's other sources (DAPO's "Answer:" rule, PRIME's math and code, code
+//! sandboxes, geometry3k) have no colo rule: a sample from one is an error
+//! naming its source, which says to write the rule as an external reward.
+
+use super::rules::{BoxedMatch, NumericMatch};
+use super::{Reward, RewardInput};
+use crate::Result;
+
+/// The field of a dataset row that names its source.
+pub const DATA_SOURCE: &str = "data_source";
+
+/// The rule verl applies to rows of `source`, if colo has it.
+pub fn rule_for(source: &str) -> Option<Box<dyn Reward>> {
+    match source {
+        "openai/gsm8k" => Some(Box::new(NumericMatch {
+            tolerance: 1e-6,
+            after: Some("####".into()),
+        })),
+        "lighteval/MATH" | "DigitalLearningGmbH/MATH-lighteval" => {
+            Some(Box::new(BoxedMatch { tolerance: 1e-6 }))
+        }
+        _ => None,
+    }
+}
+
+/// verl's `default_compute_score`: each sample scored by its row's
+/// `data_source`'s rule.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct VerlDefault;
+
+impl Reward for VerlDefault {
+    fn name(&self) -> String {
+        "verl".into()
+    }
+
+    fn score(&mut self, i: &RewardInput<'_>) -> Result<f32> {
+        let Some(source) = i
+            .extra
+            .and_then(|e| e.get(DATA_SOURCE))
+            .and_then(|v| v.as_str())
+        else {
+            return Err(i.fail(
+                "verl",
+                format!(
+                    "the row has no `{DATA_SOURCE}` string, by which verl's default reward \
+                     picks its rule"
+                ),
+            ));
+        };
+        match rule_for(source) {
+            Some(mut rule) => rule.score(i),
+            None => Err(i.fail(
+                "verl",
+                format!(
+                    "data_source {source:?} has no rule in colo (it has openai/gsm8k and \
+                     lighteval/MATH): write verl's rule as an external reward \
+                     (reward.kind = \"external\")"
+                ),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Map, Value};
+
+    use super::*;
+    use crate::reward::{build, RewardSpec};
+
+    fn row(source: Option<&str>) -> Map<String, Value> {
+        let mut m = Map::new();
+        if let Some(s) = source {
+            m.insert(DATA_SOURCE.into(), json!(s));
+        }
+        m.insert("ability".into(), json!("math"));
+        m
+    }
+
+    fn score(source: Option<&str>, completion: &str, truth: &str) -> Result<f32> {
+        let extra = row(source);
+        let mut reward = build(&toml::from_str::<RewardSpec>("kind = \"verl\"").unwrap()).unwrap();
+        reward.score(&RewardInput {
+            sample: 5,
+            prompt_id: 2,
+            prompt: "q",
+            completion,
+            ground_truth: truth,
+            extra: Some(&extra),
+        })
+    }
+
+    #[test]
+    fn gsm8k_rows_score_the_number_after_the_last_marker() {
+        let gsm8k = Some("openai/gsm8k");
+        assert_eq!(
+            score(gsm8k, "3 boxes × 12 = 36, minus 9. #### 27", "27").unwrap(),
+            1.0
+        );
+        assert_eq!(score(gsm8k, "#### 26 no, #### 1,027", "1027").unwrap(), 1.0);
+        assert_eq!(score(gsm8k, "#### 26", "27").unwrap(), 0.0);
+        assert_eq!(
+            score(gsm8k, "27", "27").unwrap(),
+            0.0,
+            "no marker: verl's strict rule gives 0"
+        );
+    }
+
+    #[test]
+    fn math_rows_score_the_last_box() {
+        let math = Some("lighteval/MATH");
+        assert_eq!(
+            score(math, "so \\boxed{\\frac{1}{2}}", "\\frac{1}{2}").unwrap(),
+            1.0
+        );
+        assert_eq!(score(math, "\\boxed{3}", "\\boxed{4}").unwrap(), 0.0);
+    }
+
+    #[test]
+    fn rows_without_a_rule_are_errors_naming_the_sample_and_what_to_do() {
+        let e = score(Some("math_dapo"), "Answer: 3", "3")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"math_dapo\"") && e.contains("reward.kind = \"external\""),
+            "{e}"
+        );
+        assert!(e.contains("sample 5"), "{e}");
+        let e = score(None, "#### 3", "3").unwrap_err().to_string();
+        assert!(e.contains("no `data_source`"), "{e}");
+    }
+}
