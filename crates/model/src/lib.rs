@@ -82,6 +82,7 @@
 //!   …), sliding-window attention, MLP biases and non-SiLU activations are
 //!   config errors, not silently ignored.
 
+pub mod chat_template;
 pub mod config;
 mod error;
 pub mod lanes;

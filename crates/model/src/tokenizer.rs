@@ -1,11 +1,13 @@
 //! The tokenizer of a checkpoint: `tokenizer.json` through the `tokenizers`
 //! crate, plus special tokens and the chat template from
-//! `tokenizer_config.json`.
+//! `tokenizer_config.json` (rendered by [`crate::chat_template`]).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::chat_template::ChatTemplate;
 use crate::{Error, Result};
 
 /// A special token: its text and id.
@@ -46,9 +48,12 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     pub special: SpecialTokens,
     /// The Jinja chat template as written in `tokenizer_config.json`
-    /// (or `chat_template.jinja`); not interpreted except by
-    /// [`Tokenizer::render_chat`] for ChatML.
+    /// (or `chat_template.jinja`).
     pub chat_template: Option<String>,
+    /// It compiled, for [`Tokenizer::render_chat`]; a template that does not
+    /// compile is an error when a chat is rendered, not when the tokenizer
+    /// loads (a run with plain-text prompts never needs it).
+    compiled: Option<Arc<Result<ChatTemplate>>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -103,10 +108,14 @@ impl Tokenizer {
         };
         let chat_template = chat_template(&cfg)
             .or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok());
+        let compiled = chat_template
+            .clone()
+            .map(|t| Arc::new(ChatTemplate::new(t)));
         Ok(Tokenizer {
             inner,
             special,
             chat_template,
+            compiled,
         })
     }
 
@@ -139,27 +148,29 @@ impl Tokenizer {
         &self.inner
     }
 
-    /// Renders a chat for templates in the ChatML family (Qwen's): each
-    /// message as `<|im_start|>{role}\n{content}<|im_end|>\n`, then
-    /// `<|im_start|>assistant\n` if `add_generation_prompt`. Other templates
-    /// are an error rather than a wrong prompt; a Jinja engine is not
-    /// included.
+    /// Renders a chat with the checkpoint's chat template, as transformers'
+    /// `apply_chat_template(messages, tokenize=False,
+    /// add_generation_prompt=…)` does (see [`crate::chat_template`]).
     pub fn render_chat(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
-        match self.chat_template.as_deref() {
-            Some(t) if t.contains("<|im_start|>") => {
-                Ok(render_chatml(messages, add_generation_prompt))
-            }
-            Some(_) => Err(Error::Tokenizer(
-                "only ChatML-style chat templates can be rendered".into(),
-            )),
-            None => Err(Error::Tokenizer(
+        let Some(compiled) = &self.compiled else {
+            return Err(Error::Tokenizer(
                 "the tokenizer has no chat template".into(),
-            )),
-        }
+            ));
+        };
+        let template = compiled
+            .as_ref()
+            .as_ref()
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        template.render(
+            messages,
+            add_generation_prompt,
+            self.special.bos.as_ref().map(|t| t.text.as_str()),
+            self.special.eos.as_ref().map(|t| t.text.as_str()),
+        )
     }
 }
 
@@ -178,21 +189,6 @@ fn chat_template(cfg: &Value) -> Option<String> {
     }
 }
 
-/// The ChatML rendering described at [`Tokenizer::render_chat`].
-pub fn render_chatml(messages: &[ChatMessage], add_generation_prompt: bool) -> String {
-    let mut out = String::new();
-    for m in messages {
-        out.push_str(&format!(
-            "<|im_start|>{}\n{}<|im_end|>\n",
-            m.role, m.content
-        ));
-    }
-    if add_generation_prompt {
-        out.push_str("<|im_start|>assistant\n");
-    }
-    out
-}
-
 /// Copies the tokenizer files that exist in `src` into `dst`.
 pub fn copy_tokenizer_files(src: &Path, dst: &Path) -> Result<()> {
     std::fs::create_dir_all(dst).map_err(|e| Error::io(dst, e))?;
@@ -208,18 +204,6 @@ pub fn copy_tokenizer_files(src: &Path, dst: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn chatml_renders() {
-        let m = [ChatMessage {
-            role: "user".into(),
-            content: "hi".into(),
-        }];
-        assert_eq!(
-            render_chatml(&m, true),
-            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-        );
-    }
 
     #[test]
     fn chat_template_forms() {
