@@ -82,7 +82,7 @@ pub fn evaluate(
     }
     let ids = prompts
         .iter()
-        .map(|p| tokenizer.encode(&p.text, true))
+        .map(|p| p.encode(tokenizer))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let greedy = SamplingParams {
         stop_token_ids: cfg.stop_token_ids.clone(),

@@ -381,7 +381,7 @@ impl Run<'_> {
         let cfg = self.config;
         let mut requests = Vec::with_capacity(batch.prompts.len());
         for p in &batch.prompts {
-            let ids = self.tokenizer.encode(&p.text, true)?;
+            let ids = p.encode(&self.tokenizer)?;
             if ids.len() > cfg.data.max_prompt_length {
                 // verl's `truncation = "error"`: a silently cut prompt
                 // would train on a different question.

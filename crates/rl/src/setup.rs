@@ -320,6 +320,7 @@ mod tests {
             prompts: vec![Prompt {
                 prompt_id: 0,
                 text: "q".into(),
+                chat: false,
                 ground_truth: "1".into(),
                 extra,
             }],

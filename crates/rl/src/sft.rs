@@ -210,7 +210,7 @@ fn tokenize(data: &Dataset, tok: &Tokenizer) -> Result<Vec<(Vec<u32>, Vec<u32>)>
     data.prompts
         .iter()
         .map(|p| {
-            let prompt = tok.encode(&p.text, true)?;
+            let prompt = p.encode(tok)?;
             let mut answer = tok.encode(&p.ground_truth, false)?;
             answer.push(vocab::EOS_ID);
             Ok((prompt, answer))

@@ -45,6 +45,35 @@ fn plain_and_chat_prompts_with_nested_answers() {
     assert_eq!(ids, vec![0, 1, 2, 3]);
 }
 
+/// A rendered chat carries the special tokens its template wrote, so it is
+/// encoded without the tokenizer adding its own (verl tokenizes
+/// `apply_chat_template`'s text with `add_special_tokens=False`: a Llama 3
+/// prompt would otherwise start with two BOS); a plain prompt gets them.
+#[test]
+fn chat_prompts_are_encoded_without_the_tokenizers_own_special_tokens() {
+    let dir = TempDir::new("data-encode");
+    vocab::write_tokenizer(&dir.0).unwrap();
+    let tok = Tokenizer::from_dir(&dir.0).unwrap();
+    let path = dir.write(
+        "d.jsonl",
+        concat!(
+            r#"{"prompt": "1+1=", "answer": "2"}"#,
+            "\n",
+            r#"{"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"}"#,
+            "\n",
+        ),
+    );
+    let d = Dataset::from_files(&[path], &Fields::default(), Some(&tok)).unwrap();
+    let (plain, chat) = (&d.prompts[0], &d.prompts[1]);
+    assert!(!plain.chat && chat.chat);
+    let plain_ids = plain.encode(&tok).unwrap();
+    assert_eq!(plain_ids[0], vocab::BOS_ID, "the post-processor's BOS");
+    assert_eq!(plain_ids[1..], tok.encode("1+1=", false).unwrap());
+    let chat_ids = chat.encode(&tok).unwrap();
+    assert_eq!(chat_ids, tok.encode(&chat.text, false).unwrap());
+    assert_ne!(chat_ids[0], vocab::BOS_ID);
+}
+
 fn load_err(text: &str, f: &Fields) -> (String, Error) {
     let dir = TempDir::new("data-err");
     let path = dir.write("bad.jsonl", text);

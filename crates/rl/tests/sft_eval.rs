@@ -22,6 +22,7 @@ fn prompt(id: u64, text: &str, ground_truth: &str) -> Prompt {
     Prompt {
         prompt_id: id,
         text: text.into(),
+        chat: false,
         ground_truth: ground_truth.into(),
         extra: Default::default(),
     }

@@ -198,20 +198,23 @@ fn longest_prompt(config: &Config, model_dir: Option<&Path>) -> Result<u64> {
             t?
         }
     };
-    let prompts: Vec<String> = match &config.data.source {
-        DataSource::Builtin(task) => task.generate()?.0.into_iter().map(|p| p.prompt).collect(),
+    let lengths: Vec<usize> = match &config.data.source {
+        DataSource::Builtin(task) => {
+            let prompts = task.generate()?.0;
+            prompts
+                .iter()
+                .map(|p| tokenizer.encode(&p.prompt, true).map(|ids| ids.len()))
+                .collect::<std::result::Result<_, _>>()?
+        }
         DataSource::Files { train, .. } => {
             colo_rl::Dataset::from_files(train, &config.data.fields, Some(&tokenizer))?
                 .prompts
-                .into_iter()
-                .map(|p| p.text)
-                .collect()
+                .iter()
+                .map(|p| p.encode(&tokenizer).map(|ids| ids.len()))
+                .collect::<std::result::Result<_, _>>()?
         }
     };
-    let mut longest = 0;
-    for p in &prompts {
-        longest = longest.max(tokenizer.encode(p, true)?.len() as u64);
-    }
+    let longest = lengths.into_iter().max().unwrap_or(0) as u64;
     if longest == 0 {
         bail!("the run's training data have no prompts");
     }

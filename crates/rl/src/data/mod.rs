@@ -54,10 +54,23 @@ pub struct Prompt {
     pub prompt_id: u64,
     /// The text given to the model (a chat already rendered).
     pub text: String,
+    /// Whether `text` is a rendered chat: the template wrote the special
+    /// tokens it wants (Llama 3's BOS among them), so the text is encoded
+    /// without the tokenizer adding its own, as verl and transformers'
+    /// `apply_chat_template` do; a plain prompt gets them.
+    pub chat: bool,
     /// The answer field as text (numbers as written, other JSON as JSON).
     pub ground_truth: String,
     /// The line's other fields.
     pub extra: Map<String, Value>,
+}
+
+impl Prompt {
+    /// The prompt's token ids, encoded as the run encodes it (see
+    /// [`Prompt::chat`]).
+    pub fn encode(&self, tok: &Tokenizer) -> Result<Vec<u32>> {
+        Ok(tok.encode(&self.text, !self.chat)?)
+    }
 }
 
 /// A list of prompts.
@@ -212,8 +225,9 @@ impl Dataset {
             .ok_or_else(|| bad(Some(pk), "missing".into()))?;
         let text =
             prompt_text(&prompt, tok).map_err(|(sub, m)| bad(Some(&format!("{pk}{sub}")), m))?;
+        let chat = prompt.is_array();
         if let Some(Limit { tok, max, overlong }) = limit {
-            let n = tok.encode(&text, true)?.len();
+            let n = tok.encode(&text, !chat)?.len();
             match overlong {
                 _ if n <= max => {}
                 Overlong::Error => {
@@ -252,6 +266,7 @@ impl Dataset {
         self.prompts.push(Prompt {
             prompt_id: self.prompts.len() as u64,
             text,
+            chat,
             ground_truth,
             extra: row,
         });
@@ -420,6 +435,7 @@ mod tests {
                 .map(|i| Prompt {
                     prompt_id: i,
                     text: format!("{i}+0="),
+                    chat: false,
                     ground_truth: i.to_string(),
                     extra: Map::new(),
                 })
