@@ -189,6 +189,43 @@ fn chat_template(cfg: &Value) -> Option<String> {
     }
 }
 
+/// The tokens that end a completion of the checkpoint in `dir`, as vLLM
+/// (verl's rollout) gathers them: the tokenizer's end-of-sequence token,
+/// then `config.json`'s and `generation_config.json`'s `eos_token_id`s
+/// (Qwen2.5-Instruct ends turns with `<|im_end|>` and text with
+/// `<|endoftext|>`; Llama 3.1 lists three), each once.
+pub fn stop_token_ids(dir: &Path, tok: &Tokenizer) -> Result<Vec<u32>> {
+    let mut ids: Vec<u32> = tok.special.eos.iter().map(|t| t.id).collect();
+    for name in ["config.json", "generation_config.json"] {
+        let path = dir.join(name);
+        if !path.is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let v: Value = serde_json::from_str(&text).map_err(|reason| Error::Json {
+            path: path.clone(),
+            reason,
+        })?;
+        let listed = match &v["eos_token_id"] {
+            Value::Number(n) => n.as_u64().into_iter().collect(),
+            Value::Array(a) => a.iter().filter_map(Value::as_u64).collect(),
+            _ => Vec::new(),
+        };
+        for id in listed {
+            let id = u32::try_from(id).map_err(|_| {
+                Error::Config(format!(
+                    "{}: eos_token_id {id} is not a token id",
+                    path.display()
+                ))
+            })?;
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+    }
+    Ok(ids)
+}
+
 /// Copies the tokenizer files that exist in `src` into `dst`.
 pub fn copy_tokenizer_files(src: &Path, dst: &Path) -> Result<()> {
     std::fs::create_dir_all(dst).map_err(|e| Error::io(dst, e))?;

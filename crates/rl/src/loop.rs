@@ -52,7 +52,9 @@ pub(crate) struct Run<'a> {
     pub(crate) tokenizer: Tokenizer,
     pub(crate) reward: Box<dyn Reward>,
     pub(crate) val: Dataset,
-    pub(crate) eos: u32,
+    /// The tokens that end a completion (`colo_model::tokenizer::stop_token_ids`),
+    /// the tokenizer's end-of-sequence token first.
+    pub(crate) stop: Vec<u32>,
     pub(crate) pad: u32,
     pub(crate) metrics: MetricsWriter,
     /// β of the KL penalty in the reward, when `use_kl_in_reward`.
@@ -76,15 +78,15 @@ impl<'a> Run<'a> {
         val: Dataset,
         metrics: MetricsWriter,
     ) -> Result<Self> {
-        let eos = tokenizer
-            .special
-            .eos
-            .as_ref()
-            .map(|t| t.id)
-            .ok_or_else(|| Error::Phase {
+        let stop = colo_model::tokenizer::stop_token_ids(&model_dir, &tokenizer)?;
+        let Some(&eos) = stop.first() else {
+            return Err(Error::Phase {
                 op: "generate",
-                state: "the tokenizer has no end-of-sequence token".into(),
-            })?;
+                state:
+                    "the tokenizer has no end-of-sequence token and the model's config names none"
+                        .into(),
+            });
+        };
         let pad = tokenizer.special.pad.as_ref().map_or(eos, |t| t.id);
         let spec = WorkerSpec {
             model_dir: model_dir.clone(),
@@ -102,7 +104,7 @@ impl<'a> Run<'a> {
             tokenizer,
             reward: reward::build(&config.reward)?,
             val,
-            eos,
+            stop,
             pad,
             kl_ctrl: config
                 .algorithm
@@ -398,7 +400,7 @@ impl Run<'_> {
                 temperature: cfg.rollout.sampling.temperature,
                 top_p: cfg.rollout.sampling.top_p,
                 top_k: cfg.rollout.sampling.top_k,
-                stop_token_ids: vec![self.eos],
+                stop_token_ids: self.stop.clone(),
                 stop_strings: Vec::new(),
                 // Seeded by run, step and prompt: a resumed run draws the
                 // same samples as an uninterrupted one.
@@ -411,7 +413,7 @@ impl Run<'_> {
         if remax {
             for p in &prompts {
                 let greedy = SamplingParams {
-                    stop_token_ids: vec![self.eos],
+                    stop_token_ids: self.stop.clone(),
                     ..SamplingParams::greedy(cfg.rollout.max_new_tokens)
                 };
                 requests.push(Request::new(p.clone(), greedy));
@@ -426,7 +428,7 @@ impl Run<'_> {
                 state: format!("prompt {}: {e}", batch.prompts[k].prompt_id),
             })?;
             for c in out.completions {
-                let body = c.tokens.strip_suffix(&[self.eos]).unwrap_or(&c.tokens);
+                let body = self.without_stop(&c.tokens);
                 r.texts.push(self.tokenizer.decode(body, true)?);
                 r.prompt_ids.push(batch.prompts[k].prompt_id);
                 r.batch_prompt.push(k);
@@ -443,10 +445,18 @@ impl Run<'_> {
         let mut texts = Vec::with_capacity(greedy_outputs.len());
         for out in greedy_outputs {
             let c = &out?.completions[0];
-            let body = c.tokens.strip_suffix(&[self.eos]).unwrap_or(&c.tokens);
+            let body = self.without_stop(&c.tokens);
             texts.push(self.tokenizer.decode(body, true)?);
         }
         Ok((r, Some(texts)))
+    }
+
+    /// A completion's tokens without the stop token that ended it.
+    fn without_stop<'t>(&self, tokens: &'t [u32]) -> &'t [u32] {
+        match tokens.split_last() {
+            Some((last, body)) if self.stop.contains(last) => body,
+            _ => tokens,
+        }
     }
 
     /// Greedy evaluation of the held-out set, the device switched to the
@@ -460,7 +470,7 @@ impl Run<'_> {
 
     /// Greedy evaluation of the held-out set (rollout phase).
     fn greedy_eval_now(&mut self) -> Result<eval::EvalResult> {
-        let ecfg = EvalConfig::greedy(self.config.rollout.max_new_tokens, vec![self.eos]);
+        let ecfg = EvalConfig::greedy(self.config.rollout.max_new_tokens, self.stop.clone());
         eval::evaluate(
             self.worker.engine()?,
             &self.val,

@@ -80,7 +80,7 @@ impl Rank {
 
     /// The tokenizer's end-of-sequence and padding ids.
     pub fn special_ids(&self) -> (u32, u32) {
-        (self.run.eos, self.run.pad)
+        (self.run.stop[0], self.run.pad)
     }
 
     /// Completions of every prompt (rollout phase), in prompt order; the
@@ -91,7 +91,7 @@ impl Rank {
         mut params: SamplingParams,
     ) -> Result<Vec<Vec<Completion>>> {
         if params.stop_token_ids.is_empty() {
-            params.stop_token_ids = vec![self.run.eos];
+            params.stop_token_ids = self.run.stop.clone();
         }
         let requests = prompts
             .into_iter()
