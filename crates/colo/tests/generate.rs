@@ -119,3 +119,52 @@ fn a_bad_request_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("top_p"), "{err}");
 }
+
+/// `--chat` sends the prompt through the checkpoint's chat template (here
+/// Qwen2.5-Instruct's, which adds its default system message): the same
+/// completion as the ids of transformers' rendering, encoded without the
+/// tokenizer's own special tokens.
+#[test]
+fn chat_prompts_go_through_the_template() {
+    let src = fixture("tiny-qwen2");
+    let dir = std::env::temp_dir().join(format!("colo-generate-{}-chat", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let template =
+        std::fs::read_to_string(fixture("chat-templates/qwen2.5-instruct.jinja")).unwrap();
+    let config = dir.join("tokenizer_config.json");
+    let mut tc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    tc["chat_template"] = template.into();
+    std::fs::write(&config, tc.to_string()).unwrap();
+
+    let tok = colo_model::Tokenizer::from_dir(&dir).unwrap();
+    let rendered = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n";
+    let ids = tok.encode(rendered, false).unwrap();
+    let ids = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let model = dir.to_str().unwrap();
+    let common = [
+        "--model",
+        model,
+        "--greedy",
+        "--ignore-eos",
+        "--max-new-tokens",
+        "8",
+    ];
+    let chat = colo_generate(&[&common[..], &["--chat", "--prompt", "hello"]].concat());
+    let by_ids = colo_generate(&[&common[..], &["--prompt-ids", &ids]].concat());
+    let plain = colo_generate(&[&common[..], &["--prompt", "hello"]].concat());
+    assert_eq!(
+        chat["completions"][0]["tokens"],
+        by_ids["completions"][0]["tokens"]
+    );
+    assert_ne!(
+        chat["completions"][0]["logprobs"], plain["completions"][0]["logprobs"],
+        "without --chat the bare text is the prompt"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -20,6 +20,10 @@ pub struct Args {
     /// Prompt text, tokenized with the checkpoint's tokenizer.
     #[arg(long)]
     prompt: Option<String>,
+    /// Send --prompt as a user message through the checkpoint's chat
+    /// template (with the generation prompt), as an RL run sends a chat.
+    #[arg(long, requires = "prompt")]
+    chat: bool,
     /// Completions to sample.
     #[arg(long, default_value_t = 1)]
     n: usize,
@@ -56,6 +60,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let prompt = match (&a.prompt_ids, &a.prompt, &tokenizer) {
         (Some(ids), _, _) => ids.clone(),
+        (None, Some(text), Some(tok)) if a.chat => {
+            let user = colo_model::ChatMessage {
+                role: "user".into(),
+                content: text.clone(),
+            };
+            tok.encode(&tok.render_chat(&[user], true)?, false)?
+        }
         (None, Some(text), Some(tok)) => tok.encode(text, true)?,
         (None, Some(_), None) => bail!(
             "{} has no tokenizer.json; pass --prompt-ids",
@@ -73,10 +84,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         },
         top_k: a.top_k,
         top_p: a.top_p,
-        stop_token_ids: if a.ignore_eos {
-            Vec::new()
-        } else {
-            cfg.eos_token_ids.clone()
+        stop_token_ids: match (a.ignore_eos, &tokenizer) {
+            (true, _) => Vec::new(),
+            (false, Some(tok)) => colo_model::tokenizer::stop_token_ids(&a.model, tok)?,
+            (false, None) => cfg.eos_token_ids.clone(),
         },
         stop_strings: a.stop.clone(),
         seed: a.seed,
