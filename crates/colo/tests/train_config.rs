@@ -106,9 +106,11 @@ fn the_example_config_runs_on_the_fixtures() {
 /// pyarrow, `crates/rl/tests/data`), on a checkpoint whose tokenizer has a
 /// chat template. The plan check renders the chats as the run does (it
 /// used to read them without a tokenizer and skip itself).
-#[test]
-fn verl_parquet_chats_are_planned_and_run() {
-    let dir = tmp("verl-parquet");
+/// A one-step run of verl's GSM8K parquet fixture on a copy of the tiny
+/// checkpoint given a chat template, with `extra` appended to its config;
+/// returns the directory and the config's path.
+fn verl_gsm8k_run(name: &str, extra: &str) -> (PathBuf, PathBuf) {
+    let dir = tmp(name);
     let model = dir.join("model");
     std::fs::create_dir_all(&model).unwrap();
     for f in std::fs::read_dir(repo().join("testdata/tiny-qwen2")).unwrap() {
@@ -130,10 +132,16 @@ fn verl_parquet_chats_are_planned_and_run() {
              max_prompt_length = 1024\n\
              [model]\npath = {model:?}\n\
              [rollout]\nn = 2\nmax_new_tokens = 4\nmax_kv_tokens = 4096\n\
-             [trainer]\ntotal_steps = 1\nval_before_train = false\n"
+             [trainer]\ntotal_steps = 1\nval_before_train = false\n{extra}"
         ),
     )
     .unwrap();
+    (dir, config)
+}
+
+#[test]
+fn verl_parquet_chats_are_planned_and_run() {
+    let (dir, config) = verl_gsm8k_run("verl-parquet", "");
     let run = dir.join("run");
     let out = colo_train(&[
         "--config",
@@ -153,4 +161,66 @@ fn verl_parquet_chats_are_planned_and_run() {
     );
     assert!(stdout.contains("done: 1 step;"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// verl's `custom_reward_function`, as `reward.kind = "python"`: the user's
+/// function is called for every training and held-out sample, with the
+/// row's data_source, ground truth and extra_info and the configured
+/// keyword arguments (it logs each call to the file named by one).
+#[test]
+fn a_verl_reward_function_scores_the_run() {
+    let dir0 = tmp("verl-python-reward-files");
+    let log = dir0.join("calls.jsonl");
+    let reward = dir0.join("reward.py");
+    std::fs::write(
+        &reward,
+        "import json\n\
+         def compute_score(data_source, solution_str, ground_truth, extra_info=None, log=None):\n\
+         \x20   print('debug print', solution_str)\n\
+         \x20   with open(log, 'a') as f:\n\
+         \x20       f.write(json.dumps([data_source, ground_truth, extra_info['index']]) + '\\n')\n\
+         \x20   return {'score': 1.0, 'extra': 'ignored'}\n",
+    )
+    .unwrap();
+    let (dir, config) = verl_gsm8k_run(
+        "verl-python-reward",
+        &format!("[reward]\nkind = \"python\"\npath = {reward:?}\nkwargs = {{ log = {log:?} }}\n"),
+    );
+    let run = dir.join("run");
+    let out = colo_train(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("done: 1 step;"), "{stdout}");
+    let calls: Vec<(String, String, u64)> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // 2 prompts × n = 2 training samples, then one greedy sample for each
+    // held-out row.
+    let truths: Vec<String> =
+        std::fs::read_to_string(repo().join("crates/rl/tests/data/gsm8k-verl.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["reward_model"]["ground_truth"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+    assert_eq!(calls.len(), 4 + truths.len(), "{calls:?}");
+    for (source, truth, index) in &calls {
+        assert_eq!(source, "openai/gsm8k");
+        assert_eq!(truth, &truths[*index as usize], "{calls:?}");
+    }
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert!(metrics.contains("\"critic/score/mean\":1.0"), "{metrics}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&dir0);
 }

@@ -18,7 +18,7 @@
 //! | [`eval`], [`sft`] | held-out greedy accuracy and pass@k; the supervised run behind `colo sft` |
 //! | [`config`] | the run's TOML file → validated [`Config`] (batch sizes checked, errors with line and field) |
 //! | [`data`] | prompts from JSONL ([`Dataset`]), seeded epochs of batches ([`Batches`]), held-out split |
-//! | [`reward`] | the [`Reward`] trait; exact / numeric / `\boxed{}` / format rules, weighted sums, external commands |
+//! | [`reward`] | the [`Reward`] trait; exact / numeric / `\boxed{}` / format rules, weighted sums, external commands, verl-style Python functions |
 //! | [`task`], [`vocab`] | the built-in arithmetic task, its character tokenizer and its 0.8M-parameter model |
 //! | [`metrics`] | `metrics.jsonl` records with verl's names |
 //! | [`plot`] | the memory timeline, the reward curve and the workers' memory, SVG and PNG (`plotters`) |

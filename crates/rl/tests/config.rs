@@ -203,6 +203,15 @@ lr = 1e-6
         msg.contains("colo keeps it as `actor.lr`, `actor.warmup_steps`, `actor.weight_decay`"),
         "verl's actor.optim.*: {msg}"
     );
+    let (_, _, msg) = err("[custom_reward_function]
+path = \"my_reward.py\"
+");
+    assert!(
+        msg.contains(
+            "colo keeps it as `reward.kind`, `reward.path`, `reward.name`, `reward.kwargs`"
+        ),
+        "verl's custom_reward_function: {msg}"
+    );
     let (_, _, msg) = err("[trainer]
 total_training_step = 5
 ");

@@ -131,15 +131,19 @@ pub(crate) const DOCS: &[Doc] = &[
     opt("algorithm.rollout_correction.rollout_is", "truncated importance sampling between rollout and trainer probabilities", "\"token\" or \"sequence\"", "algorithm.rollout_correction.rollout_is", "off"),
     d("algorithm.rollout_correction.rollout_is_threshold", "the importance-weight cap C", "> 0", "algorithm.rollout_correction.rollout_is_threshold"),
     // [reward]
-    d("reward.kind", "the reward; \"verl\" picks the rule by each row's data_source as verl's default reward does (openai/gsm8k: numeric after \"####\"; lighteval/MATH: boxed)", "\"exact_match\", \"numeric\", \"boxed\", \"format\", \"weighted\", \"verl\", \"external\"", "reward_model / custom_reward_function (verl picks a Python function; by default by data_source)"),
+    d("reward.kind", "the reward; \"verl\" picks the rule by each row's data_source as verl's default reward does (openai/gsm8k: numeric after \"####\"; lighteval/MATH: boxed)", "\"exact_match\", \"numeric\", \"boxed\", \"format\", \"weighted\", \"verl\", \"python\" (a verl-style reward function), \"external\"", "reward_model / custom_reward_function (verl picks a Python function; by default by data_source)"),
     d("reward.tolerance", "numeric, boxed: numbers within this are equal", "absolute", ""),
     opt("reward.after", "numeric: read the first number after the last occurrence of this marker (GSM8K: \"####\")", "text", "", "the last number of the completion"),
     d("reward.open", "format: the answer must stand between open…", "text", ""),
     d("reward.close", "format: …and close", "text", ""),
     d("reward.terms", "weighted: Σ weight · reward over these terms", "list of {weight, reward = {kind, …}}", ""),
+    d("reward.path", "python: the file defining the reward function (relative to the working directory)", "path", "custom_reward_function.path"),
+    d("reward.name", "python: the function, called as verl calls it: name(data_source=, solution_str=, ground_truth=, extra_info=, **kwargs), returning a number or a dict with \"score\"", "identifier", "custom_reward_function.name"),
+    d("reward.kwargs", "python: keyword arguments added to every call", "table", "custom_reward_function.reward_kwargs"),
+    d("reward.python", "python: the interpreter that runs the function (a virtual environment's bin/python for one with its imports)", "program", ""),
     d("reward.command", "external: program and arguments of a child process answering JSON lines (crates/rl/src/reward/external.rs)", "list of strings", ""),
-    d("reward.timeout_s", "external: how long to wait for each answer line", "seconds", ""),
-    opt("reward.default_score", "external: the score of a sample the command failed on", "score", "", "a failure stops the run with an error naming the sample"),
+    d("reward.timeout_s", "external, python: how long to wait for each answer line (python: and for the file to load)", "seconds", ""),
+    opt("reward.default_score", "external, python: the score of a sample the command or function failed on", "score", "", "a failure stops the run with an error naming the sample"),
     // [memory]
     d("memory.capacity", "device capacity the memory layer enforces; \"auto\": the device's memory (the built-in model on the CPU: 72 MiB in f32, 44 MiB in bf16; otherwise the machine's memory, or the GPU's)", "\"auto\", bytes, or \"512 MiB\" / \"2 GB\"", ""),
     d("memory.colocation", "how trainer and rollout engine share the device (also spelled `mode`)", "\"naive\", \"restart\", \"sleep\", \"staged\"", ""),
@@ -367,6 +371,10 @@ fn write_table(
             continue;
         }
         let full = format!("{prefix}{k}");
+        if free_form(path) {
+            rows.push((usize::MAX, Some(format!("{k} = {v}"))));
+            continue;
+        }
         let i = DOCS
             .iter()
             .position(|d| d.key == full)
@@ -388,7 +396,10 @@ fn write_table(
     );
     rows.sort_by_key(|r| r.0);
     for (i, line) in rows {
-        let d = &DOCS[i];
+        let Some(d) = DOCS.get(i) else {
+            let _ = writeln!(out, "{}", line.unwrap_or_default());
+            continue;
+        };
         let default = lookup(defaults, d.key).map(|v| v.to_string());
         let _ = writeln!(out, "# {}", comment(d, default.as_deref()));
         match line {
@@ -409,12 +420,18 @@ fn write_table(
     Ok(())
 }
 
+/// A table whose keys are the user's (the python reward's `kwargs`),
+/// documented as a whole.
+fn free_form(path: &str) -> bool {
+    path == "reward.kwargs"
+}
+
 /// Unset reward keys are shown only for the reward kind that has them.
 fn relevant(key: &str, t: &Table) -> bool {
     let kind = t.get("kind").and_then(Value::as_str);
     match key {
         "reward.after" => kind == Some("numeric"),
-        "reward.default_score" => kind == Some("external"),
+        "reward.default_score" => matches!(kind, Some("external" | "python")),
         _ => true,
     }
 }

@@ -3,8 +3,12 @@
 //!
 //! Protocol (JSON lines on the child's stdin and stdout): colo writes one
 //! request per sample, `{"id": 7, "prompt": "…", "completion": "…",
-//! "ground_truth": "…"}`, and the child answers each with one line
-//! `{"id": 7, "score": 1.0}`, in any order. The child is started once and
+//! "ground_truth": "…", "row": {…}}` (`row`: the dataset row's other
+//! fields, when it has any), and the child answers each with one line
+//! `{"id": 7, "score": 1.0}`, in any order. A child started with a
+//! handshake (the `python` reward's adapter) first writes one line
+//! `{"ready": …}` once it has loaded, so that a reward that cannot load is
+//! an error before the run starts. The child is started once and
 //! kept for the whole run; colo closes its stdin at the end. Its stderr is
 //! kept (the last few KiB) and quoted when it fails.
 //!
@@ -40,6 +44,10 @@ pub const FINISH_GRACE: Duration = Duration::from_secs(1);
 /// See the module documentation.
 pub struct ExternalReward {
     command: Vec<String>,
+    /// What messages and metrics call it.
+    label: String,
+    /// Wait for a `{"ready": …}` line after each start.
+    handshake: bool,
     timeout: Duration,
     default_score: Option<f32>,
     child: Option<Running>,
@@ -63,6 +71,8 @@ struct Request<'a> {
     prompt: &'a str,
     completion: &'a str,
     ground_truth: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    row: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -84,8 +94,24 @@ impl ExternalReward {
         timeout: Duration,
         default_score: Option<f32>,
     ) -> Result<Self> {
+        let label = format!("external `{}`", command.join(" "));
+        Self::start_labelled(command, label, false, timeout, default_score)
+    }
+
+    /// [`ExternalReward::start`] with the name messages use and, with
+    /// `handshake`, a wait (up to `timeout`) for the child's `{"ready": …}`
+    /// line after every start.
+    pub(crate) fn start_labelled(
+        command: Vec<String>,
+        label: String,
+        handshake: bool,
+        timeout: Duration,
+        default_score: Option<f32>,
+    ) -> Result<Self> {
         let mut r = ExternalReward {
             command,
+            label,
+            handshake,
             timeout,
             default_score,
             child: None,
@@ -151,12 +177,43 @@ impl ExternalReward {
                 }
             }
         });
-        Ok(Running {
+        let mut run = Running {
             requests: Some(requests),
             child,
             lines,
             stderr,
-        })
+        };
+        if self.handshake {
+            if let Err(reason) = self.wait_ready(&mut run) {
+                let _ = run.child.kill();
+                let _ = run.child.wait();
+                return Err(Error::RewardSetup {
+                    reward: self.name(),
+                    reason,
+                });
+            }
+        }
+        Ok(run)
+    }
+
+    /// The child's first line, which must be `{"ready": …}`.
+    fn wait_ready(&self, run: &mut Running) -> std::result::Result<(), String> {
+        let line = match run.lines.recv_timeout(self.timeout) {
+            Ok(Ok(line)) => line,
+            Ok(Err(e)) => return Err(format!("cannot read its output: {e}")),
+            Err(RecvTimeoutError::Timeout) => {
+                return Err(format!("not ready within {:?}", self.timeout))
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(format!("it exited before it was ready{}", run.exit_note()))
+            }
+        };
+        match serde_json::from_str::<serde_json::Value>(&line) {
+            Ok(v) if v.get("ready").is_some() => Ok(()),
+            _ => Err(format!(
+                "expected a {{\"ready\": …}} line first, got {line:?}"
+            )),
+        }
     }
 
     /// Sends the batch and collects the answers; `scores[i]` is filled for
@@ -192,6 +249,7 @@ impl ExternalReward {
                 prompt: i.prompt,
                 completion: i.completion,
                 ground_truth: i.ground_truth,
+                row: i.extra.filter(|r| !r.is_empty()),
             };
             serde_json::to_writer(&mut payload, &req).expect("plain strings serialise");
             payload.push(b'\n');
@@ -303,7 +361,7 @@ impl Running {
 
 impl Reward for ExternalReward {
     fn name(&self) -> String {
-        format!("external `{}`", self.command.join(" "))
+        self.label.clone()
     }
 
     fn failures(&self) -> u64 {

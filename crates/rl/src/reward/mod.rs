@@ -7,7 +7,8 @@
 //!   rule-based rewards ([`rules`]; verl's choice of them by each row's
 //!   `data_source`, [`verl`]), a [`Weighted`] combination, or an
 //!   [`ExternalReward`] (a long-lived child process spoken to in JSON lines,
-//!   for rewards written in other languages).
+//!   for rewards written in other languages) — among them a verl-style
+//!   Python reward function, run unchanged ([`python`]).
 //! - **From Rust**: implement [`Reward`] for your own type.
 //!
 //! Rule-based rewards never fail: an answer that cannot be read scores 0
@@ -18,8 +19,11 @@
 //! external reward).
 
 mod external;
+pub mod python;
 pub mod rules;
 pub mod verl;
+
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -123,6 +127,30 @@ pub enum RewardSpec {
     /// verl's default reward, its rule chosen by each row's `data_source`
     /// (GSM8K, MATH): [`VerlDefault`].
     Verl {},
+    /// A verl-style Python function (`custom_reward_function` in verl),
+    /// called as verl calls it, in a child process: [`python`].
+    Python {
+        /// The file defining the function (verl: `custom_reward_function.path`).
+        path: PathBuf,
+        /// The function (verl: `custom_reward_function.name`).
+        #[serde(default = "default_function")]
+        name: String,
+        /// Keyword arguments added to every call (verl:
+        /// `custom_reward_function.reward_kwargs`).
+        #[serde(default)]
+        kwargs: Map<String, Value>,
+        /// The interpreter (a virtual environment's `bin/python` for one
+        /// with the function's imports).
+        #[serde(default = "default_python")]
+        python: String,
+        /// How long to wait for each score (and for the file to load).
+        #[serde(default = "default_timeout_s")]
+        timeout_s: f64,
+        /// The score of a sample the function failed on; without it a
+        /// failure is an error.
+        #[serde(default)]
+        default_score: Option<f32>,
+    },
     /// A child process spoken to in JSON lines: [`ExternalReward`].
     External {
         /// The program and its arguments, e.g. `["python3", "score.py"]`.
@@ -151,6 +179,15 @@ fn default_tolerance() -> f64 {
 
 fn default_timeout_s() -> f64 {
     30.0
+}
+
+/// verl's default `custom_reward_function.name`.
+fn default_function() -> String {
+    "compute_score".into()
+}
+
+fn default_python() -> String {
+    "python3".into()
 }
 
 impl Default for RewardSpec {
@@ -188,7 +225,13 @@ impl RewardSpec {
             RewardSpec::External { command, .. } if command.is_empty() => {
                 bad("command", "must name a program".into())
             }
-            RewardSpec::External { timeout_s, .. }
+            RewardSpec::Python { name, .. } if name.is_empty() => {
+                bad("name", "must name a function".into())
+            }
+            RewardSpec::Python { python, .. } if python.is_empty() => {
+                bad("python", "must name an interpreter".into())
+            }
+            RewardSpec::External { timeout_s, .. } | RewardSpec::Python { timeout_s, .. }
                 if !(timeout_s.is_finite() && *timeout_s > 0.0) =>
             {
                 bad("timeout_s", format!("must be > 0, got {timeout_s}"))
@@ -226,6 +269,21 @@ pub fn build(spec: &RewardSpec) -> Result<Box<dyn Reward>> {
                 .map(|t| Ok((t.weight, build(&t.reward)?)))
                 .collect::<Result<_>>()?,
         }),
+        RewardSpec::Python {
+            path,
+            name,
+            kwargs,
+            python,
+            timeout_s,
+            default_score,
+        } => Box::new(python::start(
+            python,
+            path,
+            name,
+            kwargs,
+            std::time::Duration::from_secs_f64(*timeout_s),
+            *default_score,
+        )?),
         RewardSpec::External {
             command,
             timeout_s,

@@ -1,0 +1,169 @@
+//! `reward.kind = "python"`: a verl-style reward function
+//! (`tests/data/verl_reward.py`) run by a real python3, fed the rows of the
+//! verl GSM8K fixture as colo keeps them.
+
+mod common;
+
+use std::path::PathBuf;
+
+use colo_rl::reward::{self, RewardSpec};
+use colo_rl::{Error, RewardInput};
+use common::TempDir;
+use serde_json::{json, Map, Value};
+
+fn reward_file() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/verl_reward.py")
+}
+
+fn spec(extra: &str) -> RewardSpec {
+    toml::from_str(&format!(
+        "kind = \"python\"\npath = {:?}\ntimeout_s = 20\n{extra}",
+        reward_file().display().to_string()
+    ))
+    .unwrap()
+}
+
+fn row(v: Value) -> Map<String, Value> {
+    v.as_object().unwrap().clone()
+}
+
+fn input<'a>(
+    sample: u64,
+    completion: &'a str,
+    truth: &'a str,
+    extra: &'a Map<String, Value>,
+) -> RewardInput<'a> {
+    RewardInput {
+        sample,
+        prompt_id: sample / 4,
+        prompt: "q",
+        completion,
+        ground_truth: truth,
+        extra: Some(extra),
+    }
+}
+
+#[test]
+fn verl_rows_are_scored_by_the_users_function_as_verl_calls_it() {
+    // The fixture's first row as colo keeps it: the fields other than the
+    // prompt, the ground truth read at `reward_model.ground_truth`.
+    let first = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/gsm8k-verl.jsonl"),
+    )
+    .unwrap();
+    let mut extra = row(serde_json::from_str(first.lines().next().unwrap()).unwrap());
+    extra.remove("prompt");
+    let truth = extra["reward_model"]["ground_truth"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut r = reward::build(&spec("[kwargs]\nbonus = 0.25")).unwrap();
+    assert_eq!(
+        r.name(),
+        format!("python `compute_score` from {}", reward_file().display())
+    );
+    let right = format!("12 × 3 = 36, 36 − 9 = 27\n#### {truth}");
+    let inputs = [
+        input(0, &right, &truth, &extra),
+        input(1, "#### 26", &truth, &extra),
+        input(2, "no marker", &truth, &extra),
+    ];
+    // The dict result's "score", plus the keyword argument.
+    assert_eq!(r.score_batch(&inputs).unwrap(), vec![1.25, 0.25, 0.25]);
+}
+
+#[test]
+fn the_row_reaches_the_function_raw() {
+    let mut r = reward::build(&spec("")).unwrap();
+    // A ground truth that is a list (verl keeps it as the parquet has it),
+    // and extra_info read by the function.
+    let lists =
+        row(json!({"data_source": "lists", "reward_model": {"ground_truth": ["4", "four"]}}));
+    let index = row(json!({"data_source": "index", "extra_info": {"index": 7}}));
+    let none = row(json!({}));
+    let scores = r
+        .score_batch(&[
+            input(0, "four", "[\"4\",\"four\"]", &lists),
+            input(1, "five", "[\"4\",\"four\"]", &lists),
+            input(2, "", "x", &index),
+            input(3, "", "x", &none), // no data_source: the function's fallback, 0
+        ])
+        .unwrap();
+    assert_eq!(scores, vec![1.0, 0.0, 7.0, 0.0]);
+}
+
+#[test]
+fn another_function_of_the_file_by_name() {
+    let mut r = reward::build(&spec("name = \"other_name\"")).unwrap();
+    let none = Map::new();
+    assert_eq!(r.score(&input(0, "x", "y", &none)).unwrap(), 0.5);
+}
+
+fn setup_error(spec: &RewardSpec) -> String {
+    match reward::build(spec) {
+        Err(e @ Error::RewardSetup { .. }) => e.to_string(),
+        Err(e) => panic!("expected a set-up error, got {e}"),
+        Ok(_) => panic!("expected a set-up error"),
+    }
+}
+
+#[test]
+fn a_reward_that_cannot_load_is_an_error_before_any_sample() {
+    // No such file.
+    let e =
+        setup_error(&toml::from_str("kind = \"python\"\npath = \"no/such/reward.py\"").unwrap());
+    assert!(e.contains("reward.path: no file no/such/reward.py"), "{e}");
+    // No such function.
+    let e = setup_error(&spec("name = \"compute_scores\""));
+    assert!(e.contains("has no function 'compute_scores'"), "{e}");
+    // A file that does not import: Python's traceback is quoted.
+    let dir = TempDir::new("py-reward-syntax");
+    let bad = dir.write("bad.py", "def compute_score(:\n");
+    let e = setup_error(
+        &toml::from_str(&format!(
+            "kind = \"python\"\npath = {:?}",
+            bad.display().to_string()
+        ))
+        .unwrap(),
+    );
+    assert!(e.contains("SyntaxError") && e.contains("importing"), "{e}");
+    // No such interpreter.
+    let e = setup_error(&spec("python = \"no-such-python3\""));
+    assert!(e.contains("cannot start `no-such-python3`"), "{e}");
+    // Settings serde cannot check.
+    let e = setup_error(&spec("name = \"\""));
+    assert!(e.contains("name: must name a function"), "{e}");
+}
+
+#[test]
+fn a_function_that_raises_or_returns_text_names_the_sample() {
+    let mut r = reward::build(&spec("")).unwrap();
+    let raise = row(json!({"data_source": "raise"}));
+    let e = r
+        .score_batch(&[input(5, "x", "y", &raise)])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sample 5"), "{e}");
+    assert!(e.contains("ValueError: cannot score this one"), "{e}");
+    // The child is restarted for the next batch.
+    let none = Map::new();
+    assert_eq!(r.score(&input(6, "x", "y", &none)).unwrap(), 0.0);
+    let text = row(json!({"data_source": "text"}));
+    let e = r.score(&input(7, "x", "y", &text)).unwrap_err().to_string();
+    assert!(
+        e.contains("sample 7") && e.contains("returned 'high'"),
+        "{e}"
+    );
+}
+
+#[test]
+fn default_score_covers_a_failing_function() {
+    let mut r = reward::build(&spec("default_score = -1.0")).unwrap();
+    let raise = row(json!({"data_source": "raise"}));
+    let none = Map::new();
+    let scores = r
+        .score_batch(&[input(0, "x", "y", &none), input(1, "x", "y", &raise)])
+        .unwrap();
+    assert_eq!(scores, vec![0.0, -1.0]);
+    assert_eq!(r.failures(), 1);
+}
