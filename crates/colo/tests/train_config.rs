@@ -221,6 +221,15 @@ fn a_verl_reward_function_scores_the_run() {
     }
     let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     assert!(metrics.contains("\"critic/score/mean\":1.0"), "{metrics}");
+    // The held-out rows name their data_source: the evaluation is also
+    // reported per source (one here).
+    let n = truths.len();
+    assert!(
+        metrics.contains(&format!(
+            "\"eval/by_data_source\":{{\"openai/gsm8k\":{{\"accuracy\":1.0,\"score_mean\":1.0,\"n_samples\":{n}}}}}"
+        )),
+        "{metrics}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&dir0);
 }

@@ -119,10 +119,11 @@ impl Worker {
         serde_json::to_string(&m).map_err(err)
     }
 
-    /// Greedy evaluation of this rank's share of the held-out prompts:
-    /// (right, prompts).
-    fn evaluate(&self, py: Python<'_>) -> PyResult<(usize, usize)> {
-        py.detach(|| self.rank_unviewed("evaluate")?.evaluate().map_err(err))
+    /// Greedy evaluation of this rank's share of the held-out prompts: its
+    /// tallies as JSON, for [`eval_record`].
+    fn evaluate(&self, py: Python<'_>) -> PyResult<String> {
+        let t = py.detach(|| self.rank_unviewed("evaluate")?.evaluate().map_err(err))?;
+        serde_json::to_string(&t).map_err(err)
     }
 
     fn save(&self, py: Python<'_>, step: usize) -> PyResult<()> {
@@ -397,6 +398,19 @@ fn draw_workers(
         .map_err(err)
 }
 
+/// The `metrics.jsonl` record of one evaluation from the workers' tallies
+/// (JSON, from `Worker.evaluate`); `None` when nothing was evaluated.
+#[pyfunction]
+fn eval_record(step: usize, parts: Vec<String>, timing: f64) -> PyResult<Option<String>> {
+    let parts = parts
+        .iter()
+        .map(|p| serde_json::from_str(p).map_err(err))
+        .collect::<PyResult<Vec<colo_rl::metrics::EvalTallies>>>()?;
+    colo_rl::metrics::EvalRecord::of_parts(step, &parts, timing)
+        .map(|r| serde_json::to_string(&r).map_err(err))
+        .transpose()
+}
+
 #[pymodule]
 fn _colo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Worker>()?;
@@ -404,5 +418,6 @@ fn _colo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(latest_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(truncate_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(check_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(eval_record, m)?)?;
     Ok(())
 }

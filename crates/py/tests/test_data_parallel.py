@@ -178,6 +178,13 @@ class Equivalence(unittest.TestCase):
         evals = [r for r in records if "eval/accuracy" in r]
         self.assertEqual([r["training/global_step"] for r in evals], [0, 3])
         self.assertTrue(all(r["eval/n_samples"] == 4 for r in evals), evals)
+        # The workers' shares add up per data_source too (the fixture's rows
+        # all name "tiny-arith").
+        for r in evals:
+            by = r["eval/by_data_source"]
+            self.assertEqual(list(by), ["tiny-arith"], r)
+            self.assertEqual(by["tiny-arith"]["n_samples"], 4, r)
+            self.assertEqual(by["tiny-arith"]["accuracy"], r["eval/accuracy"], r)
         self.assertTrue(os.path.isdir(os.path.join(self.two["out"], "checkpoints", "step-3")))
 
 

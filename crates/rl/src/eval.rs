@@ -13,8 +13,11 @@
 //! rewards score 0 or 1), so "accuracy" means the same thing whatever the
 //! reward's scale of partial credit.
 
+use std::collections::BTreeMap;
+
 use colo_model::Tokenizer;
 use colo_rollout::{Engine, Request, SamplingParams};
+use serde::{Deserialize, Serialize};
 
 use crate::data::{Dataset, Prompt};
 use crate::reward::{Reward, RewardInput};
@@ -52,10 +55,18 @@ impl EvalConfig {
 }
 
 /// The measured numbers.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EvalResult {
     /// Fraction (0..=1) of prompts whose greedy completion is right.
     pub accuracy: f64,
+    /// Mean reward of the greedy completions (the accuracy for a 0/1
+    /// rule; partial credit shows here).
+    pub score_mean: f64,
+    /// The greedy completions' tally (what workers add up).
+    pub all: Tally,
+    /// The greedy completions' tallies per `data_source` of the rows
+    /// (verl's per-source validation metrics); empty when no row names one.
+    pub by_source: BTreeMap<String, Tally>,
     /// Fraction of prompts with at least one right completion among `k`
     /// samples at temperature 1 (`None` when `k` is 0).
     pub pass_at_k: Option<f64>,
@@ -88,8 +99,16 @@ pub fn evaluate(
         stop_token_ids: cfg.stop_token_ids.clone(),
         ..SamplingParams::greedy(cfg.max_new_tokens)
     };
-    let (right, tokens) = score(engine, prompts, &ids, greedy, tokenizer, reward)?;
-    let accuracy = frac(right.iter().filter(|r| r[0]).count(), prompts.len());
+    let (scores, tokens) = score(engine, prompts, &ids, greedy, tokenizer, reward)?;
+    let first: Vec<f32> = scores.iter().map(|s| s[0]).collect();
+    let all = Tally::of(&first);
+    let mut by_source: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+    if prompts.iter().any(|p| data_source(p).is_some()) {
+        for (p, &s) in prompts.iter().zip(&first) {
+            let source = data_source(p).unwrap_or(UNKNOWN_SOURCE);
+            by_source.entry(source.to_owned()).or_default().push(s);
+        }
+    }
     let mean_response_len = tokens as f64 / prompts.len() as f64;
     let pass_at_k = match cfg.k {
         0 => None,
@@ -102,13 +121,22 @@ pub fn evaluate(
                 seed: cfg.seed,
                 ..SamplingParams::default()
             };
-            let (right, _) = score(engine, prompts, &ids, sampled, tokenizer, reward)?;
-            let hits = right.iter().filter(|r| r.iter().any(|&x| x)).count();
+            let (scores, _) = score(engine, prompts, &ids, sampled, tokenizer, reward)?;
+            let hits = scores
+                .iter()
+                .filter(|s| s.iter().any(|&x| x >= RIGHT))
+                .count();
             Some(frac(hits, prompts.len()))
         }
     };
     Ok(EvalResult {
-        accuracy,
+        accuracy: all.accuracy(),
+        score_mean: all.score_mean(),
+        all,
+        by_source: by_source
+            .into_iter()
+            .map(|(k, v)| (k, Tally::of(&v)))
+            .collect(),
         pass_at_k,
         k: cfg.k,
         mean_response_len,
@@ -135,8 +163,62 @@ fn frac(a: usize, b: usize) -> f64 {
     a as f64 / b as f64
 }
 
+/// The group of rows without a `data_source` when others have one (verl's
+/// name for it).
+pub const UNKNOWN_SOURCE: &str = "unknown";
+
+/// A row's `data_source`, if it names one.
+fn data_source(p: &Prompt) -> Option<&str> {
+    p.extra.get(crate::reward::verl::DATA_SOURCE)?.as_str()
+}
+
+/// Sums over evaluated prompts (one greedy completion each): what the
+/// data-parallel controller adds up across workers before it divides.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Tally {
+    /// Prompts whose completion scored at least [`RIGHT`].
+    pub right: usize,
+    /// Σ reward.
+    pub score_sum: f64,
+    /// Prompts.
+    pub n: usize,
+}
+
+impl Tally {
+    fn of(scores: &[f32]) -> Self {
+        Tally {
+            right: scores.iter().filter(|&&s| s >= RIGHT).count(),
+            score_sum: scores.iter().map(|&s| f64::from(s)).sum(),
+            n: scores.len(),
+        }
+    }
+
+    /// Fraction right (0 for no prompts).
+    pub fn accuracy(&self) -> f64 {
+        frac(self.right, self.n.max(1))
+    }
+
+    /// Mean reward (0 for no prompts).
+    pub fn score_mean(&self) -> f64 {
+        self.score_sum / self.n.max(1) as f64
+    }
+}
+
+/// Two parts' tallies together.
+impl std::ops::Add for Tally {
+    type Output = Tally;
+
+    fn add(self, other: Tally) -> Tally {
+        Tally {
+            right: self.right + other.right,
+            score_sum: self.score_sum + other.score_sum,
+            n: self.n + other.n,
+        }
+    }
+}
+
 /// Generates for every prompt in one batched call; returns, per prompt,
-/// whether each completion is right, and the total completion tokens.
+/// each completion's reward, and the total completion tokens.
 fn score(
     engine: &mut Engine,
     prompts: &[Prompt],
@@ -144,7 +226,7 @@ fn score(
     params: SamplingParams,
     tokenizer: &Tokenizer,
     reward: &mut dyn Reward,
-) -> Result<(Vec<Vec<bool>>, usize)> {
+) -> Result<(Vec<Vec<f32>>, usize)> {
     let requests = ids
         .iter()
         .map(|p| Request::new(p.clone(), params.clone()))
@@ -174,9 +256,8 @@ fn score(
         })
         .collect();
     let scores = reward.score_batch(&inputs)?;
-    let right = scores
-        .chunks(params.n)
-        .map(|c| c.iter().map(|&s| s >= RIGHT).collect())
-        .collect();
-    Ok((right, tokens))
+    Ok((
+        scores.chunks(params.n).map(<[f32]>::to_vec).collect(),
+        tokens,
+    ))
 }

@@ -31,7 +31,7 @@ use tch::Tensor;
 use crate::config::Config;
 use crate::data::{Batch, Dataset};
 use crate::eval::{self, EvalConfig};
-use crate::metrics::{EvalRecord, MetricsWriter, StepMetrics};
+use crate::metrics::{EvalRecord, EvalTallies, MetricsWriter, StepMetrics};
 use crate::reward::{self, Reward, RewardInput};
 use crate::rollouts::Rollouts;
 use crate::setup::{critic_config, engine_config, loss_config, trainer_config, uses_critic};
@@ -496,13 +496,10 @@ impl Run<'_> {
     }
 
     fn log_eval(&mut self, step: usize, result: eval::EvalResult, t: Instant) -> Result<f64> {
-        self.metrics.eval(&EvalRecord {
-            step,
-            accuracy: result.accuracy,
-            score_mean: result.accuracy,
-            n_samples: result.n,
-            timing: t.elapsed().as_secs_f64(),
-        })?;
+        let parts = [EvalTallies::from(&result)];
+        if let Some(record) = EvalRecord::of_parts(step, &parts, t.elapsed().as_secs_f64()) {
+            self.metrics.eval(&record)?;
+        }
         Ok(result.accuracy)
     }
 

@@ -9,9 +9,12 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
+use std::collections::BTreeMap;
+
 use colo_algo::MismatchMetrics;
 use serde::{Deserialize, Serialize};
 
+use crate::eval::{EvalResult, Tally};
 use crate::{Error, Result};
 
 /// One training step. Timings are seconds of wall time.
@@ -181,6 +184,72 @@ pub struct EvalRecord {
     pub n_samples: usize,
     #[serde(rename = "timing_s/eval")]
     pub timing: f64,
+    /// The same per `data_source` of the held-out rows, when they name one
+    /// (verl's `val-core/{data_source}/…`).
+    #[serde(
+        rename = "eval/by_data_source",
+        default,
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub by_source: BTreeMap<String, SourceEval>,
+}
+
+/// One `data_source`'s part of an evaluation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceEval {
+    pub accuracy: f64,
+    pub score_mean: f64,
+    pub n_samples: usize,
+}
+
+/// What one evaluation pass (or one worker's share of it) counted: the
+/// whole set and each `data_source`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EvalTallies {
+    pub all: Tally,
+    #[serde(default)]
+    pub by_source: BTreeMap<String, Tally>,
+}
+
+impl From<&EvalResult> for EvalTallies {
+    fn from(r: &EvalResult) -> Self {
+        EvalTallies {
+            all: r.all,
+            by_source: r.by_source.clone(),
+        }
+    }
+}
+
+impl EvalRecord {
+    /// The record of `parts` (workers' shares of one evaluation) added up;
+    /// `None` when they evaluated nothing (no held-out set).
+    pub fn of_parts(step: usize, parts: &[EvalTallies], timing: f64) -> Option<EvalRecord> {
+        let all = parts.iter().fold(Tally::default(), |t, p| t + p.all);
+        let mut by_source: BTreeMap<String, Tally> = BTreeMap::new();
+        for (source, t) in parts.iter().flat_map(|p| &p.by_source) {
+            let sum = by_source.entry(source.clone()).or_default();
+            *sum = *sum + *t;
+        }
+        (all.n > 0).then(|| EvalRecord {
+            step,
+            accuracy: all.accuracy(),
+            score_mean: all.score_mean(),
+            n_samples: all.n,
+            timing,
+            by_source: by_source
+                .into_iter()
+                .map(|(source, t)| {
+                    let e = SourceEval {
+                        accuracy: t.accuracy(),
+                        score_mean: t.score_mean(),
+                        n_samples: t.n,
+                    };
+                    (source, e)
+                })
+                .collect(),
+        })
+    }
 }
 
 /// A line of `metrics.jsonl`.
@@ -325,6 +394,67 @@ pub fn read(path: &Path) -> Result<Vec<Record>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn evaluations_add_up_across_parts_and_by_data_source() {
+        use crate::eval::Tally;
+        let t = |right, score_sum, n| Tally {
+            right,
+            score_sum,
+            n,
+        };
+        let parts = [
+            EvalTallies {
+                all: t(3, 3.5, 4),
+                by_source: [
+                    ("gsm8k".to_owned(), t(1, 1.5, 2)),
+                    ("math".to_owned(), t(2, 2.0, 2)),
+                ]
+                .into(),
+            },
+            EvalTallies {
+                all: t(1, 1.0, 4),
+                by_source: [("gsm8k".to_owned(), t(1, 1.0, 4))].into(),
+            },
+        ];
+        let r = EvalRecord::of_parts(10, &parts, 0.5).unwrap();
+        assert_eq!(
+            (r.step, r.accuracy, r.score_mean, r.n_samples),
+            (10, 0.5, 0.5625, 8)
+        );
+        let g = r.by_source["gsm8k"];
+        assert_eq!(
+            (g.accuracy, g.score_mean, g.n_samples),
+            (2.0 / 6.0, 2.5 / 6.0, 6)
+        );
+        assert_eq!(r.by_source["math"].accuracy, 1.0);
+        // Written and read back as an evaluation record.
+        let line = serde_json::to_string(&r).unwrap();
+        assert!(
+            line.contains("\"eval/by_data_source\":{\"gsm8k\":{\"accuracy\""),
+            "{line}"
+        );
+        match serde_json::from_str::<Record>(&line).unwrap() {
+            Record::Eval(back) => assert_eq!(back, r),
+            Record::Step(_) => panic!("read back as a step"),
+        }
+        // No data sources: no key (files as before); nothing evaluated: no record.
+        let plain = EvalRecord::of_parts(
+            0,
+            &[EvalTallies {
+                all: t(1, 1.0, 2),
+                ..Default::default()
+            }],
+            0.1,
+        );
+        assert!(!serde_json::to_string(&plain.unwrap())
+            .unwrap()
+            .contains("by_data_source"));
+        assert_eq!(
+            EvalRecord::of_parts(0, &[EvalTallies::default()], 0.1),
+            None
+        );
+    }
+
     use super::*;
 
     #[test]

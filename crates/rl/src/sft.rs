@@ -84,7 +84,7 @@ pub const DEFAULT_SEED: u64 = 0;
 const MAX_NEW_TOKENS: usize = 6;
 
 /// What the run reports as it goes.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum SftEvent {
     /// After optimizer step `step` (1-based): the batch's mean token loss.
     Step { step: usize, loss: f64, lr: f64 },
@@ -177,7 +177,7 @@ pub fn run(cfg: &SftConfig, out: &Path, mut on_event: impl FnMut(&SftEvent)) -> 
                     Error::context(format!("handing step {step}'s weights to the engine"), e)
                 })?;
             let result = evaluate(&mut engine, &val, &tokenizer, reward.as_mut(), &eval_cfg)?;
-            report.evals.push((step, result));
+            report.evals.push((step, result.clone()));
             on_event(&SftEvent::Eval { step, result });
         }
     }

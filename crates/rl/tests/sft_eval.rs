@@ -88,7 +88,7 @@ fn sft_lowers_the_loss_and_writes_a_loadable_checkpoint() {
     let last = report.losses[25..].iter().sum::<f64>() / 5.0;
     // From near ln(102) ≈ 4.6 (uniform over the vocabulary) to well below.
     assert!(first > 3.0 && last < first - 1.0, "{first} → {last}");
-    let (step, res) = report.evals[0];
+    let (step, res) = report.evals[0].clone();
     assert_eq!((step, res.n, res.k), (30, 8, 2));
     assert!(res.pass_at_k.is_some());
     let engine = Engine::from_dir(&dir.0, pool(), &EngineConfig::with_kv_tokens(256));
@@ -168,12 +168,16 @@ fn evaluate_counts_right_answers() {
         truths[..3].iter().all(|t| !t.trim().is_empty()),
         "{truths:?}"
     );
-    let data = Dataset {
+    let mut data = Dataset {
         prompts: (0..4)
             .map(|i| prompt(i as u64, texts[i], &truths[i]))
             .collect(),
         ..Dataset::default()
     };
+    // Prompts 0 and 1 from one source, 2 from another, 3 naming none.
+    for (p, source) in data.prompts.iter_mut().zip(["a", "a", "b"]) {
+        p.extra.insert("data_source".into(), source.into());
+    }
     let same = |a: &str, b: &str| a.trim() == b.trim();
     let want_acc = (0..4).filter(|&i| same(&g[i], &truths[i])).count();
     let want_pass = (0..4)
@@ -188,6 +192,41 @@ fn evaluate_counts_right_answers() {
     assert_eq!(res.accuracy, want_acc as f64 / 4.0, "{g:?} {truths:?}");
     assert_eq!(res.pass_at_k, Some(want_pass as f64 / 4.0), "{s:?}");
     assert_eq!(res.mean_response_len, tokens as f64 / 4.0);
+    assert_eq!(res.score_mean, res.accuracy, "a 0/1 reward");
+    let right = |i: usize| usize::from(same(&g[i], &truths[i]));
+    let by: Vec<(&str, usize, usize)> = res
+        .by_source
+        .iter()
+        .map(|(k, t)| (k.as_str(), t.right, t.n))
+        .collect();
+    assert_eq!(
+        by,
+        vec![
+            ("a", right(0) + right(1), 2),
+            ("b", right(2), 1),
+            ("unknown", right(3), 1)
+        ]
+    );
+
+    // Partial credit: the mean score shows it, accuracy counts only 1s.
+    let half: RewardSpec = toml::from_str(
+        "kind = \"weighted\"\n[[terms]]\nweight = 0.5\nreward = { kind = \"exact_match\" }",
+    )
+    .unwrap();
+    let mut h = reward::build(&half).unwrap();
+    let greedy_only = EvalConfig {
+        k: 0,
+        ..cfg.clone()
+    };
+    let res = evaluate(&mut engine, &data, &tok, h.as_mut(), &greedy_only).unwrap();
+    assert_eq!(
+        (res.accuracy, res.score_mean),
+        (0.0, 0.5 * want_acc as f64 / 4.0)
+    );
+    assert_eq!(
+        res.by_source["a"].score_sum,
+        0.5 * (right(0) + right(1)) as f64
+    );
 
     // A limit evaluates a prefix; no prompts at all is an error.
     let first = evaluate(

@@ -49,8 +49,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     );
     let start = Instant::now();
     let mut window = Vec::new();
-    let report = sft::run(&cfg, &a.out, |e| match *e {
-        SftEvent::Step { step, loss, lr } => {
+    let report = sft::run(&cfg, &a.out, |e| match e {
+        &SftEvent::Step { step, loss, lr } => {
             window.push(loss);
             if step % 10 == 0 || step == cfg.steps {
                 let mean = window.iter().sum::<f64>() / window.len() as f64;

@@ -49,7 +49,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from colo._colo import check_layout, draw_workers, latest_checkpoint, truncate_metrics
+from colo._colo import check_layout, draw_workers, eval_record, latest_checkpoint, truncate_metrics
 
 
 class RunError(RuntimeError):
@@ -369,20 +369,12 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log):
     def evaluate(step):
         t = time.perf_counter()
         parts = _gather([a.evaluate.remote() for a in actors], actors, f"evaluate at step {step}", timeout)
-        right, n = sum(p[0] for p in parts), sum(p[1] for p in parts)
-        if n == 0:
+        record = eval_record(step, parts, time.perf_counter() - t)
+        if record is None:
             return None  # no held-out set: the run does not evaluate
-        accuracy = right / n
-        write(
-            {
-                "training/global_step": step,
-                "eval/accuracy": accuracy,
-                "eval/score/mean": accuracy,
-                "eval/n_samples": n,
-                "timing_s/eval": time.perf_counter() - t,
-            }
-        )
-        return accuracy
+        records.write(record + "\n")
+        records.flush()
+        return json.loads(record)["eval/accuracy"]
 
     history = []
     first_accuracy = evaluate(0) if first == 0 and val_before_train else None

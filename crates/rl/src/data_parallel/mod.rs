@@ -34,7 +34,7 @@ use colo_train::Collective;
 
 use crate::config::Config;
 use crate::data::{Batch, Batches, Dataset};
-use crate::metrics::{MetricsWriter, StepMetrics};
+use crate::metrics::{EvalTallies, MetricsWriter, StepMetrics};
 use crate::r#loop::Run;
 use crate::setup::{draw, load_data, make_pool};
 use crate::timeline_file::TimelineWriter;
@@ -203,14 +203,13 @@ impl Rank {
         Ok(m)
     }
 
-    /// Greedy evaluation of this rank's share of the held-out prompts:
-    /// (right answers, prompts).
-    pub fn evaluate(&mut self) -> Result<(usize, usize)> {
+    /// Greedy evaluation of this rank's share of the held-out prompts, as
+    /// tallies the controller adds up (`EvalRecord::of_parts`).
+    pub fn evaluate(&mut self) -> Result<EvalTallies> {
         if self.run.val.prompts.is_empty() {
-            return Ok((0, 0));
+            return Ok(EvalTallies::default());
         }
-        let r = self.run.greedy_eval()?;
-        Ok(((r.accuracy * r.n as f64).round() as usize, r.n))
+        Ok(EvalTallies::from(&self.run.greedy_eval()?))
     }
 
     /// Writes `out/checkpoints/step-N` (call it on one rank: the weights
