@@ -320,6 +320,13 @@ pub fn run(a: Args) -> Result<()> {
     }
     if let Some(s) = r.bf16_speedup {
         println!("bf16 speed-up  {s:.2}× over f32 (target ≥ 2)");
+        let cpu = colo_rl::config::Device::Cpu;
+        if colo_rl::config::Dtype::Auto.resolve(cpu) != colo_rl::config::Dtype::Bf16 {
+            println!(
+                "               this CPU has no bf16 matrix instructions (avx512_bf16, amx_bf16): \
+                 its bf16 figures are libtorch's emulation, and runs choose f32 (dtype \"auto\")"
+            );
+        }
     }
     Ok(())
 }
