@@ -514,3 +514,34 @@ fn a_layout_from_colo_plan_map_sets_the_workers_or_is_refused() {
     assert_eq!(field, "cluster.layout");
     assert!(msg.contains("not a p-t-d layout"), "{msg}");
 }
+
+/// verl's run names: they name the run directory, as verl's
+/// `checkpoints/${project_name}/${experiment_name}`, unless `out_dir` is
+/// written.
+#[test]
+fn project_and_experiment_names_name_the_run_directory() {
+    let dir = |text: &str| parse(text).unwrap().trainer.out_dir;
+    assert_eq!(dir(""), Path::new("runs/colo"));
+    let both = "[trainer]\nproject_name = \"gsm8k\"\nexperiment_name = \"qwen-grpo\"\n";
+    assert_eq!(dir(both), Path::new("runs/gsm8k/qwen-grpo"));
+    assert_eq!(
+        dir("[trainer]\nexperiment_name = \"e1\"\n"),
+        Path::new("runs/e1")
+    );
+    assert_eq!(
+        dir(&format!("{both}default_local_dir = \"ckpt/here\"\n")),
+        Path::new("ckpt/here"),
+        "an explicit out_dir (verl's default_local_dir) wins"
+    );
+    let c = parse(both).unwrap();
+    assert_eq!(c.trainer.project_name.as_deref(), Some("gsm8k"));
+    for bad in ["", "..", "a/b"] {
+        let (line, field, msg) = err(&format!("[trainer]\nproject_name = {bad:?}\n"));
+        assert_eq!(
+            (line, field.as_str()),
+            (Some(2), "trainer.project_name"),
+            "{bad:?}"
+        );
+        assert!(msg.contains("one non-empty path component"), "{msg}");
+    }
+}

@@ -268,6 +268,9 @@ pub struct TrainerConfig {
     pub val_before_train: bool,
     pub resume: bool,
     pub out_dir: PathBuf,
+    /// verl's run names; with no `out_dir` written they name it.
+    pub project_name: Option<String>,
+    pub experiment_name: Option<String>,
     pub seed: u64,
     pub device: Device,
     pub dtype: Dtype,

@@ -464,8 +464,15 @@ pub struct RawTrainer {
     pub val_before_train: bool,
     /// Continue from the latest checkpoint in `out_dir`.
     pub resume: bool,
-    #[serde(alias = "default_local_dir")]
-    pub out_dir: PathBuf,
+    /// Unset: `runs/{project_name}/{experiment_name}` when either is set
+    /// (verl's `checkpoints/${project_name}/${experiment_name}`), else
+    /// `runs/colo`.
+    #[serde(alias = "default_local_dir", skip_serializing_if = "Option::is_none")]
+    pub out_dir: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub project_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experiment_name: Option<String>,
     pub seed: u64,
     pub device: Device,
     #[serde(alias = "model_dtype")]
@@ -484,7 +491,9 @@ impl Default for RawTrainer {
             test_freq: 10,
             val_before_train: true,
             resume: false,
-            out_dir: PathBuf::from("runs/colo"),
+            out_dir: None,
+            project_name: None,
+            experiment_name: None,
             seed: 1,
             device: Device::Cpu,
             dtype: Dtype::Auto,

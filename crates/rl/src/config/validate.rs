@@ -497,6 +497,32 @@ fn memory_section(memory: &RawMemory) -> Check<MemoryConfig> {
     Ok(memory_cfg)
 }
 
+/// `runs/{project_name}/{experiment_name}` (either alone: `runs/{it}`), or
+/// `runs/colo` without names; a name must be one path component.
+fn default_out_dir(project: Option<&str>, experiment: Option<&str>) -> Check<PathBuf> {
+    let mut dir = PathBuf::from("runs");
+    for (field, name) in [
+        ("trainer.project_name", project),
+        ("trainer.experiment_name", experiment),
+    ] {
+        let Some(name) = name else { continue };
+        if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\\']) {
+            return bad(
+                field,
+                format!(
+                    "{name:?} names the run directory runs/{{project_name}}/{{experiment_name}}: \
+                     it must be one non-empty path component (or set trainer.out_dir)"
+                ),
+            );
+        }
+        dir.push(name);
+    }
+    if project.is_none() && experiment.is_none() {
+        dir.push("colo");
+    }
+    Ok(dir)
+}
+
 fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
     let length = match (trainer.total_steps, trainer.total_epochs) {
         (Some(s), _) => RunLength::Steps(positive("trainer.total_steps", s)?),
@@ -509,7 +535,15 @@ fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
         test_freq: frequency("trainer.test_freq", trainer.test_freq)?,
         val_before_train: trainer.val_before_train,
         resume: trainer.resume,
-        out_dir: trainer.out_dir,
+        out_dir: match trainer.out_dir {
+            Some(dir) => dir,
+            None => default_out_dir(
+                trainer.project_name.as_deref(),
+                trainer.experiment_name.as_deref(),
+            )?,
+        },
+        project_name: trainer.project_name,
+        experiment_name: trainer.experiment_name,
         seed: trainer.seed,
         device: trainer.device,
         dtype: trainer.dtype,
