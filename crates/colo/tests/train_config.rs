@@ -106,10 +106,10 @@ fn the_example_config_runs_on_the_fixtures() {
 /// pyarrow, `crates/rl/tests/data`), on a checkpoint whose tokenizer has a
 /// chat template. The plan check renders the chats as the run does (it
 /// used to read them without a tokenizer and skip itself).
-/// A one-step run of verl's GSM8K parquet fixture on a copy of the tiny
-/// checkpoint given a chat template, with `extra` appended to its config;
-/// returns the directory and the config's path.
-fn verl_gsm8k_run(name: &str, extra: &str) -> (PathBuf, PathBuf) {
+/// A one-step `colo train` of verl's GSM8K parquet fixture on a copy of the
+/// tiny checkpoint given a chat template, with `extra` appended to its
+/// config; returns the directory, the run directory in it and the output.
+fn verl_gsm8k_run(name: &str, extra: &str) -> (PathBuf, PathBuf, Output) {
     let dir = tmp(name);
     let model = dir.join("model");
     std::fs::create_dir_all(&model).unwrap();
@@ -136,12 +136,6 @@ fn verl_gsm8k_run(name: &str, extra: &str) -> (PathBuf, PathBuf) {
         ),
     )
     .unwrap();
-    (dir, config)
-}
-
-#[test]
-fn verl_parquet_chats_are_planned_and_run() {
-    let (dir, config) = verl_gsm8k_run("verl-parquet", "");
     let run = dir.join("run");
     let out = colo_train(&[
         "--config",
@@ -149,6 +143,12 @@ fn verl_parquet_chats_are_planned_and_run() {
         "--out",
         run.to_str().unwrap(),
     ]);
+    (dir, run, out)
+}
+
+#[test]
+fn verl_parquet_chats_are_planned_and_run() {
+    let (dir, _, out) = verl_gsm8k_run("verl-parquet", "");
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
@@ -182,17 +182,10 @@ fn a_verl_reward_function_scores_the_run() {
          \x20   return {'score': 1.0, 'extra': 'ignored'}\n",
     )
     .unwrap();
-    let (dir, config) = verl_gsm8k_run(
+    let (dir, run, out) = verl_gsm8k_run(
         "verl-python-reward",
         &format!("[reward]\nkind = \"python\"\npath = {reward:?}\nkwargs = {{ log = {log:?} }}\n"),
     );
-    let run = dir.join("run");
-    let out = colo_train(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--out",
-        run.to_str().unwrap(),
-    ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("done: 1 step;"), "{stdout}");
     let calls: Vec<(String, String, u64)> = std::fs::read_to_string(&log)
