@@ -167,3 +167,55 @@ fn default_score_covers_a_failing_function() {
     assert_eq!(scores, vec![0.0, -1.0]);
     assert_eq!(r.failures(), 1);
 }
+
+/// `workers = 2`: two interpreters score contiguous halves of a batch at
+/// once (each answers with its process id), the scores in the batch's
+/// order; a failure in either part is the batch's error.
+#[test]
+fn workers_split_a_batch_over_processes() {
+    let dir = TempDir::new("py-reward-workers");
+    let file = dir.write(
+        "pid.py",
+        "import os\n\
+         def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n\
+         \x20   if solution_str == 'raise':\n\
+         \x20       raise RuntimeError('bad sample')\n\
+         \x20   return os.getpid()\n",
+    );
+    let spec: RewardSpec = toml::from_str(&format!(
+        "kind = \"python\"\npath = {:?}\nworkers = 2\ntimeout_s = 20",
+        file.display().to_string()
+    ))
+    .unwrap();
+    let mut r = reward::build(&spec).unwrap();
+    assert!(r.name().ends_with("× 2 processes"), "{}", r.name());
+    let none = Map::new();
+    let batch: Vec<RewardInput<'_>> = (0..5).map(|i| input(i, "x", "y", &none)).collect();
+    let pids = r.score_batch(&batch).unwrap();
+    assert_eq!(pids.len(), 5);
+    assert!(
+        pids[..3].iter().all(|&p| p == pids[0]),
+        "first part: {pids:?}"
+    );
+    assert!(
+        pids[3..].iter().all(|&p| p == pids[3]),
+        "second part: {pids:?}"
+    );
+    assert_ne!(pids[0], pids[3], "two processes: {pids:?}");
+    assert_ne!(pids[0], std::process::id() as f32);
+    let mut bad = batch.clone();
+    bad[4] = input(4, "raise", "y", &none);
+    let e = r.score_batch(&bad).unwrap_err().to_string();
+    assert!(
+        e.contains("sample 4") && e.contains("RuntimeError: bad sample"),
+        "{e}"
+    );
+    let e = setup_error(
+        &toml::from_str(&format!(
+            "kind = \"python\"\npath = {:?}\nworkers = 0",
+            file.display().to_string()
+        ))
+        .unwrap(),
+    );
+    assert!(e.contains("workers: must be at least 1"), "{e}");
+}

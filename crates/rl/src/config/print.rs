@@ -143,6 +143,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("reward.python", "python: the interpreter that runs the function (a virtual environment's bin/python for one with its imports)", "program", ""),
     d("reward.command", "external: program and arguments of a child process answering JSON lines (crates/rl/src/reward/external.rs)", "list of strings", ""),
     d("reward.timeout_s", "external, python: how long to wait for each answer line (python: and for the file to load)", "seconds", ""),
+    d("reward.workers", "external, python: processes scoring each batch's samples at once (for rewards that take milliseconds a sample)", "processes", "reward_model.reward_manager = \"prime\" (a process pool)"),
     opt("reward.default_score", "external, python: the score of a sample the command or function failed on", "score", "", "a failure stops the run with an error naming the sample"),
     // [memory]
     d("memory.capacity", "device capacity the memory layer enforces; \"auto\": the device's memory (the built-in model on the CPU: 72 MiB in f32, 44 MiB in bf16; otherwise the machine's memory, or the GPU's)", "\"auto\", bytes, or \"512 MiB\" / \"2 GB\"", ""),

@@ -19,6 +19,7 @@
 //! external reward).
 
 mod external;
+mod parallel;
 pub mod python;
 pub mod rules;
 pub mod verl;
@@ -29,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use external::{ExternalReward, FINISH_GRACE};
+pub use parallel::Parallel;
 pub use rules::{BoxedMatch, ExactMatch, FormatReward, NumericMatch};
 pub use verl::VerlDefault;
 
@@ -150,6 +152,9 @@ pub enum RewardSpec {
         /// failure is an error.
         #[serde(default)]
         default_score: Option<f32>,
+        /// Processes scoring a batch's samples at once: [`Parallel`].
+        #[serde(default = "one")]
+        workers: usize,
     },
     /// A child process spoken to in JSON lines: [`ExternalReward`].
     External {
@@ -162,6 +167,9 @@ pub enum RewardSpec {
         /// is an error.
         #[serde(default)]
         default_score: Option<f32>,
+        /// Processes scoring a batch's samples at once: [`Parallel`].
+        #[serde(default = "one")]
+        workers: usize,
     },
 }
 
@@ -184,6 +192,10 @@ fn default_timeout_s() -> f64 {
 /// verl's default `custom_reward_function.name`.
 fn default_function() -> String {
     "compute_score".into()
+}
+
+fn one() -> usize {
+    1
 }
 
 fn default_python() -> String {
@@ -231,6 +243,9 @@ impl RewardSpec {
             RewardSpec::Python { python, .. } if python.is_empty() => {
                 bad("python", "must name an interpreter".into())
             }
+            RewardSpec::External { workers: 0, .. } | RewardSpec::Python { workers: 0, .. } => {
+                bad("workers", "must be at least 1".into())
+            }
             RewardSpec::External { timeout_s, .. } | RewardSpec::Python { timeout_s, .. }
                 if !(timeout_s.is_finite() && *timeout_s > 0.0) =>
             {
@@ -276,24 +291,44 @@ pub fn build(spec: &RewardSpec) -> Result<Box<dyn Reward>> {
             python,
             timeout_s,
             default_score,
-        } => Box::new(python::start(
-            python,
-            path,
-            name,
-            kwargs,
-            std::time::Duration::from_secs_f64(*timeout_s),
-            *default_score,
-        )?),
+            workers,
+        } => processes(*workers, || {
+            python::start(
+                python,
+                path,
+                name,
+                kwargs,
+                std::time::Duration::from_secs_f64(*timeout_s),
+                *default_score,
+            )
+        })?,
         RewardSpec::External {
             command,
             timeout_s,
             default_score,
-        } => Box::new(ExternalReward::start(
-            command.clone(),
-            std::time::Duration::from_secs_f64(*timeout_s),
-            *default_score,
-        )?),
+            workers,
+        } => processes(*workers, || {
+            ExternalReward::start(
+                command.clone(),
+                std::time::Duration::from_secs_f64(*timeout_s),
+                *default_score,
+            )
+        })?,
     })
+}
+
+/// `workers` processes of one external reward, or the one alone.
+fn processes(
+    workers: usize,
+    start: impl Fn() -> Result<ExternalReward>,
+) -> Result<Box<dyn Reward>> {
+    if workers == 1 {
+        return Ok(Box::new(start()?));
+    }
+    let parts = (0..workers)
+        .map(|_| Ok(Box::new(start()?) as Box<dyn Reward>))
+        .collect::<Result<_>>()?;
+    Ok(Box::new(Parallel::new(parts)))
 }
 
 /// Σ weight · reward over its terms.
