@@ -251,7 +251,7 @@ impl ExternalReward {
                 ground_truth: i.ground_truth,
                 row: i.extra.filter(|r| !r.is_empty()),
             };
-            serde_json::to_writer(&mut payload, &req).expect("plain strings serialise");
+            serde_json::to_writer(&mut payload, &req).expect("strings and JSON values serialise");
             payload.push(b'\n');
         }
         let sent = run.requests.as_ref().map(|tx| tx.send(payload));

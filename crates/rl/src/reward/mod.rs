@@ -317,17 +317,25 @@ pub fn build(spec: &RewardSpec) -> Result<Box<dyn Reward>> {
     })
 }
 
-/// `workers` processes of one external reward, or the one alone.
+/// `workers` processes of one external reward, or the one alone; started
+/// at once (a python reward's processes each import the user's file).
 fn processes(
     workers: usize,
-    start: impl Fn() -> Result<ExternalReward>,
+    start: impl Fn() -> Result<ExternalReward> + Sync,
 ) -> Result<Box<dyn Reward>> {
     if workers == 1 {
         return Ok(Box::new(start()?));
     }
-    let parts = (0..workers)
-        .map(|_| Ok(Box::new(start()?) as Box<dyn Reward>))
-        .collect::<Result<_>>()?;
+    let parts = std::thread::scope(|s| {
+        let starting: Vec<_> = (0..workers).map(|_| s.spawn(&start)).collect();
+        starting
+            .into_iter()
+            .map(|h| {
+                let r = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+                Ok(Box::new(r) as Box<dyn Reward>)
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
     Ok(Box::new(Parallel::new(parts)))
 }
 
