@@ -5,8 +5,8 @@ top to bottom. The design is verl's (HybridFlow): placement groups of one
 bundle per device, one `STRICT_PACK` group per node (the colocated roles
 of a device are fused into one worker process), one worker actor per
 bundle holding actor, rollout engine and reference (`colo._colo.Worker`),
-torch.distributed for the data plane (gloo on CPUs, NCCL on GPUs — the GPU
-path has not run yet; rank 0's address published through Ray), and
+torch.distributed for the data plane (gloo on CPUs, NCCL on GPUs — run
+with one GPU so far; rank 0's address published through Ray), and
 this process driving the dataflow:
 
     for each step:
