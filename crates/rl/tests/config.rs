@@ -545,3 +545,35 @@ fn project_and_experiment_names_name_the_run_directory() {
         assert!(msg.contains("one non-empty path component"), "{msg}");
     }
 }
+
+/// verl's `trainer.logger`: "console" and "file" (a string or a list) are
+/// what colo writes anyway; a backend it does not have is an error naming
+/// it, not a run silently missing from the user's wandb.
+#[test]
+fn verl_loggers_colo_has_are_accepted_and_others_refused() {
+    for text in [
+        "logger = \"console\"",
+        "logger = [\"console\", \"file\"]",
+        "logger = []",
+    ] {
+        let c = parse(&format!("[trainer]\n{text}\n")).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let printed = c.to_toml().unwrap();
+        assert_eq!(parse(&printed).unwrap(), c, "{text}");
+    }
+    assert_eq!(parse("").unwrap().trainer.logger, None);
+    for text in [
+        "logger = [\"console\", \"wandb\"]",
+        "logger = \"tensorboard\"",
+    ] {
+        let (line, field, msg) = err(&format!("[trainer]\n{text}\n"));
+        assert_eq!(
+            (line, field.as_str()),
+            (Some(2), "trainer.logger"),
+            "{text}"
+        );
+        assert!(
+            msg.contains("is not a logger colo has") && msg.contains("metrics.jsonl"),
+            "{msg}"
+        );
+    }
+}

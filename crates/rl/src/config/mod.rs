@@ -271,6 +271,9 @@ pub struct TrainerConfig {
     /// verl's run names; with no `out_dir` written they name it.
     pub project_name: Option<String>,
     pub experiment_name: Option<String>,
+    /// verl's `trainer.logger` as written (`"console"`, `"file"`): what
+    /// colo writes anyway, kept so `--print-config` shows it.
+    pub logger: Option<Vec<String>>,
     pub seed: u64,
     pub device: Device,
     pub dtype: Dtype,

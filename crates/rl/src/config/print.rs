@@ -13,7 +13,7 @@ use colo_algo::{KlControlConfig, KlEstimator};
 use toml::{Table, Value};
 
 use super::raw::{
-    Files, RawActor, RawAlgorithm, RawCapacity, RawCluster, RawData, RawMemory, RawModel,
+    Files, Loggers, RawActor, RawAlgorithm, RawCapacity, RawCluster, RawData, RawMemory, RawModel,
     RawRollout, RawRolloutCorrection, RawTrainer, RawValKwargs,
 };
 use super::*;
@@ -163,6 +163,7 @@ pub(crate) const DOCS: &[Doc] = &[
     opt("trainer.out_dir", "run directory: metrics.jsonl, pictures, checkpoints/ (colo train --out wins)", "path", "trainer.default_local_dir (alias)", "runs/{project_name}/{experiment_name} when either is set, else runs/colo"),
     opt("trainer.project_name", "the project's name; names the run directory when out_dir is not written", "path component", "trainer.project_name", "none"),
     opt("trainer.experiment_name", "the run's name; names the run directory when out_dir is not written", "path component", "trainer.experiment_name", "none"),
+    opt("trainer.logger", "where metrics go: colo always writes the console and metrics.jsonl, so only these two are accepted (other backends are an error)", "\"console\", \"file\" or a list of them", "trainer.logger", "both, always"),
     d("trainer.seed", "seed of sampling and initialisation; data.seed defaults to it", "integer", "data.seed, actor_rollout_ref.rollout.seed"),
     d("trainer.device", "where the run computes", "\"cpu\" or \"cuda\"", ""),
     d("trainer.cpu_threads", "on the CPU, threads the trainer's passes split each micro-batch's rows over, each running libtorch with one intra-op thread (many small ops: lanes beat intra-op threads); 0: OMP_NUM_THREADS if set, else one per core", "threads", ""),
@@ -307,6 +308,7 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
             out_dir: Some(c.trainer.out_dir.clone()),
             project_name: c.trainer.project_name.clone(),
             experiment_name: c.trainer.experiment_name.clone(),
+            logger: c.trainer.logger.clone().map(Loggers::Many),
             seed: c.trainer.seed,
             device: c.trainer.device,
             dtype: c.trainer.dtype,

@@ -449,6 +449,14 @@ pub(crate) fn cpu_flags_have_bf16(cpuinfo: &str) -> bool {
         })
 }
 
+/// `trainer.logger`: one backend or a list, as verl writes either.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Loggers {
+    One(String),
+    Many(Vec<String>),
+}
+
 /// `[trainer]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -473,6 +481,11 @@ pub struct RawTrainer {
     pub project_name: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub experiment_name: Option<String>,
+    /// verl's `trainer.logger`: `"console"`, `"file"` or a list of them.
+    /// colo always writes both (the console and `metrics.jsonl`); other
+    /// backends (wandb, tensorboard, …) are an error, not ignored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logger: Option<Loggers>,
     pub seed: u64,
     pub device: Device,
     #[serde(alias = "model_dtype")]
@@ -494,6 +507,7 @@ impl Default for RawTrainer {
             out_dir: None,
             project_name: None,
             experiment_name: None,
+            logger: None,
             seed: 1,
             device: Device::Cpu,
             dtype: Dtype::Auto,

@@ -5,8 +5,8 @@
 use colo_algo::{AdvEstimator, AdvantageConfig, PolicyLossConfig, RolloutCorrectionConfig};
 
 use super::raw::{
-    RawActor, RawAlgorithm, RawCapacity, RawCluster, RawConfig, RawData, RawMemory, RawRollout,
-    RawTrainer, DEFAULT_MICRO_BATCH_SAMPLES, DEFAULT_MINI_BATCH_PROMPTS,
+    Loggers, RawActor, RawAlgorithm, RawCapacity, RawCluster, RawConfig, RawData, RawMemory,
+    RawRollout, RawTrainer, DEFAULT_MICRO_BATCH_SAMPLES, DEFAULT_MINI_BATCH_PROMPTS,
 };
 use super::*;
 
@@ -523,6 +523,30 @@ fn default_out_dir(project: Option<&str>, experiment: Option<&str>) -> Check<Pat
     Ok(dir)
 }
 
+/// verl's logger backends that colo has: `console` (its progress and
+/// summary lines) and `file` (`metrics.jsonl`), both always written. A
+/// backend colo does not have is an error: a run the user expects in wandb
+/// must not go silently unrecorded there.
+fn loggers(raw: Loggers) -> Check<Vec<String>> {
+    let names = match raw {
+        Loggers::One(name) => vec![name],
+        Loggers::Many(names) => names,
+    };
+    for name in &names {
+        if !matches!(name.as_str(), "console" | "file") {
+            return bad(
+                "trainer.logger",
+                format!(
+                    "{name:?} is not a logger colo has: it writes the console and metrics.jsonl \
+                     in the run directory (verl's \"console\" and \"file\"), always; \
+                     remove {name:?}, or read metrics.jsonl into {name} after the run"
+                ),
+            );
+        }
+    }
+    Ok(names)
+}
+
 fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
     let length = match (trainer.total_steps, trainer.total_epochs) {
         (Some(s), _) => RunLength::Steps(positive("trainer.total_steps", s)?),
@@ -544,6 +568,7 @@ fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
         },
         project_name: trainer.project_name,
         experiment_name: trainer.experiment_name,
+        logger: trainer.logger.map(loggers).transpose()?,
         seed: trainer.seed,
         device: trainer.device,
         dtype: trainer.dtype,
