@@ -17,18 +17,23 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
-/// A one-step run config on the fixture with `capacity`.
+/// A one-step run config on the fixture with `capacity`; its four
+/// held-out rows name two data sources.
 fn write_config(dir: &Path, capacity: &str) -> PathBuf {
+    let row = |i: usize, source: &str| {
+        format!(
+            r#"{{"prompt": "Question: what is {i} + 1? Answer:", "answer": "{}", "data_source": "{source}"}}"#,
+            i + 1
+        )
+    };
     let data = dir.join("train.jsonl");
-    let lines: Vec<String> = (0..8)
-        .map(|i| {
-            format!(
-                r#"{{"prompt": "Question: what is {i} + 1? Answer:", "answer": "{}"}}"#,
-                i + 1
-            )
-        })
-        .collect();
+    let lines: Vec<String> = (0..8).map(|i| row(i, "train")).collect();
     std::fs::write(&data, lines.join("\n")).unwrap();
+    let val = dir.join("val.jsonl");
+    let lines: Vec<String> = (10..14)
+        .map(|i| row(i, if i < 12 { "small" } else { "large" }))
+        .collect();
+    std::fs::write(&val, lines.join("\n")).unwrap();
     let path = dir.join("run.toml");
     std::fs::write(
         &path,
@@ -36,7 +41,7 @@ fn write_config(dir: &Path, capacity: &str) -> PathBuf {
             r#"
 [data]
 train_files = ["{data}"]
-val_fraction = 0.25
+val_files = ["{val}"]
 train_batch_size = 2
 
 [model]
@@ -59,6 +64,7 @@ total_steps = 1
 val_before_train = false
 "#,
             data = data.display(),
+            val = val.display(),
             model = fixture().display(),
         ),
     )
@@ -99,6 +105,19 @@ fn the_summary_names_out_and_checkpoints_load_in_colo_generate() {
     assert!(
         stdout.contains(&format!("wrote {}/metrics.jsonl", out.display())),
         "{stdout}"
+    );
+    // The held-out rows name two sources: the closing line gives each its
+    // accuracy (0 or 50 or 100% of two rows), in name order.
+    let line = stdout.lines().find(|l| l.starts_with("done:")).unwrap();
+    let after = line
+        .split_once("(by data_source: large ")
+        .map(|(_, rest)| rest)
+        .unwrap_or_else(|| panic!("no per-source accuracy: {line}"));
+    assert!(
+        ["0.0%, small ", "50.0%, small ", "100.0%, small "]
+            .iter()
+            .any(|p| after.starts_with(p)),
+        "{line}"
     );
 
     let ckpt = out.join("checkpoints/step-1");

@@ -14,6 +14,7 @@
 //! actor's optimizer settings; a separate `[critic]` section is future
 //! work). ReMax gets its baselines from one extra greedy sample per prompt.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -65,6 +66,9 @@ pub(crate) struct Run<'a> {
     /// the last such evaluation's (step, accuracy).
     pub(crate) pending_eval: Option<usize>,
     pub(crate) evaluated: Option<(usize, f64)>,
+    /// The last evaluation's accuracy per `data_source` (empty when its
+    /// rows name none), for the run's closing line.
+    pub(crate) accuracy_by_source: BTreeMap<String, f64>,
 }
 
 impl<'a> Run<'a> {
@@ -115,6 +119,7 @@ impl<'a> Run<'a> {
             metrics,
             pending_eval: None,
             evaluated: None,
+            accuracy_by_source: BTreeMap::new(),
         })
     }
 }
@@ -500,6 +505,9 @@ impl Run<'_> {
         if let Some(record) = EvalRecord::of_parts(step, &parts, t.elapsed().as_secs_f64()) {
             self.metrics.eval(&record)?;
         }
+        self.accuracy_by_source = (result.by_source.iter())
+            .map(|(source, tally)| (source.clone(), tally.accuracy()))
+            .collect();
         Ok(result.accuracy)
     }
 

@@ -3,6 +3,7 @@
 //! pool, the worker, the evaluations and checkpoints around the steps, and
 //! the pictures however it ends. The step itself is `loop.rs`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -31,6 +32,10 @@ pub struct RunSummary {
     /// back from `metrics.jsonl` for the steps before a resume).
     pub first_accuracy: Option<f64>,
     pub last_accuracy: Option<f64>,
+    /// The last evaluation's accuracy per `data_source` (verl's
+    /// `val-core/{data_source}/…`); empty when its rows name none, or when
+    /// this run evaluated nothing (a resumed run with no step left).
+    pub last_accuracy_by_source: BTreeMap<String, f64>,
     /// The largest `memory/peak_device_bytes` of the run's steps, those
     /// before a resume included.
     pub peak_device_bytes: u64,
@@ -134,6 +139,7 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
                         resumed_from: Some(step),
                         first_accuracy: start.before.first,
                         last_accuracy: start.before.last,
+                        last_accuracy_by_source: BTreeMap::new(),
                         peak_device_bytes: start.before.peak,
                         peak_allocated_bytes: start.before.peak_allocated,
                         notes: start.notes,
@@ -315,6 +321,7 @@ fn train_steps(
         resumed_from: (first_step > 0).then_some(first_step),
         first_accuracy,
         last_accuracy,
+        last_accuracy_by_source: run.accuracy_by_source,
         peak_device_bytes: peak,
         peak_allocated_bytes: peak_allocated,
         notes: start.notes,

@@ -69,9 +69,10 @@ pub fn run(a: Args) -> Result<()> {
     let pct = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));
     let accuracy = match config.evaluates() {
         true => format!(
-            "held-out accuracy {} -> {}",
+            "held-out accuracy {} -> {}{}",
             pct(s.first_accuracy),
-            pct(s.last_accuracy)
+            pct(s.last_accuracy),
+            by_source(&s.last_accuracy_by_source)
         ),
         false => "no held-out set".to_owned(),
     };
@@ -87,6 +88,18 @@ pub fn run(a: Args) -> Result<()> {
         s.run_dir.display()
     );
     Ok(())
+}
+
+/// " (by data_source: a 40.0%, b 12.5%)" where the held-out rows name more
+/// than one source (verl's `val-core/{data_source}/…`), else nothing.
+fn by_source(accuracy: &std::collections::BTreeMap<String, f64>) -> String {
+    if accuracy.len() < 2 {
+        return String::new();
+    }
+    let parts: Vec<String> = (accuracy.iter())
+        .map(|(source, a)| format!("{source} {:.1}%", 100.0 * a))
+        .collect();
+    format!(" (by data_source: {})", parts.join(", "))
 }
 
 /// Predicts the run's peak device memory with colo-plan, as `colo plan
