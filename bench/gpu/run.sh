@@ -9,28 +9,7 @@
 #   2. the built-in job, 20 steps on CUDA, in-process
 #   3. the same through the Ray controller with 1 worker (NCCL)
 #   4. issue 9's 3 M-parameter job on CUDA, bf16 and f32, 20 steps
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT" /tmp/gpu-metrics
-export PYTHONUNBUFFERED=1 RUST_BACKTRACE=1
-# The binaries' rpath names the build machine's .venv: use this one's torch
-# (and the CUDA runtime beside it, which colo links directly).
-lib=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')
-export LD_LIBRARY_PATH=$lib/lib:$(dirname "$lib")/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}
-python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
-xz -dc .gpu/colo.xz >/tmp/colo && chmod +x /tmp/colo
-
-# part NAME LIMIT_S COMMAND...: its log and metrics into $OUT.
-part() {
-    local name=$1 limit=$2
-    shift 2
-    echo "== $name"
-    (time timeout "$limit" "$@") >"$OUT/$name.log" 2>&1
-    echo "rc=$?" >>"$OUT/$name.log"
-    grep -v '^\[' "$OUT/$name.log" | tail -12
-    cp "/tmp/$name/metrics.jsonl" "/tmp/gpu-metrics/$name.jsonl" 2>/dev/null || true
-}
+source "$(dirname "$0")/lib.sh"
 part gpu-check 200 /tmp/colo gpu-check --full --out /tmp/gpu-check
 part inproc 60 /tmp/colo train --config bench/gpu/builtin20.toml --out /tmp/inproc
 

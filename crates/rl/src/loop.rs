@@ -41,7 +41,8 @@ use crate::{Error, Result};
 
 pub use crate::run::{run, RunSummary};
 pub use crate::setup::{
-    builtin_capacity, device_capacity, BUILTIN_CAPACITY, BUILTIN_CAPACITY_BF16,
+    builtin_capacity, device_capacity, device_memory, device_pool, BUILTIN_CAPACITY,
+    BUILTIN_CAPACITY_BF16,
 };
 
 /// Everything the steps share.

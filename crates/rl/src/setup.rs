@@ -119,17 +119,22 @@ pub fn device_capacity(config: &Config) -> Result<u64> {
         (Capacity::Auto, ModelSource::Builtin) if device == crate::config::Device::Cpu => {
             Ok(builtin_capacity(config))
         }
-        (Capacity::Auto, _) => match device {
-            crate::config::Device::Cpu => Ok(colo_mem::os::machine_memory_bytes()?),
-            // The GPU's total memory, as the driver reports it.
-            #[cfg(feature = "cuda")]
-            crate::config::Device::Cuda => {
-                let _context = colo_mem::cuda::CudaBackend::new(0)?;
-                Ok(colo_mem::cuda::mem_get_info()?.1)
-            }
-            #[cfg(not(feature = "cuda"))]
-            crate::config::Device::Cuda => Err(no_cuda()),
-        },
+        (Capacity::Auto, _) => device_memory(device),
+    }
+}
+
+/// All of a device's memory: the machine's on the CPU, the GPU's as the
+/// driver reports it.
+pub fn device_memory(device: crate::config::Device) -> Result<u64> {
+    match device {
+        crate::config::Device::Cpu => Ok(colo_mem::os::machine_memory_bytes()?),
+        #[cfg(feature = "cuda")]
+        crate::config::Device::Cuda => {
+            let _context = colo_mem::cuda::CudaBackend::new(0)?;
+            Ok(colo_mem::cuda::mem_get_info()?.1)
+        }
+        #[cfg(not(feature = "cuda"))]
+        crate::config::Device::Cuda => Err(no_cuda()),
     }
 }
 
@@ -169,8 +174,18 @@ pub(crate) fn trainer_config(config: &Config) -> colo_train::TrainerConfig {
 /// The run's device memory: a host pool (memfd "device" memory) on the CPU,
 /// colo-mem's CUDA backend on a GPU, with the run's capacity.
 pub fn make_pool(config: &Config) -> Result<std::sync::Arc<colo_mem::Pool>> {
-    let cfg = colo_mem::PoolConfig::with_capacity(device_capacity(config)?);
-    match config.trainer.device {
+    device_pool(config.trainer.device, device_capacity(config)?)
+}
+
+/// A pool of `capacity` bytes on `device` (what `make_pool` makes for a
+/// run, and the benches for their models). On CUDA, cuBLAS's workspaces are
+/// made first, outside every tag (`warm_up_cublas`).
+pub fn device_pool(
+    device: crate::config::Device,
+    capacity: u64,
+) -> Result<std::sync::Arc<colo_mem::Pool>> {
+    let cfg = colo_mem::PoolConfig::with_capacity(capacity);
+    match device {
         crate::config::Device::Cpu => Ok(colo_mem::Pool::host(cfg)?),
         #[cfg(feature = "cuda")]
         crate::config::Device::Cuda => {

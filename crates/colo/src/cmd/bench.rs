@@ -30,3 +30,37 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::Train(a) => super::bench_train::run(a),
     }
 }
+
+/// `--device` of the benches: `cpu`, or `cuda` (a build with the `cuda`
+/// feature, on a machine with an NVIDIA GPU).
+pub fn parse_device(s: &str) -> anyhow::Result<colo_rl::config::Device> {
+    match s {
+        "cpu" => Ok(colo_rl::config::Device::Cpu),
+        "cuda" => Ok(colo_rl::config::Device::Cuda),
+        other => anyhow::bail!("--device must be cpu or cuda, got {other:?}"),
+    }
+}
+
+/// A bench's pool with all of `device`'s memory (as a run's `capacity =
+/// "auto"` for a model of its own), and libtorch's name for the device.
+pub fn pool_on(
+    device: colo_rl::config::Device,
+) -> anyhow::Result<(std::sync::Arc<colo_mem::Pool>, tch::Device)> {
+    #[cfg(not(feature = "cuda"))]
+    anyhow::ensure!(
+        device == colo_rl::config::Device::Cpu,
+        "--device cuda: this colo was built without the `cuda` feature \
+         (./x cargo build --release -p colo --features cuda)"
+    );
+    let capacity = colo_rl::r#loop::device_memory(device)?;
+    let pool = colo_rl::r#loop::device_pool(device, capacity)?;
+    Ok((pool, device.torch()))
+}
+
+/// Waits for the device's queued work before a timer is read: CUDA runs
+/// kernels asynchronously, and a timer read at once measures their launches.
+pub fn sync(device: tch::Device) {
+    if let tch::Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}

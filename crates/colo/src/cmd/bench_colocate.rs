@@ -192,11 +192,7 @@ pub fn check_on(device: &str) -> Result<String> {
 
 fn measure_report(a: &Args) -> Result<Report> {
     let started = std::time::Instant::now();
-    ensure!(
-        ["cpu", "cuda"].contains(&a.device.as_str()),
-        "--device must be cpu or cuda, got {:?}",
-        a.device
-    );
+    super::bench::parse_device(&a.device)?;
     ensure!(
         ["f32", "bf16"].contains(&a.dtype.as_str()),
         "--dtype must be f32 or bf16, got {:?}",

@@ -10,14 +10,16 @@
 //! values). To give completions GRPO-like varied lengths, a fixed set of
 //! `--stop-tokens` token ids ends a completion, as an end-of-sequence token
 //! would; both engines see the same stop ids and count only real tokens.
+//!
+//! `--device cuda` runs both on the GPU (colo's KV cache in colo-mem's CUDA
+//! pool, the baseline's contiguous cache in libtorch's).
 
 use std::time::Instant;
 
 use anyhow::Context;
-use colo_mem::{Pool, PoolConfig};
 use colo_model::{Arch, Model, ModelConfig, Weights};
 use colo_rollout::{sampling, Engine, EngineConfig, Request, SamplingParams};
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -48,6 +50,10 @@ pub struct Args {
     /// all cores, the baseline's best on these machines).
     #[arg(long, default_value_t = 0)]
     baseline_threads: usize,
+    /// Where both engines run: `cpu`, or `cuda` (a build with the `cuda`
+    /// feature, on a machine with an NVIDIA GPU).
+    #[arg(long, default_value = "cpu", value_parser = super::bench::parse_device)]
+    device: colo_rl::config::Device,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -55,6 +61,7 @@ pub struct Args {
 
 #[derive(serde::Serialize)]
 struct Report {
+    device: colo_rl::config::Device,
     prompts: usize,
     n: usize,
     max_new_tokens: usize,
@@ -110,7 +117,8 @@ fn prompt(i: usize, vocab: u32, stop: u32) -> Vec<u32> {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let cfg = bench_model_config();
     tch::manual_seed(a.seed as i64);
-    let weights = Weights::random(&cfg, 0.1, Kind::Float, Device::Cpu)?;
+    let (pool, device) = super::bench::pool_on(a.device)?;
+    let weights = Weights::random(&cfg, 0.1, Kind::Float, device)?;
     let vocab = cfg.vocab_size as u32;
     let prompts: Vec<Vec<u32>> = (0..a.prompts)
         .map(|i| prompt(i, vocab, a.stop_tokens))
@@ -136,7 +144,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         cpu_threads: colo_threads,
         ..EngineConfig::with_kv_tokens(a.batch.max(a.n) * longest)
     };
-    let pool = Pool::host(PoolConfig::default())?;
     let mut engine = Engine::new(&cfg, &weights, None, pool, &ecfg)?;
     let reqs: Vec<Request> = prompts
         .iter()
@@ -148,7 +155,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // more in wake-ups than they give), the baseline's at libtorch's
     // default (its best here).
     let all = tch::get_num_threads();
-    let colo_lanes = colo_model::lanes::count(tch::Device::Cpu, colo_threads);
+    let colo_lanes = colo_model::lanes::count(device, colo_threads);
     let base_threads = match a.baseline_threads {
         0 => all,
         n => n.min(i32::MAX as usize) as i32,
@@ -176,6 +183,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let tokens_per_s = stats.generated_tokens as f64 / seconds;
     let baseline_tokens_per_s = base_tokens as f64 / baseline_seconds;
     let r = Report {
+        device: a.device,
         prompts: a.prompts,
         n: a.n,
         max_new_tokens: a.max_new_tokens,
@@ -219,10 +227,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             r.baseline_tokens_per_s,
             colo_mem::fmt_bytes(r.baseline_kv_peak_bytes as u64)
         );
-        println!(
-            "speedup {:.2}× (threads: colo {} lanes of one, baseline {} intra-op)",
-            r.speedup, r.threads, r.baseline_threads
-        );
+        match a.device {
+            colo_rl::config::Device::Cpu => println!(
+                "speedup {:.2}× (threads: colo {} lanes of one, baseline {} intra-op)",
+                r.speedup, r.threads, r.baseline_threads
+            ),
+            colo_rl::config::Device::Cuda => println!("speedup {:.2}× (both on CUDA)", r.speedup),
+        }
     }
     Ok(())
 }
@@ -265,11 +276,12 @@ fn baseline(
         }
         let mut cache = model.new_cache();
         let shape = |cols: usize| [b as i64, cols as i64];
-        let mut input = Tensor::from_slice(&ids).view(shape(width));
+        let dev = model.device();
+        let mut input = Tensor::from_slice(&ids).view(shape(width)).to_device(dev);
         let mut done = vec![false; b];
         for step in 0..p.max_new_tokens {
             let len = mask.len() / b;
-            let m = Tensor::from_slice(&mask).view(shape(len));
+            let m = Tensor::from_slice(&mask).view(shape(len)).to_device(dev);
             let logits = model.forward_with_cache(&input, &mut cache, Some(&m))?;
             let s = logits.size()[1];
             let last = logits.narrow(1, s - 1, 1).squeeze_dim(1); // (b, vocab)
@@ -301,7 +313,7 @@ fn baseline(
                 grown.push(1);
             }
             mask = grown;
-            input = Tensor::from_slice(&next).view(shape(1));
+            input = Tensor::from_slice(&next).view(shape(1)).to_device(dev);
         }
     }
     Ok((tokens, peak))

@@ -20,11 +20,16 @@
 //!
 //! And `bf16_speedup` = f32 step time / bf16 step time (target ≥ 2): bf16 on
 //! the CPU runs oneDNN's bf16 kernels (AMX or AVX-512 BF16).
+//!
+//! `--device cuda` runs the same on the GPU, with the pool on colo-mem's CUDA
+//! backend and the timers read after the device has finished its queued
+//! kernels. The default batch (1,024 tokens) leaves a GPU launch-bound: a
+//! GPU's figures are read at a larger `--batch`.
 
 use std::time::Instant;
 
 use anyhow::{ensure, Result};
-use colo_mem::{tags, Pool, PoolConfig};
+use colo_mem::tags;
 use colo_model::{Arch, ModelConfig, Weights};
 use colo_train::{
     ColoTrainer, MicroBatchConfig, OptimConfig, SeqBatch, TrainEngine, TrainerConfig,
@@ -49,6 +54,10 @@ pub struct Args {
     /// Dtypes to measure, comma separated (f32, bf16).
     #[arg(long, value_delimiter = ',', default_values_t = ["f32".to_string(), "bf16".to_string()])]
     dtype: Vec<String>,
+    /// Where to train: `cpu`, or `cuda` (a build with the `cuda` feature,
+    /// on a machine with an NVIDIA GPU).
+    #[arg(long, default_value = "cpu", value_parser = super::bench::parse_device)]
+    device: colo_rl::config::Device,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -56,6 +65,7 @@ pub struct Args {
 
 #[derive(Serialize)]
 struct Report {
+    device: colo_rl::config::Device,
     parameters: usize,
     batch: usize,
     seq: usize,
@@ -64,9 +74,9 @@ struct Report {
     runs: Vec<DtypeRun>,
     /// f32 step time / bf16 step time (target ≥ 2), when both ran.
     bf16_speedup: Option<f64>,
-    /// The threads both sides use (the trainer's lanes; the baseline's
-    /// intra-op threads), and the 1-minute load average at the end (a
-    /// shared machine's other work shows here).
+    /// The threads both sides use on the CPU (the trainer's lanes; the
+    /// baseline's intra-op threads), and the 1-minute load average at the
+    /// end (a shared machine's other work shows here).
     threads: i32,
     load_avg_1m: Option<f64>,
 }
@@ -143,12 +153,13 @@ struct Matmul {
     flop: f64,
     times: Vec<f64>,
     threads: i32,
+    device: Device,
 }
 
 impl Matmul {
-    fn new(m: usize, k: usize, n: usize, kind: Kind) -> Self {
-        let a = Tensor::randn([m as i64, k as i64], (kind, Device::Cpu));
-        let b = Tensor::randn([k as i64, n as i64], (kind, Device::Cpu));
+    fn new(m: usize, k: usize, n: usize, kind: Kind, device: Device) -> Self {
+        let a = Tensor::randn([m as i64, k as i64], (kind, device));
+        let b = Tensor::randn([k as i64, n as i64], (kind, device));
         let _ = a.matmul(&b);
         Matmul {
             a,
@@ -156,6 +167,7 @@ impl Matmul {
             flop: 2.0 * (m * k * n) as f64,
             times: vec![],
             threads: baseline_threads(),
+            device,
         }
     }
 
@@ -164,9 +176,11 @@ impl Matmul {
     /// which sets libtorch's count to 1 (see `colo_model::lanes`).
     fn sample(&mut self, reps: usize) {
         tch::set_num_threads(self.threads);
+        super::bench::sync(self.device);
         for _ in 0..reps {
             let t = Instant::now();
             let c = self.a.matmul(&self.b);
+            super::bench::sync(self.device);
             std::hint::black_box(&c);
             self.times.push(t.elapsed().as_secs_f64());
         }
@@ -195,9 +209,9 @@ fn parse_dtype(s: &str) -> Result<Kind> {
 /// One dtype's measurement: a fresh pool and trainer, one warm-up step,
 /// then `steps` timed steps with matmul samples in between.
 fn measure(a: &Args, cfg: &ModelConfig, name: &str, kind: Kind) -> Result<(DtypeRun, usize)> {
-    let pool = Pool::host(PoolConfig::default())?;
+    let (pool, device) = super::bench::pool_on(a.device)?;
     tch::manual_seed(0);
-    let weights = Weights::random(cfg, 0.02, kind, Device::Cpu)?;
+    let weights = Weights::random(cfg, 0.02, kind, device)?;
     let trainer_cfg = TrainerConfig {
         optim: OptimConfig {
             lr: 1e-3,
@@ -208,7 +222,7 @@ fn measure(a: &Args, cfg: &ModelConfig, name: &str, kind: Kind) -> Result<(Dtype
             ..Default::default()
         },
         kind,
-        device: Device::Cpu,
+        device,
         ..Default::default()
     };
     let mut engine = ColoTrainer::new(pool.clone(), cfg, &weights, &trainer_cfg)?;
@@ -216,14 +230,17 @@ fn measure(a: &Args, cfg: &ModelConfig, name: &str, kind: Kind) -> Result<(Dtype
     let data = batch(cfg, a.batch, a.seq)?;
 
     let tokens = a.batch * a.seq;
-    let mut mm = Matmul::new(tokens, cfg.hidden_size, cfg.intermediate_size, kind);
-    engine.sft_step(&data)?; // warm-up: first-touch pages, oneDNN primitives
+    let mut mm = Matmul::new(tokens, cfg.hidden_size, cfg.intermediate_size, kind, device);
+    // Warm-up: first-touch pages, oneDNN primitives; on CUDA, the caching
+    // allocator's segments and cuBLAS's algorithm choices.
+    engine.sft_step(&data)?;
     let mut times = vec![];
     let mut losses = vec![];
     for _ in 0..a.steps {
         mm.sample(4);
         let t = Instant::now();
         let m = engine.sft_step(&data)?;
+        super::bench::sync(device);
         times.push(t.elapsed().as_secs_f64());
         losses.push(m.loss);
     }
@@ -272,6 +289,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let step = |d: &str| runs.iter().find(|r| r.dtype == d).map(|r| r.step_s);
     let r = Report {
+        device: a.device,
         parameters: params,
         batch: a.batch,
         seq: a.seq,
@@ -287,13 +305,16 @@ pub fn run(a: Args) -> Result<()> {
         return Ok(());
     }
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let threads = match a.device {
+        colo_rl::config::Device::Cpu => format!("{} threads", r.threads),
+        colo_rl::config::Device::Cuda => "on CUDA".to_string(),
+    };
     println!(
-        "model          {:.1} M parameters, {} × {} tokens per step (micro-batch {}), {} threads, load {:.2}",
+        "model          {:.1} M parameters, {} × {} tokens per step (micro-batch {}), {threads}, load {:.2}",
         params as f64 / 1e6,
         a.batch,
         a.seq,
         a.micro_batch,
-        r.threads,
         r.load_avg_1m.unwrap_or(f64::NAN)
     );
     for x in &r.runs {
@@ -320,8 +341,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     if let Some(s) = r.bf16_speedup {
         println!("bf16 speed-up  {s:.2}× over f32 (target ≥ 2)");
-        let cpu = colo_rl::config::Device::Cpu;
-        if colo_rl::config::Dtype::Auto.resolve(cpu) != colo_rl::config::Dtype::Bf16 {
+        if colo_rl::config::Dtype::Auto.resolve(a.device) != colo_rl::config::Dtype::Bf16 {
             println!(
                 "               this CPU has no bf16 matrix instructions (avx512_bf16, amx_bf16): \
                  its bf16 figures are libtorch's emulation, and runs choose f32 (dtype \"auto\")"

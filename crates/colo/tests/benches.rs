@@ -1,0 +1,156 @@
+//! `colo bench …` run as processes with the smallest settings. Colocate:
+//! the four modes are measured and the capacity experiment tells the RFC's
+//! story (sleep runs out of memory where staged fits). Train and rollout:
+//! each side of the comparison really ran, and `--device` is checked.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn colo_bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_colo"))
+        .arg("bench")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `colo bench <args> --json`, which must succeed.
+fn bench_json(args: &[&str]) -> Value {
+    let out = colo_bench(&[args, &["--json"]].concat());
+    assert!(
+        out.status.success(),
+        "colo bench {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn bench_colocate(args: &[&str]) -> Value {
+    bench_json(&[&["colocate"], args].concat())
+}
+
+#[test]
+fn four_modes_and_sleep_runs_out_where_staged_fits() {
+    let r = bench_colocate(&[
+        "--hidden",
+        "64",
+        "--layers",
+        "2",
+        "--prompts",
+        "2",
+        "--n",
+        "2",
+        "--warmup",
+        "1",
+        "--steps",
+        "1",
+    ]);
+    let modes: Vec<&str> = r["modes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["mode"].as_str().unwrap())
+        .collect();
+    assert_eq!(modes, ["naive", "restart", "sleep", "staged"]);
+    for m in r["modes"].as_array().unwrap() {
+        assert_eq!(m["fits"], true, "{m}");
+        assert!(m["wake_peak_bytes"].as_u64().unwrap() > 0, "{m}");
+        assert!(m["switch_to_rollout_s"].as_f64().unwrap() > 0.0, "{m}");
+    }
+    // Multi-stage awake saves about the trainer's weight bytes at the wake.
+    let saving = r["targets"]["saving_vs_trainer_weights"].as_f64().unwrap();
+    assert!(saving >= 0.9, "saving {saving} × trainer weights");
+
+    let exp = &r["capacity_experiment"];
+    assert!(
+        exp["capacity_bytes"].as_u64().is_some(),
+        "no capacity tried: {exp}"
+    );
+    assert_eq!(exp["sleep"]["fits"], false, "sleep should run out: {exp}");
+    let error = exp["sleep"]["error"].as_str().unwrap();
+    assert!(error.contains("out of device memory"), "{error}");
+    assert_eq!(exp["staged"]["fits"], true, "staged should fit: {exp}");
+    assert_eq!(exp["sleep_oom_staged_fits"], true);
+}
+
+#[test]
+fn bench_train_trains_in_both_dtypes_against_a_measured_matmul() {
+    let r = bench_json(&[
+        "train",
+        "--batch",
+        "2",
+        "--seq",
+        "16",
+        "--micro-batch",
+        "1",
+        "--steps",
+        "3",
+    ]);
+    assert_eq!(r["device"], "cpu");
+    let runs = r["runs"].as_array().unwrap();
+    let dtypes: Vec<&str> = runs.iter().map(|x| x["dtype"].as_str().unwrap()).collect();
+    assert_eq!(dtypes, ["f32", "bf16"]);
+    for x in runs {
+        assert!(x["step_s"].as_f64().unwrap() > 0.0, "{x}");
+        assert!(x["matmul_gflop_s"].as_f64().unwrap() > 0.0, "{x}");
+        // The same batch three times: the loss falls.
+        assert!(x["loss_last"].as_f64() < x["loss_first"].as_f64(), "{x}");
+        assert!(x["train_grads_bytes"].as_u64().unwrap() > 0, "{x}");
+    }
+    let (f, b) = (runs[0]["step_s"].as_f64(), runs[1]["step_s"].as_f64());
+    let speedup = r["bf16_speedup"].as_f64().unwrap();
+    assert!(
+        (speedup - f.unwrap() / b.unwrap()).abs() < 1e-9,
+        "{speedup}"
+    );
+}
+
+#[test]
+fn bench_rollout_runs_both_engines_on_the_same_load() {
+    let r = bench_json(&[
+        "rollout",
+        "--prompts",
+        "2",
+        "--n",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--batch",
+        "4",
+    ]);
+    assert_eq!(r["device"], "cpu");
+    let colo = r["generated_tokens"].as_u64().unwrap();
+    let base = r["baseline_generated_tokens"].as_u64().unwrap();
+    // 4 samples of 1 to 8 tokens each, on both sides.
+    for t in [colo, base] {
+        assert!((4..=32).contains(&t), "{r}");
+    }
+    let speedup = r["speedup"].as_f64().unwrap();
+    let ratio = r["tokens_per_s"].as_f64().unwrap() / r["baseline_tokens_per_s"].as_f64().unwrap();
+    assert!((speedup - ratio).abs() < 1e-9, "{r}");
+}
+
+#[test]
+fn a_device_other_than_cpu_or_cuda_is_refused_by_name() {
+    for bench in ["train", "rollout"] {
+        let out = colo_bench(&[bench, "--device", "tpu"]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--device must be cpu or cuda, got \"tpu\""),
+            "{err}"
+        );
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_in_a_build_without_it_says_how_to_build_it() {
+    for bench in ["train", "rollout"] {
+        let out = colo_bench(&[bench, "--device", "cuda"]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("built without the `cuda` feature"), "{err}");
+    }
+}
