@@ -32,4 +32,4 @@ for line in open(sys.argv[1]):
     except json.JSONDecodeError:
         print(line.strip())
         continue
-    print(f"{r['name']}: {train(r) if 'runs' in r else rollout(r)}")
+    print(f"{r.get('name', '')}: {train(r) if 'runs' in r else rollout(r)}")

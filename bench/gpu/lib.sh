@@ -10,7 +10,7 @@ lib=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')
 export LD_LIBRARY_PATH=$lib/lib:$(dirname "$lib")/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
-[ -x /tmp/colo ] || { xz -dc .gpu/colo.xz >/tmp/colo && chmod +x /tmp/colo; }
+[ -x /tmp/colo ] || [ ! -f .gpu/colo.xz ] || { xz -dc .gpu/colo.xz >/tmp/colo && chmod +x /tmp/colo; }
 
 # part NAME LIMIT_S COMMAND...: its log and metrics into $OUT.
 part() {

@@ -16,7 +16,8 @@
 //! Rows that share leading blocks (a prompt's samples) attend to the
 //! shared prefix together and to the rest alone, merged exactly through
 //! log-sum-exps ([`PagedBatch`]), so a prompt's keys are read once per
-//! step, not once per sample.
+//! step, not once per sample. On CUDA only where that saves enough reads to
+//! pay for its extra kernels ([`CUDA_MIN_SHARED_BYTES`]).
 //!
 //! Why not read the blocks in place, as the candle engine did with a
 //! hand-written kernel: libtorch has no paged-attention kernel, the rules
@@ -163,15 +164,49 @@ pub struct PagedBatch {
     prefix: Option<Prefixes>,
 }
 
+/// On CUDA, the least bytes of keys and values a layer's shared prefixes
+/// must save before a decode step attends to them apart.
+///
+/// The split costs about 30 more kernels a layer (the prefix's gather,
+/// products and softmax, and the merge). On the CPU that is cheap and the
+/// saved reads are not, so the CPU always splits. A small model's decode
+/// step on a GPU is bound by kernel launches (5–10 µs each), not by memory:
+/// with `colo bench rollout`'s load (32 prompts × 8 samples) the split
+/// saved about 6 MiB of reads a layer, about a microsecond of HBM time,
+/// while the extra launches cost over 150 µs a layer (twelfth session,
+/// BENCHMARKS.md). 256 MiB read once to gather and once to multiply is
+/// about that much HBM time (3.35–4.8 TB/s): long prompts with many
+/// samples (512 rows of 2 k-token prompts, say) pass it.
+pub const CUDA_MIN_SHARED_BYTES: usize = 256 << 20;
+
 impl PagedBatch {
     /// A decode step: row `i` has one query at position `lens[i] - 1` and
     /// sees its `lens[i]` cached positions (the query's own included).
+    /// Rows sharing a prefix attend to it together on the CPU always, on
+    /// CUDA when that saves [`CUDA_MIN_SHARED_BYTES`] a layer.
     pub fn decode(
         layout: &KvLayout,
         tables: &[&[BlockId]],
         lens: &[usize],
         kind: Kind,
         device: Device,
+    ) -> Self {
+        let min_shared = match device {
+            Device::Cpu => 0,
+            _ => CUDA_MIN_SHARED_BYTES,
+        };
+        Self::decode_sharing(layout, tables, lens, kind, device, min_shared)
+    }
+
+    /// [`Self::decode`], splitting off shared prefixes only when they save
+    /// at least `min_shared` bytes of one layer's keys and values.
+    fn decode_sharing(
+        layout: &KvLayout,
+        tables: &[&[BlockId]],
+        lens: &[usize],
+        kind: Kind,
+        device: Device,
+        min_shared: usize,
     ) -> Self {
         // Rows whose first block is the same share a prefix: the blocks all
         // of them have in common. A block being written is never shared
@@ -214,6 +249,19 @@ impl PagedBatch {
             }
             prefix_runs.push((first, 0..len));
             prefix_groups.push(members);
+        }
+        // Keys and values of one layer read once per group instead of once
+        // per member.
+        let per_position = 2 * layout.kv_heads * layout.head_dim * layout.elem_bytes;
+        let saved: usize = prefix_groups
+            .iter()
+            .zip(&prefix_runs)
+            .map(|(m, (_, r))| (m.len() - 1) * r.len() * per_position)
+            .sum();
+        if saved < min_shared {
+            prefix_runs.clear();
+            prefix_groups.clear();
+            shared.fill(0);
         }
         let suffix_runs: Vec<(&[BlockId], Range<usize>)> = tables
             .iter()
@@ -374,10 +422,20 @@ mod tests {
         let q = Tensor::arange(3 * heads * d, opts)
             .view([3, heads, 1, d])
             .cos();
-        for (rows, shares) in [(vec![0, 1, 2], true), (vec![0, 2], false)] {
+        // The shared prefix of rows 0 and 1 saves 6 positions × 2 heads ×
+        // 4 dims × 4 bytes × 2 (keys and values) = 384 bytes: attended apart
+        // with a threshold up to that, with the rest above it.
+        let cases = [
+            (vec![0, 1, 2], 0, true),
+            (vec![0, 1, 2], 384, true),
+            (vec![0, 1, 2], 385, false),
+            (vec![0, 2], 0, false),
+        ];
+        for (rows, min_shared, shares) in cases {
             let t: Vec<&[BlockId]> = rows.iter().map(|&r| tables[r]).collect();
             let l: Vec<usize> = rows.iter().map(|&r| lens[r]).collect();
-            let batch = PagedBatch::decode(&layout, &t, &l, Kind::Float, Device::Cpu);
+            let (kind, dev) = (Kind::Float, Device::Cpu);
+            let batch = PagedBatch::decode_sharing(&layout, &t, &l, kind, dev, min_shared);
             assert_eq!(batch.prefix.is_some(), shares);
             let idx = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>());
             let out = batch
