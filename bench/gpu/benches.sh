@@ -16,6 +16,7 @@ bench() {
 bench train-default train
 bench train-64x256 train --batch 64 --micro-batch 16
 bench train-16x1024 train --batch 16 --seq 1024 --micro-batch 4
+bench train-94m-64x256 train --hidden 1024 --layers 8 --batch 64 --micro-batch 16
 bench rollout-default rollout
 bench rollout-128p rollout --prompts 128
 bench rollout-128p-b64 rollout --prompts 128 --batch 64

@@ -86,8 +86,16 @@ fn bench_train_trains_in_both_dtypes_against_a_measured_matmul() {
         "1",
         "--steps",
         "3",
+        "--hidden",
+        "64",
+        "--layers",
+        "1",
     ]);
     assert_eq!(r["device"], "cpu");
+    // Embeddings 8192 × 64 (tied); one layer: q, k, v 64 × 64 with biases,
+    // o 64 × 64, an MLP of 3 × 64 × 192, two norms; the final norm.
+    let layer = 3 * (64 * 64 + 64) + 64 * 64 + 3 * 64 * 192 + 2 * 64;
+    assert_eq!(r["parameters"], 8192 * 64 + layer + 64);
     let runs = r["runs"].as_array().unwrap();
     let dtypes: Vec<&str> = runs.iter().map(|x| x["dtype"].as_str().unwrap()).collect();
     assert_eq!(dtypes, ["f32", "bf16"]);
@@ -129,6 +137,28 @@ fn bench_rollout_runs_both_engines_on_the_same_load() {
     let speedup = r["speedup"].as_f64().unwrap();
     let ratio = r["tokens_per_s"].as_f64().unwrap() / r["baseline_tokens_per_s"].as_f64().unwrap();
     assert!((speedup - ratio).abs() < 1e-9, "{r}");
+}
+
+#[test]
+fn a_bench_model_without_whole_heads_is_refused() {
+    let out = colo_bench(&["train", "--hidden", "100"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--hidden must be a positive multiple of 64"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_empty_rollout_load_is_refused() {
+    let out = colo_bench(&["rollout", "--prompts", "0"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--prompts, --n, --max-new-tokens and --batch must be positive"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -357,7 +357,9 @@ impl Engine {
         self.check_runnable()?;
         let mut finished = Vec::new();
         let mut admitted = Vec::new();
-        while let Some(item) = self.sched.admit() {
+        let mut pending = 0;
+        while let Some(item) = self.sched.admit(pending) {
+            pending += item.0.seqs();
             admitted.push(item);
         }
         self.prefill(admitted, &mut finished)?;

@@ -56,7 +56,7 @@ pub(crate) enum Waiting {
 }
 
 impl Waiting {
-    fn seqs(&self) -> usize {
+    pub(crate) fn seqs(&self) -> usize {
         match self {
             Waiting::Prompt { n, .. } => *n,
             Waiting::Resume(_) => 1,
@@ -101,14 +101,17 @@ impl Scheduler {
     }
 
     /// The next waiting item with blocks allocated for its prefill, if it
-    /// can start now. With nothing running it always can (the request
-    /// checks guarantee that any one sequence fits the whole pool).
-    pub fn admit(&mut self) -> Option<(Waiting, Vec<BlockId>)> {
+    /// can start now beside the running sequences and the `pending` ones
+    /// admitted earlier in the same step (not running until their
+    /// prefill). With nothing running or pending it always can (the
+    /// request checks guarantee that any one sequence fits the whole pool).
+    pub fn admit(&mut self, pending: usize) -> Option<(Waiting, Vec<BlockId>)> {
         let front = self.waiting.front()?;
         let need = blocks_for(front.tokens().len(), self.block_size);
-        if !self.running.is_empty()
-            && (self.running.len() + front.seqs() > self.max_batch
-                || self.blocks.free_count() < need + front.seqs())
+        let busy = self.running.len() + pending;
+        if busy > 0
+            && (busy + front.seqs() > self.max_batch
+                || self.blocks.free_count() < need + front.seqs() + pending)
         {
             return None;
         }
@@ -192,5 +195,62 @@ impl Scheduler {
             self.free_blocks(s);
         }
         self.waiting.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prompt(req: u64, n: usize) -> Waiting {
+        Waiting::Prompt {
+            req,
+            prompt: vec![1, 2, 3],
+            n,
+        }
+    }
+
+    /// `max_batch` bounds the sequences admitted in one step too, not only
+    /// those admitted beside sequences already running.
+    #[test]
+    fn one_step_admits_at_most_max_batch_sequences() {
+        let mut sched = Scheduler::new(100, 4, 4);
+        sched
+            .waiting
+            .extend([prompt(0, 2), prompt(1, 2), prompt(2, 2)]);
+        let mut pending = 0;
+        let mut admitted = vec![];
+        while let Some((item, _blocks)) = sched.admit(pending) {
+            pending += item.seqs();
+            admitted.push(item);
+        }
+        assert_eq!(admitted.len(), 2);
+        assert_eq!(pending, 4);
+        assert_eq!(sched.waiting.len(), 1);
+    }
+
+    /// A request larger than `max_batch` still starts when nothing else
+    /// runs (it could never start otherwise), and alone.
+    #[test]
+    fn a_request_over_max_batch_starts_alone() {
+        let mut sched = Scheduler::new(100, 4, 4);
+        sched.waiting.extend([prompt(0, 6), prompt(1, 1)]);
+        let (first, _) = sched.admit(0).expect("nothing runs: admitted");
+        assert_eq!(first.seqs(), 6);
+        assert!(sched.admit(6).is_none());
+    }
+
+    /// Each sequence admitted in the step keeps its block of headroom: with
+    /// 5 blocks, two one-block prompts of 2 samples need 1 (nothing else
+    /// runs), then 1 + 2 + 2 of the 4 left.
+    #[test]
+    fn headroom_counts_the_sequences_admitted_in_the_same_step() {
+        let mut sched = Scheduler::new(5, 4, 16);
+        sched.waiting.extend([prompt(0, 2), prompt(1, 2)]);
+        let (first, _) = sched.admit(0).expect("nothing runs: admitted");
+        assert_eq!(sched.blocks.free_count(), 4);
+        // The second needs 1 block + 2 of its own headroom + 2 for the first.
+        assert!(sched.admit(first.seqs()).is_none());
+        assert_eq!(sched.waiting.len(), 1);
     }
 }

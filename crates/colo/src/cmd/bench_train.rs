@@ -2,7 +2,8 @@
 //! plain matrix product of the same dtype measured in the same run, in
 //! float32 and bfloat16.
 //!
-//! A randomly initialised Qwen2-shaped model of ~12.6 M parameters trains on
+//! A randomly initialised Qwen2-shaped model (~12.6 M parameters at the
+//! defaults; `--hidden` and `--layers` make it larger) trains on
 //! batches of token sequences of length 256 with
 //! [`colo_train::ColoTrainer::sft_step`]: a full optimizer step — forward,
 //! next-token loss on every token, backward, accumulation into the
@@ -51,6 +52,12 @@ pub struct Args {
     /// Timed optimizer steps per dtype (after one warm-up step).
     #[arg(long, default_value_t = 5)]
     steps: usize,
+    /// Hidden size of the model (a multiple of 64: heads of 64 dims).
+    #[arg(long, default_value_t = 384)]
+    hidden: usize,
+    /// Decoder layers of the model.
+    #[arg(long, default_value_t = 6)]
+    layers: usize,
     /// Dtypes to measure, comma separated (f32, bf16).
     #[arg(long, value_delimiter = ',', default_values_t = ["f32".to_string(), "bf16".to_string()])]
     dtype: Vec<String>,
@@ -102,16 +109,24 @@ struct DtypeRun {
     peak_resident_bytes: u64,
 }
 
-/// The benchmark model: Qwen2-shaped, tied embeddings, ~12.6 M parameters.
-fn model_config() -> ModelConfig {
+/// The benchmark model: Qwen2-shaped, tied embeddings; at the defaults
+/// (hidden 384, 6 layers) ~12.6 M parameters. Heads of 64 dims; KV heads
+/// the largest divisor of the heads up to a third of them (at least one);
+/// an MLP of 8/3 the hidden size rounded up to 64 (Llama's ratio).
+fn model_config(hidden: usize, layers: usize) -> ModelConfig {
+    let heads = hidden / 64;
+    let kv_heads = (1..=(heads / 3).max(1))
+        .rev()
+        .find(|k| heads % k == 0)
+        .unwrap_or(1);
     ModelConfig {
         arch: Arch::Qwen2,
         vocab_size: 8192,
-        hidden_size: 384,
-        intermediate_size: 1024,
-        num_layers: 6,
-        num_heads: 6,
-        num_kv_heads: 2,
+        hidden_size: hidden,
+        intermediate_size: (hidden * 8 / 3).div_ceil(64) * 64,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
         head_dim: 64,
         rms_norm_eps: 1e-6,
         rope_theta: 1e4,
@@ -274,7 +289,14 @@ pub fn run(a: Args) -> Result<()> {
         a.batch > 0 && a.seq >= 2 && a.steps > 0,
         "batch, seq ≥ 2 and steps must be positive"
     );
-    let cfg = model_config();
+    ensure!(
+        a.hidden >= 64 && a.hidden % 64 == 0 && a.layers > 0,
+        "--hidden must be a positive multiple of 64 (heads of 64 dims) and --layers positive, \
+         got {} and {}",
+        a.hidden,
+        a.layers
+    );
+    let cfg = model_config(a.hidden, a.layers);
     let kinds = a
         .dtype
         .iter()
