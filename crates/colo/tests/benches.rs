@@ -139,37 +139,36 @@ fn bench_rollout_runs_both_engines_on_the_same_load() {
     assert!((speedup - ratio).abs() < 1e-9, "{r}");
 }
 
+/// `colo bench <args>` fails and says `expected` on stderr.
+fn refused(args: &[&str], expected: &str) {
+    let out = colo_bench(args);
+    assert!(!out.status.success(), "colo bench {args:?} succeeded");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(expected), "colo bench {args:?}: {err}");
+}
+
 #[test]
 fn a_bench_model_without_whole_heads_is_refused() {
-    let out = colo_bench(&["train", "--hidden", "100"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("--hidden must be a positive multiple of 64"),
-        "{err}"
+    refused(
+        &["train", "--hidden", "100"],
+        "--hidden must be a positive multiple of 64",
     );
 }
 
 #[test]
 fn an_empty_rollout_load_is_refused() {
-    let out = colo_bench(&["rollout", "--prompts", "0"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("--prompts, --n, --max-new-tokens and --batch must be positive"),
-        "{err}"
+    refused(
+        &["rollout", "--prompts", "0"],
+        "--prompts, --n, --max-new-tokens and --batch must be positive",
     );
 }
 
 #[test]
 fn a_device_other_than_cpu_or_cuda_is_refused_by_name() {
     for bench in ["train", "rollout"] {
-        let out = colo_bench(&[bench, "--device", "tpu"]);
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("--device must be cpu or cuda, got \"tpu\""),
-            "{err}"
+        refused(
+            &[bench, "--device", "tpu"],
+            "--device must be cpu or cuda, got \"tpu\"",
         );
     }
 }
@@ -178,9 +177,9 @@ fn a_device_other_than_cpu_or_cuda_is_refused_by_name() {
 #[test]
 fn cuda_in_a_build_without_it_says_how_to_build_it() {
     for bench in ["train", "rollout"] {
-        let out = colo_bench(&[bench, "--device", "cuda"]);
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("built without the `cuda` feature"), "{err}");
+        refused(
+            &[bench, "--device", "cuda"],
+            "built without the `cuda` feature",
+        );
     }
 }
