@@ -228,11 +228,20 @@ pub(crate) fn engine_config(config: &Config) -> EngineConfig {
     EngineConfig {
         mem_fraction,
         max_kv_tokens,
-        max_batch: config.batch.samples_per_step.max(1),
+        max_batch: config.rollout.max_num_seqs,
         // SGLang sizes the cache by the fraction alone; a colocated run
         // wakes the cache every step, so colo caps it at what one step's
         // sequences can hold (prefix sharing only makes them need less).
+        // Evaluation's held-out prompts may outnumber them: as many run at
+        // once as `max_num_seqs` and the cache's blocks allow.
         max_seq_len: Some(config.data.max_prompt_length + config.rollout.max_new_tokens),
+        kv_seqs: Some(
+            config
+                .batch
+                .samples_per_step
+                .min(config.rollout.max_num_seqs)
+                .max(1),
+        ),
         cpu_threads: config.rollout.cpu_threads.unwrap_or(0),
         ..EngineConfig::default()
     }

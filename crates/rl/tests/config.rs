@@ -138,6 +138,16 @@ default_local_dir = "runs/x"
     );
 }
 
+/// verl's `max_num_seqs`: 1,024 by default; zero is refused by name.
+#[test]
+fn max_num_seqs_is_verls_and_must_be_positive() {
+    assert_eq!(parse("").unwrap().rollout.max_num_seqs, 1024);
+    let c = parse("[rollout]\nmax_num_seqs = 64\n").unwrap();
+    assert_eq!(c.rollout.max_num_seqs, 64);
+    let (_, field, msg) = err("[rollout]\nmax_num_seqs = 0\n");
+    assert_eq!(field, "rollout.max_num_seqs", "{msg}");
+}
+
 #[test]
 fn a_bad_type_names_line_and_field() {
     let (line, field, msg) = err("[data]\nseed = 3\ntrain_batch_size = \"many\"\n");

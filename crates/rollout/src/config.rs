@@ -21,13 +21,20 @@ pub struct EngineConfig {
     pub mem_fraction: Option<f64>,
     /// KV cache size in tokens (rounded up to whole blocks).
     pub max_kv_tokens: Option<usize>,
-    /// Most sequences in one decode step.
+    /// Most sequences in one decode step (vLLM's `max_num_seqs`); fewer run
+    /// when the KV cache's free blocks run short.
     pub max_batch: usize,
     /// The longest sequence (prompt + new tokens) the caller will ask for.
-    /// With `mem_fraction`, the KV cache is capped at what `max_batch` such
+    /// With `mem_fraction`, the KV cache is capped at what `kv_seqs` such
     /// sequences can use, so a small run on a big device does not reserve
     /// (and wake, every step) a cache it never touches; `None`: no cap.
     pub max_seq_len: Option<usize>,
+    /// The sequences that cap is sized for (`None`: `max_batch`). A caller
+    /// whose full-length sequences are fewer than it lets run at once (an
+    /// RL step's samples, against a held-out set of short greedy answers)
+    /// sizes the cache for the former and lets the scheduler fit more of
+    /// the latter in it.
+    pub kv_seqs: Option<usize>,
     /// Bytes of weights converted and copied per bucket in `update_weights`.
     pub weight_bucket_bytes: usize,
     /// What `release(["weights"])` does with their contents: `discard` (the
@@ -47,6 +54,7 @@ impl Default for EngineConfig {
             max_kv_tokens: None,
             max_batch: 256,
             max_seq_len: None,
+            kv_seqs: None,
             weight_bucket_bytes: 64 << 20,
             weights_policy: Policy::Discard,
             cpu_threads: 0,
@@ -68,6 +76,8 @@ pub struct ValidConfig {
     pub budget: KvBudget,
     pub max_batch: usize,
     pub max_seq_len: Option<usize>,
+    /// Sequences of `max_seq_len` the KV cap holds.
+    pub kv_seqs: usize,
     pub weight_bucket_bytes: usize,
     pub weights_policy: Policy,
     pub cpu_threads: usize,
@@ -94,6 +104,9 @@ impl EngineConfig {
         if self.max_seq_len == Some(0) {
             return bad("max_seq_len must be at least 1".into());
         }
+        if self.kv_seqs == Some(0) {
+            return bad("kv_seqs must be at least 1".into());
+        }
         if self.weight_bucket_bytes == 0 {
             return bad("weight_bucket_bytes must be at least 1".into());
         }
@@ -112,6 +125,7 @@ impl EngineConfig {
             budget,
             max_batch: self.max_batch,
             max_seq_len: self.max_seq_len,
+            kv_seqs: self.kv_seqs.unwrap_or(self.max_batch),
             weight_bucket_bytes: self.weight_bucket_bytes,
             weights_policy: self.weights_policy,
             cpu_threads: self.cpu_threads,

@@ -216,6 +216,16 @@ fn max_seq_len_caps_a_fraction_at_what_the_batch_can_use() {
     assert_eq!(s.kv_bytes, 4 * 2 * s.kv_bytes_per_block);
     assert!(resident(&pool, tags::KV_CACHE) <= s.kv_bytes as u64 + (64 << 10));
     drop(e);
+    // Sized for 4 full-length sequences while 16 may run at once (as many
+    // as fit the blocks): the cap follows `kv_seqs`.
+    let wide = EngineConfig {
+        max_batch: 16,
+        kv_seqs: Some(4),
+        ..capped.clone()
+    };
+    let e = Engine::from_dir(&fixture("tiny-qwen2"), pool.clone(), &wide).unwrap();
+    assert_eq!(e.stats().kv_bytes, 4 * 2 * e.stats().kv_bytes_per_block);
+    drop(e);
     // Where the fraction is the smaller, it wins.
     let tiny = Pool::host(PoolConfig::with_capacity(8 << 20)).unwrap();
     let big_run = EngineConfig {

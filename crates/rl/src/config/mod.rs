@@ -174,6 +174,8 @@ pub struct RolloutConfig {
     pub sampling: Sampling,
     pub max_new_tokens: usize,
     pub kv: KvBudget,
+    /// Most sequences generated at once (`rollout.max_num_seqs`).
+    pub max_num_seqs: usize,
     /// Threads generation splits its rows over on the CPU (`None`: one
     /// per core), each with one intra-op thread (`colo_model::lanes`).
     pub cpu_threads: Option<usize>,

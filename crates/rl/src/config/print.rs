@@ -92,6 +92,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("rollout.max_new_tokens", "longest response", "tokens", "data.max_response_length (alias: response_length, max_response_length)"),
     d("rollout.mem_fraction", "share of the device memory left after weights that the KV cache takes (ignored when max_kv_tokens is set)", "fraction in (0, 1]", "actor_rollout_ref.rollout.gpu_memory_utilization (alias)"),
     opt("rollout.max_kv_tokens", "KV-cache size in tokens, instead of mem_fraction", "tokens", "", "the cache is sized by mem_fraction"),
+    d("rollout.max_num_seqs", "most sequences generated at once (fewer when the KV cache's blocks run short); the cache is sized for a step's samples at full length, and evaluation fits more of its short answers in it", "sequences", "actor_rollout_ref.rollout.max_num_seqs"),
     d("rollout.cpu_threads", "on the CPU, threads each prefill and decode step splits its rows over, each running libtorch with one intra-op thread (decoding is many small ops: lanes beat intra-op threads); 0: OMP_NUM_THREADS if set, else one per core", "threads", ""),
     d("rollout.val_kwargs.n", "evaluation: samples per held-out prompt (pass@n)", "samples", "actor_rollout_ref.rollout.val_kwargs.n"),
     d("rollout.val_kwargs.temperature", "evaluation: temperature; 0 is greedy", "≥ 0", "actor_rollout_ref.rollout.val_kwargs.temperature"),
@@ -241,6 +242,7 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
             max_new_tokens: c.rollout.max_new_tokens,
             mem_fraction,
             max_kv_tokens,
+            max_num_seqs: c.rollout.max_num_seqs,
             cpu_threads: c.rollout.cpu_threads.unwrap_or(0),
             val_kwargs: RawValKwargs {
                 n: c.rollout.val_n,

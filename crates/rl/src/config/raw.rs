@@ -125,6 +125,9 @@ pub struct RawRollout {
     pub mem_fraction: f64,
     /// A KV-cache size in tokens, instead of `mem_fraction`.
     pub max_kv_tokens: Option<usize>,
+    /// Most sequences generated at once (verl's and vLLM's name and
+    /// default); fewer when the KV cache's blocks run short.
+    pub max_num_seqs: usize,
     /// On the CPU, the threads prefill and decode steps split their rows
     /// over (each with one libtorch intra-op thread); 0: OMP_NUM_THREADS, else one per core.
     pub cpu_threads: usize,
@@ -142,6 +145,7 @@ impl Default for RawRollout {
             max_new_tokens: 6,
             mem_fraction: 0.5,
             max_kv_tokens: None,
+            max_num_seqs: 1024,
             cpu_threads: 0,
             val_kwargs: RawValKwargs::default(),
         }
