@@ -176,7 +176,7 @@ pub struct PlanInput {
     /// cache: 16 in colo-rollout); budgets round to whole blocks.
     pub kv_block_tokens: u64,
     /// With `kv_free_fraction`: the cache never exceeds this many tokens
-    /// (colo-rollout's `max_batch` sequences of `max_seq_len`, rounded to
+    /// (colo-rollout's `kv_seqs` sequences of `max_seq_len`, rounded to
     /// whole blocks per sequence by the caller). `None`: no cap.
     pub kv_tokens_cap: Option<u64>,
     /// `flash` (fused attention, Korthikanti et al.; the default) or

@@ -41,7 +41,7 @@ use crate::{Error, Result};
 
 pub use crate::run::{run, RunSummary};
 pub use crate::setup::{
-    builtin_capacity, device_capacity, device_memory, device_pool, BUILTIN_CAPACITY,
+    builtin_capacity, device_capacity, device_memory, device_pool, kv_seqs, BUILTIN_CAPACITY,
     BUILTIN_CAPACITY_BF16,
 };
 

@@ -220,6 +220,17 @@ fn warm_up_cublas(device: tch::Device) -> Result<()> {
     Ok(())
 }
 
+/// The sequences the KV cache is sized for at full length (`colo plan`
+/// caps its KV term by the same): one step's samples, or
+/// `rollout.max_num_seqs` if that is fewer.
+pub fn kv_seqs(config: &Config) -> usize {
+    config
+        .batch
+        .samples_per_step
+        .min(config.rollout.max_num_seqs)
+        .max(1)
+}
+
 pub(crate) fn engine_config(config: &Config) -> EngineConfig {
     let (mem_fraction, max_kv_tokens) = match config.rollout.kv {
         KvBudget::Fraction(f) => (Some(f), None),
@@ -235,13 +246,7 @@ pub(crate) fn engine_config(config: &Config) -> EngineConfig {
         // Evaluation's held-out prompts may outnumber them: as many run at
         // once as `max_num_seqs` and the cache's blocks allow.
         max_seq_len: Some(config.data.max_prompt_length + config.rollout.max_new_tokens),
-        kv_seqs: Some(
-            config
-                .batch
-                .samples_per_step
-                .min(config.rollout.max_num_seqs)
-                .max(1),
-        ),
+        kv_seqs: Some(kv_seqs(config)),
         cpu_threads: config.rollout.cpu_threads.unwrap_or(0),
         ..EngineConfig::default()
     }

@@ -141,8 +141,9 @@ impl Engine {
                     .saturating_sub(pool.stats().resident_bytes + slack);
                 let by_fraction = (f * free as f64) as usize / layout.bytes_per_block();
                 match cfg.max_seq_len {
-                    Some(len) => by_fraction
-                        .min(blocks_for(len, cfg.block_size).saturating_mul(cfg.kv_seqs)),
+                    Some(len) => {
+                        by_fraction.min(blocks_for(len, cfg.block_size).saturating_mul(cfg.kv_seqs))
+                    }
                     None => by_fraction,
                 }
             }

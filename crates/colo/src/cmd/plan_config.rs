@@ -111,10 +111,11 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         kv_free_fraction,
         kv_tokens,
         kv_block_tokens: KV_BLOCK_TOKENS,
-        // The run's cap (colo-rl's engine config): one step's sequences of
-        // max_prompt_length + max_new_tokens, whole blocks each.
+        // The run's cap (colo-rl's engine config): one step's sequences
+        // (at most max_num_seqs) of max_prompt_length + max_new_tokens,
+        // whole blocks each.
         kv_tokens_cap: Some(
-            config.batch.samples_per_step as u64
+            colo_rl::r#loop::kv_seqs(config) as u64
                 * (config.data.max_prompt_length as u64 + config.rollout.max_new_tokens as u64)
                     .div_ceil(KV_BLOCK_TOKENS)
                 * KV_BLOCK_TOKENS,
@@ -225,4 +226,23 @@ fn longest_prompt(config: &Config, model_dir: Option<&Path>) -> Result<u64> {
 fn capacity(config: &Config) -> Result<u64> {
     colo_rl::r#loop::device_capacity(config)
         .context("memory.capacity = \"auto\": cannot read the machine's memory; set a capacity")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The KV term is capped at a step's samples at full length, or at
+    /// `rollout.max_num_seqs` of them where that is fewer (as the run's
+    /// engine is).
+    #[test]
+    fn the_kv_cap_follows_max_num_seqs_below_a_steps_samples() {
+        let mut config = Config::builtin();
+        let cap = |c: &Config| from_config(c).unwrap().input.kv_tokens_cap.unwrap();
+        let full = cap(&config);
+        config.rollout.max_num_seqs = config.batch.samples_per_step / 4;
+        assert_eq!(cap(&config) * 4, full);
+        config.rollout.max_num_seqs = 4 * config.batch.samples_per_step;
+        assert_eq!(cap(&config), full);
+    }
 }
