@@ -8,6 +8,7 @@ fn main() {
     let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-changed=csrc/cpu_alloc.cpp");
+    println!("cargo:rerun-if-changed=csrc/sdp_backend.cpp");
     cc::Build::new()
         .cpp(true)
         .std("c++17")
@@ -16,12 +17,15 @@ fn main() {
         .include(torch.join("include/torch/csrc/api/include"))
         .warnings(false)
         .file("csrc/cpu_alloc.cpp")
+        .file("csrc/sdp_backend.cpp")
         .compile("colo_torch_shim");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         build_cuda_shim(&torch, &abi);
     }
     colo_build::link_libtorch();
     println!("cargo:rustc-link-lib=c10");
+    // `sdp_backend.cpp`'s switch lives in ATen's global context.
+    println!("cargo:rustc-link-lib=torch_cpu");
 }
 
 /// The CUDA side (feature `cuda`): compiled against the CUDA headers of the

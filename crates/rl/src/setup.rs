@@ -192,6 +192,11 @@ pub fn device_pool(
             let backend = colo_mem::cuda::CudaBackend::new(0)?;
             let pool = colo_mem::Pool::new(Box::new(backend), cfg)?;
             warm_up_cublas(tch::Device::Cuda(0))?;
+            // libtorch's cuDNN attention compiles a kernel for every new
+            // shape at run time (1.1–1.8 s each in bf16 on an H200); a run's
+            // passes meet new sequence lengths all along. The flash and
+            // memory-efficient kernels take a millisecond.
+            colo_mem::torch::set_cudnn_attention(false);
             Ok(pool)
         }
         #[cfg(not(feature = "cuda"))]
