@@ -22,3 +22,14 @@ part() {
     grep -v '^\[' "$OUT/$name.log" | tail -12
     cp "/tmp/$name/metrics.jsonl" "/tmp/gpu-metrics/$name.jsonl" 2>/dev/null || true
 }
+
+# bench NAME ARGS...: `colo bench ARGS --device cuda --json`, its JSON object
+# (named NAME) appended to $OUT/benches.jsonl, stderr to $OUT/benches.log.
+bench() {
+    local name=$1
+    shift
+    echo "== $name: colo bench $* --device cuda" | tee -a "$OUT/benches.log"
+    timeout 240 /tmp/colo bench "$@" --device cuda --json 2>>"$OUT/benches.log" |
+        python3 -c 'import json,sys; r=json.load(sys.stdin); r["name"]=sys.argv[1]; print(json.dumps(r))' "$name" \
+        >>"$OUT/benches.jsonl" || echo "$name failed (rc ${PIPESTATUS[0]})" | tee -a "$OUT/benches.log"
+}

@@ -34,6 +34,7 @@ fn main() {
 /// libtorch_cuda and libc10_cuda. Builds without a GPU; runs only with one.
 fn build_cuda_shim(torch: &std::path::Path, abi: &str) {
     println!("cargo:rerun-if-changed=csrc/cuda_alloc.cpp");
+    println!("cargo:rerun-if-changed=csrc/cuda_graph.cpp");
     let cuda_include = torch.join("../nvidia/cu13/include");
     if !cuda_include.join("crt/host_config.h").is_file() {
         panic!(
@@ -50,6 +51,7 @@ fn build_cuda_shim(torch: &std::path::Path, abi: &str) {
         .include(&cuda_include)
         .warnings(false)
         .file("csrc/cuda_alloc.cpp")
+        .file("csrc/cuda_graph.cpp")
         .compile("colo_torch_cuda_shim");
     println!("cargo:rustc-link-lib=torch_cuda");
     println!("cargo:rustc-link-lib=c10_cuda");

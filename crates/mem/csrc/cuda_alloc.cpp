@@ -28,6 +28,7 @@
 #include <ATen/Context.h>
 #include <ATen/cuda/MemPool.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
@@ -79,6 +80,11 @@ TagPool& tag_pool(uint32_t slot, uint32_t tag, int device, int open) {
   if (!tp.pool) {
     tp.allocator = torch::cuda::CUDAPluggableAllocator::createCustomAllocator(
         [slot, tag](size_t bytes, int, cudaStream_t) {
+          // A segment may be needed while a CUDA graph is being captured
+          // (cuda_graph.cpp); mapping memory is not a stream operation, and
+          // relaxed mode lets the driver calls through, as libtorch's own
+          // cudaMalloc during a capture does.
+          c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
           return colo_mem_cuda_segment_alloc(slot, tag, bytes);
         },
         [](void* ptr, size_t, int, cudaStream_t) { colo_mem_cuda_segment_free(ptr); });

@@ -86,13 +86,17 @@ pub(crate) fn end(slot: usize, tag: usize, device: i32) -> Result<()> {
     )
 }
 
-/// Returns the cached free segments of `tags` to the pool before a pause.
+/// Returns the cached free segments of `tags` to the pool before a pause,
+/// except those of tags that hold them (`Pool::hold_cuda_cache`).
 pub(crate) fn empty_tags(pool: &Pool, tags: &[&str]) -> Result<()> {
     let (Some(device), Some(&slot)) = (pool.cuda_device(), pool.region_slot.get()) else {
         return Ok(());
     };
     for tag in tags {
-        let id = pool.lock().tag_id(tag);
+        let id = {
+            let st = pool.lock();
+            st.tag_id(tag).filter(|&id| !st.tags[id].hold_cuda_cache)
+        };
         if let Some(id) = id {
             call("emptyCache", sys::colo_cuda_empty_tag, slot, id, device)?;
         }

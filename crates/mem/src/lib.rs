@@ -79,6 +79,7 @@ pub mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_region;
 mod error;
+pub mod graph;
 mod host;
 pub mod os;
 mod pool;

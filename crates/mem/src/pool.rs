@@ -148,6 +148,9 @@ pub(crate) struct Tag {
     pub(crate) region_fallback_bytes: u64,
     /// Regions open on the tag, on any thread: a pause waits for none.
     pub(crate) open_regions: u32,
+    /// libtorch's cached free CUDA blocks of the tag stay in it at a pause
+    /// or `empty_cache` ([`Pool::hold_cuda_cache`]).
+    pub(crate) hold_cuda_cache: bool,
 }
 
 pub(crate) struct Alloc {
@@ -272,6 +275,18 @@ impl Pool {
             }
         }
         Ok(())
+    }
+
+    /// Keeps libtorch's cached free CUDA blocks of `tag` (created if new)
+    /// in the tag when it is paused or the cache emptied: they are paused
+    /// and resumed with it, at the same addresses, instead of going back to
+    /// the device. For the memory of captured CUDA graphs (see
+    /// [`crate::graph`]), which address blocks that are free between
+    /// replays. On the CPU it changes nothing.
+    pub fn hold_cuda_cache(&self, tag: &str) {
+        let mut st = self.lock();
+        let id = st.tag_id_or_create(tag);
+        st.tags[id].hold_cuda_cache = true;
     }
 
     /// Allocates `bytes` under `tag` (created with `Policy::Discard` if
@@ -637,6 +652,7 @@ impl State {
             last_resume: None,
             region_fallback_bytes: 0,
             open_regions: 0,
+            hold_cuda_cache: false,
         });
         self.tags.len() - 1
     }

@@ -15,3 +15,6 @@ pub const OPTIMIZER: &str = "optimizer";
 pub const ACTIVATIONS: &str = "activations";
 /// The reference model's weights.
 pub const REF: &str = "ref";
+/// The rollout engine's captured CUDA graphs: their fixed input buffers and
+/// the memory their kernels use. Paused and resumed with `kv_cache`.
+pub const CUDA_GRAPH: &str = "cuda_graph";

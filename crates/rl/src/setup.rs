@@ -253,6 +253,7 @@ pub(crate) fn engine_config(config: &Config) -> EngineConfig {
         max_seq_len: Some(config.data.max_prompt_length + config.rollout.max_new_tokens),
         kv_seqs: Some(kv_seqs(config)),
         cpu_threads: config.rollout.cpu_threads.unwrap_or(0),
+        enforce_eager: config.rollout.enforce_eager,
         ..EngineConfig::default()
     }
 }

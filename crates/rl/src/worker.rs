@@ -562,7 +562,7 @@ impl HybridWorker {
         }
         let stats = self.pool.stats();
         let tag = |t: &str| stats.tag(t);
-        let engine: u64 = [tags::WEIGHTS, tags::KV_CACHE]
+        let engine: u64 = [tags::WEIGHTS, tags::KV_CACHE, tags::CUDA_GRAPH]
             .iter()
             .filter_map(|t| tag(t))
             .map(|t| t.paused_bytes)

@@ -148,6 +148,17 @@ fn max_num_seqs_is_verls_and_must_be_positive() {
     assert_eq!(field, "rollout.max_num_seqs", "{msg}");
 }
 
+/// vLLM's and verl's `enforce_eager`: CUDA graphs unless it is set, and
+/// it reaches the rollout engine's configuration.
+#[test]
+fn enforce_eager_defaults_to_graphs() {
+    assert!(!parse("").unwrap().rollout.enforce_eager);
+    let c = parse("[rollout]\nenforce_eager = true\n").unwrap();
+    assert!(c.rollout.enforce_eager);
+    let (_, field, msg) = err("[rollout]\nenforce_eager = 1\n");
+    assert_eq!(field, "rollout.enforce_eager", "{msg}");
+}
+
 #[test]
 fn a_bad_type_names_line_and_field() {
     let (line, field, msg) = err("[data]\nseed = 3\ntrain_batch_size = \"many\"\n");

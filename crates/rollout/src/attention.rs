@@ -299,6 +299,23 @@ impl PagedBatch {
         PagedBatch { suffix, prefix }
     }
 
+    /// A decode step whose gather indices and padding mask are already on
+    /// the device (a CUDA graph's fixed inputs, see `crate::graphs`): row
+    /// `i` attends to the slots `slots[i · keys..(i + 1) · keys]` (rows ·
+    /// keys,) under the additive `mask` (1, rows, 1, keys) in the model's
+    /// kind. No shared prefixes.
+    pub(crate) fn from_device(slots: Tensor, mask: Tensor, rows: i64, keys: i64) -> Self {
+        PagedBatch {
+            suffix: Lanes {
+                slots,
+                lanes: rows,
+                keys,
+                mask,
+            },
+            prefix: None,
+        }
+    }
+
     /// Attention of one query per row, `q` (rows, heads, 1, head_dim), over
     /// the rows' cached keys and values; returns (rows, 1, heads ·
     /// head_dim), the input of the output projection.

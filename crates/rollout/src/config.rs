@@ -44,6 +44,10 @@ pub struct EngineConfig {
     /// over, each running libtorch with one intra-op thread (see
     /// `colo_model::lanes`); 0: the process's share (`colo_model::lanes::count`). Ignored off the CPU.
     pub cpu_threads: usize,
+    /// On CUDA, run every decode step eagerly instead of replaying captured
+    /// CUDA graphs (vLLM's `enforce_eager`; see `crate::graphs`). Ignored
+    /// off CUDA, where there are no graphs.
+    pub enforce_eager: bool,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +62,7 @@ impl Default for EngineConfig {
             weight_bucket_bytes: 64 << 20,
             weights_policy: Policy::Discard,
             cpu_threads: 0,
+            enforce_eager: false,
         }
     }
 }
@@ -81,6 +86,7 @@ pub struct ValidConfig {
     pub weight_bucket_bytes: usize,
     pub weights_policy: Policy,
     pub cpu_threads: usize,
+    pub enforce_eager: bool,
 }
 
 impl EngineConfig {
@@ -129,6 +135,7 @@ impl EngineConfig {
             weight_bucket_bytes: self.weight_bucket_bytes,
             weights_policy: self.weights_policy,
             cpu_threads: self.cpu_threads,
+            enforce_eager: self.enforce_eager,
         })
     }
 }

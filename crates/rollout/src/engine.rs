@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
-use colo_mem::tags::{KV_CACHE, WEIGHTS};
+use colo_mem::tags::{CUDA_GRAPH, KV_CACHE, WEIGHTS};
 use colo_mem::{Policy, Pool, TagState};
 use colo_model::{Model, ModelConfig, Tokenizer, Weights};
 use serde::Serialize;
@@ -16,6 +16,7 @@ use crate::attention::Scratch;
 use crate::block_table::{blocks_for, BlockId};
 use crate::config::{EngineConfig, KvBudget, ValidConfig};
 use crate::forward::{self, DecodeRow, PrefillRow};
+use crate::graphs::DecodeGraphs;
 use crate::kv_cache::{KvLayout, PagedKv};
 use crate::request::{Completion, FinishReason, Request, RequestOutput, SamplingParams};
 use crate::sampling::{self, uniform, Draw};
@@ -96,6 +97,8 @@ pub struct Engine {
     /// Threads a prefill or decode step splits its rows over (see
     /// `colo_model::lanes`); 1 off the CPU.
     lanes: usize,
+    /// Captured decode steps, on CUDA unless `enforce_eager`.
+    graphs: Option<DecodeGraphs>,
     sched: Scheduler,
     reqs: BTreeMap<u64, ReqState>,
     next_id: u64,
@@ -157,11 +160,24 @@ impl Engine {
                 BlockId::MAX
             )));
         }
+        let blocks = layout.num_blocks;
+        let graphed =
+            model.device().is_cuda() && !cfg.enforce_eager && colo_mem::graph::available();
+        // CUDA graphs' padding rows write to one block no sequence owns.
+        layout.num_blocks += usize::from(graphed);
         let kv = PagedKv::new(&pool, layout, model.dtype(), model.device())?;
+        let graphs = graphed
+            .then(|| {
+                let max_keys = model_cfg.max_position_embeddings;
+                let trash = blocks as BlockId; // the extra block
+                DecodeGraphs::new(&pool, &model, &layout, cfg.max_batch, max_keys, trash)
+            })
+            .transpose()?;
         let lanes = colo_model::lanes::count(model.device(), cfg.cpu_threads);
         Ok(Engine {
             model,
-            sched: Scheduler::new(layout.num_blocks, cfg.block_size, cfg.max_batch),
+            sched: Scheduler::new(blocks, cfg.block_size, cfg.max_batch),
+            graphs,
             cfg,
             pool,
             tokenizer,
@@ -378,17 +394,27 @@ impl Engine {
                 blocks: &s.blocks,
             })
             .collect();
-        let parts = colo_model::lanes::split(0, rows.len(), self.lanes);
-        let (model, kv) = (&self.model, &self.kv);
-        let work: Vec<_> = parts
-            .iter()
-            .zip(&mut self.scratch)
-            .map(|(&(start, n), scratch)| {
-                let (model, mut kv, rows) = (model.clone(), kv.share(), &rows[start..start + n]);
-                move || forward::decode(&model, &mut kv, rows, scratch)
-            })
-            .collect();
-        let logits = cat(colo_model::lanes::run(work))?; // (batch, vocab)
+        let replayed = match &mut self.graphs {
+            Some(g) => g.decode(&self.pool, &self.model, &self.kv, &rows)?,
+            None => None,
+        };
+        let logits = match replayed {
+            Some(logits) => logits,
+            None => {
+                let parts = colo_model::lanes::split(0, rows.len(), self.lanes);
+                let (model, kv) = (&self.model, &self.kv);
+                let work: Vec<_> = parts
+                    .iter()
+                    .zip(&mut self.scratch)
+                    .map(|(&(start, n), scratch)| {
+                        let (model, mut kv) = (model.clone(), kv.share());
+                        let rows = &rows[start..start + n];
+                        move || forward::decode(&model, &mut kv, rows, scratch)
+                    })
+                    .collect();
+                cat(colo_model::lanes::run(work))? // (batch, vocab)
+            }
+        };
         drop(rows);
         self.counters.decode_steps += 1;
         let running = std::mem::take(&mut self.sched.running);
@@ -620,8 +646,22 @@ impl Engine {
         self.sched.cow_copies = 0;
     }
 
+    /// The tags generation needs resumed: the weights, the KV cache, and
+    /// the CUDA graphs' memory when there are graphs.
+    pub(crate) fn runtime_tags(&self) -> &'static [&'static str] {
+        match self.graphs {
+            Some(_) => &[WEIGHTS, KV_CACHE, CUDA_GRAPH],
+            None => &[WEIGHTS, KV_CACHE],
+        }
+    }
+
+    /// CUDA graphs captured so far (0 off CUDA or with `enforce_eager`).
+    pub fn cuda_graphs(&self) -> usize {
+        self.graphs.as_ref().map_or(0, DecodeGraphs::captured)
+    }
+
     fn check_runnable(&self) -> Result<()> {
-        for tag in [WEIGHTS, KV_CACHE] {
+        for &tag in self.runtime_tags() {
             if self.pool.tag_state(tag) != Some(TagState::Active) {
                 return Err(Error::Released {
                     op: "generate",

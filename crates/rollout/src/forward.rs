@@ -103,21 +103,50 @@ pub(crate) fn decode(
     let tok: Vec<i64> = rows.iter().map(|r| r.token as i64).collect();
     let pos: Vec<i64> = rows.iter().map(|r| r.pos as i64).collect();
     let slots: Vec<i64> = rows.iter().map(|r| layout.slot(r.blocks, r.pos)).collect();
-    let slots = ids(model, &slots, b).view([-1]);
-    let rope = model.rope_tables_for_positions(&ids(model, &pos, b))?; // (b, 1)
     let tables: Vec<&[BlockId]> = rows.iter().map(|r| r.blocks).collect();
     let lens: Vec<usize> = rows.iter().map(|r| r.pos + 1).collect();
     let paged = PagedBatch::decode(&layout, &tables, &lens, model.dtype(), model.device());
-    let mut x = model.embed(&ids(model, &tok, b))?; // (b, 1, hidden)
+    let step = DecodeInputs {
+        tokens: &ids(model, &tok, b),
+        positions: &ids(model, &pos, b),
+        slots: &ids(model, &slots, b).view([-1]),
+        paged: &paged,
+    };
+    let x = decode_hidden(model, kv, &step, scratch)?;
+    Ok(model.lm_head(&x)?.squeeze_dim(1))
+}
+
+/// A decode step's inputs on the device: `tokens` and `positions` (rows,
+/// 1), the slot each row's new keys and values go to (rows,), and what
+/// each row attends to.
+pub(crate) struct DecodeInputs<'a> {
+    pub tokens: &'a Tensor,
+    pub positions: &'a Tensor,
+    pub slots: &'a Tensor,
+    pub paged: &'a PagedBatch,
+}
+
+/// The layers of a decode step and the final norm: writes every row's keys
+/// and values into the pages and returns the normalised hidden states
+/// (rows, 1, hidden), the LM head's input. Only device work, no transfer
+/// from or to the host: a CUDA graph captures it (`crate::graphs`).
+pub(crate) fn decode_hidden(
+    model: &Model,
+    kv: &mut PagedKv,
+    step: &DecodeInputs<'_>,
+    scratch: &mut Scratch,
+) -> Result<Tensor> {
+    let _no_grad = tch::no_grad_guard();
+    let rope = model.rope_tables_for_positions(step.positions)?; // (b, 1)
+    let mut x = model.embed(step.tokens)?; // (b, 1, hidden)
     for (l, layer) in model.layers().iter().enumerate() {
         let attn = &layer.self_attn;
         let (q, k, v) = attn.qkv(&layer.input_layernorm.forward(&x)?, &rope)?; // q (b, heads, 1, d); k, v (b, kvh, 1, d)
-        kv.write(l, &slots, &k, &v, None)?;
+        kv.write(l, step.slots, &k, &v, None)?;
         let (k_cache, v_cache) = kv.layer(l);
-        let a = paged.attend(&q, k_cache, v_cache, scratch)?; // (b, 1, heads · d)
+        let a = step.paged.attend(&q, k_cache, v_cache, scratch)?; // (b, 1, heads · d)
         let h = &x + attn.o_proj().forward(&a)?;
         x = layer.finish(&h)?;
     }
-    let logits = model.lm_head(&model.final_norm(&x)?)?; // (b, 1, vocab)
-    Ok(logits.squeeze_dim(1))
+    Ok(model.final_norm(&x)?)
 }

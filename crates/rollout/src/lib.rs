@@ -97,6 +97,7 @@ pub mod config;
 mod engine;
 mod error;
 mod forward;
+pub mod graphs;
 pub mod kv_cache;
 mod memory;
 pub mod request;

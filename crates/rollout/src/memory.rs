@@ -2,7 +2,7 @@
 //! engine's two tags, in-place weight updates, and the observable state
 //! tests and the RL loop check (statistics, addresses).
 
-use colo_mem::tags::{KV_CACHE, WEIGHTS};
+use colo_mem::tags::{CUDA_GRAPH, KV_CACHE, WEIGHTS};
 use colo_mem::{Policy, TagState};
 use tch::Tensor;
 
@@ -22,6 +22,16 @@ fn check_tags(op: &'static str, tags: &[&str]) -> Result<()> {
 }
 
 impl Engine {
+    /// `tags`, with the CUDA graphs' tag beside `kv_cache` when the engine
+    /// has graphs: their memory goes and comes back with the cache.
+    fn with_graphs<'a>(&self, tags: &[&'a str]) -> Vec<&'a str> {
+        let mut all = tags.to_vec();
+        if tags.contains(&KV_CACHE) && self.runtime_tags().contains(&CUDA_GRAPH) {
+            all.push(CUDA_GRAPH);
+        }
+        all
+    }
+
     fn check_idle(&self, op: &'static str) -> Result<()> {
         match self.in_flight() {
             0 => Ok(()),
@@ -36,7 +46,7 @@ impl Engine {
     pub fn release(&mut self, tags: &[&str]) -> Result<()> {
         check_tags("release", tags)?;
         self.check_idle("release memory")?;
-        self.pool().pause(tags)?;
+        self.pool().pause(&self.with_graphs(tags))?;
         if tags.contains(&KV_CACHE) {
             self.scratch_mut().iter_mut().for_each(Scratch::clear);
         }
@@ -56,7 +66,7 @@ impl Engine {
     /// come back as their policy says.
     pub fn resume(&mut self, tags: &[&str]) -> Result<()> {
         check_tags("resume", tags)?;
-        self.pool().resume(tags)?;
+        self.pool().resume(&self.with_graphs(tags))?;
         Ok(())
     }
 

@@ -94,19 +94,28 @@ pub fn sample(logits: &Tensor, draws: &[Draw<'_>]) -> Result<Vec<(u32, f32)>> {
         })
     };
 
-    let mut tokens = vec![0i64; draws.len()];
+    // Each group's picks go into one tensor of every row's token on the
+    // device; tokens and log-probabilities come back in one transfer (each
+    // transfer waits for the device's queue to drain).
+    let mut tokens = Tensor::f_zeros([rows], (Kind::Int64, dev))?;
+    let mut put = |group: &[i64], picked: &Tensor| -> Result<()> {
+        match group.len() as i64 == rows {
+            true => tokens.f_copy_(picked)?,
+            false => drop(tokens.f_index_copy_(0, &host(group, dev), picked)?),
+        }
+        Ok(())
+    };
     let uniforms = |rows: &[i64]| -> Tensor {
         let u: Vec<f64> = rows.iter().map(|&i| draws[i as usize].u).collect();
         host(&u, dev)
     };
     if !greedy.is_empty() {
-        let picked = rows_of(&scaled, &greedy)?.f_argmax(-1, false)?;
-        scatter(&mut tokens, &greedy, &picked)?;
+        put(&greedy, &rows_of(&scaled, &greedy)?.f_argmax(-1, false)?)?;
     }
     if !plain.is_empty() {
         // Inverse CDF in vocabulary order.
         let picked = inverse_cdf(&rows_of(&probs, &plain)?, &uniforms(&plain))?;
-        scatter(&mut tokens, &plain, &picked)?;
+        put(&plain, &picked)?;
     }
     if !truncated.is_empty() {
         // Descending probability, ties to the lower id; keep the top k,
@@ -125,19 +134,33 @@ pub fn sample(logits: &Tensor, draws: &[Draw<'_>]) -> Result<Vec<(u32, f32)>> {
             .lt_tensor(&host(&ks, dev).unsqueeze(1))
             .logical_and(&before.lt_tensor(&host(&ps, dev).unsqueeze(1)));
         let pos = inverse_cdf(&(sorted * keep), &uniforms(&truncated))?;
-        let picked = order.gather(1, &pos.unsqueeze(1), false).squeeze_dim(1);
-        scatter(&mut tokens, &truncated, &picked)?;
+        put(
+            &truncated,
+            &order.gather(1, &pos.unsqueeze(1), false).squeeze_dim(1),
+        )?;
     }
 
     // log p of the chosen tokens only (no full log-softmax): every chosen
-    // token has positive probability, so its logarithm is finite.
-    let ids = host(&tokens, dev);
+    // token has positive probability, so its logarithm is finite. Both
+    // travel as float64, which holds every token id exactly.
     let lps = probs
-        .gather(1, &ids.unsqueeze(1), false)
-        .squeeze_dim(1)
-        .log();
-    let lps = Vec::<f32>::try_from(&lps.to_device(Device::Cpu))?;
-    Ok(tokens.into_iter().map(|t| t as u32).zip(lps).collect())
+        .f_gather(1, &tokens.f_unsqueeze(1)?, false)?
+        .f_squeeze_dim(1)?
+        .f_log()?;
+    let both = Tensor::f_cat(
+        &[
+            tokens.f_to_kind(Kind::Double)?,
+            lps.f_to_kind(Kind::Double)?,
+        ],
+        0,
+    )?;
+    let both = Vec::<f64>::try_from(&both.f_to_device(Device::Cpu)?)?;
+    let (tokens, lps) = both.split_at(draws.len());
+    Ok(tokens
+        .iter()
+        .zip(lps)
+        .map(|(&t, &lp)| (t as u32, lp as f32))
+        .collect())
 }
 
 /// For each row of `weights` (rows, n) ≥ 0 with a positive total, the first
@@ -158,15 +181,6 @@ fn inverse_cdf(weights: &Tensor, u: &Tensor) -> Result<Tensor> {
 /// A host slice as a tensor on `dev`.
 fn host<T: tch::kind::Element>(v: &[T], dev: Device) -> Tensor {
     Tensor::from_slice(v).to_device(dev)
-}
-
-/// `out[rows[i]] = picked[i]`.
-fn scatter(out: &mut [i64], rows: &[i64], picked: &Tensor) -> Result<()> {
-    let picked = Vec::<i64>::try_from(&picked.to_device(Device::Cpu))?;
-    for (&r, t) in rows.iter().zip(picked) {
-        out[r as usize] = t;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

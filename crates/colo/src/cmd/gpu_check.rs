@@ -11,9 +11,12 @@
 //!    reports it;
 //!    and a region over the pool's capacity fails with colo-mem's reason
 //!    (tag, capacity), not only libtorch's generic "CUDA out of memory";
-//! 4. `colo bench colocate --device cuda` (its three targets and the
+//! 4. the rollout engine's CUDA graphs: the same greedy tokens as eager
+//!    decoding, and valid again after their memory was released and
+//!    resumed with the KV cache (`gpu_graphs.rs`);
+//! 5. `colo bench colocate --device cuda` (its three targets and the
 //!    capacity experiment, on the GPU's memory);
-//! 5. the built-in `colo train` on CUDA (a few steps, or all with `--full`),
+//! 6. the built-in `colo train` on CUDA (a few steps, or all with `--full`),
 //!    and two steps with `offload_policy = "always"` whose every emptied
 //!    activations cache must hold nothing (no cuBLAS workspace, no kept
 //!    MemPool pinning a segment of it).
@@ -56,6 +59,8 @@ pub fn run(a: Args) -> Result<()> {
             ));
         }
         results.push(("memory", memory()));
+        let fixture = a.fixtures.join("tiny-qwen2");
+        results.push(("graphs", super::gpu_graphs::check(&fixture)));
         results.push(("oom", oom()));
         results.push(("colocate", super::bench_colocate::check_on("cuda")));
         results.push(("train", train(&a)));

@@ -8,6 +8,7 @@ pub mod bench_train;
 pub mod cluster;
 pub mod generate;
 pub mod gpu_check;
+mod gpu_graphs;
 pub mod plan;
 pub mod plan_config;
 pub mod score;

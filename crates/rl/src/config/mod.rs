@@ -179,6 +179,8 @@ pub struct RolloutConfig {
     /// Threads generation splits its rows over on the CPU (`None`: one
     /// per core), each with one intra-op thread (`colo_model::lanes`).
     pub cpu_threads: Option<usize>,
+    /// On CUDA, decode eagerly: no CUDA graphs (`rollout.enforce_eager`).
+    pub enforce_eager: bool,
     /// Evaluation: samples per prompt and their sampling.
     pub val_n: usize,
     pub val_sampling: Sampling,

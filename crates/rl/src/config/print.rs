@@ -94,6 +94,7 @@ pub(crate) const DOCS: &[Doc] = &[
     opt("rollout.max_kv_tokens", "KV-cache size in tokens, instead of mem_fraction", "tokens", "", "the cache is sized by mem_fraction"),
     d("rollout.max_num_seqs", "most sequences generated at once (fewer when the KV cache's blocks run short); the cache is sized for a step's samples at full length, and evaluation fits more of its short answers in it", "sequences", "actor_rollout_ref.rollout.max_num_seqs"),
     d("rollout.cpu_threads", "on the CPU, threads each prefill and decode step splits its rows over, each running libtorch with one intra-op thread (decoding is many small ops: lanes beat intra-op threads); 0: OMP_NUM_THREADS if set, else one per core", "threads", ""),
+    d("rollout.enforce_eager", "on CUDA, run every decode step eagerly instead of replaying captured CUDA graphs (graphs: a small model's step is bound by launching its kernels; their memory is tag cuda_graph, released and resumed with the KV cache)", "bool", "actor_rollout_ref.rollout.enforce_eager"),
     d("rollout.val_kwargs.n", "evaluation: samples per held-out prompt (pass@n)", "samples", "actor_rollout_ref.rollout.val_kwargs.n"),
     d("rollout.val_kwargs.temperature", "evaluation: temperature; 0 is greedy", "≥ 0", "actor_rollout_ref.rollout.val_kwargs.temperature"),
     d("rollout.val_kwargs.top_p", "evaluation: nucleus sampling", "(0, 1]", "actor_rollout_ref.rollout.val_kwargs.top_p"),
@@ -244,6 +245,7 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
             max_kv_tokens,
             max_num_seqs: c.rollout.max_num_seqs,
             cpu_threads: c.rollout.cpu_threads.unwrap_or(0),
+            enforce_eager: c.rollout.enforce_eager,
             val_kwargs: RawValKwargs {
                 n: c.rollout.val_n,
                 temperature: vs.temperature,

@@ -131,6 +131,9 @@ pub struct RawRollout {
     /// On the CPU, the threads prefill and decode steps split their rows
     /// over (each with one libtorch intra-op thread); 0: OMP_NUM_THREADS, else one per core.
     pub cpu_threads: usize,
+    /// On CUDA, decode eagerly instead of replaying captured CUDA graphs
+    /// (vLLM's and verl's name; default false: graphs).
+    pub enforce_eager: bool,
     /// Sampling for evaluation.
     pub val_kwargs: RawValKwargs,
 }
@@ -147,6 +150,7 @@ impl Default for RawRollout {
             max_kv_tokens: None,
             max_num_seqs: 1024,
             cpu_threads: 0,
+            enforce_eager: false,
             val_kwargs: RawValKwargs::default(),
         }
     }

@@ -316,6 +316,7 @@ fn rollout_section(rollout: &RawRollout, estimator: AdvEstimator) -> Check<Rollo
         kv,
         max_num_seqs: positive("rollout.max_num_seqs", rollout.max_num_seqs)?,
         cpu_threads: (rollout.cpu_threads > 0).then_some(rollout.cpu_threads),
+        enforce_eager: rollout.enforce_eager,
         val_n: positive("rollout.val_kwargs.n", v.n)?,
         val_sampling: sampling("rollout.val_kwargs.", v.temperature, v.top_p, v.top_k)?,
     };

@@ -23,6 +23,7 @@ fn tag_order(events: &[Event]) -> Vec<String> {
         tags::REF,
         tags::WEIGHTS,
         tags::KV_CACHE,
+        tags::CUDA_GRAPH,
     ];
     let present: BTreeSet<&str> = events
         .iter()
