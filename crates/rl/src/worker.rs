@@ -153,6 +153,16 @@ impl HybridWorker {
             Arc::clone(&pool),
             &spec.engine,
         )?);
+        // On CUDA, the decode step's graphs for a step's samples at full
+        // length, captured now as vLLM and SGLang capture theirs at start
+        // (their memory sleeps and wakes with the KV cache); none on the
+        // CPU. A restarted engine captures as it goes.
+        if let (Some(e), Some(len)) = (rollout.as_mut(), spec.engine.max_seq_len) {
+            if memory.colocation != Colocation::Restart {
+                let rows = spec.engine.kv_seqs.unwrap_or(spec.engine.max_batch);
+                e.capture_cuda_graphs(rows, len)?;
+            }
+        }
         // The engine sleeps before the trainer is built (and until the first
         // step wakes it), so start-up never holds both: a device that fits
         // the choreography fits its start too.

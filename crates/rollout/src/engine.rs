@@ -655,6 +655,19 @@ impl Engine {
         }
     }
 
+    /// Captures the decode step's CUDA graph of every bucket up to `rows`
+    /// sequences of up to `max_len` tokens, so that generation replays
+    /// them from its first step; returns how many were new. Nothing to do
+    /// (0) off CUDA or with `enforce_eager`: there are no graphs. Needs the
+    /// engine's memory resumed.
+    pub fn capture_cuda_graphs(&mut self, rows: usize, max_len: usize) -> Result<usize> {
+        self.check_runnable()?;
+        match &mut self.graphs {
+            Some(g) => g.capture_up_to(&self.pool, &self.model, &self.kv, rows, max_len),
+            None => Ok(0),
+        }
+    }
+
     /// CUDA graphs captured so far (0 off CUDA or with `enforce_eager`).
     pub fn cuda_graphs(&self) -> usize {
         self.graphs.as_ref().map_or(0, DecodeGraphs::captured)

@@ -12,9 +12,11 @@
 //!   Padding rows write their keys and values to a slot no sequence owns
 //!   (one extra block of the cache) and attend to it alone; padding keys are
 //!   masked. Steps beyond [`MAX_GRAPH_ROWS`] or [`MAX_GRAPH_KEYS`] run
-//!   eagerly. Graphs are captured the first time their bucket is needed
-//!   (each after one eager warm-up of the same step on the capture stream,
-//!   whose result the replay then recomputes), not up front.
+//!   eagerly. A graph is captured the first time its bucket is needed
+//!   (after one eager warm-up of the same step on the capture stream, whose
+//!   result the replay then recomputes), or up front for every bucket up to
+//!   a shape with `Engine::capture_cuda_graphs`, as vLLM and SGLang capture
+//!   theirs when they start.
 //! - **Fixed inputs.** Every graph reads its inputs from one Int64 buffer
 //!   (tokens, positions, write slots, lengths, then every row's block
 //!   table) and writes the normalised hidden states to one output buffer;
@@ -207,10 +209,7 @@ impl DecodeGraphs {
         };
         let _no_grad = tch::no_grad_guard();
         let host = pack(&kv.layout, rows, shape, self.trash);
-        let _ = self
-            .inputs
-            .f_narrow(0, 0, host.len() as i64)?
-            .f_copy_(&Tensor::from_slice(&host))?;
+        self.fill(&host)?;
         if !self.graphs.contains_key(&shape) {
             let captured = self.capture(pool, model, kv, shape)?;
             self.graphs.insert(shape, captured);
@@ -218,6 +217,49 @@ impl DecodeGraphs {
         self.graphs[&shape].replay()?;
         let x = self.hidden.f_narrow(0, 0, rows.len() as i64)?;
         Ok(Some(model.lm_head(&x)?.f_squeeze_dim(1)?))
+    }
+
+    /// Captures, largest first, the graph of every bucket up to `rows` rows
+    /// and `keys` positions (within the caps) not captured yet, as vLLM and
+    /// SGLang do when they start; returns how many were captured. Each
+    /// capture's warm-up runs a step of padding rows only (they write the
+    /// trash block).
+    pub(crate) fn capture_up_to(
+        &mut self,
+        pool: &Arc<Pool>,
+        model: &Model,
+        kv: &PagedKv,
+        rows: usize,
+        keys: usize,
+    ) -> Result<usize> {
+        let top = |n: usize, cap: usize| n.min(cap).max(1).next_power_of_two();
+        let (rows, keys) = (top(rows, self.caps.0), top(keys, self.caps.1));
+        let powers = |from: usize, top: usize| {
+            std::iter::successors(Some(top), move |&n| (n / 2 >= from).then_some(n / 2))
+        };
+        let _no_grad = tch::no_grad_guard();
+        let mut captured = 0;
+        for r in powers(1, rows) {
+            for k in powers(MIN_GRAPH_KEYS, keys.max(MIN_GRAPH_KEYS)) {
+                if self.graphs.contains_key(&(r, k)) {
+                    continue;
+                }
+                self.fill(&pack(&kv.layout, &[], (r, k), self.trash))?;
+                let g = self.capture(pool, model, kv, (r, k))?;
+                self.graphs.insert((r, k), g);
+                captured += 1;
+            }
+        }
+        Ok(captured)
+    }
+
+    /// Copies packed inputs into the front of the input buffer.
+    fn fill(&self, host: &[i64]) -> Result<()> {
+        let _ = self
+            .inputs
+            .f_narrow(0, 0, host.len() as i64)?
+            .f_copy_(&Tensor::from_slice(host))?;
+        Ok(())
     }
 
     /// Captures the graph of `shape`, whose inputs are in the buffer
