@@ -255,8 +255,7 @@ impl DecodeGraphs {
 
     /// Copies packed inputs into the front of the input buffer.
     fn fill(&self, host: &[i64]) -> Result<()> {
-        let _ = self
-            .inputs
+        self.inputs
             .f_narrow(0, 0, host.len() as i64)?
             .f_copy_(&Tensor::from_slice(host))?;
         Ok(())
@@ -318,7 +317,7 @@ impl DecodeGraphs {
             paged: &paged,
         };
         let x = decode_hidden(model, &mut kv.share(), &step, &mut Scratch::default())?;
-        let _ = self.hidden.f_narrow(0, 0, r)?.f_copy_(&x)?;
+        self.hidden.f_narrow(0, 0, r)?.f_copy_(&x)?;
         Ok(())
     }
 }
