@@ -95,7 +95,8 @@ pub(crate) fn empty_tags(pool: &Pool, tags: &[&str]) -> Result<()> {
     for tag in tags {
         let id = {
             let st = pool.lock();
-            st.tag_id(tag).filter(|&id| !st.tags[id].hold_cuda_cache)
+            st.tag_id(tag)
+                .filter(|&id| st.tags[id].cuda_cache_holders == 0)
         };
         if let Some(id) = id {
             call("emptyCache", sys::colo_cuda_empty_tag, slot, id, device)?;

@@ -148,9 +148,9 @@ pub(crate) struct Tag {
     pub(crate) region_fallback_bytes: u64,
     /// Regions open on the tag, on any thread: a pause waits for none.
     pub(crate) open_regions: u32,
-    /// libtorch's cached free CUDA blocks of the tag stay in it at a pause
-    /// or `empty_cache` ([`Pool::hold_cuda_cache`]).
-    pub(crate) hold_cuda_cache: bool,
+    /// Holders of libtorch's cached free CUDA blocks of the tag: while any,
+    /// they stay in it at a pause or `empty_cache` ([`Pool::hold_cuda_cache`]).
+    pub(crate) cuda_cache_holders: u32,
 }
 
 pub(crate) struct Alloc {
@@ -282,11 +282,31 @@ impl Pool {
     /// and resumed with it, at the same addresses, instead of going back to
     /// the device. For the memory of captured CUDA graphs (see
     /// [`crate::graph`]), which address blocks that are free between
-    /// replays. On the CPU it changes nothing.
+    /// replays. Counted: the cache is held until every holder has called
+    /// [`Pool::release_cuda_cache`]. On the CPU it changes nothing.
     pub fn hold_cuda_cache(&self, tag: &str) {
         let mut st = self.lock();
         let id = st.tag_id_or_create(tag);
-        st.tags[id].hold_cuda_cache = true;
+        let t = &mut st.tags[id];
+        t.cuda_cache_holders = t.cuda_cache_holders.saturating_add(1);
+    }
+
+    /// Gives up one [`Pool::hold_cuda_cache`] of `tag` (its graphs are
+    /// gone); with none left, the next pause or `empty_cache` returns the
+    /// tag's cached blocks to the device. A tag never held: no change.
+    pub fn release_cuda_cache(&self, tag: &str) {
+        let mut st = self.lock();
+        if let Some(id) = st.tag_id(tag) {
+            let t = &mut st.tags[id];
+            t.cuda_cache_holders = t.cuda_cache_holders.saturating_sub(1);
+        }
+    }
+
+    /// Whether libtorch's cached free CUDA blocks of `tag` are held.
+    pub fn holds_cuda_cache(&self, tag: &str) -> bool {
+        let st = self.lock();
+        st.tag_id(tag)
+            .is_some_and(|id| st.tags[id].cuda_cache_holders > 0)
     }
 
     /// Allocates `bytes` under `tag` (created with `Policy::Discard` if
@@ -652,7 +672,7 @@ impl State {
             last_resume: None,
             region_fallback_bytes: 0,
             open_regions: 0,
-            hold_cuda_cache: false,
+            cuda_cache_holders: 0,
         });
         self.tags.len() - 1
     }

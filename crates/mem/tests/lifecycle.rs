@@ -22,6 +22,26 @@ fn tag_of_finds_the_allocation_containing_an_address() {
     assert_eq!(p.tag_of(a + 17), None);
 }
 
+/// The hold on a tag's libtorch CUDA cache (CUDA graphs' memory) is
+/// counted: it lasts until every holder has given it up; giving up a hold
+/// nobody took (or on an unknown tag) changes nothing.
+#[test]
+fn cuda_cache_holds_are_counted() {
+    let p = pool(u64::MAX);
+    p.release_cuda_cache("cuda_graph");
+    assert!(!p.holds_cuda_cache("cuda_graph"));
+    p.hold_cuda_cache("cuda_graph");
+    p.hold_cuda_cache("cuda_graph");
+    p.release_cuda_cache("cuda_graph");
+    assert!(p.holds_cuda_cache("cuda_graph"), "one holder left");
+    p.release_cuda_cache("cuda_graph");
+    assert!(!p.holds_cuda_cache("cuda_graph"));
+    p.release_cuda_cache("cuda_graph");
+    p.hold_cuda_cache("cuda_graph");
+    assert!(p.holds_cuda_cache("cuda_graph"), "not driven below zero");
+    assert!(!p.holds_cuda_cache("kv_cache"));
+}
+
 #[test]
 fn addresses_survive_many_cycles_for_many_buffers_and_tags() {
     let p = pool(u64::MAX);

@@ -395,7 +395,7 @@ impl Engine {
             })
             .collect();
         let replayed = match &mut self.graphs {
-            Some(g) => g.decode(&self.pool, &self.model, &self.kv, &rows)?,
+            Some(g) => g.decode(&self.model, &self.kv, &rows)?,
             None => None,
         };
         let logits = match replayed {
@@ -663,7 +663,7 @@ impl Engine {
     pub fn capture_cuda_graphs(&mut self, rows: usize, max_len: usize) -> Result<usize> {
         self.check_runnable()?;
         match &mut self.graphs {
-            Some(g) => g.capture_up_to(&self.pool, &self.model, &self.kv, rows, max_len),
+            Some(g) => g.capture_up_to(&self.model, &self.kv, rows, max_len),
             None => Ok(0),
         }
     }

@@ -132,6 +132,8 @@ pub(crate) fn pack(
 
 /// The engine's captured decode steps and their fixed buffers.
 pub(crate) struct DecodeGraphs {
+    /// The pool whose `cuda_graph` cache the graphs hold.
+    pool: Arc<Pool>,
     device: i32,
     /// Largest rows and keys captured.
     caps: (usize, usize),
@@ -169,21 +171,25 @@ impl DecodeGraphs {
                 .next_power_of_two(),
         );
         pool.set_policy(CUDA_GRAPH, Policy::Discard)?;
-        pool.hold_cuda_cache(CUDA_GRAPH);
         let dev = model.device();
         let len = Offsets::new(caps, layout.block_size).end;
         let hidden = model.config().hidden_size as i64;
+        let inputs = pooled(pool, CUDA_GRAPH, || {
+            Tensor::f_zeros([len], (Kind::Int64, dev))
+        })?;
+        let hidden = pooled(pool, CUDA_GRAPH, || {
+            Tensor::f_zeros([caps.0 as i64, 1, hidden], (model.dtype(), dev))
+        })?;
+        // Given up in `drop`.
+        pool.hold_cuda_cache(CUDA_GRAPH);
         Ok(DecodeGraphs {
+            pool: Arc::clone(pool),
             device: index as i32,
             caps,
             trash,
             block_size: layout.block_size,
-            inputs: pooled(pool, CUDA_GRAPH, || {
-                Tensor::f_zeros([len], (Kind::Int64, dev))
-            })?,
-            hidden: pooled(pool, CUDA_GRAPH, || {
-                Tensor::f_zeros([caps.0 as i64, 1, hidden], (model.dtype(), dev))
-            })?,
+            inputs,
+            hidden,
             graphs: HashMap::new(),
         })
     }
@@ -198,7 +204,6 @@ impl DecodeGraphs {
     /// beyond the graphs' caps and must run eagerly.
     pub(crate) fn decode(
         &mut self,
-        pool: &Arc<Pool>,
         model: &Model,
         kv: &PagedKv,
         rows: &[DecodeRow<'_>],
@@ -211,7 +216,7 @@ impl DecodeGraphs {
         let host = pack(&kv.layout, rows, shape, self.trash);
         self.fill(&host)?;
         if !self.graphs.contains_key(&shape) {
-            let captured = self.capture(pool, model, kv, shape)?;
+            let captured = self.capture(model, kv, shape)?;
             self.graphs.insert(shape, captured);
         }
         self.graphs[&shape].replay()?;
@@ -226,7 +231,6 @@ impl DecodeGraphs {
     /// trash block).
     pub(crate) fn capture_up_to(
         &mut self,
-        pool: &Arc<Pool>,
         model: &Model,
         kv: &PagedKv,
         rows: usize,
@@ -245,7 +249,7 @@ impl DecodeGraphs {
                     continue;
                 }
                 self.fill(&pack(&kv.layout, &[], (r, k), self.trash))?;
-                let g = self.capture(pool, model, kv, (r, k))?;
+                let g = self.capture(model, kv, (r, k))?;
                 self.graphs.insert((r, k), g);
                 captured += 1;
             }
@@ -264,15 +268,9 @@ impl DecodeGraphs {
     /// Captures the graph of `shape`, whose inputs are in the buffer
     /// already: one eager run of the step on the capture stream, then the
     /// capture, both inside a region on `cuda_graph`.
-    fn capture(
-        &self,
-        pool: &Arc<Pool>,
-        model: &Model,
-        kv: &PagedKv,
-        shape: (usize, usize),
-    ) -> Result<CudaGraph> {
+    fn capture(&self, model: &Model, kv: &PagedKv, shape: (usize, usize)) -> Result<CudaGraph> {
         let body = || self.step(model, kv, shape);
-        let region = pool.region_with_threshold(CUDA_GRAPH, 1)?;
+        let region = self.pool.region_with_threshold(CUDA_GRAPH, 1)?;
         let captured = graph::on_side_stream(self.device, body)
             .map_err(Error::from)
             .and_then(|warm| warm)
@@ -319,6 +317,19 @@ impl DecodeGraphs {
         let x = decode_hidden(model, &mut kv.share(), &step, &mut Scratch::default())?;
         self.hidden.f_narrow(0, 0, r)?.f_copy_(&x)?;
         Ok(())
+    }
+}
+
+impl Drop for DecodeGraphs {
+    /// The graphs and their buffers go, and with them this engine's hold on
+    /// the `cuda_graph` cache: the next pause or `empty_cache` gives its
+    /// blocks back to the device (the RL loop's `restart` colocation drops
+    /// an engine and empties the cache every step).
+    fn drop(&mut self) {
+        self.graphs.clear();
+        self.inputs = Tensor::new();
+        self.hidden = Tensor::new();
+        self.pool.release_cuda_cache(CUDA_GRAPH);
     }
 }
 
