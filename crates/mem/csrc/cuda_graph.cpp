@@ -71,6 +71,17 @@ void wait_for(const c10::cuda::CUDAStream& done, const c10::cuda::CUDAStream& wa
   C10_CUDA_CHECK(cudaEventDestroy(ev));
 }
 
+// Runs `f` on the graph; 0, or 1 with libtorch's message in `err`.
+template <class F>
+int on_graph(void* graph, char* err, size_t len, F f) {
+  try {
+    f(*static_cast<at::cuda::CUDAGraph*>(graph));
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e.what(), err, len);
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -109,31 +120,17 @@ void* colo_cuda_graph_new(char* err, size_t len) {
 void colo_cuda_graph_free(void* graph) { delete static_cast<at::cuda::CUDAGraph*>(graph); }
 
 int colo_cuda_graph_begin(void* graph, char* err, size_t len) {
-  try {
-    static_cast<at::cuda::CUDAGraph*>(graph)->capture_begin({0, 0},
-                                                          cudaStreamCaptureModeThreadLocal);
-    return 0;
-  } catch (const std::exception& e) {
-    return fail(e.what(), err, len);
-  }
+  return on_graph(graph, err, len, [](at::cuda::CUDAGraph& g) {
+    g.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+  });
 }
 
 int colo_cuda_graph_end(void* graph, char* err, size_t len) {
-  try {
-    static_cast<at::cuda::CUDAGraph*>(graph)->capture_end();
-    return 0;
-  } catch (const std::exception& e) {
-    return fail(e.what(), err, len);
-  }
+  return on_graph(graph, err, len, [](at::cuda::CUDAGraph& g) { g.capture_end(); });
 }
 
 int colo_cuda_graph_replay(void* graph, char* err, size_t len) {
-  try {
-    static_cast<at::cuda::CUDAGraph*>(graph)->replay();
-    return 0;
-  } catch (const std::exception& e) {
-    return fail(e.what(), err, len);
-  }
+  return on_graph(graph, err, len, [](at::cuda::CUDAGraph& g) { g.replay(); });
 }
 
 }  // extern "C"
