@@ -84,6 +84,11 @@
 //!   log-probabilities come back. No hand-written kernels and no thread
 //!   pool of our own: libtorch's intra-op threads parallelise every
 //!   operation.
+//! - **CUDA graphs for decode.** On CUDA a small model's decode step is
+//!   bound by launching its kernels, so the engine replays it as CUDA
+//!   graphs, one per (rows, keys) power-of-two bucket, with fixed input
+//!   buffers and their memory in tag `cuda_graph`, paused and resumed with
+//!   `kv_cache` ([`graphs`]; `EngineConfig::enforce_eager` turns it off).
 //! - **The model's kind and device.** The engine runs whatever kind
 //!   (float32, bfloat16, …) and device its weights have
 //!   ([`Engine::from_dir_on`]); logits are sampled in float32.
