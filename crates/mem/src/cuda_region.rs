@@ -46,13 +46,24 @@ mod sys {
 
 type ShimCall = unsafe extern "C" fn(u32, u32, i32, *mut c_char, usize) -> i32;
 
-/// Calls one shim entry point and turns its status into a `Result`.
+/// Calls one of the region shim's entry points.
 fn call(what: &'static str, f: ShimCall, slot: usize, tag: usize, device: i32) -> Result<()> {
+    // SAFETY: `err` is the writable buffer of `len` bytes `shim_call`
+    // passes; the other arguments are plain integers.
+    shim_call(what, |err, len| unsafe {
+        f(slot as u32, tag as u32, device, err, len)
+    })
+}
+
+/// Runs a shim call that reports failure as nonzero with a message written
+/// into the buffer it is given (`csrc/cuda_*.cpp`), and turns its status
+/// into a `Result`.
+pub(crate) fn shim_call(
+    what: &'static str,
+    f: impl FnOnce(*mut c_char, usize) -> i32,
+) -> Result<()> {
     let mut err = [0 as c_char; 512];
-    // SAFETY: `err` is a writable buffer of the given length, which the shim
-    // NUL-terminates; the other arguments are plain integers.
-    let status = unsafe { f(slot as u32, tag as u32, device, err.as_mut_ptr(), err.len()) };
-    if status == 0 {
+    if f(err.as_mut_ptr(), err.len()) == 0 {
         return Ok(());
     }
     // SAFETY: NUL-terminated by the shim on failure.

@@ -15,7 +15,7 @@
 //! Built without the `cuda` feature, capturing is an error and
 //! [`available`] is false.
 
-use crate::{Error, Result};
+use crate::Result;
 
 /// Whether this build can capture CUDA graphs.
 pub fn available() -> bool {
@@ -23,8 +23,8 @@ pub fn available() -> bool {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn unavailable() -> Error {
-    Error::Backend {
+fn unavailable() -> crate::Error {
+    crate::Error::Backend {
         backend: "cuda",
         call: "CUDAGraph",
         msg: "colo was built without the cuda feature".into(),
@@ -50,21 +50,8 @@ mod sys {
     }
 }
 
-/// Calls a shim entry point that reports failure as nonzero with a message.
 #[cfg(feature = "cuda")]
-fn call(what: &'static str, f: impl FnOnce(*mut std::ffi::c_char, usize) -> i32) -> Result<()> {
-    let mut err = [0 as std::ffi::c_char; 512];
-    if f(err.as_mut_ptr(), err.len()) == 0 {
-        return Ok(());
-    }
-    // SAFETY: the shim NUL-terminates `err` (within its length) on failure.
-    let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) };
-    Err(Error::Backend {
-        backend: "cuda",
-        call: what,
-        msg: msg.to_string_lossy().into_owned(),
-    })
-}
+use crate::cuda_region::shim_call as call;
 
 /// Runs `f` with `device`'s side stream (the one graphs are captured on)
 /// current on this thread: the warm-up before a capture, whose cached

@@ -236,15 +236,16 @@ impl DecodeGraphs {
         rows: usize,
         keys: usize,
     ) -> Result<usize> {
-        let top = |n: usize, cap: usize| n.min(cap).max(1).next_power_of_two();
-        let (rows, keys) = (top(rows, self.caps.0), top(keys, self.caps.1));
+        // The caps are buckets themselves, so a shape within them has one.
+        let (rows, keys) = bucket(rows.min(self.caps.0), keys.min(self.caps.1), self.caps)
+            .expect("a shape within the caps has a bucket");
         let powers = |from: usize, top: usize| {
             std::iter::successors(Some(top), move |&n| (n / 2 >= from).then_some(n / 2))
         };
         let _no_grad = tch::no_grad_guard();
         let mut captured = 0;
         for r in powers(1, rows) {
-            for k in powers(MIN_GRAPH_KEYS, keys.max(MIN_GRAPH_KEYS)) {
+            for k in powers(MIN_GRAPH_KEYS, keys) {
                 if self.graphs.contains_key(&(r, k)) {
                     continue;
                 }
