@@ -46,6 +46,21 @@ pub enum Error {
     },
 
     /// A dataset is unusable as a whole (empty, too small for a batch, …).
+    /// The run's longest sequence does not fit the model's context window.
+    #[error(
+        "data.max_prompt_length ({prompt}) + rollout.max_new_tokens ({new}) = {} tokens, more than \
+         the model's context: max_position_embeddings = {context} in {}; lower either (verl \
+         refuses such a run too)",
+        prompt + new,
+        config.display()
+    )]
+    ContextWindow {
+        prompt: usize,
+        new: usize,
+        context: usize,
+        config: PathBuf,
+    },
+
     /// A data-parallel run that cannot be laid out (workers, shards).
     #[error("cluster: {0}")]
     Cluster(String),

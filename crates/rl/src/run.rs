@@ -15,7 +15,7 @@ use crate::data::{Batches, Dataset};
 use crate::metrics::{self, MetricsWriter, Record};
 use crate::progress::{Progress, Status};
 use crate::r#loop::Run;
-use crate::setup::{draw, load_data, uses_critic};
+use crate::setup::{draw, load_data, open_model, uses_critic};
 use crate::timeline_file::TimelineWriter;
 use crate::{Error, Result};
 
@@ -78,8 +78,7 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
     let found = resume
         .then(|| checkpoints::latest_complete(&ckpt_dir, uses_critic(config)))
         .transpose()?;
-    let model_dir = config.model.resolve(&out.join("base"))?;
-    let tokenizer = Tokenizer::from_dir(&model_dir)?;
+    let (model_dir, tokenizer) = open_model(config, &out.join("base"))?;
     let (train, val) = load_data(config, out, &tokenizer)?;
 
     // ---- resume: which checkpoint, and the records after it go -------------

@@ -17,6 +17,31 @@ use crate::reward::{verl, RewardSpec};
 use crate::timeline_file::TimelineWriter;
 use crate::{plot, Error, Result};
 
+/// The run's model directory (the built-in checkpoint written into
+/// `scratch` first) and its tokenizer, once the run's longest sequence is
+/// known to fit the model's context window.
+///
+/// verl refuses a run whose `prompt_length + response_length` exceeds the
+/// model's `max_position_embeddings`; colo's engine would otherwise end
+/// every long completion at the window, short of `max_new_tokens`, without
+/// a word.
+pub(crate) fn open_model(config: &Config, scratch: &Path) -> Result<(PathBuf, Tokenizer)> {
+    let dir = config.model.resolve(scratch)?;
+    let file = dir.join("config.json");
+    let context = colo_model::ModelConfig::from_file(&file)?.max_position_embeddings;
+    let (prompt, new) = (config.data.max_prompt_length, config.rollout.max_new_tokens);
+    if prompt.saturating_add(new) > context {
+        return Err(Error::ContextWindow {
+            prompt,
+            new,
+            context,
+            config: file,
+        });
+    }
+    let tokenizer = Tokenizer::from_dir(&dir)?;
+    Ok((dir, tokenizer))
+}
+
 /// Training and held-out prompts.
 pub(crate) fn load_data(
     config: &Config,

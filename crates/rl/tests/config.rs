@@ -428,6 +428,27 @@ fn bad_values_name_their_field() {
     }
 }
 
+/// Open-ended bounds are said in words, not as the extremes of a float
+/// (`grad_clip = 0` once printed a 300-digit range).
+#[test]
+fn open_ended_bounds_read_as_written() {
+    for (text, want) in [
+        ("[actor]\ngrad_clip = 0.0\n", "must be a finite number > 0, got 0"),
+        ("[actor]\nlr = nan\n", "must be a finite number > 0, got NaN"),
+        (
+            "[actor]\nkl_loss_coef = -0.5\n",
+            "must be a finite number ≥ 0, got -0.5",
+        ),
+        (
+            "[algorithm.rollout_correction]\nrollout_is_threshold = inf\n",
+            "must be a finite number > 0, got inf",
+        ),
+    ] {
+        let (_, _, msg) = err(text);
+        assert_eq!(msg, want, "{text}");
+    }
+}
+
 #[test]
 fn capacities_parse_with_units() {
     for (text, want) in [

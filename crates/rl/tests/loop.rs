@@ -272,6 +272,32 @@ fn a_prompt_longer_than_max_prompt_length_is_an_error_naming_it() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A run whose prompts and completions together exceed the model's
+/// context window is refused before anything runs, as verl refuses it
+/// (the fixture's `max_position_embeddings` is 512).
+#[test]
+fn sequences_longer_than_the_context_window_are_refused() {
+    let dir = tmp("context");
+    let mut cfg = config(&dir, 1, "staged");
+    cfg.data.max_prompt_length = 500;
+    cfg.rollout.max_new_tokens = 13;
+    let run = dir.join("run");
+    let err = colo_rl::r#loop::run(&cfg, &run, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("max_prompt_length (500) + rollout.max_new_tokens (13) = 513 tokens")
+            && err.contains("max_position_embeddings = 512")
+            && err.contains("config.json"),
+        "{err}"
+    );
+    assert!(!run.join("metrics.jsonl").exists(), "nothing ran");
+    // At the window exactly, it runs.
+    cfg.rollout.max_new_tokens = 12;
+    colo_rl::r#loop::run(&cfg, &run, false).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// `actor.use_dynamic_bsz`: micro-batches cut by a token budget train the
 /// same policy as those cut by sample count (the micro-batches' gradients
 /// add up to the same sum; float rounding apart). (What it saves is

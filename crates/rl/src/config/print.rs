@@ -89,7 +89,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("rollout.temperature", "sampling temperature; 0 is greedy", "≥ 0", "actor_rollout_ref.rollout.temperature"),
     d("rollout.top_p", "nucleus sampling: keep the smallest set of tokens with this much probability", "(0, 1]", "actor_rollout_ref.rollout.top_p"),
     d("rollout.top_k", "keep the k most likely tokens; -1 or 0: off", "tokens", "actor_rollout_ref.rollout.top_k"),
-    d("rollout.max_new_tokens", "longest response", "tokens", "data.max_response_length (alias: response_length, max_response_length)"),
+    d("rollout.max_new_tokens", "longest response; with data.max_prompt_length at most the model's max_position_embeddings (a longer pair is refused, as verl refuses it)", "tokens", "data.max_response_length (alias: response_length, max_response_length)"),
     d("rollout.mem_fraction", "share of the device memory left after weights that the KV cache takes (ignored when max_kv_tokens is set)", "fraction in (0, 1]", "actor_rollout_ref.rollout.gpu_memory_utilization (alias)"),
     opt("rollout.max_kv_tokens", "KV-cache size in tokens, instead of mem_fraction", "tokens", "", "the cache is sized by mem_fraction"),
     d("rollout.max_num_seqs", "most sequences generated at once (fewer when the KV cache's blocks run short); the cache is sized for a step's samples at full length, and evaluation fits more of its short answers in it", "sequences", "actor_rollout_ref.rollout.max_num_seqs"),

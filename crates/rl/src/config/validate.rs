@@ -23,6 +23,22 @@ fn positive(field: &str, v: usize) -> Check<usize> {
     Ok(v)
 }
 
+/// A finite `v > 0`.
+fn above_zero(field: &str, v: f64) -> Check<f64> {
+    if !(v.is_finite() && v > 0.0) {
+        return bad(field, format!("must be a finite number > 0, got {v}"));
+    }
+    Ok(v)
+}
+
+/// A finite `v ≥ 0`.
+fn at_least_zero(field: &str, v: f64) -> Check<f64> {
+    if !(v.is_finite() && v >= 0.0) {
+        return bad(field, format!("must be a finite number ≥ 0, got {v}"));
+    }
+    Ok(v)
+}
+
 fn in_range(field: &str, v: f64, lo: f64, hi: f64) -> Check<f64> {
     if !(v.is_finite() && v >= lo && v <= hi) {
         return bad(field, format!("must be in [{lo}, {hi}], got {v}"));
@@ -402,9 +418,7 @@ fn batch_plan(prompts: usize, n: usize, longest: usize, actor: &RawActor) -> Che
 }
 
 fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
-    if !(actor.lr.is_finite() && actor.lr > 0.0) {
-        return bad("actor.lr", format!("must be positive, got {}", actor.lr));
-    }
+    above_zero("actor.lr", actor.lr)?;
     let policy_loss = PolicyLossConfig {
         loss_mode: actor.loss_mode,
         clip_ratio: actor.clip_ratio,
@@ -426,19 +440,14 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
             lr: actor.lr,
             warmup_steps: actor.warmup_steps,
             weight_decay: in_range("actor.weight_decay", actor.weight_decay, 0.0, 1.0)?,
-            grad_clip: in_range(
-                "actor.grad_clip",
-                actor.grad_clip,
-                f64::MIN_POSITIVE,
-                f64::MAX,
-            )?,
+            grad_clip: above_zero("actor.grad_clip", actor.grad_clip)?,
         },
         ppo_epochs,
         policy_loss,
         entropy_coeff: in_range("actor.entropy_coeff", actor.entropy_coeff, -1.0, 1.0)?,
         kl_loss: match actor.use_kl_loss {
             true => Some(KlLoss {
-                coef: in_range("actor.kl_loss_coef", actor.kl_loss_coef, 0.0, f64::MAX)?,
+                coef: at_least_zero("actor.kl_loss_coef", actor.kl_loss_coef)?,
                 estimator: actor.kl_loss_type,
             }),
             false => None,
@@ -451,19 +460,14 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
 
 fn algorithm_section(algorithm: RawAlgorithm) -> Check<AlgorithmConfig> {
     let ctrl = &algorithm.kl_ctrl;
-    if algorithm.use_kl_in_reward && !(ctrl.kl_coef.is_finite() && ctrl.kl_coef >= 0.0) {
-        return bad(
-            "algorithm.kl_ctrl.kl_coef",
-            format!("must be ≥ 0, got {}", ctrl.kl_coef),
-        );
+    if algorithm.use_kl_in_reward {
+        at_least_zero("algorithm.kl_ctrl.kl_coef", ctrl.kl_coef)?;
     }
     let rc = &algorithm.rollout_correction;
-    if !(rc.rollout_is_threshold.is_finite() && rc.rollout_is_threshold > 0.0) {
-        return bad(
-            "algorithm.rollout_correction.rollout_is_threshold",
-            format!("must be positive, got {}", rc.rollout_is_threshold),
-        );
-    }
+    above_zero(
+        "algorithm.rollout_correction.rollout_is_threshold",
+        rc.rollout_is_threshold,
+    )?;
     let algorithm_cfg = AlgorithmConfig {
         advantage: AdvantageConfig {
             adv_estimator: algorithm.adv_estimator,

@@ -36,7 +36,7 @@ use crate::config::Config;
 use crate::data::{Batch, Batches, Dataset};
 use crate::metrics::{EvalTallies, MetricsWriter, StepMetrics};
 use crate::r#loop::Run;
-use crate::setup::{draw, load_data, make_pool};
+use crate::setup::{draw, load_data, make_pool, open_model};
 use crate::timeline_file::TimelineWriter;
 use crate::{checkpoints, Error, Result};
 
@@ -128,8 +128,7 @@ impl Rank {
         // The built-in job's checkpoint and data are written out by each
         // rank into its own directory: ranks start at once, and one must
         // not read what another is writing.
-        let model_dir = global.model.resolve(&dir.join("base"))?;
-        let tokenizer = colo_model::Tokenizer::from_dir(&model_dir)?;
+        let (model_dir, tokenizer) = open_model(global, &dir.join("base"))?;
         let (train, val) = load_data(global, &dir, &tokenizer)?;
         let val = Dataset {
             prompts: val.prompts[shard(val.len(), rank, world)].to_vec(),
