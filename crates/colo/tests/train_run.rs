@@ -175,5 +175,22 @@ fn a_run_the_plan_says_cannot_fit_is_refused_before_loading() {
         !out.join("metrics.jsonl").exists(),
         "it ran before refusing"
     );
+    // A capacity too small for the engine's weights and one KV block is
+    // refused in the run's own keys (the planner's is `kv_free_fraction`).
+    let config = write_config(&dir, "1KiB");
+    let toml = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        toml.replace("max_kv_tokens = 256", "mem_fraction = 0.5"),
+    )
+    .unwrap();
+    let o = colo(&args);
+    let stderr = text(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("with memory.capacity = 1.0 KiB, colo-plan: invalid rollout.mem_fraction"),
+        "{stderr}"
+    );
+    assert!(config.is_file() && !out.join("metrics.jsonl").exists());
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -433,8 +433,14 @@ fn bad_values_name_their_field() {
 #[test]
 fn open_ended_bounds_read_as_written() {
     for (text, want) in [
-        ("[actor]\ngrad_clip = 0.0\n", "must be a finite number > 0, got 0"),
-        ("[actor]\nlr = nan\n", "must be a finite number > 0, got NaN"),
+        (
+            "[actor]\ngrad_clip = 0.0\n",
+            "must be a finite number > 0, got 0",
+        ),
+        (
+            "[actor]\nlr = nan\n",
+            "must be a finite number > 0, got NaN",
+        ),
         (
             "[actor]\nkl_loss_coef = -0.5\n",
             "must be a finite number ≥ 0, got -0.5",

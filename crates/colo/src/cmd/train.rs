@@ -128,7 +128,16 @@ fn plan_check(config: &Config) -> Result<()> {
         .input
         .validate()
         .and_then(|plan| estimate(&plan))
-        .map_err(|e| refuse(format!("colo-plan: {e}")))?;
+        .map_err(|e| {
+            // The planner's name for the run's key.
+            let e = e
+                .to_string()
+                .replace("kv_free_fraction", "rollout.mem_fraction");
+            refuse(format!(
+                "with memory.capacity = {}, colo-plan: {e}",
+                fmt(capacity)
+            ))
+        })?;
     if report.fits {
         // The planner models the `always` choreography: the least the run
         // needs. `as_needed` keeps state and cached blocks resident while
