@@ -129,7 +129,7 @@ fn verl_gsm8k_run(name: &str, extra: &str) -> (PathBuf, PathBuf, Output) {
         format!(
             "[data]\ntrain_files = {data:?}\nval_files = {data:?}\n\
              answer_key = \"reward_model.ground_truth\"\ntrain_batch_size = 2\n\
-             max_prompt_length = 1024\n\
+             max_prompt_length = 500\n\
              [model]\npath = {model:?}\n\
              [rollout]\nn = 2\nmax_new_tokens = 4\nmax_kv_tokens = 4096\n\
              [trainer]\ntotal_steps = 1\nval_before_train = false\n{extra}"
@@ -179,7 +179,7 @@ fn a_verl_reward_function_scores_the_run() {
          \x20   print('debug print', solution_str)\n\
          \x20   with open(log, 'a') as f:\n\
          \x20       f.write(json.dumps([data_source, ground_truth, extra_info['index']]) + '\\n')\n\
-         \x20   return {'score': 1.0, 'extra': 'ignored'}\n",
+         \x20   return {'score': 1.0, 'acc': True, 'extra': 'ignored'}\n",
     )
     .unwrap();
     let (dir, run, out) = verl_gsm8k_run(
@@ -215,12 +215,14 @@ fn a_verl_reward_function_scores_the_run() {
     let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     assert!(metrics.contains("\"critic/score/mean\":1.0"), "{metrics}");
     // The held-out rows name their data_source: the evaluation is also
-    // reported per source (one here).
+    // reported per source (one here), with the mean of the function's
+    // numeric extra (`acc`; the text entry is left out), as verl reports
+    // its reward_extra_info.
     let n = truths.len();
     assert!(
         metrics.contains(&format!(
-            "\"eval/by_data_source\":{{\"openai/gsm8k\":{{\"accuracy\":1.0,\"score_mean\":1.0,\"n_samples\":{n}}}}}"
-        )),
+            "\"eval/by_data_source\":{{\"openai/gsm8k\":{{\"accuracy\":1.0,\"score_mean\":1.0,\"n_samples\":{n},\"reward_extra\":{{\"acc\":1.0}}}}}}"
+        )) && metrics.contains("\"eval/reward_extra\":{\"acc\":1.0}"),
         "{metrics}"
     );
     let _ = std::fs::remove_dir_all(&dir);

@@ -20,7 +20,7 @@ use colo_rollout::{Engine, Request, SamplingParams};
 use serde::{Deserialize, Serialize};
 
 use crate::data::{Dataset, Prompt};
-use crate::reward::{Reward, RewardInput};
+use crate::reward::{Reward, RewardInput, Scored};
 use crate::{Error, Result};
 
 /// The reward at or above which a sample counts as right.
@@ -100,9 +100,9 @@ pub fn evaluate(
         ..SamplingParams::greedy(cfg.max_new_tokens)
     };
     let (scores, tokens) = score(engine, prompts, &ids, greedy, tokenizer, reward)?;
-    let first: Vec<f32> = scores.iter().map(|s| s[0]).collect();
+    let first: Vec<&Scored> = scores.iter().map(|s| &s[0]).collect();
     let all = Tally::of(&first);
-    let mut by_source: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+    let mut by_source: BTreeMap<String, Vec<&Scored>> = BTreeMap::new();
     if prompts.iter().any(|p| data_source(p).is_some()) {
         for (p, &s) in prompts.iter().zip(&first) {
             let source = data_source(p).unwrap_or(UNKNOWN_SOURCE);
@@ -124,7 +124,7 @@ pub fn evaluate(
             let (scores, _) = score(engine, prompts, &ids, sampled, tokenizer, reward)?;
             let hits = scores
                 .iter()
-                .filter(|s| s.iter().any(|&x| x >= RIGHT))
+                .filter(|s| s.iter().any(|x| x.score >= RIGHT))
                 .count();
             Some(frac(hits, prompts.len()))
         }
@@ -174,7 +174,7 @@ fn data_source(p: &Prompt) -> Option<&str> {
 
 /// Sums over evaluated prompts (one greedy completion each): what the
 /// data-parallel controller adds up across workers before it divides.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Tally {
     /// Prompts whose completion scored at least [`RIGHT`].
     pub right: usize,
@@ -182,14 +182,31 @@ pub struct Tally {
     pub score_sum: f64,
     /// Prompts.
     pub n: usize,
+    /// The numbers the reward returned beside its scores ([`Scored::extra`]),
+    /// by name: each one's sum over the completions that returned it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, Sum>,
+}
+
+/// A sum and how many values went into it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sum {
+    pub sum: f64,
+    pub n: usize,
 }
 
 impl Tally {
-    fn of(scores: &[f32]) -> Self {
+    fn of(scores: &[&Scored]) -> Self {
+        let mut extra: BTreeMap<String, Sum> = BTreeMap::new();
+        for (name, &v) in scores.iter().flat_map(|s| &s.extra) {
+            let e = extra.entry(name.clone()).or_default();
+            (e.sum, e.n) = (e.sum + v, e.n + 1);
+        }
         Tally {
-            right: scores.iter().filter(|&&s| s >= RIGHT).count(),
-            score_sum: scores.iter().map(|&s| f64::from(s)).sum(),
+            right: scores.iter().filter(|s| s.score >= RIGHT).count(),
+            score_sum: scores.iter().map(|s| f64::from(s.score)).sum(),
             n: scores.len(),
+            extra,
         }
     }
 
@@ -202,23 +219,37 @@ impl Tally {
     pub fn score_mean(&self) -> f64 {
         self.score_sum / self.n.max(1) as f64
     }
+
+    /// The mean of each extra number over the completions that returned it
+    /// (verl's `val-aux/…/{name}/mean@1`).
+    pub fn extra_means(&self) -> BTreeMap<String, f64> {
+        (self.extra.iter())
+            .map(|(name, s)| (name.clone(), s.sum / s.n.max(1) as f64))
+            .collect()
+    }
 }
 
 /// Two parts' tallies together.
 impl std::ops::Add for Tally {
     type Output = Tally;
 
-    fn add(self, other: Tally) -> Tally {
+    fn add(mut self, other: Tally) -> Tally {
+        for (name, s) in other.extra {
+            let e = self.extra.entry(name).or_default();
+            (e.sum, e.n) = (e.sum + s.sum, e.n + s.n);
+        }
         Tally {
             right: self.right + other.right,
             score_sum: self.score_sum + other.score_sum,
             n: self.n + other.n,
+            extra: self.extra,
         }
     }
 }
 
 /// Generates for every prompt in one batched call; returns, per prompt,
-/// each completion's reward, and the total completion tokens.
+/// each completion's reward (with its extra numbers), and the total
+/// completion tokens.
 fn score(
     engine: &mut Engine,
     prompts: &[Prompt],
@@ -226,7 +257,7 @@ fn score(
     params: SamplingParams,
     tokenizer: &Tokenizer,
     reward: &mut dyn Reward,
-) -> Result<(Vec<Vec<f32>>, usize)> {
+) -> Result<(Vec<Vec<Scored>>, usize)> {
     let requests = ids
         .iter()
         .map(|p| Request::new(p.clone(), params.clone()))
@@ -255,9 +286,9 @@ fn score(
             extra: Some(&p.extra),
         })
         .collect();
-    let scores = reward.score_batch(&inputs)?;
+    let scores = reward.score_batch_extra(&inputs)?;
     Ok((
-        scores.chunks(params.n).map(<[f32]>::to_vec).collect(),
+        scores.chunks(params.n).map(<[Scored]>::to_vec).collect(),
         tokens,
     ))
 }

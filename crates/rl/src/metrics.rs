@@ -192,15 +192,27 @@ pub struct EvalRecord {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub by_source: BTreeMap<String, SourceEval>,
+    /// The mean of each number a verl-style reward function returned
+    /// beside its score (its dict's other entries, e.g. `acc`; verl's
+    /// `val-aux/{data_source}/{name}/mean@1`), over the held-out
+    /// completions that returned it.
+    #[serde(
+        rename = "eval/reward_extra",
+        default,
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub reward_extra: BTreeMap<String, f64>,
 }
 
 /// One `data_source`'s part of an evaluation.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceEval {
     pub accuracy: f64,
     pub score_mean: f64,
     pub n_samples: usize,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reward_extra: BTreeMap<String, f64>,
 }
 
 /// What one evaluation pass (or one worker's share of it) counted: the
@@ -215,7 +227,7 @@ pub struct EvalTallies {
 impl From<&EvalResult> for EvalTallies {
     fn from(r: &EvalResult) -> Self {
         EvalTallies {
-            all: r.all,
+            all: r.all.clone(),
             by_source: r.by_source.clone(),
         }
     }
@@ -225,11 +237,13 @@ impl EvalRecord {
     /// The record of `parts` (workers' shares of one evaluation) added up;
     /// `None` when they evaluated nothing (no held-out set).
     pub fn of_parts(step: usize, parts: &[EvalTallies], timing: f64) -> Option<EvalRecord> {
-        let all = parts.iter().fold(Tally::default(), |t, p| t + p.all);
+        let all = parts
+            .iter()
+            .fold(Tally::default(), |t, p| t + p.all.clone());
         let mut by_source: BTreeMap<String, Tally> = BTreeMap::new();
         for (source, t) in parts.iter().flat_map(|p| &p.by_source) {
             let sum = by_source.entry(source.clone()).or_default();
-            *sum = *sum + *t;
+            *sum = std::mem::take(sum) + t.clone();
         }
         (all.n > 0).then(|| EvalRecord {
             step,
@@ -237,6 +251,7 @@ impl EvalRecord {
             score_mean: all.score_mean(),
             n_samples: all.n,
             timing,
+            reward_extra: all.extra_means(),
             by_source: by_source
                 .into_iter()
                 .map(|(source, t)| {
@@ -244,6 +259,7 @@ impl EvalRecord {
                         accuracy: t.accuracy(),
                         score_mean: t.score_mean(),
                         n_samples: t.n,
+                        reward_extra: t.extra_means(),
                     };
                     (source, e)
                 })
@@ -396,15 +412,25 @@ pub fn read(path: &Path) -> Result<Vec<Record>> {
 mod tests {
     #[test]
     fn evaluations_add_up_across_parts_and_by_data_source() {
+        use crate::eval::Sum;
         use crate::eval::Tally;
         let t = |right, score_sum, n| Tally {
             right,
             score_sum,
             n,
+            ..Tally::default()
+        };
+        // `acc` from every completion of both parts, `len` from three of
+        // part one's only: each mean is over the completions that gave it.
+        let with_extra = |t: Tally, extra: &[(&str, f64, usize)]| Tally {
+            extra: (extra.iter())
+                .map(|&(k, sum, n)| (k.to_owned(), Sum { sum, n }))
+                .collect(),
+            ..t
         };
         let parts = [
             EvalTallies {
-                all: t(3, 3.5, 4),
+                all: with_extra(t(3, 3.5, 4), &[("acc", 3.0, 4), ("len", 30.0, 3)]),
                 by_source: [
                     ("gsm8k".to_owned(), t(1, 1.5, 2)),
                     ("math".to_owned(), t(2, 2.0, 2)),
@@ -412,7 +438,7 @@ mod tests {
                 .into(),
             },
             EvalTallies {
-                all: t(1, 1.0, 4),
+                all: with_extra(t(1, 1.0, 4), &[("acc", 1.0, 4)]),
                 by_source: [("gsm8k".to_owned(), t(1, 1.0, 4))].into(),
             },
         ];
@@ -421,7 +447,11 @@ mod tests {
             (r.step, r.accuracy, r.score_mean, r.n_samples),
             (10, 0.5, 0.5625, 8)
         );
-        let g = r.by_source["gsm8k"];
+        assert_eq!(
+            r.reward_extra,
+            [("acc".to_owned(), 0.5), ("len".to_owned(), 10.0)].into()
+        );
+        let g = &r.by_source["gsm8k"];
         assert_eq!(
             (g.accuracy, g.score_mean, g.n_samples),
             (2.0 / 6.0, 2.5 / 6.0, 6)
@@ -430,7 +460,8 @@ mod tests {
         // Written and read back as an evaluation record.
         let line = serde_json::to_string(&r).unwrap();
         assert!(
-            line.contains("\"eval/by_data_source\":{\"gsm8k\":{\"accuracy\""),
+            line.contains("\"eval/by_data_source\":{\"gsm8k\":{\"accuracy\"")
+                && line.contains("\"eval/reward_extra\":{\"acc\":0.5,\"len\":10.0}"),
             "{line}"
         );
         match serde_json::from_str::<Record>(&line).unwrap() {
@@ -446,9 +477,11 @@ mod tests {
             }],
             0.1,
         );
-        assert!(!serde_json::to_string(&plain.unwrap())
-            .unwrap()
-            .contains("by_data_source"));
+        let plain = serde_json::to_string(&plain.unwrap()).unwrap();
+        assert!(
+            !plain.contains("by_data_source") && !plain.contains("reward_extra"),
+            "{plain}"
+        );
         assert_eq!(
             EvalRecord::of_parts(0, &[EvalTallies::default()], 0.1),
             None

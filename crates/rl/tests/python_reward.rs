@@ -70,6 +70,17 @@ fn verl_rows_are_scored_by_the_users_function_as_verl_calls_it() {
     ];
     // The dict result's "score", plus the keyword argument.
     assert_eq!(r.score_batch(&inputs).unwrap(), vec![1.25, 0.25, 0.25]);
+    // Its other numbers come back beside the score (the bool `acc` as 0/1);
+    // its text `pred` does not. A plain number has nothing beside it.
+    let scored = r.score_batch_extra(&inputs).unwrap();
+    let acc: Vec<_> = scored.iter().map(|s| s.extra.clone()).collect();
+    let one = |v: f64| [("acc".to_owned(), v)].into();
+    assert_eq!(acc, vec![one(1.0), one(0.0), one(0.0)]);
+    let lists = row(json!({"data_source": "lists", "reward_model": {"ground_truth": ["4"]}}));
+    let plain = r
+        .score_batch_extra(&[input(0, "4", "[\"4\"]", &lists)])
+        .unwrap();
+    assert_eq!(plain, vec![reward::Scored::plain(1.0)]);
 }
 
 #[test]

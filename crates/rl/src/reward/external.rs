@@ -5,7 +5,9 @@
 //! request per sample, `{"id": 7, "prompt": "…", "completion": "…",
 //! "ground_truth": "…", "row": {…}}` (`row`: the dataset row's other
 //! fields, when it has any), and the child answers each with one line
-//! `{"id": 7, "score": 1.0}`, in any order. A child started with a
+//! `{"id": 7, "score": 1.0}`, in any order; an answer may carry other
+//! numbers, `"extra": {"acc": 1.0}` (a verl reward function's dict beyond
+//! its score, [`super::Scored::extra`]). A child started with a
 //! handshake (the `python` reward's adapter) first writes one line
 //! `{"ready": …}` once it has loaded, so that a reward that cannot load is
 //! an error before the run starts. The child is started once and
@@ -17,7 +19,7 @@
 //! restarted for the next batch) and is an error naming the sample, or, with
 //! a `default_score`, gives every sample still unanswered that score.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -27,7 +29,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use wait_timeout::ChildExt;
 
-use super::{Reward, RewardInput};
+use super::{Reward, RewardInput, Scored};
 use crate::{Error, Result};
 
 /// How much of the child's stderr is kept for error messages.
@@ -79,6 +81,8 @@ struct Request<'a> {
 struct Response {
     id: u64,
     score: f64,
+    #[serde(default)]
+    extra: BTreeMap<String, f64>,
 }
 
 /// Why a batch stopped, and which sample is to blame.
@@ -221,7 +225,7 @@ impl ExternalReward {
     fn exchange(
         &mut self,
         inputs: &[RewardInput<'_>],
-        scores: &mut [Option<f32>],
+        scores: &mut [Option<Scored>],
     ) -> std::result::Result<(), Failure> {
         let mut index: HashMap<u64, usize> = HashMap::new();
         for (i, input) in inputs.iter().enumerate() {
@@ -309,8 +313,8 @@ fn read_answer(
     line: &str,
     index: &HashMap<u64, usize>,
     waiting: usize,
-    scores: &[Option<f32>],
-) -> std::result::Result<(usize, f32), Failure> {
+    scores: &[Option<Scored>],
+) -> std::result::Result<(usize, Scored), Failure> {
     let bad = |index, why: &str| Failure {
         index,
         reason: format!("bad answer line {line:?}: {why}"),
@@ -335,10 +339,16 @@ fn read_answer(
     if !resp.score.is_finite() {
         return Err(bad(i, "score is not finite"));
     }
-    Ok((i, resp.score as f32))
+    Ok((
+        i,
+        Scored {
+            score: resp.score as f32,
+            extra: resp.extra,
+        },
+    ))
 }
 
-fn first_pending(scores: &[Option<f32>]) -> usize {
+fn first_pending(scores: &[Option<Scored>]) -> usize {
     scores.iter().position(Option::is_none).unwrap_or(0)
 }
 
@@ -373,6 +383,14 @@ impl Reward for ExternalReward {
     }
 
     fn score_batch(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<f32>> {
+        Ok(self
+            .score_batch_extra(inputs)?
+            .into_iter()
+            .map(|s| s.score)
+            .collect())
+    }
+
+    fn score_batch_extra(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<Scored>> {
         if inputs.is_empty() {
             return Ok(Vec::new());
         }
@@ -383,7 +401,7 @@ impl Reward for ExternalReward {
                 return Err(inputs[f.index].fail(&self.name(), f.reason));
             };
             for s in scores.iter_mut().filter(|s| s.is_none()) {
-                *s = Some(default);
+                *s = Some(Scored::plain(default));
                 self.failures += 1;
             }
         }

@@ -24,6 +24,7 @@ pub mod python;
 pub mod rules;
 pub mod verl;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -52,6 +53,26 @@ pub struct RewardInput<'a> {
     pub extra: Option<&'a Map<String, Value>>,
 }
 
+/// A sample's score and the other numbers its scorer returned: a verl
+/// reward function's dict beyond `"score"` (verl's `reward_extra_info`,
+/// e.g. `{"score": 1.0, "acc": true}`), which evaluations report as
+/// `eval/reward_extra`. Entries that are not numbers are not kept.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Scored {
+    pub score: f32,
+    pub extra: BTreeMap<String, f64>,
+}
+
+impl Scored {
+    /// A score with nothing beside it.
+    pub fn plain(score: f32) -> Self {
+        Scored {
+            score,
+            extra: BTreeMap::new(),
+        }
+    }
+}
+
 /// A reward function. Implement it for rewards written in Rust.
 pub trait Reward: Send {
     /// A short name for messages and metrics (e.g. `exact_match`).
@@ -65,6 +86,17 @@ pub trait Reward: Send {
     /// its samples one by one (the external reward pipelines its requests).
     fn score_batch(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<f32>> {
         inputs.iter().map(|i| self.score(i)).collect()
+    }
+
+    /// [`Reward::score_batch`] with the numbers each sample's scorer
+    /// returned beside its score ([`Scored::extra`]). Rewards that return
+    /// none keep this default: empty extras.
+    fn score_batch_extra(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<Scored>> {
+        Ok(self
+            .score_batch(inputs)?
+            .into_iter()
+            .map(Scored::plain)
+            .collect())
     }
 
     /// Samples so far that failed and got a configured default score

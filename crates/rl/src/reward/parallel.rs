@@ -8,7 +8,7 @@
 //! scored by its own process on its own thread; the scores come back in
 //! the batch's order. The first failing part's error is the batch's.
 
-use super::{Reward, RewardInput};
+use super::{Reward, RewardInput, Scored};
 use crate::Result;
 
 /// See the module documentation.
@@ -34,16 +34,24 @@ impl Reward for Parallel {
     }
 
     fn score_batch(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<f32>> {
+        Ok(self
+            .score_batch_extra(inputs)?
+            .into_iter()
+            .map(|s| s.score)
+            .collect())
+    }
+
+    fn score_batch_extra(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<Scored>> {
         if inputs.is_empty() {
             return Ok(Vec::new());
         }
         let size = inputs.len().div_ceil(self.parts.len());
-        let results: Vec<Result<Vec<f32>>> = std::thread::scope(|s| {
+        let results: Vec<Result<Vec<Scored>>> = std::thread::scope(|s| {
             let running: Vec<_> = self
                 .parts
                 .iter_mut()
                 .zip(inputs.chunks(size))
-                .map(|(part, chunk)| s.spawn(move || part.score_batch(chunk)))
+                .map(|(part, chunk)| s.spawn(move || part.score_batch_extra(chunk)))
                 .collect();
             running
                 .into_iter()

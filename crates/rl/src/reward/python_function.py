@@ -9,12 +9,14 @@
 # with the dataset row's `data_source` and `extra_info` ({} when absent) and
 # the ground truth as the row holds it (`reward_model.ground_truth`, any JSON
 # type), or else the text colo read with `data.answer_key`. It may return a
-# number or a dict with a "score" (verl's two forms).
+# number or a dict with a "score" (verl's two forms); a dict's other numbers
+# go back with the score as "extra" (verl's reward_extra_info).
 #
 # The protocol owns file descriptor 1; the user's code gets stderr for its
 # prints (Python's and C's), so a debugging print cannot corrupt an answer.
 import importlib.util
 import json
+import math
 import os
 import sys
 import traceback
@@ -44,13 +46,26 @@ def load(path, name):
 
 
 def score_of(result):
+    """The score, and a dict's other entries that are finite numbers (bools
+    as 0/1): what verl keeps as `reward_extra_info`; text entries such as
+    a parsed prediction are left out."""
+    extra = {}
     if isinstance(result, dict):
         if "score" not in result:
             raise TypeError(f"returned a dict without a 'score' key: {sorted(result)}")
+        for key, value in result.items():
+            if key == "score" or isinstance(value, (str, bytes)) or value is None:
+                continue
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(number):
+                extra[str(key)] = number
         result = result["score"]
     if isinstance(result, (str, bytes)) or result is None:
         raise TypeError(f"returned {result!r}; expected a number or a dict with 'score'")
-    return float(result)
+    return float(result), extra
 
 
 def main():
@@ -71,7 +86,7 @@ def main():
         if isinstance(model, dict) and "ground_truth" in model:
             truth = model["ground_truth"]
         try:
-            score = score_of(
+            score, extra = score_of(
                 fn(
                     data_source=row.get("data_source"),
                     solution_str=req["completion"],
@@ -83,7 +98,10 @@ def main():
         except BaseException:
             traceback.print_exc()
             fail(f"{name}() failed on sample {req['id']} (traceback above)")
-        protocol.write(json.dumps({"id": req["id"], "score": score}) + "\n")
+        answer = {"id": req["id"], "score": score}
+        if extra:
+            answer["extra"] = extra
+        protocol.write(json.dumps(answer) + "\n")
         protocol.flush()
 
 

@@ -10,7 +10,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonu
     if data_source == "openai/gsm8k":
         m = re.search(r"#### (-?[0-9.,]+)", solution_str)
         answer = m.group(1).replace(",", "") if m else None
-        return {"score": float(answer == ground_truth) + bonus, "acc": answer == ground_truth}
+        # verl's math_dapo returns its parsed prediction too: text, not kept.
+        return {"score": float(answer == ground_truth) + bonus, "acc": answer == ground_truth, "pred": answer}
     if data_source == "lists":  # a ground truth that is not a string
         return float(solution_str.strip() in ground_truth)
     if data_source == "index":  # reads extra_info
