@@ -35,13 +35,13 @@ use crate::eval::{self, EvalConfig};
 use crate::metrics::{EvalRecord, EvalTallies, MetricsWriter, StepMetrics};
 use crate::reward::{self, Reward, RewardInput};
 use crate::rollouts::Rollouts;
-use crate::setup::{critic_config, engine_config, loss_config, trainer_config, uses_critic};
+use crate::setup::{critic_config, loss_config, trainer_config, uses_critic};
 use crate::worker::{HybridWorker, WorkerSpec};
 use crate::{Error, Result};
 
 pub use crate::run::{run, RunSummary};
 pub use crate::setup::{
-    builtin_capacity, device_capacity, device_memory, device_pool, kv_seqs, BUILTIN_CAPACITY,
+    builtin_capacity, device_capacity, device_memory, device_pool, engine_config, BUILTIN_CAPACITY,
     BUILTIN_CAPACITY_BF16,
 };
 

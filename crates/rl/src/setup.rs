@@ -253,7 +253,7 @@ fn warm_up_cublas(device: tch::Device) -> Result<()> {
 /// The sequences the KV cache is sized for at full length (`colo plan`
 /// caps its KV term by the same): one step's samples, or
 /// `rollout.max_num_seqs` if that is fewer.
-pub fn kv_seqs(config: &Config) -> usize {
+pub(crate) fn kv_seqs(config: &Config) -> usize {
     config
         .batch
         .samples_per_step
@@ -261,7 +261,8 @@ pub fn kv_seqs(config: &Config) -> usize {
         .max(1)
 }
 
-pub(crate) fn engine_config(config: &Config) -> EngineConfig {
+/// The rollout engine's configuration for a run.
+pub fn engine_config(config: &Config) -> EngineConfig {
     let (mem_fraction, max_kv_tokens) = match config.rollout.kv {
         KvBudget::Fraction(f) => (Some(f), None),
         KvBudget::Tokens(t) => (None, Some(t)),

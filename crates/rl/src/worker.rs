@@ -159,8 +159,7 @@ impl HybridWorker {
         // CPU. A restarted engine captures as it goes.
         if let (Some(e), Some(len)) = (rollout.as_mut(), spec.engine.max_seq_len) {
             if memory.colocation != Colocation::Restart {
-                let rows = spec.engine.kv_seqs.unwrap_or(spec.engine.max_batch);
-                e.capture_cuda_graphs(rows, len)?;
+                e.capture_cuda_graphs(spec.engine.validate()?.kv_seqs, len)?;
             }
         }
         // The engine sleeps before the trainer is built (and until the first

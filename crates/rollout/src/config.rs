@@ -89,6 +89,16 @@ pub struct ValidConfig {
     pub enforce_eager: bool,
 }
 
+impl ValidConfig {
+    /// With `mem_fraction`, the most blocks the KV cache takes: `kv_seqs`
+    /// sequences of `max_seq_len`, whole blocks each (`None` without a
+    /// `max_seq_len`: the fraction alone). `colo plan` predicts the same.
+    pub fn cap_blocks(&self) -> Option<usize> {
+        let len = self.max_seq_len?;
+        Some(crate::block_table::blocks_for(len, self.block_size).saturating_mul(self.kv_seqs))
+    }
+}
+
 impl EngineConfig {
     /// A configuration with an explicit KV budget in tokens.
     pub fn with_kv_tokens(tokens: usize) -> Self {

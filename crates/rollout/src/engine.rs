@@ -143,12 +143,8 @@ impl Engine {
                     .capacity()
                     .saturating_sub(pool.stats().resident_bytes + slack);
                 let by_fraction = (f * free as f64) as usize / layout.bytes_per_block();
-                match cfg.max_seq_len {
-                    Some(len) => {
-                        by_fraction.min(blocks_for(len, cfg.block_size).saturating_mul(cfg.kv_seqs))
-                    }
-                    None => by_fraction,
-                }
+                cfg.cap_blocks()
+                    .map_or(by_fraction, |cap| by_fraction.min(cap))
             }
         };
         if layout.num_blocks == 0 || layout.num_blocks > BlockId::MAX as usize {

@@ -37,9 +37,6 @@ use colo_plan::config::{ModelSource, Offload, PlanInput, WeightSync, GIB};
 use colo_plan::model::HfConfig;
 use colo_rl::config::{Colocation, Config, DataSource, Dtype, KvBudget, ModelSource as RunModel};
 
-/// Tokens per KV-cache block in colo-rollout (`EngineConfig::default`).
-const KV_BLOCK_TOKENS: u64 = 16;
-
 /// The planner's input for a run, and what was read to build it.
 #[derive(Debug, Clone)]
 pub struct RunPlan {
@@ -93,6 +90,7 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         None => config.batch.micro_batch_samples as u64 * seq_len,
     };
     let dtype = config.trainer.dtype.resolve(config.trainer.device);
+    let engine = colo_rl::r#loop::engine_config(config).validate()?;
     let input = PlanInput {
         model: ModelSource::Config(hf_config(&model_cfg)),
         param_dtype: dtype.name().into(),
@@ -110,16 +108,12 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         logprob_tokens_per_micro_batch: Some(micro_tokens),
         kv_free_fraction,
         kv_tokens,
-        kv_block_tokens: KV_BLOCK_TOKENS,
-        // The run's cap (colo-rl's engine config): one step's sequences
-        // (at most max_num_seqs) of max_prompt_length + max_new_tokens,
-        // whole blocks each.
-        kv_tokens_cap: Some(
-            colo_rl::r#loop::kv_seqs(config) as u64
-                * (config.data.max_prompt_length as u64 + config.rollout.max_new_tokens as u64)
-                    .div_ceil(KV_BLOCK_TOKENS)
-                * KV_BLOCK_TOKENS,
-        ),
+        kv_block_tokens: engine.block_size as u64,
+        // The engine's own cap (one step's sequences, at most
+        // max_num_seqs, of max_prompt_length + max_new_tokens).
+        kv_tokens_cap: engine
+            .cap_blocks()
+            .map(|blocks| (blocks * engine.block_size) as u64),
         activation_model: "eager".into(),
         seq_len: Some(seq_len),
         response_len: Some(config.rollout.max_new_tokens as u64),
