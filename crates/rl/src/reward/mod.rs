@@ -71,6 +71,12 @@ impl Scored {
             extra: BTreeMap::new(),
         }
     }
+
+    /// The scores alone, in order (`score_batch` of a reward whose
+    /// `score_batch_extra` does the work).
+    pub fn scores(scored: Vec<Scored>) -> Vec<f32> {
+        scored.into_iter().map(|s| s.score).collect()
+    }
 }
 
 /// A reward function. Implement it for rewards written in Rust.

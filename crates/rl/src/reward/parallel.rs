@@ -34,11 +34,7 @@ impl Reward for Parallel {
     }
 
     fn score_batch(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<f32>> {
-        Ok(self
-            .score_batch_extra(inputs)?
-            .into_iter()
-            .map(|s| s.score)
-            .collect())
+        Ok(Scored::scores(self.score_batch_extra(inputs)?))
     }
 
     fn score_batch_extra(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<Scored>> {
