@@ -250,3 +250,33 @@ fn dropping_kills_a_child_that_ignores_its_stdin_closing() {
     );
     assert!(!alive(pid), "the child {pid} was killed");
 }
+
+/// An answer may carry other numbers beside its score (`"extra"`); one
+/// whose `extra` holds text is a bad answer naming its sample.
+#[test]
+fn an_answer_may_carry_extra_numbers() {
+    let dir = TempDir::new("ext-extra");
+    let script = dir.write(
+        "extra.py",
+        "import json, sys\n\
+         for line in sys.stdin:\n\
+         \x20   req = json.loads(line)\n\
+         \x20   extra = {'len': len(req['completion'])} if req['completion'] != 'TEXT' else {'pred': 'x'}\n\
+         \x20   print(json.dumps({'id': req['id'], 'score': 0.5, 'extra': extra}), flush=True)\n",
+    );
+    let command = vec!["python3".into(), script.display().to_string()];
+    let mut r = ExternalReward::start(command, Duration::from_secs(20), None).unwrap();
+    let scored = r
+        .score_batch_extra(&[input(0, "q", "abc", "x"), input(1, "q", "", "x")])
+        .unwrap();
+    let lens: Vec<(f32, f64)> = scored.iter().map(|s| (s.score, s.extra["len"])).collect();
+    assert_eq!(lens, vec![(0.5, 3.0), (0.5, 0.0)]);
+    let msg = r
+        .score_batch_extra(&[input(7, "q", "TEXT", "x")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("failed on sample 7") && msg.contains("optionally \"extra\": {name: number}"),
+        "{msg}"
+    );
+}

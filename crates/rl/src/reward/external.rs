@@ -327,7 +327,9 @@ fn read_answer(
             .and_then(|id| index.get(&id).copied());
         bad(
             named.unwrap_or(waiting),
-            &format!("expected {{\"id\", \"score\"}} ({e})"),
+            &format!(
+                "expected {{\"id\", \"score\"}} and optionally \"extra\": {{name: number}} ({e})"
+            ),
         )
     })?;
     let Some(&i) = index.get(&resp.id) else {
