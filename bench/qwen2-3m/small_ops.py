@@ -2,13 +2,17 @@
 
 Usage: .venv/bin/python bench/qwen2-3m/small_ops.py
 """
-import torch, time
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from timing import micros  # noqa: E402
+
 torch.set_num_threads(1)
 def bench(f, n=2000):
-    for _ in range(50): f()
-    t=time.perf_counter()
-    for _ in range(n): f()
-    return (time.perf_counter()-t)/n*1e6
+    return micros(f, n, 50)
 for dt in (torch.float32, torch.bfloat16):
     x=torch.randn(32,256,dtype=dt); w=torch.randn(688,256,dtype=dt); b=torch.randn(688,dtype=dt)
     w2=torch.randn(1376,256,dtype=dt); w3=torch.randn(256,688,dtype=dt); h=torch.randn(32,688,dtype=dt)
