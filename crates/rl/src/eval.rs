@@ -57,12 +57,8 @@ impl EvalConfig {
 /// The measured numbers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EvalResult {
-    /// Fraction (0..=1) of prompts whose greedy completion is right.
-    pub accuracy: f64,
-    /// Mean reward of the greedy completions (the accuracy for a 0/1
-    /// rule; partial credit shows here).
-    pub score_mean: f64,
-    /// The greedy completions' tally (what workers add up).
+    /// The greedy completions' tally (what workers add up; its
+    /// [`Tally::accuracy`] and [`Tally::score_mean`] are the result's).
     pub all: Tally,
     /// The greedy completions' tallies per `data_source` of the rows
     /// (verl's per-source validation metrics); empty when no row names one.
@@ -75,6 +71,19 @@ pub struct EvalResult {
     pub mean_response_len: f64,
     /// Prompts evaluated.
     pub n: usize,
+}
+
+impl EvalResult {
+    /// Fraction (0..=1) of prompts whose greedy completion is right.
+    pub fn accuracy(&self) -> f64 {
+        self.all.accuracy()
+    }
+
+    /// Mean reward of the greedy completions (the accuracy for a 0/1
+    /// rule; partial credit shows here).
+    pub fn score_mean(&self) -> f64 {
+        self.all.score_mean()
+    }
 }
 
 /// Greedy accuracy and, if `cfg.k > 0`, pass@k of `engine` on `data`.
@@ -130,8 +139,6 @@ pub fn evaluate(
         }
     };
     Ok(EvalResult {
-        accuracy: all.accuracy(),
-        score_mean: all.score_mean(),
         all,
         by_source: by_source
             .into_iter()
@@ -156,7 +163,7 @@ pub fn greedy_accuracy(
         k: 0,
         ..cfg.clone()
     };
-    Ok(evaluate(engine, data, tokenizer, reward, &cfg)?.accuracy)
+    Ok(evaluate(engine, data, tokenizer, reward, &cfg)?.accuracy())
 }
 
 fn frac(a: usize, b: usize) -> f64 {
@@ -195,12 +202,17 @@ pub struct Sum {
     pub n: usize,
 }
 
+impl std::ops::AddAssign for Sum {
+    fn add_assign(&mut self, other: Sum) {
+        (self.sum, self.n) = (self.sum + other.sum, self.n + other.n);
+    }
+}
+
 impl Tally {
     fn of(scores: &[&Scored]) -> Self {
         let mut extra: BTreeMap<String, Sum> = BTreeMap::new();
-        for (name, &v) in scores.iter().flat_map(|s| &s.extra) {
-            let e = extra.entry(name.clone()).or_default();
-            (e.sum, e.n) = (e.sum + v, e.n + 1);
+        for (name, &sum) in scores.iter().flat_map(|s| &s.extra) {
+            *extra.entry(name.clone()).or_default() += Sum { sum, n: 1 };
         }
         Tally {
             right: scores.iter().filter(|s| s.score >= RIGHT).count(),
@@ -235,8 +247,7 @@ impl std::ops::Add for Tally {
 
     fn add(mut self, other: Tally) -> Tally {
         for (name, s) in other.extra {
-            let e = self.extra.entry(name).or_default();
-            (e.sum, e.n) = (e.sum + s.sum, e.n + s.n);
+            *self.extra.entry(name).or_default() += s;
         }
         Tally {
             right: self.right + other.right,

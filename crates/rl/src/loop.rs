@@ -509,7 +509,7 @@ impl Run<'_> {
         self.accuracy_by_source = (result.by_source.iter())
             .map(|(source, tally)| (source.clone(), tally.accuracy()))
             .collect();
-        Ok(result.accuracy)
+        Ok(result.accuracy())
     }
 
     /// Writes `checkpoints/step-N`, atomically and as a complete Hugging

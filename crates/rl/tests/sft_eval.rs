@@ -59,9 +59,9 @@ fn builtin_checkpoint_loads_and_has_the_documented_accuracy() {
     let res = evaluate(&mut engine, &data, &tokenizer, r.as_mut(), &cfg).unwrap();
     assert_eq!((res.n, res.pass_at_k), (64, None));
     assert!(
-        BUILTIN_ACCURACY_64.contains(&res.accuracy),
+        BUILTIN_ACCURACY_64.contains(&res.accuracy()),
         "greedy accuracy {} outside the documented {BUILTIN_ACCURACY_64:?}",
-        res.accuracy
+        res.accuracy()
     );
     // Answers are 1–3 digits and EOS: the format is learnt.
     assert!((2.0..=4.0).contains(&res.mean_response_len), "{res:?}");
@@ -189,10 +189,10 @@ fn evaluate_counts_right_answers() {
     let mut r = reward::build(&RewardSpec::ExactMatch {}).unwrap();
     let res = evaluate(&mut engine, &data, &tok, r.as_mut(), &cfg).unwrap();
     assert_eq!(res.n, 4);
-    assert_eq!(res.accuracy, want_acc as f64 / 4.0, "{g:?} {truths:?}");
+    assert_eq!(res.accuracy(), want_acc as f64 / 4.0, "{g:?} {truths:?}");
     assert_eq!(res.pass_at_k, Some(want_pass as f64 / 4.0), "{s:?}");
     assert_eq!(res.mean_response_len, tokens as f64 / 4.0);
-    assert_eq!(res.score_mean, res.accuracy, "a 0/1 reward");
+    assert_eq!(res.score_mean(), res.accuracy(), "a 0/1 reward");
     let right = |i: usize| usize::from(same(&g[i], &truths[i]));
     let by: Vec<(&str, usize, usize)> = res
         .by_source
@@ -220,7 +220,7 @@ fn evaluate_counts_right_answers() {
     };
     let res = evaluate(&mut engine, &data, &tok, h.as_mut(), &greedy_only).unwrap();
     assert_eq!(
-        (res.accuracy, res.score_mean),
+        (res.accuracy(), res.score_mean()),
         (0.0, 0.5 * want_acc as f64 / 4.0)
     );
     assert_eq!(
@@ -240,7 +240,7 @@ fn evaluate_counts_right_answers() {
         },
     )
     .unwrap();
-    assert_eq!((first.n, first.accuracy), (1, 1.0));
+    assert_eq!((first.n, first.accuracy()), (1, 1.0));
     let empty = Dataset::default();
     assert!(evaluate(&mut engine, &empty, &tok, r.as_mut(), &cfg).is_err());
 }

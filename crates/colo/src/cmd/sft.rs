@@ -63,7 +63,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         SftEvent::Eval { step, result } => println!(
             "eval step {step:>5}  accuracy {:.1}%  pass@{} {}  mean length {:.2}  (n = {})",
-            100.0 * result.accuracy,
+            100.0 * result.accuracy(),
             result.k,
             result
                 .pass_at_k
