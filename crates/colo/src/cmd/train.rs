@@ -108,6 +108,7 @@ fn by_source(accuracy: &std::collections::BTreeMap<String, f64>) -> String {
 /// says which phase overflows and by what.
 fn plan_check(config: &Config) -> Result<()> {
     use colo_plan::memory::estimate;
+    use colo_plan::PlanError;
     let fmt = colo_mem::fmt_bytes;
     // A run the planner does not model (restart mode) is not checked.
     let run = match super::plan_config::from_config(config) {
@@ -129,10 +130,19 @@ fn plan_check(config: &Config) -> Result<()> {
         .validate()
         .and_then(|plan| estimate(&plan))
         .map_err(|e| {
-            // The planner's name for the run's key.
-            let e = e
-                .to_string()
-                .replace("kv_free_fraction", "rollout.mem_fraction");
+            // The run's key for the planner's name of it.
+            let e = match e {
+                PlanError::OutOfRange {
+                    name: "kv_free_fraction",
+                    value,
+                    valid,
+                } => PlanError::OutOfRange {
+                    name: "rollout.mem_fraction",
+                    value,
+                    valid,
+                },
+                e => e,
+            };
             refuse(format!(
                 "with memory.capacity = {}, colo-plan: {e}",
                 fmt(capacity)
