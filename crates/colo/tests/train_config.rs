@@ -225,6 +225,13 @@ fn a_verl_reward_function_scores_the_run() {
         )) && metrics.contains("\"eval/reward_extra\":{\"acc\":1.0}"),
         "{metrics}"
     );
+    // So is each training step (TRL logs its reward functions' means every
+    // step).
+    let step = metrics
+        .lines()
+        .find(|l| l.contains("\"timing_s/step\""))
+        .expect("a step record");
+    assert!(step.contains("\"reward/extra\":{\"acc\":1.0}"), "{step}");
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&dir0);
 }

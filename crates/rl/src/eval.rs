@@ -209,7 +209,7 @@ impl std::ops::AddAssign for Sum {
 }
 
 impl Tally {
-    fn of(scores: &[&Scored]) -> Self {
+    pub(crate) fn of(scores: &[&Scored]) -> Self {
         let mut extra: BTreeMap<String, Sum> = BTreeMap::new();
         for (name, &sum) in scores.iter().flat_map(|s| &s.extra) {
             *extra.entry(name.clone()).or_default() += Sum { sum, n: 1 };

@@ -31,9 +31,9 @@ use tch::Tensor;
 
 use crate::config::Config;
 use crate::data::{Batch, Dataset};
-use crate::eval::{self, EvalConfig};
+use crate::eval::{self, EvalConfig, Tally};
 use crate::metrics::{EvalRecord, EvalTallies, MetricsWriter, StepMetrics};
-use crate::reward::{self, Reward, RewardInput};
+use crate::reward::{self, Reward, RewardInput, Scored};
 use crate::rollouts::Rollouts;
 use crate::setup::{critic_config, loss_config, trainer_config, uses_critic};
 use crate::worker::{HybridWorker, WorkerSpec};
@@ -167,8 +167,10 @@ impl Run<'_> {
             })
             .collect();
         let failures_before = self.reward.failures();
-        let scores = self.reward.score_batch(&inputs)?; // (samples,)
-                                                        // ReMax: each row's baseline is its prompt's greedy score.
+        let scored = self.reward.score_batch_extra(&inputs)?;
+        let reward_extra = Tally::of(&scored.iter().collect::<Vec<_>>()).extra_means();
+        let scores = Scored::scores(scored); // (samples,)
+                                             // ReMax: each row's baseline is its prompt's greedy score.
         let baselines = match greedy {
             Some(texts) => {
                 let inputs: Vec<RewardInput> = batch
@@ -359,6 +361,7 @@ impl Run<'_> {
             peak_device_bytes: pool_stats.peak_resident_bytes,
             peak_allocated_bytes: pool_stats.peak_allocated_bytes,
             reward_failures,
+            reward_extra,
             mismatch: Some(mismatch.into()),
         })
     }

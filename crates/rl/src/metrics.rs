@@ -125,6 +125,16 @@ pub struct StepMetrics {
     /// Samples whose reward failed and got the configured default.
     #[serde(rename = "reward/failures", default)]
     pub reward_failures: u64,
+    /// The mean of each number the reward returned beside its score (a
+    /// weighted reward's terms, a verl function's dict entries) over the
+    /// step's samples that returned it; as `eval/reward_extra` for the
+    /// held-out set.
+    #[serde(
+        rename = "reward/extra",
+        default,
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub reward_extra: BTreeMap<String, f64>,
 
     /// Rollout vs. training log-probabilities.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]

@@ -138,7 +138,7 @@ pub(crate) const DOCS: &[Doc] = &[
     opt("reward.after", "numeric: read the first number after the last occurrence of this marker (GSM8K: \"####\")", "text", "", "the last number of the completion"),
     d("reward.open", "format: the answer must stand between open…", "text", ""),
     d("reward.close", "format: …and close", "text", ""),
-    d("reward.terms", "weighted: Σ weight · reward over these terms", "list of {weight, reward = {kind, …}}", ""),
+    d("reward.terms", "weighted: Σ weight · reward over these terms; each term's own score is logged under its name in reward/extra and eval/reward_extra", "list of {weight, reward = {kind, …}, name (default: its kind, or a python term's function)}", ""),
     d("reward.path", "python: the file defining the reward function (relative to the working directory)", "path", "custom_reward_function.path"),
     d("reward.name", "python: the function, called as verl calls it: name(data_source=, solution_str=, ground_truth=, extra_info=, **kwargs), returning a number or a dict with \"score\"", "identifier", "custom_reward_function.name"),
     d("reward.kwargs", "python: keyword arguments added to every call", "table", "custom_reward_function.reward_kwargs"),

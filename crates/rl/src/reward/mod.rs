@@ -23,6 +23,7 @@ mod parallel;
 pub mod python;
 pub mod rules;
 pub mod verl;
+mod weighted;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -34,6 +35,7 @@ pub use external::{ExternalReward, FINISH_GRACE};
 pub use parallel::Parallel;
 pub use rules::{BoxedMatch, ExactMatch, FormatReward, NumericMatch};
 pub use verl::VerlDefault;
+pub use weighted::{Term, Weighted};
 
 use crate::{Error, Result};
 
@@ -217,6 +219,11 @@ pub enum RewardSpec {
 pub struct WeightedTerm {
     pub weight: f32,
     pub reward: RewardSpec,
+    /// The term's key among the reward's extra numbers (its own score, in
+    /// `reward/extra` and `eval/reward_extra`); default: its `kind` (a
+    /// Python term's function name), numbered from `_2` when repeated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 fn default_tolerance() -> f64 {
@@ -316,12 +323,7 @@ pub fn build(spec: &RewardSpec) -> Result<Box<dyn Reward>> {
             open: open.clone(),
             close: close.clone(),
         }),
-        RewardSpec::Weighted { terms } => Box::new(Weighted {
-            terms: terms
-                .iter()
-                .map(|t| Ok((t.weight, build(&t.reward)?)))
-                .collect::<Result<_>>()?,
-        }),
+        RewardSpec::Weighted { terms } => Box::new(Weighted::build(terms)?),
         RewardSpec::Python {
             path,
             name,
@@ -377,45 +379,6 @@ fn processes(
     Ok(Box::new(Parallel::new(parts)))
 }
 
-/// Σ weight · reward over its terms.
-pub struct Weighted {
-    pub terms: Vec<(f32, Box<dyn Reward>)>,
-}
-
-impl Reward for Weighted {
-    fn name(&self) -> String {
-        let parts: Vec<String> = self
-            .terms
-            .iter()
-            .map(|(w, r)| format!("{w}·{}", r.name()))
-            .collect();
-        parts.join(" + ")
-    }
-
-    fn score(&mut self, input: &RewardInput<'_>) -> Result<f32> {
-        let mut total = 0.0;
-        for (w, r) in &mut self.terms {
-            total += *w * r.score(input)?;
-        }
-        Ok(total)
-    }
-
-    /// Summed over the terms (a sample two terms failed on counts twice).
-    fn failures(&self) -> u64 {
-        self.terms.iter().map(|(_, r)| r.failures()).sum()
-    }
-
-    fn score_batch(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<f32>> {
-        let mut total = vec![0.0; inputs.len()];
-        for (w, r) in &mut self.terms {
-            for (t, s) in total.iter_mut().zip(r.score_batch(inputs)?) {
-                *t += *w * s;
-            }
-        }
-        Ok(total)
-    }
-}
-
 /// A reward whose failures score `default` instead of stopping the run; the
 /// failures are counted (report them, a silent default hides bugs).
 pub struct WithDefault<R> {
@@ -447,6 +410,22 @@ impl<R: Reward> Reward for WithDefault<R> {
                 Ok(self.default)
             }
         }
+    }
+
+    /// The inner reward's extras, sample by sample as [`Reward::score`]
+    /// (a failed sample: the default and none).
+    fn score_batch_extra(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<Scored>> {
+        let mut out = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            match self.inner.score_batch_extra(std::slice::from_ref(input)) {
+                Ok(mut s) if s.len() == 1 => out.push(s.remove(0)),
+                _ => {
+                    self.failures += 1;
+                    out.push(Scored::plain(self.default));
+                }
+            }
+        }
+        Ok(out)
     }
 
     fn failures(&self) -> u64 {
@@ -541,5 +520,27 @@ mod tests {
         let mut d = WithDefault::new(Picky, -1.0);
         let s = d.score_batch(&[input("ok", ""), input("?", "")]).unwrap();
         assert_eq!((s, d.failures), (vec![1.0, -1.0], 1));
+    }
+
+    #[test]
+    fn a_default_keeps_the_extras_of_the_samples_that_scored() {
+        let terms = vec![WeightedTerm {
+            weight: 1.0,
+            reward: RewardSpec::ExactMatch {},
+            name: Some("em".into()),
+        }];
+        let mut d = WithDefault::new(Weighted::build(&terms).unwrap(), -1.0);
+        let s = d
+            .score_batch_extra(&[input("a", "a"), input("b", "a")])
+            .unwrap();
+        assert_eq!(Scored::scores(s.clone()), vec![1.0, 0.0]);
+        assert_eq!(s[0].extra.get("em"), Some(&1.0));
+        assert_eq!(s[1].extra.get("em"), Some(&0.0));
+        let mut d = WithDefault::new(Picky, -1.0);
+        let s = d
+            .score_batch_extra(&[input("ok", ""), input("?", "")])
+            .unwrap();
+        assert_eq!(s, vec![Scored::plain(1.0), Scored::plain(-1.0)]);
+        assert_eq!(d.failures, 1);
     }
 }
