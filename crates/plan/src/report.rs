@@ -196,10 +196,50 @@ impl MemoryReport {
                 let _ = writeln!(out, "largest mem fraction that fits: {}", fraction(f));
             }
             None => {
-                let _ = writeln!(out, "no mem fraction fits");
+                let _ = writeln!(out, "no mem fraction fits: {}", self.why_no_fraction_fits());
             }
         }
         out
+    }
+
+    /// Why no `mem_fraction` fits: a phase without the KV cache that is
+    /// too large on its own, or the phase with the KV cache whose other
+    /// contents leave too little for the engine's weights.
+    fn why_no_fraction_fits(&self) -> String {
+        let sized = |b: u64| {
+            let (unit, scale) = unit_of(b);
+            format!("{:.1} {unit}", b as f64 / scale as f64)
+        };
+        let device = self.device_bytes;
+        let alone =
+            (self.phases.iter()).find(|p| p.get(Component::KvCache) == 0 && p.total_bytes > device);
+        if let Some(p) = alone {
+            return format!(
+                "`{}` needs {} without the KV cache, more than the {} of a device, \
+                 whatever the fraction (lower its micro-batch, offload, or shard over more devices)",
+                p.name,
+                sized(p.total_bytes),
+                sized(device)
+            );
+        }
+        let beside = |p: &PhaseMemory| {
+            let engine = p.get(Component::KvCache) + p.get(Component::RolloutWeights);
+            p.total_bytes.saturating_sub(engine)
+        };
+        let tightest = (self.phases.iter())
+            .filter(|p| p.get(Component::KvCache) > 0)
+            .max_by_key(|p| beside(p));
+        match tightest {
+            Some(p) => format!(
+                "`{}` holds {} besides the engine, and of a device of {} that leaves \
+                 no room for the engine's {} of weights and a KV cache",
+                p.name,
+                sized(beside(p)),
+                sized(device),
+                sized(p.get(Component::RolloutWeights))
+            ),
+            None => format!("the engine's weights do not fit in {}", sized(device)),
+        }
     }
 }
 
@@ -234,6 +274,53 @@ mod tests {
         assert_eq!(fraction(0.9), "0.900");
         assert_eq!(fraction(2.2e-5), "2.2e-5");
         assert_eq!(fraction(0.0), "0.000");
+    }
+
+    fn phase(name: &str, parts: &[(Component, u64)]) -> PhaseMemory {
+        PhaseMemory {
+            name: name.into(),
+            kind: PhaseKind::Training,
+            components: parts.iter().copied().collect(),
+            total_bytes: parts.iter().map(|(_, b)| b).sum(),
+        }
+    }
+
+    /// `colo plan` says why no fraction fits: the phase too large alone, or
+    /// what leaves the engine's weights no room.
+    #[test]
+    fn no_fitting_fraction_is_explained() {
+        let mut r = MemoryReport {
+            peak_bytes: 90 * GIB,
+            peak_phase: "training".into(),
+            device_bytes: 80 * GIB,
+            fits: false,
+            mem_fraction: 0.5,
+            max_mem_fraction: None,
+            kv_cache_bytes: 30 * GIB,
+            kv_tokens: 1,
+            phases: vec![
+                phase(
+                    "rollout",
+                    &[
+                        (Component::RolloutWeights, 10 * GIB),
+                        (Component::KvCache, 30 * GIB),
+                        (Component::Optimizer, 75 * GIB),
+                    ],
+                ),
+                phase("training", &[(Component::Activations, 90 * GIB)]),
+            ],
+        };
+        let t = r.table();
+        assert!(
+            t.contains("no mem fraction fits: `training` needs 90.0 GiB without the KV cache, more than the 80.0 GiB of a device"),
+            "{t}"
+        );
+        r.phases.pop();
+        let t = r.table();
+        assert!(
+            t.contains("no mem fraction fits: `rollout` holds 75.0 GiB besides the engine, and of a device of 80.0 GiB that leaves no room for the engine's 10.0 GiB of weights"),
+            "{t}"
+        );
     }
 
     /// A 4.4 MiB peak on a 24 GiB device: the table in MiB, not zeros in GiB.
