@@ -69,11 +69,14 @@ pub struct EvalResult {
     pub k: usize,
     /// Mean length in tokens of the greedy completions (stop token included).
     pub mean_response_len: f64,
-    /// Prompts evaluated.
-    pub n: usize,
 }
 
 impl EvalResult {
+    /// Prompts evaluated.
+    pub fn n(&self) -> usize {
+        self.all.n
+    }
+
     /// Fraction (0..=1) of prompts whose greedy completion is right.
     pub fn accuracy(&self) -> f64 {
         self.all.accuracy()
@@ -147,7 +150,6 @@ pub fn evaluate(
         pass_at_k,
         k: cfg.k,
         mean_response_len,
-        n: prompts.len(),
     })
 }
 

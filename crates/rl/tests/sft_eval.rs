@@ -57,7 +57,7 @@ fn builtin_checkpoint_loads_and_has_the_documented_accuracy() {
         ..EvalConfig::greedy(6, task::model_config().eos_token_ids)
     };
     let res = evaluate(&mut engine, &data, &tokenizer, r.as_mut(), &cfg).unwrap();
-    assert_eq!((res.n, res.pass_at_k), (64, None));
+    assert_eq!((res.n(), res.pass_at_k), (64, None));
     assert!(
         BUILTIN_ACCURACY_64.contains(&res.accuracy()),
         "greedy accuracy {} outside the documented {BUILTIN_ACCURACY_64:?}",
@@ -89,7 +89,7 @@ fn sft_lowers_the_loss_and_writes_a_loadable_checkpoint() {
     // From near ln(102) ≈ 4.6 (uniform over the vocabulary) to well below.
     assert!(first > 3.0 && last < first - 1.0, "{first} → {last}");
     let (step, res) = report.evals[0].clone();
-    assert_eq!((step, res.n, res.k), (30, 8, 2));
+    assert_eq!((step, res.n(), res.k), (30, 8, 2));
     assert!(res.pass_at_k.is_some());
     let engine = Engine::from_dir(&dir.0, pool(), &EngineConfig::with_kv_tokens(256));
     assert!(engine.is_ok(), "the checkpoint loads");

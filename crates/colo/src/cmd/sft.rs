@@ -69,7 +69,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 .pass_at_k
                 .map_or("-".into(), |p| format!("{:.1}%", 100.0 * p)),
             result.mean_response_len,
-            result.n
+            result.n()
         ),
     })
     .with_context(|| format!("SFT into {}", a.out.display()))?;
