@@ -43,10 +43,28 @@ fn main() -> std::process::ExitCode {
     match run(Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `e` and its causes as `a: b: c`, leaving out a cause whose text the
+/// message already ends with (an error that prints its source, such as
+/// an i/o error naming its path, is followed in the chain by that source).
+fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -58,5 +76,37 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plan(a) => cmd::plan::run(*a),
         Command::Sft(a) => cmd::sft::run(a),
         Command::GpuCheck(a) => cmd::gpu_check::run(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error that prints its source, as the crates' i/o errors do.
+    #[derive(Debug)]
+    struct Io {
+        source: std::io::Error,
+    }
+
+    impl std::fmt::Display for Io {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "i/o error on x: {}", self.source)
+        }
+    }
+
+    impl std::error::Error for Io {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.source)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_printed_is_not_repeated() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let e = anyhow::Error::new(Io { source: io }).context("colo train");
+        assert_eq!(message(&e), "colo train: i/o error on x: gone");
+        let e = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(message(&e), "outer: inner");
     }
 }

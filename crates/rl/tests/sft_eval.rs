@@ -188,7 +188,7 @@ fn evaluate_counts_right_answers() {
 
     let mut r = reward::build(&RewardSpec::ExactMatch {}).unwrap();
     let res = evaluate(&mut engine, &data, &tok, r.as_mut(), &cfg).unwrap();
-    assert_eq!(res.n, 4);
+    assert_eq!(res.n(), 4);
     assert_eq!(res.accuracy(), want_acc as f64 / 4.0, "{g:?} {truths:?}");
     assert_eq!(res.pass_at_k, Some(want_pass as f64 / 4.0), "{s:?}");
     assert_eq!(res.mean_response_len, tokens as f64 / 4.0);
@@ -240,7 +240,7 @@ fn evaluate_counts_right_answers() {
         },
     )
     .unwrap();
-    assert_eq!((first.n, first.accuracy()), (1, 1.0));
+    assert_eq!((first.n(), first.accuracy()), (1, 1.0));
     let empty = Dataset::default();
     assert!(evaluate(&mut engine, &empty, &tok, r.as_mut(), &cfg).is_err());
 }
