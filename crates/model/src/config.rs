@@ -242,6 +242,14 @@ impl HfConfig {
                 return Err(invalid(format!("{name} must be positive")));
             }
         }
+        // transformers adds eps to a mean of squares: a negative one can
+        // make the root NaN.
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return Err(invalid(format!(
+                "rms_norm_eps ({}) must be a finite number ≥ 0",
+                self.rms_norm_eps
+            )));
+        }
         let attention_bias = self.attention_bias.unwrap_or(false);
         Ok(ModelConfig {
             arch,
@@ -511,6 +519,13 @@ mod tests {
         let mut v = base();
         v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
         assert!(parse(v).unwrap_err().to_string().contains("yarn"));
+        let mut v = base();
+        v["rms_norm_eps"] = json!(-1.0);
+        let e = parse(v).unwrap_err().to_string();
+        assert!(
+            e.contains("rms_norm_eps (-1) must be a finite number ≥ 0"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -39,6 +39,18 @@ pub enum Error {
         checkpoint: Option<PathBuf>,
     },
 
+    /// The checkpoint stores a weight the model needs as integers or
+    /// booleans.
+    #[error(
+        "{}tensor `{name}` is stored as {dtype}, but a weight must be floating-point (F32, F16, BF16 or F64)",
+        in_checkpoint(checkpoint)
+    )]
+    NotFloat {
+        name: String,
+        dtype: String,
+        checkpoint: Option<PathBuf>,
+    },
+
     /// A file the checkpoint directory must hold is absent.
     #[error("missing file {}", path.display())]
     MissingFile { path: PathBuf },

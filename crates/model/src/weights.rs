@@ -27,6 +27,9 @@ pub const WEIGHTS_INDEX_FILE: &str = "model.safetensors.index.json";
 #[derive(Debug, Default)]
 pub struct Weights {
     tensors: HashMap<String, Tensor>,
+    /// Tensors of the files that are not floating-point, with their dtype:
+    /// left out of `tensors`, an error if asked for.
+    not_float: HashMap<String, String>,
     /// The checkpoint directory they were read from, named in errors.
     dir: Option<PathBuf>,
 }
@@ -40,6 +43,7 @@ impl Clone for Weights {
                 .iter()
                 .map(|(n, t)| (n.clone(), t.shallow_clone()))
                 .collect(),
+            not_float: self.not_float.clone(),
             dir: self.dir.clone(),
         }
     }
@@ -68,7 +72,10 @@ impl Weights {
     /// from a trainer). They are used as they are: same storage, kind,
     /// device and `requires_grad`.
     pub fn from_tensors(tensors: HashMap<String, Tensor>) -> Self {
-        Weights { tensors, dir: None }
+        Weights {
+            tensors,
+            ..Weights::default()
+        }
     }
 
     /// Reads `model.safetensors`, or every shard that
@@ -88,12 +95,13 @@ impl Weights {
         } else {
             return Err(Error::MissingFile { path: single });
         };
-        let mut tensors = HashMap::new();
+        let (mut tensors, mut not_float) = (HashMap::new(), HashMap::new());
         for file in files {
-            read_safetensors(&file, kind, device, &mut tensors)?;
+            read_safetensors(&file, kind, device, &mut tensors, &mut not_float)?;
         }
         Ok(Weights {
             tensors,
+            not_float,
             dir: Some(dir.to_owned()),
         })
     }
@@ -116,12 +124,19 @@ impl Weights {
             };
             tensors.insert(name, t);
         }
-        Ok(Weights { tensors, dir: None })
+        Ok(Weights::from_tensors(tensors))
     }
 
     /// The tensor `name` (a shallow clone sharing its storage), which must
     /// have exactly `shape` (what the model's config implies).
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        if let Some(dtype) = self.not_float.get(name) {
+            return Err(Error::NotFloat {
+                name: name.to_owned(),
+                dtype: dtype.clone(),
+                checkpoint: self.dir.clone(),
+            });
+        }
         let t = self.tensors.get(name).ok_or_else(|| Error::MissingTensor {
             name: name.to_owned(),
             checkpoint: self.dir.clone(),
@@ -140,7 +155,7 @@ impl Weights {
 
     /// Whether a tensor of this name is present.
     pub fn contains(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.tensors.contains_key(name) || self.not_float.contains_key(name)
     }
 
     /// The tensor names, sorted.
@@ -158,6 +173,7 @@ fn read_safetensors(
     kind: Kind,
     device: Device,
     out: &mut HashMap<String, Tensor>,
+    not_float: &mut HashMap<String, String>,
 ) -> Result<()> {
     let fail = |tensor: Option<&str>, reason: String| Error::Safetensors {
         path: path.to_owned(),
@@ -165,24 +181,22 @@ fn read_safetensors(
         reason,
     };
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|e| fail(None, e.to_string()))?;
+    let file = SafeTensors::deserialize(&bytes).map_err(|e| {
+        let (tensor, reason) = diagnose(&bytes).unwrap_or((None, e.to_string()));
+        fail(tensor.as_deref(), reason)
+    })?;
     for (name, view) in file.tensors() {
         let src_kind = match view.dtype() {
             Dtype::F32 => Kind::Float,
             Dtype::F16 => Kind::Half,
             Dtype::BF16 => Kind::BFloat16,
             Dtype::F64 => Kind::Double,
-            Dtype::I64 => Kind::Int64,
-            Dtype::I32 => Kind::Int,
-            Dtype::I16 => Kind::Int16,
-            Dtype::I8 => Kind::Int8,
-            Dtype::U8 => Kind::Uint8,
-            Dtype::BOOL => Kind::Bool,
+            // A model's weights are floating-point numbers: an integer or
+            // boolean tensor is kept out, and asking for it is an error
+            // (`Weights::get`), while an unused buffer does no harm.
             other => {
-                return Err(fail(
-                    Some(&name),
-                    format!("dtype {other:?} is not supported"),
-                ))
+                not_float.insert(name, format!("{other:?}"));
+                continue;
             }
         };
         let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
@@ -190,9 +204,75 @@ fn read_safetensors(
             .and_then(|t| t.f_to_device(device))
             .and_then(|t| t.f_to_kind(kind))
             .map_err(|e| fail(Some(&name), e.to_string()))?;
+        let finite = (t.f_isfinite().and_then(|f| f.f_all()))
+            .and_then(|a| a.f_int64_value(&[]))
+            .map_err(|e| fail(Some(&name), e.to_string()))?;
+        if finite == 0 {
+            let as_kind = match kind == src_kind {
+                true => String::new(),
+                false => format!(" (as {kind:?})"),
+            };
+            return Err(fail(
+                Some(&name),
+                format!("holds NaN or infinite values{as_kind}: the checkpoint is damaged or its training diverged"),
+            ));
+        }
         out.insert(name, t);
     }
     Ok(())
+}
+
+/// Why a safetensors file that the `safetensors` crate refused is bad, in
+/// the user's terms (which tensor, how many bytes), when its header can be
+/// read; `None` leaves the crate's own message.
+fn diagnose(bytes: &[u8]) -> Option<(Option<String>, String)> {
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let n = usize::try_from(n).ok()?;
+    let header = bytes.get(8..8usize.checked_add(n)?)?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    let mut end = 0usize;
+    for (name, info) in header.iter().filter(|(k, _)| *k != "__metadata__") {
+        let dtype = info.get("dtype")?.as_str()?;
+        let shape: Vec<usize> = (info.get("shape")?.as_array()?.iter())
+            .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+            .collect::<Option<_>>()?;
+        let offsets = info.get("data_offsets")?.as_array()?;
+        let (a, b) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
+        let (a, b) = (usize::try_from(a).ok()?, usize::try_from(b).ok()?);
+        let need = (shape.iter()).try_fold(dtype_bytes(dtype)?, |acc, &d| acc.checked_mul(d))?;
+        if b < a || b - a != need {
+            return Some((
+                Some(name.clone()),
+                format!(
+                    "its dtype {dtype} and shape {shape:?} need {need} bytes, but its data_offsets [{a}, {b}] hold {}",
+                    b.saturating_sub(a)
+                ),
+            ));
+        }
+        end = end.max(b);
+    }
+    let have = bytes.len() - 8 - n;
+    (end != have).then(|| {
+        let what = match end > have {
+            true => "truncated",
+            false => "longer than its header describes",
+        };
+        let reason = format!(
+            "the file is {what}: its header describes {end} bytes of tensor data, the file holds {have} after the header"
+        );
+        (None, reason)
+    })
+}
+
+/// Bytes per element of a safetensors dtype name.
+fn dtype_bytes(dtype: &str) -> Option<usize> {
+    Some(match dtype {
+        "F64" | "I64" | "U64" => 8,
+        "F32" | "I32" | "U32" => 4,
+        "F16" | "BF16" | "I16" | "U16" => 2,
+        "I8" | "U8" | "BOOL" | "F8_E4M3" | "F8_E5M2" => 1,
+        _ => return None,
+    })
 }
 
 /// The distinct shard file names in a safetensors index, in sorted order.

@@ -407,24 +407,69 @@ fn load_failures_name_the_file_and_tensor() {
         }
         other => panic!("expected Safetensors, got {other:?}"),
     }
-    // A tensor of a dtype libtorch cannot hold.
+    // Integer tensors are no weights: asking for one names its dtype (an
+    // unused one does no harm).
     write_raw_safetensors(
         &file,
         &[
             ("fine", "F32", &[1], &1f32.to_le_bytes()),
             ("odd", "U32", &[1], &7u32.to_le_bytes()),
+            ("ints", "I32", &[1], &7i32.to_le_bytes()),
         ],
     );
-    match Weights::from_dir(&dst, Kind::Float, Device::Cpu) {
-        Err(e @ Error::Safetensors { .. }) => {
-            let msg = e.to_string();
-            assert!(
-                msg.contains("model.safetensors") && msg.contains("`odd`") && msg.contains("U32"),
-                "{msg}"
-            );
-        }
-        other => panic!("expected Safetensors, got {other:?}"),
+    let w = Weights::from_dir(&dst, Kind::Float, Device::Cpu).unwrap();
+    assert!(w.get("fine", &[1]).is_ok());
+    for (name, dtype) in [("odd", "U32"), ("ints", "I32")] {
+        let e = w.get(name, &[1]).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            matches!(e, Error::NotFloat { .. })
+                && msg.contains(&format!("`{name}` is stored as {dtype}"))
+                && msg.contains("floating-point"),
+            "{msg}"
+        );
     }
+    // NaN or infinite weights are refused when read, naming the tensor.
+    write_raw_safetensors(
+        &file,
+        &[(
+            "nan",
+            "F32",
+            &[2],
+            &[1f32.to_le_bytes(), f32::NAN.to_le_bytes()].concat(),
+        )],
+    );
+    let e = Weights::from_dir(&dst, Kind::Float, Device::Cpu).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("`nan`") && msg.contains("NaN or infinite"),
+        "{msg}"
+    );
+    // 1e39 is finite in F64 but not as float32.
+    write_raw_safetensors(&file, &[("big", "F64", &[1], &1e39f64.to_le_bytes())]);
+    let msg = Weights::from_dir(&dst, Kind::Float, Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("`big`") && msg.contains("(as Float)"), "{msg}");
+    // A truncated file, and a tensor whose bytes do not match its shape.
+    write_raw_safetensors(&file, &[("w", "F32", &[4], &[0u8; 16])]);
+    let whole = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &whole[..whole.len() - 6]).unwrap();
+    let msg = Weights::from_dir(&dst, Kind::Float, Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("the file is truncated: its header describes 16 bytes of tensor data, the file holds 10"),
+        "{msg}"
+    );
+    write_raw_safetensors(&file, &[("w", "F32", &[5], &[0u8; 16])]);
+    let msg = Weights::from_dir(&dst, Kind::Float, Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("tensor `w`") && msg.contains("need 20 bytes") && msg.contains("hold 16"),
+        "{msg}"
+    );
     // A shard the index names but the directory lacks.
     std::fs::remove_file(&file).unwrap();
     let index = serde_json::json!({"weight_map": {"a": "model-00001-of-00002.safetensors"}});

@@ -309,6 +309,16 @@ impl Run<'_> {
             }
         }
         let timing_update = t.elapsed().as_secs_f64();
+        let skipped = updates.iter().filter(|u| !u.grad_norm.is_finite()).count();
+        if skipped > 0 {
+            // The trainer skips an optimizer step whose gradient norm is not
+            // finite, as verl's actor does; say so, a diverged run repeats it.
+            eprintln!(
+                "warning: step {}: the gradient norm was not finite in {skipped} of {} optimizer steps, which were skipped; if it stays so the run has diverged (lower actor.lr, set actor.grad_clip, check the rewards)",
+                batch.step + 1,
+                updates.len()
+            );
+        }
         let mismatch = mismatch_metrics(&old, &rollout_lp, seqs.response_mask())?;
 
         // 6. Metrics with verl's names.

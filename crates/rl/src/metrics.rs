@@ -52,15 +52,15 @@ pub struct StepMetrics {
     #[serde(rename = "timing_s/update_actor")]
     pub timing_update_actor: f64,
 
-    #[serde(rename = "actor/pg_loss")]
+    #[serde(rename = "actor/pg_loss", deserialize_with = "null_is_nan")]
     pub pg_loss: f64,
-    #[serde(rename = "actor/pg_clipfrac")]
+    #[serde(rename = "actor/pg_clipfrac", deserialize_with = "null_is_nan")]
     pub pg_clipfrac: f64,
-    #[serde(rename = "actor/ppo_kl")]
+    #[serde(rename = "actor/ppo_kl", deserialize_with = "null_is_nan")]
     pub ppo_kl: f64,
-    #[serde(rename = "actor/entropy")]
+    #[serde(rename = "actor/entropy", deserialize_with = "null_is_nan")]
     pub entropy: f64,
-    #[serde(rename = "actor/grad_norm")]
+    #[serde(rename = "actor/grad_norm", deserialize_with = "null_is_nan")]
     pub grad_norm: f64,
     #[serde(rename = "actor/lr")]
     pub lr: f64,
@@ -72,16 +72,16 @@ pub struct StepMetrics {
     )]
     pub kl_loss: Option<f64>,
 
-    #[serde(rename = "critic/score/mean")]
+    #[serde(rename = "critic/score/mean", deserialize_with = "null_is_nan")]
     pub score_mean: f64,
-    #[serde(rename = "critic/score/max")]
+    #[serde(rename = "critic/score/max", deserialize_with = "null_is_nan")]
     pub score_max: f64,
-    #[serde(rename = "critic/score/min")]
+    #[serde(rename = "critic/score/min", deserialize_with = "null_is_nan")]
     pub score_min: f64,
     /// Rewards after any KL penalty.
-    #[serde(rename = "critic/rewards/mean")]
+    #[serde(rename = "critic/rewards/mean", deserialize_with = "null_is_nan")]
     pub rewards_mean: f64,
-    #[serde(rename = "critic/advantages/mean")]
+    #[serde(rename = "critic/advantages/mean", deserialize_with = "null_is_nan")]
     pub advantages_mean: f64,
     /// The critic's update (GAE runs only).
     #[serde(
@@ -141,24 +141,34 @@ pub struct StepMetrics {
     pub mismatch: Option<MismatchRecord>,
 }
 
+/// A float that may be `null`: what serde_json writes for NaN and the
+/// infinities (a diverged step's loss), read back as NaN, so that a run's
+/// own `metrics.jsonl` always reads (`--resume` truncates it).
+fn null_is_nan<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
 /// [`MismatchMetrics`] under verl's `rollout_corr/` names.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct MismatchRecord {
-    #[serde(rename = "rollout_corr/mean_abs_diff")]
+    #[serde(
+        rename = "rollout_corr/mean_abs_diff",
+        deserialize_with = "null_is_nan"
+    )]
     pub mean_abs_diff: f64,
-    #[serde(rename = "rollout_corr/max_abs_diff")]
+    #[serde(rename = "rollout_corr/max_abs_diff", deserialize_with = "null_is_nan")]
     pub max_abs_diff: f64,
-    #[serde(rename = "rollout_corr/kl")]
+    #[serde(rename = "rollout_corr/kl", deserialize_with = "null_is_nan")]
     pub kl: f64,
-    #[serde(rename = "rollout_corr/k3_kl")]
+    #[serde(rename = "rollout_corr/k3_kl", deserialize_with = "null_is_nan")]
     pub k3_kl: f64,
-    #[serde(rename = "rollout_corr/training_ppl")]
+    #[serde(rename = "rollout_corr/training_ppl", deserialize_with = "null_is_nan")]
     pub training_ppl: f64,
-    #[serde(rename = "rollout_corr/rollout_ppl")]
+    #[serde(rename = "rollout_corr/rollout_ppl", deserialize_with = "null_is_nan")]
     pub rollout_ppl: f64,
-    #[serde(rename = "rollout_corr/ppl_ratio")]
+    #[serde(rename = "rollout_corr/ppl_ratio", deserialize_with = "null_is_nan")]
     pub ppl_ratio: f64,
-    #[serde(rename = "rollout_corr/chi2_token")]
+    #[serde(rename = "rollout_corr/chi2_token", deserialize_with = "null_is_nan")]
     pub chi2_token: f64,
 }
 
@@ -622,6 +632,38 @@ mod tests {
                 Record::Step(Box::new(s2))
             ]
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A diverged step's NaN losses are written as JSON's `null` and read
+    /// back as NaN: the run's own file always reads (for `--resume`).
+    #[test]
+    fn a_diverged_steps_nan_reads_back() {
+        let dir = std::env::temp_dir().join(format!("colo-rl-metrics-nan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.jsonl");
+        let mut w = MetricsWriter::create(&path).unwrap();
+        let nan = StepMetrics {
+            step: 1,
+            pg_loss: f64::NAN,
+            grad_norm: f64::INFINITY,
+            mismatch: Some(MismatchRecord {
+                kl: f64::NAN,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        w.step(&nan).unwrap();
+        drop(w);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"actor/pg_loss\":null"), "{text}");
+        let back = read(&path).unwrap();
+        let Record::Step(s) = &back[0] else {
+            panic!("{back:?}")
+        };
+        assert!(s.pg_loss.is_nan() && s.grad_norm.is_nan(), "{s:?}");
+        assert!(s.mismatch.unwrap().kl.is_nan());
+        assert_eq!(s.step, 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
