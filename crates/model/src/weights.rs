@@ -352,6 +352,15 @@ pub fn save_safetensors(tensors: &[(String, Tensor)], path: &Path) -> Result<()>
         .collect::<Result<Vec<_>>>()?;
     let metadata = HashMap::from([("format".to_owned(), "pt".to_owned())]);
     let views = host.iter().map(|(n, t)| (*n, t));
+    // The crate writes a temporary file (mode 0600) and renames it into
+    // place: the file gets the permissions a file created here has (the
+    // umask's), as the checkpoint's other files do, so that whoever may
+    // read the directory may load the model.
+    let mode = std::fs::File::create(path)
+        .and_then(|f| f.metadata())
+        .map_err(|e| Error::io(path, e))?
+        .permissions();
     safetensors::serialize_to_file(views, Some(metadata), path)
-        .map_err(|e| fail(None, e.to_string()))
+        .map_err(|e| fail(None, e.to_string()))?;
+    std::fs::set_permissions(path, mode).map_err(|e| Error::io(path, e))
 }

@@ -57,6 +57,11 @@ fn save_then_reload_gives_identical_logits_and_hf_layout() {
                 .map(String::as_str),
             Some("pt")
         );
+        // The weights are as readable as the config (not the 0600 of the
+        // safetensors crate's temporary file): another user may load them.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |f: &str| std::fs::metadata(dst.join(f)).unwrap().permissions().mode();
+        assert_eq!(mode("model.safetensors"), mode("config.json"));
         std::fs::remove_dir_all(dst).unwrap();
     }
 }

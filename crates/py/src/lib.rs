@@ -376,6 +376,15 @@ fn latest_checkpoint(
     Ok((found.latest.map(|(step, _)| step), skipped))
 }
 
+/// Raises if a run from scratch into `out` would overwrite an earlier
+/// run's checkpoints or steps (`resume`: `--resume` found no complete
+/// checkpoint), as `colo train` refuses it.
+#[pyfunction]
+#[pyo3(signature = (out, resume))]
+fn check_fresh_start(out: String, resume: bool) -> PyResult<()> {
+    colo_rl::checkpoints::check_fresh_start(Path::new(&out), resume).map_err(err)
+}
+
 /// Keeps the records of `metrics.jsonl` at `path` up to `step` (what a
 /// resumed run does to its records); returns how many were removed.
 #[pyfunction]
@@ -416,6 +425,7 @@ fn _colo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Worker>()?;
     m.add_function(wrap_pyfunction!(draw_workers, m)?)?;
     m.add_function(wrap_pyfunction!(latest_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(check_fresh_start, m)?)?;
     m.add_function(wrap_pyfunction!(truncate_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(check_layout, m)?)?;
     m.add_function(wrap_pyfunction!(eval_record, m)?)?;

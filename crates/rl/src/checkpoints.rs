@@ -107,6 +107,54 @@ pub fn latest_complete(dir: &Path, critic: bool) -> Result<Found> {
     Ok(found)
 }
 
+/// What of an earlier run the run directory `out` holds, if anything a
+/// run from scratch would overwrite: its checkpoints, and the steps
+/// recorded in its `metrics.jsonl` (a run stopped before its first step
+/// leaves nothing worth keeping).
+pub fn earlier_run(out: &Path) -> Result<Option<String>> {
+    let mut what = Vec::new();
+    let steps = step_dirs(&out.join(DIR))?;
+    if !steps.is_empty() {
+        let names: Vec<String> = steps.iter().map(|(s, _)| format!("step-{s}")).collect();
+        what.push(format!("{DIR}/{}", names.join(", ")));
+    }
+    let metrics = out.join("metrics.jsonl");
+    if metrics.is_file() {
+        match crate::metrics::read(&metrics) {
+            Ok(records) => {
+                let n = (records.iter())
+                    .filter(|r| matches!(r, crate::metrics::Record::Step(_)))
+                    .count();
+                match n {
+                    0 => {}
+                    1 => what.push("1 step in metrics.jsonl".into()),
+                    n => what.push(format!("{n} steps in metrics.jsonl")),
+                }
+            }
+            Err(_) => what.push("metrics.jsonl".into()),
+        }
+    }
+    Ok((!what.is_empty()).then(|| what.join("; ")))
+}
+
+/// An error if a run from scratch into `out` would overwrite an earlier
+/// run's work ([`earlier_run`]); `resume`: `--resume` was asked for and
+/// found no complete checkpoint.
+pub fn check_fresh_start(out: &Path, resume: bool) -> Result<()> {
+    let Some(what) = earlier_run(out)? else {
+        return Ok(());
+    };
+    let how = match resume {
+        false => "--resume continues it",
+        true => "no checkpoint of it is complete, and starting from scratch would overwrite it",
+    };
+    Err(Error::RunExists {
+        dir: out.to_owned(),
+        what,
+        how,
+    })
+}
+
 /// Makes the checkpoint directory `dst` (holding the trained `config.json`
 /// and weights) a complete Hugging Face directory: copies the tokenizer
 /// files and `generation_config.json` that the starting model `source` has,

@@ -114,6 +114,18 @@ pub enum Error {
     #[error("picture `{what}`: {reason}")]
     Plot { what: &'static str, reason: String },
 
+    /// A run from scratch would overwrite the work of an earlier run in its
+    /// directory.
+    #[error(
+        "{} already holds a run ({what}): {how}; to start over, choose another run directory (--out, or trainer.experiment_name) or remove this one",
+        dir.display()
+    )]
+    RunExists {
+        dir: std::path::PathBuf,
+        what: String,
+        how: &'static str,
+    },
+
     /// `--resume` cannot continue this run directory as configured.
     #[error("--resume: {0}")]
     Resume(String),

@@ -78,6 +78,18 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
     let found = resume
         .then(|| checkpoints::latest_complete(&ckpt_dir, uses_critic(config)))
         .transpose()?;
+    if let Some(found) = &found {
+        for (dir, why) in &found.skipped {
+            eprintln!(
+                "--resume: {} is not a complete checkpoint ({why}); skipped",
+                dir.display()
+            );
+        }
+    }
+    // Nor is an earlier run's work overwritten by a run from scratch.
+    if found.as_ref().is_none_or(|f| f.latest.is_none()) {
+        checkpoints::check_fresh_start(out, resume)?;
+    }
     let (model_dir, tokenizer) = open_model(config, &out.join("base"))?;
     let (train, val) = load_data(config, out, &tokenizer)?;
 
@@ -93,7 +105,7 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
     let mut resumed_config = None;
     if let Some(found) = found {
         for (dir, why) in &found.skipped {
-            start.say(format!(
+            start.notes.push(format!(
                 "--resume: {} is not a complete checkpoint ({why}); skipped",
                 dir.display()
             ));

@@ -172,6 +172,17 @@ fn resume_never_goes_backwards_or_repeats_and_checkpoints_are_models() {
     );
     assert!(snapshot(&run) == before, "a refused resume changed files");
 
+    // A run from scratch into it: refused, nothing written.
+    let err = colo_rl::r#loop::run(&config(&dir, 2), &run, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("already holds a run (checkpoints/step-2; 2 steps in metrics.jsonl)")
+            && err.contains("--resume continues it"),
+        "{err}"
+    );
+    assert!(snapshot(&run) == before, "a refused run changed files");
+
     // Resuming the finished run: nothing to do, the last evaluation once.
     let s = colo_rl::r#loop::run(&config(&dir, 2), &run, true).unwrap();
     assert_eq!(
@@ -330,6 +341,27 @@ fn resume_from_nothing_starts_from_scratch_and_reward_failures_are_counted() {
     let steps = steps_of(&run);
     assert_eq!(steps.len(), 1);
     assert_eq!(steps[0].reward_failures, 8, "2 prompts × 4 samples failed");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `--resume` where no checkpoint is complete does not start from scratch
+/// over them: it is refused with each one's reason, and nothing changes.
+#[test]
+fn resume_over_only_incomplete_checkpoints_is_refused() {
+    let dir = tmp("incomplete-only");
+    let run = dir.join("run");
+    colo_rl::r#loop::run(&config(&dir, 1), &run, false).unwrap();
+    std::fs::remove_file(run.join("checkpoints/step-1/model.safetensors")).unwrap();
+    let before = snapshot(&run);
+    let err = colo_rl::r#loop::run(&config(&dir, 2), &run, true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("already holds a run (checkpoints/step-1; 1 step in metrics.jsonl)")
+            && err.contains("no checkpoint of it is complete"),
+        "{err}"
+    );
+    assert!(snapshot(&run) == before, "a refused resume changed files");
     std::fs::remove_dir_all(dir).unwrap();
 }
 

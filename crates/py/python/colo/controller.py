@@ -49,7 +49,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from colo._colo import check_layout, draw_workers, eval_record, latest_checkpoint, truncate_metrics
+from colo._colo import check_fresh_start, check_layout, draw_workers, eval_record, latest_checkpoint, truncate_metrics
 
 
 class RunError(RuntimeError):
@@ -299,7 +299,12 @@ def train(
         latest, skipped = latest_checkpoint(config, out)
         for note in skipped:
             log(f"--resume: {note} is not a complete checkpoint; skipped")
-        if latest is None:
+    if latest is None:
+        try:
+            check_fresh_start(out, resume)  # nothing of an earlier run is overwritten
+        except RuntimeError as e:
+            raise RunError(str(e)) from None
+        if resume:
             log(f"--resume: no complete checkpoint in {out}/checkpoints; starting from scratch")
     started = _connect(address, workers)
     groups = []
