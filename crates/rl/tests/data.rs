@@ -136,6 +136,37 @@ fn errors_name_the_line_and_field() {
 
     let (msg, _) = load_err("\n\n", &f);
     assert!(msg.contains("no prompts"), "{msg}");
+
+    // Caught when read, not at the step that draws the prompt.
+    let (msg, _) = load_err(
+        "{\"prompt\": \"a\", \"answer\": 1}\n{\"prompt\": \"\", \"answer\": 1}\n",
+        &f,
+    );
+    assert!(
+        msg.ends_with("bad.jsonl:2: field `prompt`: is empty"),
+        "{msg}"
+    );
+    let (msg, _) = load_err("{\"prompt\": [], \"answer\": 1}\n", &f);
+    assert!(
+        msg.contains(":1: field `prompt`: an empty list of chat messages"),
+        "{msg}"
+    );
+
+    // A byte-order mark is skipped; bytes that are not UTF-8 name their line.
+    let dir = TempDir::new("data-bytes");
+    let bom = dir.write("bom.jsonl", "\u{feff}{\"prompt\": \"a\", \"answer\": 1}\n");
+    assert_eq!(Dataset::from_files(&[bom], &f, None).unwrap().len(), 1);
+    let latin1 = dir.0.join("latin1.jsonl");
+    let mut bytes = b"{\"prompt\": \"a\", \"answer\": 1}\n{\"prompt\": \"".to_vec();
+    bytes.extend([0xe9, b'"', b'}', b'\n']);
+    std::fs::write(&latin1, bytes).unwrap();
+    let msg = Dataset::from_files(&[latin1], &f, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("latin1.jsonl:2: neither JSONL (not UTF-8 text at byte 41)"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -147,6 +178,20 @@ fn missing_file_is_named() {
     )
     .unwrap_err();
     assert_eq!(e.to_string(), "dataset not found: /nonexistent/train.jsonl");
+    // A directory, and a text file named .parquet, say what they are.
+    let dir = TempDir::new("data-kinds");
+    let e = Dataset::from_files(&[dir.0.clone()], &Fields::default(), None).unwrap_err();
+    assert!(
+        e.to_string().contains(": a directory; data.train_files"),
+        "{e}"
+    );
+    let fake = dir.write("train.parquet", "{\"prompt\": \"a\", \"answer\": 1}\n");
+    let e = Dataset::from_files(&[fake], &Fields::default(), None).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("train.parquet: named .parquet but not a parquet file"),
+        "{e}"
+    );
 }
 
 /// The fixtures `tests/data/make_verl_parquet.py` wrote with pyarrow, in
@@ -239,5 +284,5 @@ fn parquet_errors_name_the_file_the_row_and_what_to_do() {
     let path = dir.0.join("binary.jsonl");
     std::fs::write(&path, [0xffu8, 0xfe, 0x00, 0x01]).unwrap();
     let msg = load(path, &f);
-    assert!(msg.contains("binary.jsonl: neither JSONL"), "{msg}");
+    assert!(msg.contains("binary.jsonl:1: neither JSONL"), "{msg}");
 }

@@ -164,6 +164,12 @@ impl Dataset {
         tok: Option<&Tokenizer>,
         limit: Option<Limit>,
     ) -> Result<()> {
+        if path.is_dir() {
+            return Err(Error::Dataset(format!(
+                "{}: a directory; data.train_files and data.val_files name JSONL or parquet files",
+                path.display()
+            )));
+        }
         if !path.is_file() {
             return Err(Error::MissingFile {
                 what: "dataset",
@@ -171,6 +177,13 @@ impl Dataset {
             });
         }
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let parquet_name = path.extension().is_some_and(|e| e == "parquet");
+        if parquet_name && !bytes.starts_with(parquet::MAGIC) {
+            return Err(Error::Dataset(format!(
+                "{}: named .parquet but not a parquet file (it does not start with `PAR1`)",
+                path.display()
+            )));
+        }
         if bytes.starts_with(parquet::MAGIC) {
             for (i, row) in parquet::rows(path)?.into_iter().enumerate() {
                 let bad = |field: Option<&str>, message: String| Error::DataRow {
@@ -184,11 +197,15 @@ impl Dataset {
             return Ok(());
         }
         let text = String::from_utf8(bytes).map_err(|e| {
+            let at = e.utf8_error().valid_up_to();
+            let line = 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count();
             Error::Dataset(format!(
-                "{}: neither JSONL (not UTF-8 text: {e}) nor parquet",
+                "{}:{line}: neither JSONL (not UTF-8 text at byte {at}) nor parquet",
                 path.display()
             ))
         })?;
+        // A byte-order mark (some Windows editors write one) is not JSON.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
         for (i, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
@@ -225,6 +242,11 @@ impl Dataset {
             .ok_or_else(|| bad(Some(pk), "missing".into()))?;
         let text =
             prompt_text(&prompt, tok).map_err(|(sub, m)| bad(Some(&format!("{pk}{sub}")), m))?;
+        if text.is_empty() {
+            // The engine cannot generate from no tokens: say so here, not
+            // at the step that draws this prompt.
+            return Err(bad(Some(pk), "is empty".into()));
+        }
         let chat = prompt.is_array();
         if let Some(Limit { tok, max, overlong }) = limit {
             let n = tok.encode(&text, !chat)?.len();
@@ -323,6 +345,9 @@ fn prompt_text(
             ))
         }
     };
+    if items.is_empty() {
+        return Err((String::new(), "an empty list of chat messages".into()));
+    }
     let mut messages = Vec::with_capacity(items.len());
     for (i, m) in items.iter().enumerate() {
         let get = |key: &str| {
