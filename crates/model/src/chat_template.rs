@@ -78,7 +78,14 @@ impl ChatTemplate {
     }
 }
 
-/// A minijinja error with its cause chain and location.
+/// A minijinja error with its cause chain and location (its line; not the
+/// alternate form's dump of the template and its variables).
 fn jinja_err(e: minijinja::Error) -> Error {
-    Error::Tokenizer(format!("chat template: {e:#}"))
+    let mut text = format!("chat template: {e}");
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    Error::Tokenizer(text)
 }

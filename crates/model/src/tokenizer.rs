@@ -2,7 +2,7 @@
 //! crate, plus special tokens and the chat template from
 //! `tokenizer_config.json` (rendered by [`crate::chat_template`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -51,9 +51,14 @@ pub struct Tokenizer {
     /// (or `chat_template.jinja`).
     pub chat_template: Option<String>,
     /// It compiled, for [`Tokenizer::render_chat`]; a template that does not
-    /// compile is an error when a chat is rendered, not when the tokenizer
-    /// loads (a run with plain-text prompts never needs it).
-    compiled: Option<Arc<Result<ChatTemplate>>>,
+    /// compile (or is not text) is an error when a chat is rendered, not
+    /// when the tokenizer loads (a run with plain-text prompts never needs
+    /// it). The error's text names the file.
+    compiled: Option<Arc<std::result::Result<ChatTemplate, String>>>,
+    /// The file the template was read from, named in its errors.
+    template_file: Option<PathBuf>,
+    /// The checkpoint directory, named when it has no template.
+    dir: PathBuf,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -86,7 +91,7 @@ impl Tokenizer {
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Value = match std::fs::read_to_string(&cfg_path) {
             Ok(text) => serde_json::from_str(&text).map_err(|reason| Error::Json {
-                path: cfg_path,
+                path: cfg_path.clone(),
                 reason,
             })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Value::Null,
@@ -106,16 +111,38 @@ impl Tokenizer {
             eos: special_token("eos_token"),
             pad: special_token("pad_token"),
         };
-        let chat_template = chat_template(&cfg)
-            .or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok());
-        let compiled = chat_template
-            .clone()
-            .map(|t| Arc::new(ChatTemplate::new(t)));
+        let jinja = dir.join("chat_template.jinja");
+        let mut template_file = None;
+        let (chat_template, compiled) = match chat_template(&cfg) {
+            Err(kind) => {
+                let e = format!(
+                    "{}: `chat_template` is {kind}; expected a string or a list of {{name, template}}",
+                    cfg_path.display()
+                );
+                (None, Some(Err(e)))
+            }
+            Ok(found) => {
+                let found = match found {
+                    Some(t) => Some((t, cfg_path)),
+                    None => std::fs::read_to_string(&jinja).ok().map(|t| (t, jinja)),
+                };
+                match found {
+                    Some((t, file)) => {
+                        let c = ChatTemplate::new(t.clone()).map_err(|e| in_file(e, &file));
+                        template_file = Some(file);
+                        (Some(t), Some(c))
+                    }
+                    None => (None, None),
+                }
+            }
+        };
         Ok(Tokenizer {
             inner,
             special,
             chat_template,
-            compiled,
+            compiled: compiled.map(Arc::new),
+            template_file,
+            dir: dir.to_owned(),
         })
     }
 
@@ -157,35 +184,54 @@ impl Tokenizer {
         add_generation_prompt: bool,
     ) -> Result<String> {
         let Some(compiled) = &self.compiled else {
-            return Err(Error::Tokenizer(
-                "the tokenizer has no chat template".into(),
-            ));
+            return Err(Error::Tokenizer(format!(
+                "the tokenizer of {} has no chat template (no `chat_template` in its \
+                 tokenizer_config.json, no chat_template.jinja)",
+                self.dir.display()
+            )));
         };
         let template = compiled
             .as_ref()
             .as_ref()
-            .map_err(|e| Error::Tokenizer(e.to_string()))?;
-        template.render(
-            messages,
-            add_generation_prompt,
-            self.special.bos.as_ref().map(|t| t.text.as_str()),
-            self.special.eos.as_ref().map(|t| t.text.as_str()),
-        )
+            .map_err(|e| Error::Tokenizer(e.clone()))?;
+        template
+            .render(
+                messages,
+                add_generation_prompt,
+                self.special.bos.as_ref().map(|t| t.text.as_str()),
+                self.special.eos.as_ref().map(|t| t.text.as_str()),
+            )
+            .map_err(|e| match &self.template_file {
+                Some(file) => Error::Tokenizer(in_file(e, file)),
+                None => e,
+            })
+    }
+}
+
+/// A chat template's error as text naming the file it came from.
+fn in_file(e: Error, file: &Path) -> String {
+    match e {
+        Error::Tokenizer(m) => format!("{m} (the template of {})", file.display()),
+        other => format!("{other} (the chat template of {})", file.display()),
     }
 }
 
 /// `chat_template` is a string, or a list of `{name, template}` of which
-/// `default` is the one to use.
-fn chat_template(cfg: &Value) -> Option<String> {
+/// `default` is the one to use; `Err` names what it is instead.
+fn chat_template(cfg: &Value) -> std::result::Result<Option<String>, &'static str> {
     match &cfg["chat_template"] {
-        Value::String(s) => Some(s.clone()),
+        Value::Null => Ok(None),
+        Value::String(s) => Ok(Some(s.clone())),
         Value::Array(items) => items
             .iter()
             .find(|i| i["name"] == "default")
             .or_else(|| items.first())
             .and_then(|i| i["template"].as_str())
-            .map(str::to_owned),
-        _ => None,
+            .map(|t| Some(t.to_owned()))
+            .ok_or("a list without a {name, template} entry"),
+        Value::Bool(_) => Err("a boolean"),
+        Value::Number(_) => Err("a number"),
+        Value::Object(_) => Err("an object"),
     }
 }
 
@@ -206,18 +252,23 @@ pub fn stop_token_ids(dir: &Path, tok: &Tokenizer) -> Result<Vec<u32>> {
             path: path.clone(),
             reason,
         })?;
-        let listed = match &v["eos_token_id"] {
-            Value::Number(n) => n.as_u64().into_iter().collect(),
-            Value::Array(a) => a.iter().filter_map(Value::as_u64).collect(),
-            _ => Vec::new(),
+        let bad = |what: String| Error::Config(format!("{}: eos_token_id {what}", path.display()));
+        let field = &v["eos_token_id"];
+        let listed: Vec<&Value> = match field {
+            Value::Null => Vec::new(),
+            Value::Array(a) => a.iter().collect(),
+            one => vec![one],
         };
         for id in listed {
-            let id = u32::try_from(id).map_err(|_| {
-                Error::Config(format!(
-                    "{}: eos_token_id {id} is not a token id",
-                    path.display()
-                ))
-            })?;
+            let id = (id.as_u64())
+                .and_then(|i| u32::try_from(i).ok())
+                .ok_or_else(|| bad(format!("{field}: expected a token id or a list of them")))?;
+            if id as usize >= tok.vocab_size() {
+                return Err(bad(format!(
+                    "{id} is not a token of the tokenizer (its vocabulary has {})",
+                    tok.vocab_size()
+                )));
+            }
             if !ids.contains(&id) {
                 ids.push(id);
             }
@@ -245,10 +296,15 @@ mod tests {
     #[test]
     fn chat_template_forms() {
         assert_eq!(
-            chat_template(&serde_json::json!({"chat_template": "x"})).as_deref(),
-            Some("x")
+            chat_template(&serde_json::json!({"chat_template": "x"})),
+            Ok(Some("x".into()))
         );
         let list = serde_json::json!({"chat_template": [{"name": "tool", "template": "t"}, {"name": "default", "template": "d"}]});
-        assert_eq!(chat_template(&list).as_deref(), Some("d"));
+        assert_eq!(chat_template(&list), Ok(Some("d".into())));
+        assert_eq!(chat_template(&serde_json::json!({})), Ok(None));
+        assert_eq!(
+            chat_template(&serde_json::json!({"chat_template": 42})),
+            Err("a number")
+        );
     }
 }

@@ -74,3 +74,51 @@ fn template_errors_say_what_and_where() {
         "{e}"
     );
 }
+
+/// Through a checkpoint's tokenizer, a template's errors name the file it
+/// came from, once, without a dump of the template; a checkpoint without
+/// one names its directory; a `chat_template` that is not text says so.
+#[test]
+fn a_checkpoints_template_errors_name_its_file() {
+    let dir = std::env::temp_dir().join(format!("colo-model-{}-tmpl", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny-qwen2");
+    std::fs::copy(fixture.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let chat = [ChatMessage {
+        role: "user".into(),
+        content: "x".into(),
+    }];
+    let render = || {
+        colo_model::tokenizer::Tokenizer::from_dir(&dir)
+            .unwrap()
+            .render_chat(&chat, true)
+            .unwrap_err()
+            .to_string()
+    };
+    let e = render();
+    assert!(
+        e.contains(&format!(
+            "the tokenizer of {} has no chat template",
+            dir.display()
+        )),
+        "{e}"
+    );
+    let cfg = dir.join("tokenizer_config.json");
+    std::fs::write(&cfg, r#"{"chat_template": "{{ messages }"}"#).unwrap();
+    let e = render();
+    assert!(
+        e.starts_with("tokenizer: chat template: syntax error")
+            && e.ends_with(&format!("(the template of {})", cfg.display()))
+            && !e.contains("tokenizer: tokenizer")
+            && !e.contains("referenced variables"),
+        "{e}"
+    );
+    std::fs::write(&cfg, r#"{"chat_template": 42}"#).unwrap();
+    let e = render();
+    assert!(
+        e.contains("`chat_template` is a number; expected a string"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

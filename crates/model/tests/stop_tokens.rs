@@ -42,5 +42,23 @@ fn stop_tokens_gather_the_tokenizers_and_the_configs() {
         e.contains("generation_config.json") && e.contains("99999999999"),
         "{e}"
     );
+    // A token the tokenizer does not have, and an id written as text, are
+    // errors, not stop tokens that never match.
+    let vocab = tok.vocab_size();
+    for (written, says) in [
+        (
+            format!("{vocab}"),
+            format!("{vocab} is not a token of the tokenizer"),
+        ),
+        ("\"7\"".to_owned(), "\"7\": expected a token id".to_owned()),
+    ] {
+        let text = format!("{{\"eos_token_id\": {written}}}");
+        std::fs::write(tmp.join("generation_config.json"), text).unwrap();
+        let e = stop_token_ids(&tmp, &tok).unwrap_err().to_string();
+        assert!(
+            e.contains("generation_config.json: eos_token_id") && e.contains(&says),
+            "{e}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&tmp);
 }
