@@ -476,6 +476,7 @@ impl Model {
     /// tensor's shape against `cfg`. The tensors are shared, not copied
     /// (their kind, device and `requires_grad` are the model's).
     pub fn load(cfg: &ModelConfig, w: &Weights) -> Result<Self> {
+        weights::warn_unused(cfg, w);
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
         let embed_tokens = w.get("model.embed_tokens.weight", &[v, h])?;
         let layers = (0..cfg.num_layers)

@@ -166,6 +166,50 @@ impl Weights {
     }
 }
 
+/// The tensors of a checkpoint read from files that a model of `cfg` does
+/// not use, sorted; leaving out what transformers leaves out silently (a
+/// tied head saved anyway, old checkpoints' rotary buffers).
+pub fn unused(cfg: &ModelConfig, w: &Weights) -> Vec<String> {
+    let used: BTreeSet<String> = cfg.parameter_shapes().into_iter().map(|(n, _)| n).collect();
+    let ignored = |n: &str| {
+        (n == "lm_head.weight" && cfg.tie_word_embeddings) || n.ends_with("rotary_emb.inv_freq")
+    };
+    let mut out: Vec<String> = (w.tensors.keys().chain(w.not_float.keys()))
+        .filter(|n| !used.contains(*n) && !ignored(n))
+        .cloned()
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Says once per checkpoint directory on stderr which of its tensors a
+/// model of `cfg` leaves unused (as transformers warns "Some weights of
+/// the model checkpoint were not used"): a config.json with fewer layers
+/// than its weights loads, but not the model the weights are.
+pub(crate) fn warn_unused(cfg: &ModelConfig, w: &Weights) {
+    static WARNED: std::sync::Mutex<BTreeSet<PathBuf>> = std::sync::Mutex::new(BTreeSet::new());
+    let Some(dir) = &w.dir else { return };
+    let names = unused(cfg, w);
+    if names.is_empty() {
+        return;
+    }
+    let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+    if !warned.insert(dir.clone()) {
+        return;
+    }
+    let shown: Vec<&str> = names.iter().take(4).map(String::as_str).collect();
+    let more = match names.len().saturating_sub(shown.len()) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    eprintln!(
+        "warning: {}: {} tensors of the checkpoint are not used by the model its config.json describes: {}{more}",
+        dir.display(),
+        names.len(),
+        shown.join(", ")
+    );
+}
+
 /// Reads every tensor of one safetensors file into `out`, as `kind` on
 /// `device`.
 fn read_safetensors(

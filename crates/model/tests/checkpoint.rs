@@ -236,6 +236,28 @@ fn missing_tensor_is_named() {
     );
 }
 
+/// A config.json with fewer layers than its weights loads (as in
+/// transformers), and the tensors left unused are listed (what the load's
+/// warning names); a checkpoint that matches its config leaves none.
+#[test]
+fn tensors_the_config_leaves_unused_are_listed() {
+    let dir = fixture_dir("tiny-llama");
+    let w = Weights::from_dir(&dir, Kind::Float, Device::Cpu).unwrap();
+    let mut cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    assert_eq!(colo_model::weights::unused(&cfg, &w), Vec::<String>::new());
+    cfg.num_layers -= 1;
+    let last = cfg.num_layers;
+    let unused = colo_model::weights::unused(&cfg, &w);
+    assert!(
+        !unused.is_empty()
+            && unused
+                .iter()
+                .all(|n| n.starts_with(&format!("model.layers.{last}."))),
+        "{unused:?}"
+    );
+    assert!(Model::load(&cfg, &w).is_ok());
+}
+
 /// Weights whose config.json was edited (a user's mix-up of two
 /// checkpoints): the error names the directory, the tensor and both
 /// shapes, and says where the expected one comes from.
