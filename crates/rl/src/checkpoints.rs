@@ -155,6 +155,58 @@ pub fn check_fresh_start(out: &Path, resume: bool) -> Result<()> {
     })
 }
 
+/// Readies the checkpoints directory `dir` before a run's first step:
+/// creates it and checks that a checkpoint can be written there (a
+/// read-only directory is an error now, not after the steps it would
+/// have saved), and removes what a crash during an earlier save left:
+/// `.step-N.tmp-*` and `.step-N.old-*` directories beside a complete
+/// `step-N` (without one they may hold its only copy, and are left and
+/// named). Returns what it removed, for the run's notes.
+pub fn prepare_dir(dir: &Path, critic: bool) -> Result<Vec<String>> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    tempfile::Builder::new()
+        .prefix(".colo-write-check-")
+        .tempdir_in(dir)
+        .and_then(|t| t.close())
+        .map_err(|e| Error::io(dir, e))?;
+    let mut notes = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let path = entry.map_err(|e| Error::io(dir, e))?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(step) = leftover_of(name) else {
+            continue;
+        };
+        let target = step_dir(dir, step);
+        match incomplete(&target, step, critic) {
+            None => {
+                std::fs::remove_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+                notes.push(format!(
+                    "removed {}, left by an interrupted save of step-{step}",
+                    path.display()
+                ));
+            }
+            Some(_) => notes.push(format!(
+                "{} was left by an interrupted save of step-{step}, which is not complete: \
+                 it may hold that checkpoint; left in place",
+                path.display()
+            )),
+        }
+    }
+    Ok(notes)
+}
+
+/// N of a directory name `.step-N.tmp-…` or `.step-N.old-…` (colo-train's
+/// temporary names while it writes a checkpoint).
+fn leftover_of(name: &str) -> Option<usize> {
+    let rest = name.strip_prefix(".step-")?;
+    let (n, kind) = rest.split_once('.')?;
+    (kind.starts_with("tmp-") || kind.starts_with("old-"))
+        .then(|| n.parse().ok())
+        .flatten()
+}
+
 /// Makes the checkpoint directory `dst` (holding the trained `config.json`
 /// and weights) a complete Hugging Face directory: copies the tokenizer
 /// files and `generation_config.json` that the starting model `source` has,

@@ -72,6 +72,11 @@ impl Start {
 /// timeline and the pictures are written however the run ends.
 pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
     // ---- setup: files, model, data -----------------------------------------
+    if out.exists() && !out.is_dir() {
+        let why =
+            "the run directory is a file; name a directory (--out, or trainer.experiment_name)";
+        return Err(Error::io(out, std::io::Error::other(why)));
+    }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let ckpt_dir = out.join(checkpoints::DIR);
     // Read only: nothing is written until the resume is known to make sense.
@@ -90,6 +95,7 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
     if found.as_ref().is_none_or(|f| f.latest.is_none()) {
         checkpoints::check_fresh_start(out, resume)?;
     }
+    let leftovers = checkpoints::prepare_dir(&ckpt_dir, uses_critic(config))?;
     let (model_dir, tokenizer) = open_model(config, &out.join("base"))?;
     let (train, val) = load_data(config, out, &tokenizer)?;
 
@@ -102,6 +108,9 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
         before: Earlier::default(),
         notes: Vec::new(),
     };
+    for note in leftovers {
+        start.say(note);
+    }
     let mut resumed_config = None;
     if let Some(found) = found {
         for (dir, why) in &found.skipped {

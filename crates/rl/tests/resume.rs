@@ -225,9 +225,17 @@ fn a_killed_run_resumes_from_its_newest_complete_checkpoint_without_duplicates()
     let ckpts = run.join("checkpoints");
     std::fs::remove_file(ckpts.join("step-3/model.safetensors")).unwrap();
     std::fs::create_dir_all(ckpts.join("step-4")).unwrap();
+    // What a crash inside a save leaves: beside a complete step-2 it goes,
+    // beside the incomplete step-3 it may be its only copy and stays.
+    for left in [".step-2.tmp-abc123", ".step-3.old-xyz789"] {
+        std::fs::create_dir_all(ckpts.join(left)).unwrap();
+        std::fs::write(ckpts.join(left).join("model.safetensors"), b"x").unwrap();
+    }
 
     let s = colo_rl::r#loop::run(&config(&dir, 3), &run, true).unwrap();
     assert_eq!(s.resumed_from, Some(2));
+    assert!(!ckpts.join(".step-2.tmp-abc123").exists());
+    assert!(ckpts.join(".step-3.old-xyz789").exists());
     // The timeline: the first process's events up to step 2 as they were,
     // then the resumed process's start-up (step 2) and step 3, in time.
     let after = timeline_of(&run);
@@ -266,6 +274,11 @@ fn a_killed_run_resumes_from_its_newest_complete_checkpoint_without_duplicates()
     );
     assert!(
         notes.contains("continuing from") && notes.contains("removed 2 records"),
+        "{notes}"
+    );
+    assert!(
+        notes.contains(".step-2.tmp-abc123, left by an interrupted save of step-2")
+            && notes.contains(".step-3.old-xyz789 was left by an interrupted save of step-3"),
         "{notes}"
     );
     let got: Vec<Vec<f64>> = steps_of(&run).iter().map(deterministic).collect();
@@ -362,6 +375,20 @@ fn resume_over_only_incomplete_checkpoints_is_refused() {
         "{err}"
     );
     assert!(snapshot(&run) == before, "a refused resume changed files");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A run directory that is a file is named as such, before anything runs.
+#[test]
+fn a_run_directory_that_is_a_file_is_refused() {
+    let dir = tmp("out-file");
+    let file = dir.join("run");
+    std::fs::write(&file, b"notes").unwrap();
+    let err = colo_rl::r#loop::run(&config(&dir, 1), &file, false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("run: the run directory is a file"), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"notes");
     std::fs::remove_dir_all(dir).unwrap();
 }
 

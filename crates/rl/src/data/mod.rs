@@ -403,7 +403,8 @@ impl<'a> Batches<'a> {
     pub fn new(data: &'a Dataset, batch_size: usize, seed: u64, shuffle: bool) -> Result<Self> {
         if batch_size == 0 || batch_size > data.len() {
             return Err(Error::Dataset(format!(
-                "train_batch_size {batch_size} needs between 1 and {} prompts (the dataset's size)",
+                "data.train_batch_size = {batch_size}, but the training set has {} prompts: \
+                 a batch takes between 1 and all of them",
                 data.len()
             )));
         }
