@@ -299,7 +299,8 @@ fn score(
             extra: Some(&p.extra),
         })
         .collect();
-    let scores = reward.score_batch_extra(&inputs)?;
+    let scores =
+        (reward.score_batch_extra(&inputs)).map_err(|e| crate::data::with_origin(e, prompts))?;
     Ok((
         scores.chunks(params.n).map(<[Scored]>::to_vec).collect(),
         tokens,

@@ -167,7 +167,8 @@ impl Run<'_> {
             })
             .collect();
         let failures_before = self.reward.failures();
-        let scored = self.reward.score_batch_extra(&inputs)?;
+        let scored = (self.reward.score_batch_extra(&inputs))
+            .map_err(|e| crate::data::with_origin(e, batch.prompts.iter().copied()))?;
         let reward_extra = Tally::of(&scored.iter().collect::<Vec<_>>()).extra_means();
         let scores = Scored::scores(scored); // (samples,)
                                              // ReMax: each row's baseline is its prompt's greedy score.
@@ -187,7 +188,8 @@ impl Run<'_> {
                         extra: Some(&p.extra),
                     })
                     .collect();
-                let per_prompt = self.reward.score_batch(&inputs)?;
+                let per_prompt = (self.reward.score_batch(&inputs))
+                    .map_err(|e| crate::data::with_origin(e, batch.prompts.iter().copied()))?;
                 Some(
                     rollouts
                         .batch_prompt

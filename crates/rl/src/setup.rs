@@ -384,6 +384,7 @@ mod tests {
                 chat: false,
                 ground_truth: "1".into(),
                 extra,
+                origin: String::new(),
             }],
             ..Dataset::default()
         }

@@ -272,6 +272,39 @@ fn a_prompt_longer_than_max_prompt_length_is_an_error_naming_it() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A ground truth the reward's rule cannot read stops the run naming the
+/// data file and line of its prompt.
+#[test]
+fn a_reward_error_names_the_line_of_its_prompt() {
+    let dir = tmp("reward-origin");
+    let text = config_toml(&dir, 1, "staged", "grpo");
+    // Every answer of the arithmetic data made unreadable to `numeric`.
+    let data = dir.join("train.jsonl");
+    let words: Vec<String> = (std::fs::read_to_string(&data).unwrap().lines())
+        .map(|l| format!("{}\"seven\"}}", &l[..l.find("\"answer\": ").unwrap() + 10]))
+        .collect();
+    std::fs::write(&data, words.join("\n")).unwrap();
+    let start = text.find("[reward]").unwrap();
+    let end = text.find("[memory]").unwrap();
+    let text = format!(
+        "{}[reward]\nkind = \"numeric\"\n\n{}",
+        &text[..start],
+        &text[end..]
+    );
+    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    let err = colo_rl::r#loop::run(&cfg, &dir.join("run"), false)
+        .unwrap_err()
+        .to_string();
+    let origin = format!("the prompt of {}:", data.display());
+    assert!(
+        err.contains(&origin)
+            && err.contains("reward `numeric` failed")
+            && err.contains("has no number"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// A run whose prompts and completions together exceed the model's
 /// context window is refused before anything runs, as verl refuses it
 /// (the fixture's `max_position_embeddings` is 512).

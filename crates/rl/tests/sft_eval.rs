@@ -25,6 +25,7 @@ fn prompt(id: u64, text: &str, ground_truth: &str) -> Prompt {
         chat: false,
         ground_truth: ground_truth.into(),
         extra: Default::default(),
+        origin: String::new(),
     }
 }
 

@@ -46,6 +46,21 @@ impl Default for Fields {
     }
 }
 
+/// A reward's error about one of `prompts`, with where that prompt was read
+/// (`file:line`): a ground truth a rule cannot read is mended in the data.
+pub(crate) fn with_origin<'a>(e: Error, prompts: impl IntoIterator<Item = &'a Prompt>) -> Error {
+    let origin = match &e {
+        Error::Reward { prompt_id, .. } => (prompts.into_iter())
+            .find(|p| p.prompt_id == *prompt_id && !p.origin.is_empty())
+            .map(|p| p.origin.clone()),
+        _ => None,
+    };
+    match origin {
+        Some(origin) => Error::context(format!("the prompt of {origin}"), e),
+        None => e,
+    }
+}
+
 /// One prompt of a dataset.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prompt {
@@ -63,6 +78,9 @@ pub struct Prompt {
     pub ground_truth: String,
     /// The line's other fields.
     pub extra: Map<String, Value>,
+    /// Where it was read (`file:line`, `file: row N`), for messages about
+    /// it; empty for prompts made in code.
+    pub origin: String,
 }
 
 impl Prompt {
@@ -192,7 +210,8 @@ impl Dataset {
                     field: field.map(str::to_owned),
                     message,
                 };
-                self.push(row, &bad, fields, tok, limit)?;
+                let origin = format!("{}: row {}", path.display(), i + 1);
+                self.push(row, origin, &bad, fields, tok, limit)?;
             }
             return Ok(());
         }
@@ -218,7 +237,8 @@ impl Dataset {
             };
             let row: Value =
                 serde_json::from_str(line).map_err(|e| bad(None, format!("not JSON: {e}")))?;
-            self.push(row, &bad, fields, tok, limit)?;
+            let origin = format!("{}:{}", path.display(), i + 1);
+            self.push(row, origin, &bad, fields, tok, limit)?;
         }
         Ok(())
     }
@@ -228,6 +248,7 @@ impl Dataset {
     fn push(
         &mut self,
         row: Value,
+        origin: String,
         bad: &dyn Fn(Option<&str>, String) -> Error,
         fields: &Fields,
         tok: Option<&Tokenizer>,
@@ -291,6 +312,7 @@ impl Dataset {
             chat,
             ground_truth,
             extra: row,
+            origin,
         });
         Ok(())
     }
@@ -464,6 +486,7 @@ mod tests {
                     chat: false,
                     ground_truth: i.to_string(),
                     extra: Map::new(),
+                    origin: String::new(),
                 })
                 .collect(),
             ..Dataset::default()
