@@ -144,6 +144,59 @@ fn the_summary_names_out_and_checkpoints_load_in_colo_generate() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Run again, a run without a named directory writes a numbered one
+/// (`runs/colo-2`); one into a named directory that holds a run is refused,
+/// and that run is left as it was.
+#[test]
+fn a_second_run_never_overwrites_the_first() {
+    let dir = tmp("again");
+    let config = write_config(&dir, "256MiB");
+    let in_dir = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_colo"))
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap()
+    };
+    let args = ["train", "--config", config.to_str().unwrap()];
+    for _ in 0..2 {
+        let out = in_dir(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stderr = String::from_utf8_lossy(&in_dir(&args).stderr).into_owned();
+    assert!(
+        stderr.contains("runs/colo holds an earlier run: this one writes into runs/colo-3"),
+        "{stderr}"
+    );
+    for run in ["runs/colo", "runs/colo-2", "runs/colo-3"] {
+        assert!(dir.join(run).join("config.toml").is_file(), "{run}");
+        assert!(dir.join(run).join("checkpoints/step-1").is_dir(), "{run}");
+    }
+    let metrics = std::fs::read(dir.join("runs/colo/metrics.jsonl")).unwrap();
+    let named = in_dir(&[
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        "runs/colo",
+    ]);
+    let stderr = String::from_utf8_lossy(&named.stderr);
+    assert!(
+        !named.status.success()
+            && stderr.contains("runs/colo already holds a run (checkpoints/step-1; 1 step in metrics.jsonl): --resume continues it"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read(dir.join("runs/colo/metrics.jsonl")).unwrap(),
+        metrics
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_run_the_plan_says_cannot_fit_is_refused_before_loading() {
     let dir = tmp("refuse");

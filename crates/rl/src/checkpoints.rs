@@ -137,6 +137,21 @@ pub fn earlier_run(out: &Path) -> Result<Option<String>> {
     Ok((!what.is_empty()).then(|| what.join("; ")))
 }
 
+/// `out` if a run from scratch may write into it, else the first of
+/// `out-2`, `out-3`, … that holds no earlier run ([`earlier_run`]): the
+/// default run directory is numbered, never overwritten, as Lightning
+/// numbers `version_N`.
+pub fn next_free_dir(out: &Path) -> Result<PathBuf> {
+    let mut dir = out.to_owned();
+    for n in 2.. {
+        if earlier_run(&dir)?.is_none() && !dir.is_file() {
+            break;
+        }
+        dir = PathBuf::from(format!("{}-{n}", out.display()));
+    }
+    Ok(dir)
+}
+
 /// An error if a run from scratch into `out` would overwrite an earlier
 /// run's work ([`earlier_run`]); `resume`: `--resume` was asked for and
 /// found no complete checkpoint.

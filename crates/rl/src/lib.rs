@@ -83,6 +83,7 @@ pub mod reward;
 pub mod rng;
 pub mod rollouts;
 mod run;
+pub mod run_config;
 mod setup;
 pub mod sft;
 pub mod task;

@@ -15,6 +15,7 @@ use crate::data::{Batches, Dataset};
 use crate::metrics::{self, MetricsWriter, Record};
 use crate::progress::{Progress, Status};
 use crate::r#loop::Run;
+use crate::run_config;
 use crate::setup::{draw, load_data, open_model, uses_critic};
 use crate::timeline_file::TimelineWriter;
 use crate::{Error, Result};
@@ -180,6 +181,12 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
 
     // ---- device, worker, steps; the pictures however it ends ---------------
     let config = resumed_config.as_ref().unwrap_or(config);
+    if start.first_step > 0 {
+        if let Some(note) = run_config::changes(out, config)? {
+            start.say(note);
+        }
+    }
+    run_config::write(out, config)?;
     let pool = crate::setup::make_pool(config)?;
     // A resumed process's start-up belongs after its checkpoint's step.
     pool.set_step(start.first_step as u64);

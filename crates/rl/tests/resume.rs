@@ -589,7 +589,22 @@ fn auto_resumes_in_the_checkpoints_dtype() {
     let (settled, _) = colo_rl::checkpoints::resume_dtype(&parse(4, ""), &saved);
     assert_eq!(settled.trainer.dtype, colo_rl::config::Dtype::F32);
 
-    colo_rl::r#loop::run(&parse(4, ""), &run, true).unwrap();
+    // The run directory records the resolved configuration it ran with.
+    let first = parse(2, "dtype = \"f32\"");
+    let saved_text = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    let read_back = Config::from_toml(&saved_text, &run.join("config.toml")).unwrap();
+    assert_eq!(read_back.to_raw(), first.to_raw());
+
+    let s = colo_rl::r#loop::run(&parse(4, ""), &run, true).unwrap();
+    // Continuing under other settings is said (the dtype is the
+    // checkpoint's again, so only the steps differ).
+    let notes = s.notes.join("\n");
+    assert!(
+        notes.contains(
+            "the configuration differs from the run's config.toml in trainer.total_steps: 2 → 4;"
+        ),
+        "{notes}"
+    );
     let config: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(run.join("checkpoints/step-4/config.json")).unwrap(),
     )

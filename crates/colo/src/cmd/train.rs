@@ -2,7 +2,7 @@
 //! task (arithmetic, a 0.8M-parameter model from its committed SFT
 //! checkpoint, exact-match reward); `--config run.toml` runs a user's.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use colo_rl::config::OffloadPolicy;
@@ -40,13 +40,27 @@ pub fn run(a: Args) -> Result<()> {
         print!("{}", config.to_toml()?);
         return Ok(());
     }
-    let out = a
+    let mut out = a
         .out
         .clone()
         .unwrap_or_else(|| config.trainer.out_dir.clone());
+    let resume = a.resume || config.trainer.resume;
+    // A run into a directory the user named refuses to overwrite an earlier
+    // run there (colo-rl); the default directory is numbered instead, so
+    // that `colo train` run again runs again.
+    if a.out.is_none() && out == Path::new(colo_rl::config::DEFAULT_OUT_DIR) && !resume {
+        let free = colo_rl::checkpoints::next_free_dir(&out)?;
+        if free != out {
+            eprintln!(
+                "{} holds an earlier run: this one writes into {} (--resume continues {0}; --out names the directory)",
+                out.display(),
+                free.display()
+            );
+            out = free;
+        }
+    }
     // The summary names the directory the run writes to, `--out` included.
     config.trainer.out_dir = out.clone();
-    let resume = a.resume || config.trainer.resume;
     eprintln!("{}", config.summary());
     eprintln!("run directory: {}", out.display());
     if a.no_plan_check {

@@ -55,6 +55,10 @@ use crate::reward::RewardSpec;
 use crate::task::ArithmeticTask;
 use crate::{Error, Result};
 
+/// The run directory of a run that names none (no `trainer.out_dir`, no
+/// project or experiment name, no `--out`).
+pub const DEFAULT_OUT_DIR: &str = "runs/colo";
+
 /// Steps of the run when neither `total_steps` nor `total_epochs` is given.
 pub const DEFAULT_TOTAL_STEPS: usize = 100;
 

@@ -524,7 +524,7 @@ fn default_out_dir(project: Option<&str>, experiment: Option<&str>) -> Check<Pat
         dir.push(name);
     }
     if project.is_none() && experiment.is_none() {
-        dir.push("colo");
+        return Ok(PathBuf::from(super::DEFAULT_OUT_DIR));
     }
     Ok(dir)
 }
