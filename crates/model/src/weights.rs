@@ -230,6 +230,13 @@ fn read_safetensors(
         fail(tensor.as_deref(), reason)
     })?;
     for (name, view) in file.tensors() {
+        if out.contains_key(&name) || not_float.contains_key(&name) {
+            return Err(fail(
+                Some(&name),
+                "is also in another shard of this checkpoint: which one holds it is ambiguous"
+                    .into(),
+            ));
+        }
         let src_kind = match view.dtype() {
             Dtype::F32 => Kind::Float,
             Dtype::F16 => Kind::Half,

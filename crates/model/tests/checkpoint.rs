@@ -106,6 +106,20 @@ fn sharded_checkpoint_loads() {
         .unwrap();
     let single = load("tiny-llama").forward(&ids).unwrap();
     assert_eq!(max_abs_diff(&sharded, &single), 0.0);
+    // A tensor in two shards is ambiguous: an error naming it.
+    let first = names[0].as_str();
+    let file = dst.join("model-00002-of-00002.safetensors");
+    let mut second = read_tensors(&file);
+    second.insert(first.to_owned(), tensors[first].shallow_clone());
+    let second: Vec<(&str, &Tensor)> = second.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    Tensor::write_safetensors(&second, &file).unwrap();
+    let e = Weights::from_dir(&dst, Kind::Float, Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("tensor `{first}`: is also in another shard")),
+        "{e}"
+    );
     std::fs::remove_dir_all(dst).unwrap();
 }
 
