@@ -280,6 +280,41 @@ fn diagnose(bytes: &[u8]) -> Option<(Option<String>, String)> {
     let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
     let n = usize::try_from(n).ok()?;
     let header = bytes.get(8..8usize.checked_add(n)?)?;
+    check_header(header, bytes.len() - 8 - n)
+}
+
+/// Whether the safetensors file at `path` holds the bytes its header
+/// describes, reading the header only (a checkpoint copied half-way is
+/// found without reading gigabytes); `Err` says what is wrong.
+pub fn check_length(path: &Path) -> std::result::Result<(), String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    let mut n = [0u8; 8];
+    file.read_exact(&mut n)
+        .map_err(|_| "shorter than a safetensors header".to_owned())?;
+    let n = u64::from_le_bytes(n);
+    let rest = len.checked_sub(8).and_then(|r| r.checked_sub(n));
+    let (Some(rest), Ok(n)) = (rest, usize::try_from(n)) else {
+        return Err(format!(
+            "its header claims {n} bytes, more than the file holds"
+        ));
+    };
+    let mut header = vec![0u8; n];
+    file.read_exact(&mut header).map_err(|e| e.to_string())?;
+    let have = usize::try_from(rest).map_err(|e| e.to_string())?;
+    match check_header(&header, have) {
+        Some((tensor, reason)) => Err(match tensor {
+            Some(t) => format!("tensor `{t}`: {reason}"),
+            None => reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// What is wrong with a safetensors header (JSON text) given `have` bytes
+/// of tensor data after it; `None` when nothing is, or it cannot be read.
+fn check_header(header: &[u8], have: usize) -> Option<(Option<String>, String)> {
     let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
     let mut end = 0usize;
     for (name, info) in header.iter().filter(|(k, _)| *k != "__metadata__") {
@@ -302,7 +337,6 @@ fn diagnose(bytes: &[u8]) -> Option<(Option<String>, String)> {
         }
         end = end.max(b);
     }
-    let have = bytes.len() - 8 - n;
     (end != have).then(|| {
         let what = match end > have {
             true => "truncated",

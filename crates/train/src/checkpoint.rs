@@ -98,14 +98,19 @@ pub fn check_complete(dir: &Path) -> Result<TrainerState> {
     for name in REQUIRED_FILES {
         let path = dir.join(name);
         let reason = match std::fs::metadata(&path) {
+            // A safetensors file holds what its header says (a copy cut
+            // short is found here, and `--resume` passes over it).
+            Ok(m) if m.is_file() && m.len() > 0 && name.ends_with(".safetensors") => {
+                match colo_model::weights::check_length(&path) {
+                    Ok(()) => continue,
+                    Err(reason) => reason,
+                }
+            }
             Ok(m) if m.is_file() && m.len() > 0 => continue,
-            Ok(_) => "empty, or not a file",
-            Err(_) => "missing file",
+            Ok(_) => "empty, or not a file".into(),
+            Err(_) => "missing file".into(),
         };
-        return Err(Error::CheckpointState {
-            path,
-            reason: reason.into(),
-        });
+        return Err(Error::CheckpointState { path, reason });
     }
     read_state(dir)
 }

@@ -190,7 +190,16 @@ fn state_names_both_counts_and_partial_directories_are_incomplete() {
     b.load_checkpoint(&dir).unwrap();
     assert_eq!(b.step(), 6);
 
-    // Partial directories.
+    // Partial directories: weights cut short (a copy interrupted), then
+    // missing.
+    let weights = dir.join("model.safetensors");
+    let whole = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &whole[..whole.len() - 100]).unwrap();
+    let msg = check_complete(&dir).unwrap_err().to_string();
+    assert!(
+        msg.contains("model.safetensors") && msg.contains("the file is truncated"),
+        "{msg}"
+    );
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
     let msg = check_complete(&dir).unwrap_err().to_string();
     assert!(
