@@ -51,6 +51,14 @@ pub enum Error {
         checkpoint: Option<PathBuf>,
     },
 
+    /// The checkpoint directory does not exist.
+    #[error("no such directory: {} (a model is a Hugging Face directory: config.json, model.safetensors, tokenizer.json)", path.display())]
+    MissingDirectory { path: PathBuf },
+
+    /// The checkpoint "directory" is a file.
+    #[error("{} is a file; a model is a Hugging Face directory (config.json, model.safetensors, tokenizer.json)", path.display())]
+    NotADirectory { path: PathBuf },
+
     /// A file the checkpoint directory must hold is absent.
     #[error("missing file {}", path.display())]
     MissingFile { path: PathBuf },
@@ -104,6 +112,20 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         let path = path.into();
+        // A file of a checkpoint directory that is not one: name the
+        // directory, not the file inside it.
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if dir.is_file() {
+                return Error::NotADirectory {
+                    path: dir.to_owned(),
+                };
+            }
+            if !dir.exists() {
+                return Error::MissingDirectory {
+                    path: dir.to_owned(),
+                };
+            }
+        }
         if source.kind() == std::io::ErrorKind::NotFound {
             Error::MissingFile { path }
         } else {

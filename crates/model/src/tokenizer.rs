@@ -84,7 +84,14 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
-            return Err(Error::MissingFile { path });
+            if dir.join("tokenizer.model").is_file() {
+                return Err(Error::Tokenizer(format!(
+                    "{} has a sentencepiece tokenizer.model but no tokenizer.json, which colo reads; \
+                     transformers writes one: AutoTokenizer.from_pretrained(dir).save_pretrained(dir)",
+                    dir.display()
+                )));
+            }
+            return Err(Error::io(&path, std::io::ErrorKind::NotFound.into()));
         }
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;

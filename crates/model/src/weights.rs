@@ -92,6 +92,18 @@ impl Weights {
                 .into_iter()
                 .map(|f| dir.join(f))
                 .collect()
+        } else if dir.join("pytorch_model.bin").is_file() {
+            return Err(Error::Safetensors {
+                path: single,
+                tensor: None,
+                reason: format!(
+                    "missing: {} has PyTorch's pytorch_model.bin, which colo does not read; \
+                     save it as safetensors (transformers: model.save_pretrained(dir, safe_serialization=True))",
+                    dir.display()
+                ),
+            });
+        } else if !dir.is_dir() {
+            return Err(Error::io(&single, std::io::ErrorKind::NotFound.into()));
         } else {
             return Err(Error::MissingFile { path: single });
         };

@@ -358,6 +358,36 @@ fn missing_files_are_named() {
         Err(Error::MissingFile { path }) => assert_eq!(path, dst.join("tokenizer.json")),
         other => panic!("expected MissingFile, got {other:?}"),
     }
+    // What a user may have instead: PyTorch's .bin weights, a sentencepiece
+    // tokenizer.model; or no directory at all, or a file.
+    std::fs::write(dst.join("pytorch_model.bin"), b"x").unwrap();
+    let e = Model::from_dir(&dst, Kind::Float, Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("pytorch_model.bin, which colo does not read")
+            && e.contains("safe_serialization=True"),
+        "{e}"
+    );
+    std::fs::write(dst.join("tokenizer.model"), b"x").unwrap();
+    let e = colo_model::Tokenizer::from_dir(&dst)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tokenizer.model but no tokenizer.json"), "{e}");
+    let gone = dst.join("no-such-model");
+    match Model::from_dir(&gone, Kind::Float, Device::Cpu) {
+        Err(Error::MissingDirectory { path }) => assert_eq!(path, gone),
+        other => panic!("expected MissingDirectory, got {other:?}"),
+    }
+    let file = dst.join("config.json");
+    match Model::from_dir(&file, Kind::Float, Device::Cpu) {
+        Err(e @ Error::NotADirectory { .. }) => assert!(
+            e.to_string()
+                .contains("is a file; a model is a Hugging Face directory"),
+            "{e}"
+        ),
+        other => panic!("expected NotADirectory, got {other:?}"),
+    }
     std::fs::remove_dir_all(dst).unwrap();
 }
 

@@ -208,7 +208,22 @@ fn a_verl_parquet_file_reads_as_its_jsonl_twin() {
     vocab::write_tokenizer(&dir.0).unwrap();
     let tok = Tokenizer::from_dir(&dir.0).unwrap();
     let f = fields("prompt", "reward_model.ground_truth");
-    let load = |name: &str| Dataset::from_files(&[verl_fixture(name)], &f, Some(&tok)).unwrap();
+    // The same prompts; each knows where it was read.
+    let load = |name: &str| {
+        let mut d = Dataset::from_files(&[verl_fixture(name)], &f, Some(&tok)).unwrap();
+        for (i, p) in d.prompts.iter_mut().enumerate() {
+            let origin = std::mem::take(&mut p.origin);
+            let (row, line) = (
+                format!("{name}: row {}", i + 1),
+                format!("{name}:{}", i + 1),
+            );
+            assert!(
+                origin.ends_with(&row) || origin.ends_with(&line),
+                "{origin}"
+            );
+        }
+        d
+    };
     let (parquet, jsonl) = (load("gsm8k-verl.parquet"), load("gsm8k-verl.jsonl"));
     assert_eq!(parquet, jsonl);
     assert_eq!(
