@@ -88,7 +88,7 @@ fn score_refuses_bad_input() {
     assert!(err.contains("1800") && err.contains("512"), "{err}");
     let out = run(&["--model", "/nonexistent/colo-model", "--ids", "1,2"]);
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("missing file"),
+        String::from_utf8_lossy(&out.stderr).contains("no such directory: /nonexistent/colo-model"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
