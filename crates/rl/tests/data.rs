@@ -180,7 +180,8 @@ fn missing_file_is_named() {
     assert_eq!(e.to_string(), "dataset not found: /nonexistent/train.jsonl");
     // A directory, and a text file named .parquet, say what they are.
     let dir = TempDir::new("data-kinds");
-    let e = Dataset::from_files(&[dir.0.clone()], &Fields::default(), None).unwrap_err();
+    let e =
+        Dataset::from_files(std::slice::from_ref(&dir.0), &Fields::default(), None).unwrap_err();
     assert!(
         e.to_string().contains(": a directory; data.train_files"),
         "{e}"
