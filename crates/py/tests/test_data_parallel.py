@@ -217,6 +217,8 @@ class CommandLine(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr[-3000:])
             self.assertIn("3 steps on 2 workers; no evaluation", r.stdout)
             self.assertEqual(sorted(os.listdir(os.path.join(out, "workers"))), ["rank-0", "rank-1"])
+            with open(os.path.join(out, "config.toml")) as f:  # the resolved configuration, once
+                self.assertIn("[cluster]", f.read())
             with open(os.path.join(out, "metrics.jsonl")) as f:
                 records = [json.loads(l) for l in f]
             self.assertEqual([r["training/global_step"] for r in records], [1, 2, 3])

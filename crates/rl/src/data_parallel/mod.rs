@@ -117,6 +117,20 @@ impl Rank {
             }
             None => config,
         };
+        // The run directory is readied, and the configuration recorded, as
+        // `colo train` does it: once, by rank 0.
+        if rank == 0 {
+            let ckpts = out.join(checkpoints::DIR);
+            for note in checkpoints::prepare_dir(&ckpts, crate::setup::uses_critic(&config))? {
+                eprintln!("{note}");
+            }
+            if resume_from.is_some() {
+                if let Some(note) = crate::run_config::changes(out, &config)? {
+                    eprintln!("{note}");
+                }
+            }
+            crate::run_config::write(out, &config)?;
+        }
         let local = rank_config(&config, world)?;
         let dir = out.join("workers").join(format!("rank-{rank}"));
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
