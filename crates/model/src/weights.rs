@@ -267,10 +267,15 @@ fn read_safetensors(
             .and_then(|t| t.f_to_device(device))
             .and_then(|t| t.f_to_kind(kind))
             .map_err(|e| fail(Some(&name), e.to_string()))?;
-        let finite = (t.f_isfinite().and_then(|f| f.f_all()))
-            .and_then(|a| a.f_int64_value(&[]))
+        // A NaN or an infinity makes the sum non-finite: one reduction at
+        // memory speed (15–19 GiB/s on two cores here, where `isfinite`
+        // and `all` ran at 0.3–0.7 GiB/s: ~1 s against ~30 s for a 7 B
+        // bf16 model). Half sums in float32, beyond its 65,504.
+        let sum_kind = (kind == Kind::Half).then_some(Kind::Float);
+        let sum = (t.f_sum(sum_kind))
+            .and_then(|s| s.f_double_value(&[]))
             .map_err(|e| fail(Some(&name), e.to_string()))?;
-        if finite == 0 {
+        if !sum.is_finite() {
             let as_kind = match kind == src_kind {
                 true => String::new(),
                 false => format!(" (as {kind:?})"),
