@@ -448,20 +448,20 @@ mod tests {
         }
     }
 
+    /// A weighted reward of two rules, as a config writes it.
+    pub(crate) const NUMERIC_AND_FORMAT: &str = r#"
+        kind = "weighted"
+        [[terms]]
+        weight = 0.75
+        reward = { kind = "numeric", after = "Answer:" }
+        [[terms]]
+        weight = 0.25
+        reward = { kind = "format", open = "<a>", close = "</a>" }
+        "#;
+
     #[test]
     fn spec_parses_verl_like_toml() {
-        let spec: RewardSpec = toml::from_str(
-            r#"
-            kind = "weighted"
-            [[terms]]
-            weight = 0.75
-            reward = { kind = "numeric", after = "Answer:" }
-            [[terms]]
-            weight = 0.25
-            reward = { kind = "format", open = "<a>", close = "</a>" }
-            "#,
-        )
-        .unwrap();
+        let spec: RewardSpec = toml::from_str(NUMERIC_AND_FORMAT).unwrap();
         let mut r = build(&spec).unwrap();
         assert_eq!(r.score(&input("<a>Answer: 42</a>", "42")).unwrap(), 1.0);
         assert_eq!(r.score(&input("Answer: 42", "42")).unwrap(), 0.75);

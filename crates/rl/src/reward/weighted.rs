@@ -114,7 +114,7 @@ impl Reward for Weighted {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reward::tests::input;
+    use crate::reward::tests::{input, NUMERIC_AND_FORMAT};
 
     fn spec(toml: &str) -> Vec<WeightedTerm> {
         match toml::from_str::<RewardSpec>(toml).unwrap() {
@@ -147,18 +147,7 @@ mod tests {
 
     #[test]
     fn each_term_score_is_an_extra_beside_the_weighted_sum() {
-        let mut w = Weighted::build(&spec(
-            r#"
-            kind = "weighted"
-            [[terms]]
-            weight = 0.75
-            reward = { kind = "numeric", after = "Answer:" }
-            [[terms]]
-            weight = 0.25
-            reward = { kind = "format", open = "<a>", close = "</a>" }
-            "#,
-        ))
-        .unwrap();
+        let mut w = Weighted::build(&spec(NUMERIC_AND_FORMAT)).unwrap();
         let batch = [input("<a>Answer: 41</a>", "42"), input("Answer: 42", "42")];
         let s = w.score_batch_extra(&batch).unwrap();
         assert_eq!(Scored::scores(s.clone()), w.score_batch(&batch).unwrap());
