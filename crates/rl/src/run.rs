@@ -84,14 +84,17 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
     let found = resume
         .then(|| checkpoints::latest_complete(&ckpt_dir, uses_critic(config)))
         .transpose()?;
-    if let Some(found) = &found {
-        for (dir, why) in &found.skipped {
-            eprintln!(
+    // Said now (a refusal below follows from them) and kept for the summary.
+    let skipped: Vec<String> = (found.iter().flat_map(|f| &f.skipped))
+        .map(|(dir, why)| {
+            let note = format!(
                 "--resume: {} is not a complete checkpoint ({why}); skipped",
                 dir.display()
             );
-        }
-    }
+            eprintln!("{note}");
+            note
+        })
+        .collect();
     // Nor is an earlier run's work overwritten by a run from scratch.
     if found.as_ref().is_none_or(|f| f.latest.is_none()) {
         checkpoints::check_fresh_start(out, resume)?;
@@ -112,14 +115,9 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
     for note in leftovers {
         start.say(note);
     }
+    start.notes.extend(skipped);
     let mut resumed_config = None;
     if let Some(found) = found {
-        for (dir, why) in &found.skipped {
-            start.notes.push(format!(
-                "--resume: {} is not a complete checkpoint ({why}); skipped",
-                dir.display()
-            ));
-        }
         match found.latest {
             None => start.say(format!(
                 "--resume: no complete checkpoint in {}; starting from scratch",
