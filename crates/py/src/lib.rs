@@ -351,10 +351,7 @@ fn check_layout(config: Option<String>, workers: usize) -> PyResult<&'static str
     let cfg = load_config(config.as_deref())?;
     colo_rl::data_parallel::rank_config(&cfg, workers)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok(match cfg.trainer.device {
-        colo_rl::config::Device::Cpu => "cpu",
-        colo_rl::config::Device::Cuda => "cuda",
-    })
+    Ok(cfg.trainer.device.name())
 }
 
 /// The newest complete checkpoint of the run `config` writes into `out`,

@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{ensure, Context, Result};
 use colo_mem::fmt_bytes;
 use colo_model::{Arch, Model, ModelConfig, Weights};
-use colo_rl::config::Colocation;
+use colo_rl::config::{Colocation, Device as RunDevice};
 use colo_rl::metrics::{self, Record};
 use colo_rl::task::ArithmeticTask;
 use colo_rl::{vocab, Config, StepMetrics};
@@ -92,8 +92,8 @@ pub struct Args {
     json: bool,
     /// Where the runs train and generate: `cpu`, or `cuda` (a build with
     /// the `cuda` feature, on a machine with an NVIDIA GPU).
-    #[arg(long, default_value = "cpu")]
-    device: String,
+    #[arg(long, default_value = "cpu", value_parser = super::bench::parse_device)]
+    device: RunDevice,
     /// The runs' `trainer.dtype`: `f32` (the default: the modes' memory
     /// story at its targets' proportions) or `bf16`, where the trainer's
     /// float32 state (gradients, moments, master weights: 16 bytes per
@@ -104,7 +104,7 @@ pub struct Args {
 
 impl Args {
     /// The defaults, on `device` (what `colo gpu-check` runs).
-    pub fn on(device: &str) -> Self {
+    pub fn on(device: RunDevice) -> Self {
         use clap::Parser;
         #[derive(clap::Parser)]
         struct Cli {
@@ -112,7 +112,7 @@ impl Args {
             args: Args,
         }
         let mut a = Cli::parse_from(["colocate"]).args;
-        a.device = device.to_string();
+        a.device = device;
         a
     }
 }
@@ -164,9 +164,9 @@ pub fn run(a: Args) -> Result<()> {
 /// On CUDA the medians are of 9 measured steps, not 3: a switch there takes
 /// 20–30 ms, and with 3 steps the staged/sleep ratio read 0.99, 1.16 and
 /// 1.37 on three fresh H100 machines (the eleventh session's runs).
-pub fn check_on(device: &str) -> Result<String> {
+pub fn check_on(device: RunDevice) -> Result<String> {
     let mut args = Args::on(device);
-    if device == "cuda" {
+    if device == RunDevice::Cuda {
         args.steps = 9;
     }
     let report = measure_report(&args)?;
@@ -192,7 +192,6 @@ pub fn check_on(device: &str) -> Result<String> {
 
 fn measure_report(a: &Args) -> Result<Report> {
     let started = std::time::Instant::now();
-    super::bench::parse_device(&a.device)?;
     ensure!(
         ["f32", "bf16"].contains(&a.dtype.as_str()),
         "--dtype must be f32 or bf16, got {:?}",
@@ -303,7 +302,7 @@ struct Setup {
     n: usize,
     kv_tokens: usize,
     weight_bytes: u64,
-    device: String,
+    device: RunDevice,
     dtype: String,
 }
 
@@ -338,7 +337,7 @@ impl Setup {
             n: a.n,
             kv_tokens,
             weight_bytes,
-            device: a.device.clone(),
+            device: a.device,
             dtype: a.dtype.clone(),
         })
     }
@@ -388,7 +387,7 @@ val_before_train = false
             n = self.n,
             samples = self.prompts * self.n,
             kv = self.kv_tokens,
-            device = self.device,
+            device = self.device.name(),
             dtype = self.dtype,
         );
         Ok(Config::from_toml(

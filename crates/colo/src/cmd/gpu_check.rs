@@ -62,7 +62,10 @@ pub fn run(a: Args) -> Result<()> {
         let fixture = a.fixtures.join("tiny-qwen2");
         results.push(("graphs", super::gpu_graphs::check(&fixture)));
         results.push(("oom", oom()));
-        results.push(("colocate", super::bench_colocate::check_on("cuda")));
+        results.push((
+            "colocate",
+            super::bench_colocate::check_on(colo_rl::config::Device::Cuda),
+        ));
         results.push(("train", train(&a)));
     }
     println!("\n== colo gpu-check summary");

@@ -373,6 +373,14 @@ pub enum Device {
 }
 
 impl Device {
+    /// Its name in a config (`trainer.device`) and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        }
+    }
+
     /// The libtorch device (CUDA: device 0 of the process).
     pub fn torch(self) -> tch::Device {
         match self {
