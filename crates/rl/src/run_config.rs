@@ -21,18 +21,25 @@ pub fn write(out: &Path, config: &Config) -> Result<()> {
 
 /// The keys whose values differ between the run directory's `config.toml`
 /// (what the run used so far) and `config`, as one note; `None` when they
-/// agree or the directory has none (a run of an older colo).
+/// agree or the directory has none (a run of an older colo). A
+/// `config.toml` that does not read is said in the note, not an error.
 pub fn changes(out: &Path, config: &Config) -> Result<Option<String>> {
     let path = out.join(FILE);
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Ok(None);
     };
-    let saved: toml::Table = toml::from_str(&text).map_err(|e| Error::Config {
-        path: path.clone(),
-        line: None,
-        field: "<file>".into(),
-        message: e.to_string(),
-    })?;
+    // A record that does not read (edited by hand) is no reason to stop.
+    let saved: toml::Table = match toml::from_str(&text) {
+        Ok(t) => t,
+        Err(e) => {
+            let e = e.to_string();
+            let first = e.lines().next().unwrap_or_default();
+            return Ok(Some(format!(
+                "--resume: {} does not read ({first}); the configuration was not compared",
+                path.display()
+            )));
+        }
+    };
     let now = toml::Table::try_from(config.to_raw()).map_err(|e| Error::Config {
         path: path.clone(),
         line: None,
@@ -72,4 +79,33 @@ fn flatten(t: &toml::Table) -> BTreeMap<String, String> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changed_keys_are_named_and_a_broken_record_is_only_noted() {
+        let dir = std::env::temp_dir().join(format!("colo-run-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = Config::builtin();
+        assert_eq!(changes(&dir, &first).unwrap(), None, "no record yet");
+        write(&dir, &first).unwrap();
+        assert_eq!(changes(&dir, &first).unwrap(), None);
+        let mut longer = first.clone();
+        longer.trainer.length = crate::config::RunLength::Steps(200);
+        let note = changes(&dir, &longer).unwrap().unwrap();
+        assert!(
+            note.contains("in trainer.total_steps: 100 → 200;"),
+            "{note}"
+        );
+        std::fs::write(dir.join(FILE), "[trainer\n").unwrap();
+        let note = changes(&dir, &longer).unwrap().unwrap();
+        assert!(
+            note.contains("does not read") && note.contains("not compared"),
+            "{note}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
