@@ -130,7 +130,8 @@ impl Run<'_> {
     pub(crate) fn step(&mut self, batch: &Batch) -> Result<StepMetrics> {
         let (cfg, plan) = (self.config, self.config.batch);
         let t_step = Instant::now();
-        self.worker.begin_step(batch.step as u64 + 1);
+        self.worker
+            .begin_step((batch.step as u64).saturating_add(1));
 
         // 1. Generate n samples per prompt (memory: train → rollout → train).
         let t = Instant::now();

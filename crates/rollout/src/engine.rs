@@ -286,7 +286,7 @@ impl Engine {
             return bad("stop strings need an engine with a tokenizer".into());
         }
         // The K/V of every token but the last one generated.
-        let max_kv = (len + p.max_new_tokens).min(ctx) - 1;
+        let max_kv = len.saturating_add(p.max_new_tokens).min(ctx) - 1;
         let (need, total) = (
             blocks_for(max_kv, self.cfg.block_size),
             self.sched.blocks.total(),
@@ -296,6 +296,13 @@ impl Engine {
                 "a sequence of up to {max_kv} cached tokens needs {need} KV blocks, but the pool has {total} \
                  ({} tokens); lower max_new_tokens or give the KV cache more memory",
                 total * self.cfg.block_size
+            ));
+        }
+        // Each sample writes its own tokens into blocks of its own.
+        if p.n > total {
+            return bad(format!(
+                "n = {} samples need a KV block each at least, but the pool has {total}",
+                p.n
             ));
         }
         self.reqs.insert(

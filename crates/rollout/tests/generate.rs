@@ -185,6 +185,9 @@ fn bad_requests_fail_alone() {
         Request::new(vec![9999], SamplingParams::greedy(4)),
         bad(|p| p.max_new_tokens = 2000),
         good,
+        // Sizes beyond reason are refused, not overflowed or allocated.
+        bad(|p| p.max_new_tokens = usize::MAX),
+        bad(|p| p.n = 1 << 40),
     ];
     let out = e.generate(reqs).unwrap();
     let msg = |i: usize| match &out[i] {
@@ -201,6 +204,12 @@ fn bad_requests_fail_alone() {
     assert!(msg(4).contains("n must"), "{}", msg(4));
     assert!(msg(5).contains("9999"), "{}", msg(5));
     assert!(msg(6).contains("KV blocks"), "{}", msg(6));
+    assert!(msg(8).contains("KV blocks"), "{}", msg(8));
+    assert!(
+        msg(9).contains("samples need a KV block each"),
+        "{}",
+        msg(9)
+    );
     assert!(msg(2).starts_with("request "), "{}", msg(2));
     let first = &out[0].as_ref().unwrap().completions[0];
     assert_eq!(first.tokens.len(), 4);
