@@ -17,7 +17,6 @@
 //! with its `// SAFETY:` note.
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use colo_rl::data_parallel::{NamedWeights, Rank};
@@ -30,6 +29,11 @@ mod collective;
 use collective::PyCollective;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+
+/// A worker's lock after a call panicked while holding it.
+fn poisoned() -> PyErr {
+    PyRuntimeError::new_err("an earlier call on this worker panicked")
+}
 
 fn err(e: impl std::fmt::Display) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
@@ -48,22 +52,27 @@ struct Worker {
     /// Python may call from any thread; the rank runs one call at a time.
     rank: Mutex<Rank>,
     /// Zero-copy views of the training state handed out and not yet
-    /// closed: while any is open, the worker refuses to switch phase (the
-    /// switch would release the memory they point at).
-    views_open: std::sync::atomic::AtomicUsize,
+    /// closed, one list of buffers per `open_views`: while any is open, the
+    /// worker refuses to switch phase (the switch would release the memory
+    /// they point at), and closing one releases its memoryviews, which
+    /// fails while a tensor made from one still holds it.
+    views: Mutex<Vec<Vec<Py<PyAny>>>>,
 }
 
 impl Worker {
+    /// How many `open_views` are not closed.
+    fn views_open(&self) -> usize {
+        self.views.lock().map_or(0, |v| v.len())
+    }
+
     fn rank(&self) -> PyResult<std::sync::MutexGuard<'_, Rank>> {
-        self.rank
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("an earlier call on this worker panicked"))
+        self.rank.lock().map_err(|_| poisoned())
     }
 
     /// The rank, for a call that may release or replace the training
     /// state's memory: refused while views of it are open.
     fn rank_unviewed(&self, op: &str) -> PyResult<std::sync::MutexGuard<'_, Rank>> {
-        match self.views_open.load(Ordering::SeqCst) {
+        match self.views_open() {
             0 => self.rank(),
             n => Err(PyRuntimeError::new_err(format!(
                 "{op}: {n} view(s) of the worker's training state are open; leave the \
@@ -104,7 +113,7 @@ impl Worker {
             .map_err(err)?;
         Ok(Worker {
             rank: Mutex::new(rank),
-            views_open: Default::default(),
+            views: Default::default(),
         })
     }
 
@@ -297,16 +306,40 @@ impl Worker {
             let kind = collective::dtype_name(t.kind())?;
             out.push((name, t.size(), kind, collective::buffer(py, &t)?.unbind()));
         }
-        self.views_open.fetch_add(1, Ordering::SeqCst);
+        let handed = out.iter().map(|v| v.3.clone_ref(py)).collect();
+        self.views.lock().map_err(|_| poisoned())?.push(handed);
         Ok(out)
     }
 
-    /// Closes one `open_views` (its views must be released first).
-    fn close_views(&self) -> PyResult<()> {
-        self.views_open
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .map(drop)
-            .map_err(|_| PyRuntimeError::new_err("close_views: no views are open"))
+    /// Closes the last `open_views`. Refused, and the views stay open (no
+    /// phase switch), while anything but the worker still references one
+    /// of its memoryviews: the list `open_views` returned, or a tensor made
+    /// from one (torch's `frombuffer` keeps a reference, not a buffer
+    /// export), since the memory behind them may be released once they
+    /// close. On a GPU the views are addresses, which cannot be counted:
+    /// `colo.views` counts their holders instead.
+    fn close_views(&self, py: Python<'_>) -> PyResult<()> {
+        let mut views = self.views.lock().map_err(|_| poisoned())?;
+        let Some(last) = views.last() else {
+            return Err(PyRuntimeError::new_err("close_views: no views are open"));
+        };
+        // pyo3 deprecates `get_refcnt` for `ffi::Py_REFCNT`, an `unsafe`
+        // call; the safe one says the same (unsafe code stays in colo-mem
+        // and the one memoryview block).
+        #[allow(deprecated)]
+        let referenced = |b: &Bound<'_, PyAny>| b.get_refcnt() > 1;
+        let in_use = (last.iter().map(|b| b.bind(py)))
+            .filter(|b| b.is_instance_of::<pyo3::types::PyMemoryView>() && referenced(b))
+            .count();
+        if in_use > 0 {
+            return Err(PyRuntimeError::new_err(format!(
+                "close_views: {in_use} of the views are still referenced (the list open_views \
+                 returned, or tensors made from them): drop them first; the views stay open \
+                 (no phase switch) until then"
+            )));
+        }
+        views.pop();
+        Ok(())
     }
 
     /// The pool's statistics as JSON (resident, peak, per tag).

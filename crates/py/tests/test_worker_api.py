@@ -12,6 +12,8 @@ import shutil
 import tempfile
 import unittest
 
+import torch
+
 import colo
 from colo import Worker
 
@@ -131,7 +133,26 @@ class WorkerApi(unittest.TestCase):
                 kept = gs[name]
         with self.assertRaisesRegex(RuntimeError, "view"):
             w.to_rollout()
+        with self.assertRaisesRegex(RuntimeError, "close_views: 1 of the views are still referenced"):
+            w.close_views()  # `kept` still reads the memory: refused
+        self.assertEqual(kept.numel(), len(values))
         del kept, gs
+        w.close_views()
+        w.to_rollout()
+        w.to_train()
+
+        # The raw API: the views close only once nothing references them
+        # (a tensor made from one, or the list itself), so none can read
+        # memory a phase switch released.
+        items = w.open_views("weights")
+        t = torch.frombuffer(items[1][3], dtype=torch.float32)
+        del items
+        with self.assertRaisesRegex(RuntimeError, "still referenced"):
+            w.close_views()
+        with self.assertRaisesRegex(RuntimeError, "view"):
+            w.to_rollout()
+        self.assertEqual(t.numel(), len(values))
+        del t
         w.close_views()
         w.to_rollout()
         w.to_train()

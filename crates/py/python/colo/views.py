@@ -42,7 +42,15 @@ def views(worker, what="weights"):
                 "the worker stays locked (no phase switch) until it is dropped and "
                 "worker.close_views() is called"
             )
-        for h in holders:
-            if isinstance(h, memoryview):
-                h.release()
+        _release(holders)
         worker.close_views()
+
+
+def _release(holders):
+    """Releases the CPU views and drops every holder (in a function of its
+    own: a loop variable left in `views` would be a reference the worker's
+    close counts)."""
+    for h in holders:
+        if isinstance(h, memoryview):
+            h.release()
+    holders.clear()
