@@ -117,6 +117,7 @@ impl Rank {
             }
             None => config,
         };
+        let local = rank_config(&config, world)?;
         // The run directory is readied, and the configuration recorded, as
         // `colo train` does it: once, by rank 0.
         if rank == 0 {
@@ -131,7 +132,6 @@ impl Rank {
             }
             crate::run_config::write(out, &config)?;
         }
-        let local = rank_config(&config, world)?;
         let dir = out.join("workers").join(format!("rank-{rank}"));
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         // A rank lives as long as its worker process: its configs and data
