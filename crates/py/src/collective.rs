@@ -16,6 +16,26 @@ pub(crate) struct PyCollective {
     pub(crate) world: usize,
 }
 
+/// The communicator's methods [`PyCollective`] calls.
+const COMM_METHODS: [&str; 2] = ["all_reduce_buffers", "all_reduce_values"];
+
+/// Refuses a communicator without [`COMM_METHODS`] when the worker is made,
+/// rather than at its first update.
+pub(crate) fn check_comm(comm: &Bound<'_, PyAny>) -> PyResult<()> {
+    for method in COMM_METHODS {
+        let callable = comm.getattr(method).is_ok_and(|m| m.is_callable());
+        if !callable {
+            let kind = comm.get_type().name().map_or_else(|_| "?".into(), |n| n.to_string());
+            return Err(PyValueError::new_err(format!(
+                "comm: a {kind} has no method {method}; the communicator needs \
+                 all_reduce_buffers(list[memoryview]) and all_reduce_values(list[float], op) \
+                 (colo.comm.TorchComm over torch.distributed; one worker needs one too)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl PyCollective {
     fn failed(&self, what: &str, e: PyErr) -> colo_train::Error {
         colo_train::Error::Unsupported {

@@ -17,6 +17,7 @@
 //! with its `// SAFETY:` note.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use colo_rl::data_parallel::{NamedWeights, Rank};
@@ -57,6 +58,9 @@ struct Worker {
     /// they point at), and closing one releases its memoryviews, which
     /// fails while a tensor made from one still holds it.
     views: Mutex<Vec<Vec<Py<PyAny>>>>,
+    /// `finish` has written the rank's timeline and pictures: calls that
+    /// would change the run are refused after it (reading is not).
+    finished: AtomicBool,
 }
 
 impl Worker {
@@ -69,11 +73,22 @@ impl Worker {
         self.rank.lock().map_err(|_| poisoned())
     }
 
+    /// The rank, for a call that changes the run: refused after `finish`.
+    fn live(&self, op: &str) -> PyResult<std::sync::MutexGuard<'_, Rank>> {
+        if self.finished.load(Ordering::Acquire) {
+            return Err(PyRuntimeError::new_err(format!(
+                "{op}: the worker has finished (finish() wrote its timeline); make a new Worker \
+                 to go on (with resume_from to continue from a checkpoint)"
+            )));
+        }
+        self.rank()
+    }
+
     /// The rank, for a call that may release or replace the training
     /// state's memory: refused while views of it are open.
     fn rank_unviewed(&self, op: &str) -> PyResult<std::sync::MutexGuard<'_, Rank>> {
         match self.views_open() {
-            0 => self.rank(),
+            0 => self.live(op),
             n => Err(PyRuntimeError::new_err(format!(
                 "{op}: {n} view(s) of the worker's training state are open; leave the \
                  `with colo.views(...)` block (or drop the tensors and call close_views()) first"
@@ -100,6 +115,7 @@ impl Worker {
         comm: Py<PyAny>,
         resume_from: Option<usize>,
     ) -> PyResult<Self> {
+        collective::check_comm(comm.bind(py))?;
         let cfg = load_config(config.as_deref())?;
         let make = move || -> Box<dyn Collective> {
             Box::new(PyCollective {
@@ -114,6 +130,7 @@ impl Worker {
         Ok(Worker {
             rank: Mutex::new(rank),
             views: Default::default(),
+            finished: AtomicBool::new(false),
         })
     }
 
@@ -136,7 +153,7 @@ impl Worker {
     }
 
     fn save(&self, py: Python<'_>, step: usize) -> PyResult<()> {
-        py.detach(|| self.rank()?.save(step).map_err(err))
+        py.detach(|| self.live("save")?.save(step).map_err(err))
     }
 
     fn load(&self, py: Python<'_>, step: usize) -> PyResult<()> {
@@ -174,8 +191,7 @@ impl Worker {
     /// learns of each step (whether the reference may stay resident
     /// through the update). `step()` does it itself.
     fn begin_step(&self, step: u64) -> PyResult<()> {
-        self.rank()?.begin_step(step);
-        Ok(())
+        self.live("begin_step")?.begin_step(step).map_err(err)
     }
 
     /// Train → rollout in the config's colocation mode; returns (seconds,
@@ -221,7 +237,7 @@ impl Worker {
             seed,
             ..Default::default()
         };
-        let out = py.detach(|| self.rank()?.generate(prompts, params).map_err(err))?;
+        let out = py.detach(|| self.live("generate")?.generate(prompts, params).map_err(err))?;
         Ok(out
             .into_iter()
             .map(|cs| {
@@ -245,7 +261,7 @@ impl Worker {
         prompts: Vec<Vec<u32>>,
         responses: Vec<Vec<u32>>,
     ) -> PyResult<Vec<Vec<f32>>> {
-        py.detach(|| self.rank()?.log_probs(prompts, responses).map_err(err))
+        py.detach(|| self.live("log_probs")?.log_probs(prompts, responses).map_err(err))
     }
 
     /// The reference model's, or `None` without one (train phase).
@@ -255,7 +271,11 @@ impl Worker {
         prompts: Vec<Vec<u32>>,
         responses: Vec<Vec<u32>>,
     ) -> PyResult<Option<Vec<Vec<f32>>>> {
-        py.detach(|| self.rank()?.ref_log_probs(prompts, responses).map_err(err))
+        py.detach(|| {
+            (self.live("ref_log_probs")?)
+                .ref_log_probs(prompts, responses)
+                .map_err(err)
+        })
     }
 
     /// One optimizer step of the actor on these samples (train phase),
@@ -271,7 +291,7 @@ impl Worker {
         ref_log_probs: Option<Vec<Vec<f32>>>,
     ) -> PyResult<String> {
         let m = py.detach(|| {
-            self.rank()?
+            self.live("update_policy")?
                 .update_policy(prompts, responses, advantages, old_log_probs, ref_log_probs)
                 .map_err(err)
         })?;
@@ -284,10 +304,28 @@ impl Worker {
         py.detach(|| self.rank()?.weights().map_err(err))
     }
 
-    /// Copies [(name, float32 values)] into the actor in place (train
-    /// phase); all names and sizes are checked before anything is written.
-    fn load_weights(&self, py: Python<'_>, weights: Vec<(String, Vec<f32>)>) -> PyResult<()> {
-        py.detach(|| self.rank()?.load_weights(weights).map_err(err))
+    /// Copies [(name, float32 values)], or [(name, shape, float32 values)]
+    /// as `weights()` gives them, into the actor in place (train phase);
+    /// every name, shape and value is checked before anything is written.
+    fn load_weights(&self, py: Python<'_>, weights: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+        let weights = weights
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                if let Ok((name, values)) = item.extract::<(String, Vec<f32>)>() {
+                    return Ok((name, None, values));
+                }
+                let (name, shape, values) = item.extract::<(String, Vec<i64>, Vec<f32>)>().map_err(|_| {
+                    PyValueError::new_err(format!(
+                        "load_weights: item {i} is {}; expected (name, values) or (name, shape, \
+                         values) with float values, as weights() gives them",
+                        item.get_type().name().map_or_else(|_| "?".into(), |n| n.to_string())
+                    ))
+                })?;
+                Ok((name, Some(shape), values))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        py.detach(|| self.live("load_weights")?.load_weights(weights).map_err(err))
     }
 
     /// Zero-copy views of the training state (train phase): `what` is
@@ -297,7 +335,7 @@ impl Worker {
     /// makes torch tensors of them and closes them: until `close_views`,
     /// the worker refuses to switch phase.
     fn open_views(&self, py: Python<'_>, what: &str) -> PyResult<Vec<View>> {
-        let tensors = self.rank()?.shared_tensors(what).map_err(err)?;
+        let tensors = self.live("open_views")?.shared_tensors(what).map_err(err)?;
         let mut out = Vec::with_capacity(tensors.len());
         for (name, t) in tensors {
             if !t.is_contiguous() {
@@ -360,8 +398,9 @@ impl Worker {
     /// and the device's capacity in bytes.
     fn finish(&self, py: Python<'_>) -> PyResult<(String, u64)> {
         py.detach(|| {
-            let mut r = self.rank()?;
+            let mut r = self.live("finish")?;
             let dir = r.finish().map_err(err)?;
+            self.finished.store(true, Ordering::Release);
             Ok((dir.display().to_string(), r.capacity()))
         })
     }
@@ -445,6 +484,11 @@ fn eval_record(step: usize, parts: Vec<String>, timing: f64) -> PyResult<Option<
         .iter()
         .map(|p| serde_json::from_str(p).map_err(err))
         .collect::<PyResult<Vec<colo_rl::metrics::EvalTallies>>>()?;
+    for (i, p) in parts.iter().enumerate() {
+        if let Some(why) = p.inconsistency() {
+            return Err(PyValueError::new_err(format!("eval_record: part {i}: {why}")));
+        }
+    }
     colo_rl::metrics::EvalRecord::of_parts(step, &parts, timing)
         .map(|r| serde_json::to_string(&r).map_err(err))
         .transpose()

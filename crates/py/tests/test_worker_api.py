@@ -172,12 +172,115 @@ class WorkerApi(unittest.TestCase):
             w.load_weights([("not.a.weight", values)])
         with self.assertRaisesRegex(RuntimeError, f"{name}: 1 values for a parameter of shape"):
             w.load_weights([(name, values[:1])])
+        with self.assertRaisesRegex(ValueError, "item 0 is str; expected \\(name, values\\)"):
+            w.load_weights(["weights"])
         w.to_rollout()
         try:
             with self.assertRaisesRegex(RuntimeError, "rollout phase"):
                 w.weights()
+            for op in (w.log_probs, w.ref_log_probs):
+                with self.assertRaisesRegex(RuntimeError, "cannot score samples.*rollout phase"):
+                    op([[5, 6]], [[7]])
+            with self.assertRaisesRegex(RuntimeError, "cannot update the policy.*rollout phase"):
+                w.update_policy([[5, 6]], [[7]], [[0.5]], [[-1.0]])
         finally:
             w.to_train()
+
+    def test_samples_are_checked_against_the_model(self):
+        w = self.w
+        # tiny-qwen2: 384 tokens, a context of 512.
+        with self.assertRaisesRegex(RuntimeError, r"sample 1: response token 2 is 384, outside the vocabulary \(size 384\)"):
+            w.log_probs([[5, 6], [5]], [[7], [8, 9, 384]])
+        with self.assertRaisesRegex(RuntimeError, "sample 0: prompt token 0 is 1000, outside the vocabulary"):
+            w.update_policy([[1000]], [[7]], [[0.5]], [[-1.0]])
+        with self.assertRaisesRegex(RuntimeError, r"sample 0: 500 prompt \+ 13 response tokens, more than the model's context \(max_position_embeddings = 512\)"):
+            w.log_probs([[5] * 500], [[7] * 13])
+        with self.assertRaisesRegex(RuntimeError, "sample 0: the prompt is empty"):
+            w.log_probs([[]], [[7]])
+        before = w.weights()
+        for key, values in (("advantages", [[float("nan")]]), ("old_log_probs", [[float("-inf")]])):
+            args = {"advantages": [[0.5]], "old_log_probs": [[-1.0]], key: values}
+            with self.assertRaisesRegex(RuntimeError, f"{key}: sample 0, token 0 is (NaN|-inf); expected a finite number"):
+                w.update_policy([[5, 6]], [[7]], args["advantages"], args["old_log_probs"])
+        with self.assertRaisesRegex(RuntimeError, "ref_log_probs: sample 0, token 0 is inf"):
+            w.update_policy([[5, 6]], [[7]], [[0.5]], [[-1.0]], [[float("inf")]])
+        self.assertEqual(w.weights(), before, "nothing was trained")
+
+    def test_weights_round_trip_and_are_checked(self):
+        w = self.w
+        before = w.weights()
+        name, shape, values = before[0]
+        # weights() gives (name, shape, values): load_weights takes them back.
+        w.load_weights([(n, s, [x * 0.5 for x in v]) for n, s, v in before])
+        self.assertEqual(w.weights()[0][2], [x * 0.5 for x in values])
+        w.load_weights(before)
+        self.assertEqual(w.weights(), before)
+        bad = list(values)
+        bad[3] = float("inf")
+        with self.assertRaisesRegex(RuntimeError, f"{name}: value 3 is inf; expected a finite number"):
+            w.load_weights([(before[1][0], before[1][2]), (name, bad)])
+        with self.assertRaisesRegex(RuntimeError, f"{name} is given twice"):
+            w.load_weights([(name, values), (name, values)])
+        wrong = list(reversed(shape))
+        with self.assertRaisesRegex(RuntimeError, rf"{name}: shape \[{wrong[0]}, {wrong[1]}\] \({len(values)} values\) for a parameter of shape"):
+            w.load_weights([(name, wrong, values)])
+        self.assertEqual(w.weights(), before, "a refused load writes nothing")
+
+    def test_steps_run_in_order_within_the_schedule(self):
+        w = self.w
+        with self.assertRaisesRegex(RuntimeError, "begin a step: step 0: RL steps count from 1"):
+            w.begin_step(0)
+        with self.assertRaisesRegex(RuntimeError, r"step 3: the run has 3 steps \(0 to 2\)"):
+            w.step(3)
+        with self.assertRaisesRegex(RuntimeError, "step 1: steps run in order, and the next one is 0"):
+            w.step(1)
+
+
+class WorkerLifecycle(unittest.TestCase):
+    """What a worker refuses when made and after it finishes."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="colo-worker-life-")
+        self.cfg = write_config(os.path.join(self.tmp, "run.toml"))
+        self.out = os.path.join(self.tmp, "run")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_arguments_are_checked_when_the_worker_is_made(self):
+        with self.assertRaisesRegex(ValueError, "comm: a NoneType has no method all_reduce_buffers"):
+            Worker(self.cfg, self.out, 0, 1, None)
+        with self.assertRaisesRegex(RuntimeError, "the run directory is empty"):
+            Worker(self.cfg, "", 0, 1, Alone())
+        with self.assertRaisesRegex(RuntimeError, r"rank 2 of a group of 2 workers: ranks count from 0"):
+            Worker(self.cfg, self.out, 2, 2, Alone())
+        with self.assertRaisesRegex(RuntimeError, "a directory, not a config file"):
+            Worker(self.tmp, self.out, 0, 1, Alone())
+        with self.assertRaisesRegex(RuntimeError, "no complete checkpoint of step 2 to resume from"):
+            Worker(self.cfg, self.out, 0, 1, Alone(), resume_from=2)
+        self.assertFalse(os.path.exists(os.path.join(self.out, "checkpoints")), "refused before writing")
+
+    def test_a_finished_worker_refuses_to_go_on(self):
+        w = Worker(self.cfg, self.out, 0, 1, Alone())
+        json.loads(w.step(0))
+        with self.assertRaisesRegex(RuntimeError, "load the checkpoint: .*step-1"):
+            w.load(1)
+        w.save(1)
+        w.load(1)
+        json.loads(w.step(1))
+        directory, _ = w.finish()
+        for call in (lambda: w.step(2), w.to_rollout, lambda: w.save(2), w.finish):
+            with self.assertRaisesRegex(RuntimeError, "the worker has finished"):
+                call()
+        self.assertEqual(w.phase(), "train", "reading is still allowed")
+        # The controller's picture of the workers, into a folder it makes.
+        pictures = os.path.join(self.tmp, "pictures", "new")
+        colo._colo.draw_workers(pictures, [directory])
+        self.assertTrue(os.path.isfile(os.path.join(pictures, "memory_workers.svg")))
+        # Tallies no evaluation could give.
+        good, bad = ({"all": {"right": r, "score_sum": 1.0, "n": 2}} for r in (1, 5))
+        with self.assertRaisesRegex(ValueError, r"eval_record: part 1: right = 5 of n = 2 prompts"):
+            colo._colo.eval_record(0, [json.dumps(good), json.dumps(bad)], 0.1)
 
 
 if __name__ == "__main__":

@@ -224,6 +224,22 @@ impl Tally {
         }
     }
 
+    /// Why these counts cannot come from one evaluation, if they cannot:
+    /// more right than evaluated, a sum that is not finite, an extra
+    /// counted over more completions than there are.
+    pub fn inconsistency(&self) -> Option<String> {
+        let n = self.n;
+        if self.right > n {
+            return Some(format!("right = {} of n = {n} prompts", self.right));
+        }
+        if !self.score_sum.is_finite() {
+            return Some(format!("score_sum = {}", self.score_sum));
+        }
+        (self.extra.iter())
+            .find(|(_, s)| s.n > n || !s.sum.is_finite())
+            .map(|(name, s)| format!("extra {name:?}: sum {} over {} of n = {n}", s.sum, s.n))
+    }
+
     /// Fraction right (0 for no prompts).
     pub fn accuracy(&self) -> f64 {
         frac(self.right, self.n.max(1))

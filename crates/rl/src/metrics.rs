@@ -253,6 +253,17 @@ impl From<&EvalResult> for EvalTallies {
     }
 }
 
+impl EvalTallies {
+    /// Why these tallies cannot be one evaluation's (see
+    /// [`Tally::inconsistency`]), naming the `data_source` at fault.
+    pub fn inconsistency(&self) -> Option<String> {
+        self.all.inconsistency().or_else(|| {
+            (self.by_source.iter())
+                .find_map(|(source, t)| Some(format!("data_source {source:?}: {}", t.inconsistency()?)))
+        })
+    }
+}
+
 impl EvalRecord {
     /// The record of `parts` (workers' shares of one evaluation) added up;
     /// `None` when they evaluated nothing (no held-out set).
@@ -506,6 +517,19 @@ mod tests {
             EvalRecord::of_parts(0, &[EvalTallies::default()], 0.1),
             None
         );
+        // Tallies no evaluation gives are named; every part above is sound.
+        assert!(parts.iter().all(|p| p.inconsistency().is_none()));
+        let why = |p: EvalTallies| p.inconsistency().unwrap();
+        let one = |all| EvalTallies { all, ..Default::default() };
+        assert_eq!(why(one(t(5, 1.0, 2))), "right = 5 of n = 2 prompts");
+        assert_eq!(why(one(t(1, f64::NAN, 2))), "score_sum = NaN");
+        assert_eq!(
+            why(one(with_extra(t(1, 1.0, 2), &[("acc", 3.0, 3)]))),
+            "extra \"acc\": sum 3 over 3 of n = 2"
+        );
+        let mut by = parts[1].clone();
+        by.by_source.insert("math".into(), t(3, 1.0, 1));
+        assert_eq!(why(by), "data_source \"math\": right = 3 of n = 1 prompts");
     }
 
     use super::*;

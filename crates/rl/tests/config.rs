@@ -496,6 +496,8 @@ fn from_file_reads_or_names_the_missing_file() {
     );
     let e = Config::from_file(&dir.0.join("nope.toml")).unwrap_err();
     assert!(e.to_string().starts_with("config file not found:"), "{e}");
+    let e = Config::from_file(&dir.0).unwrap_err().to_string();
+    assert!(e.ends_with("a directory, not a config file (TOML)"), "{e}");
 }
 
 #[test]

@@ -331,6 +331,13 @@ impl BatchPlan {
 impl Config {
     /// Reads and validates a TOML file.
     pub fn from_file(path: &Path) -> Result<Self> {
+        if path.is_dir() {
+            let e = std::io::Error::new(
+                std::io::ErrorKind::IsADirectory,
+                "a directory, not a config file (TOML)",
+            );
+            return Err(Error::io(path, e));
+        }
         if !path.is_file() {
             return Err(Error::MissingFile {
                 what: "config file",

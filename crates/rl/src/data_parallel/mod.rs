@@ -76,6 +76,8 @@ pub struct Rank {
     train: &'static Dataset,
     /// The global batches, the same on every rank.
     batches: Batches<'static>,
+    /// The 0-based step [`Rank::step`] runs next (steps run in order).
+    next_step: usize,
     rank: usize,
     world: usize,
     out: PathBuf,
@@ -102,13 +104,26 @@ impl Rank {
     ) -> Result<Self> {
         if rank >= world {
             return Err(Error::Cluster(format!(
-                "rank {rank} of a group of {world} workers"
+                "rank {rank} of a group of {world} workers: ranks count from 0 and stay below the \
+                 number of workers (world {world}{})",
+                if world == 0 { ", which must be at least 1" } else { "" }
             )));
+        }
+        if out.as_os_str().is_empty() {
+            return Err(Error::Cluster(
+                "the run directory is empty; name one (the directory every rank shares)".into(),
+            ));
         }
         // As `colo train --resume`: `auto` continues in the checkpoint's dtype.
         let config = match resume_from {
             Some(step) => {
                 let saved = checkpoints::step_dir(&out.join(checkpoints::DIR), step);
+                if let Some(why) = checkpoints::incomplete(&saved, step, crate::setup::uses_critic(&config)) {
+                    return Err(Error::Resume(format!(
+                        "no complete checkpoint of step {step} to resume from: {}: {why}",
+                        saved.display()
+                    )));
+                }
                 let (config, note) = checkpoints::resume_dtype(&config, &saved);
                 if let (Some(note), 0) = (note, rank) {
                     eprintln!("{note}");
@@ -182,6 +197,7 @@ impl Rank {
             global,
             train,
             batches,
+            next_step: resume_from.unwrap_or(0),
             rank,
             world,
             out: out.to_owned(),
@@ -200,6 +216,20 @@ impl Rank {
     /// rank's, except the actor's (loss, clip fraction, entropy, grad norm),
     /// which are the global batch's already.
     pub fn step(&mut self, step: usize) -> Result<StepMetrics> {
+        let (next, total) = (self.next_step, self.total_steps());
+        if step != next || step >= total {
+            let why = match step >= total {
+                true => format!("the run has {total} steps (0 to {})", total.saturating_sub(1)),
+                false => format!(
+                    "steps run in order, and the next one is {next} (0-based; a resumed run \
+                     starts at its checkpoint's step)"
+                ),
+            };
+            return Err(Error::Phase {
+                op: "run the step",
+                state: format!("step {step}: {why}"),
+            });
+        }
         let global = self.batches.batch(step);
         let mine = shard(global.prompts.len(), self.rank, self.world);
         let batch = Batch {
@@ -213,6 +243,7 @@ impl Rank {
             .map_err(|e| e.explained_by(self.run.worker.pool()))?;
         self.run.metrics.step(&m)?;
         self.timeline.append_new(self.run.worker.pool())?;
+        self.next_step = step + 1;
         Ok(m)
     }
 
@@ -231,10 +262,19 @@ impl Rank {
         self.run.save(&self.out.join(checkpoints::DIR), step)
     }
 
-    /// Loads `out/checkpoints/step-N` (every rank).
+    /// Loads `out/checkpoints/step-N` (every rank); the next step is `N`.
     pub fn load(&mut self, step: usize) -> Result<()> {
         let dir = checkpoints::step_dir(&self.out.join(checkpoints::DIR), step);
-        self.run.worker.load_checkpoint(&dir)
+        let critic = self.run.worker.critic.is_some();
+        if let Some(why) = checkpoints::incomplete(&dir, step, critic) {
+            return Err(Error::Phase {
+                op: "load the checkpoint",
+                state: format!("{}: {why}", dir.display()),
+            });
+        }
+        self.run.worker.load_checkpoint(&dir)?;
+        self.next_step = step;
+        Ok(())
     }
 
     /// A digest of the actor's weights, bit for bit: equal on every rank
@@ -284,6 +324,7 @@ impl Rank {
 /// time, one line each, from the `timeline.jsonl` in each of `dirs`
 /// (the directories [`Rank::finish`] returned, in rank order).
 pub fn draw_workers(out: &Path, dirs: &[PathBuf], capacity: Option<u64>) -> Result<()> {
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let workers = dirs
         .iter()
         .enumerate()

@@ -21,17 +21,57 @@ use crate::{Error, Result};
 /// Weights by name: (name, shape, float32 values).
 pub type NamedWeights = Vec<(String, Vec<i64>, Vec<f32>)>;
 
-/// Samples given by a caller, checked: as many responses as prompts.
-fn samples(prompts: Vec<Vec<u32>>, responses: Vec<Vec<u32>>) -> Result<Rollouts> {
+/// The error of a call `op` given `state`.
+fn refuse(op: &'static str, state: String) -> Error {
+    Error::Phase { op, state }
+}
+
+/// Samples given by a caller, checked against the model the actor trains:
+/// as many responses as prompts, every prompt non-empty, every token in
+/// the vocabulary and every sample within the context (the rollout engine
+/// refuses such prompts too; the trainer would index out of its embedding,
+/// or score positions the model was not trained for).
+fn samples(
+    op: &'static str,
+    model: &colo_model::ModelConfig,
+    prompts: Vec<Vec<u32>>,
+    responses: Vec<Vec<u32>>,
+) -> Result<Rollouts> {
     if prompts.len() != responses.len() || prompts.is_empty() {
-        return Err(Error::Phase {
-            op: "take samples",
-            state: format!(
+        return Err(refuse(
+            op,
+            format!(
                 "{} prompts and {} responses: one response per prompt row, at least one",
                 prompts.len(),
                 responses.len()
             ),
-        });
+        ));
+    }
+    let (vocab, context) = (model.vocab_size, model.max_position_embeddings);
+    for (i, (p, r)) in prompts.iter().zip(&responses).enumerate() {
+        if p.is_empty() {
+            return Err(refuse(op, format!("sample {i}: the prompt is empty")));
+        }
+        let outside = |part: &str, tokens: &[u32]| {
+            let (k, t) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab)?;
+            Some(format!(
+                "sample {i}: {part} token {k} is {t}, outside the vocabulary (size {vocab})"
+            ))
+        };
+        if let Some(why) = outside("prompt", p).or_else(|| outside("response", r)) {
+            return Err(refuse(op, why));
+        }
+        if p.len() + r.len() > context {
+            return Err(refuse(
+                op,
+                format!(
+                    "sample {i}: {} prompt + {} response tokens, more than the model's context \
+                     (max_position_embeddings = {context})",
+                    p.len(),
+                    r.len()
+                ),
+            ));
+        }
     }
     Ok(Rollouts {
         prompts,
@@ -40,18 +80,34 @@ fn samples(prompts: Vec<Vec<u32>>, responses: Vec<Vec<u32>>) -> Result<Rollouts>
     })
 }
 
-/// Per-response values, checked against the responses' lengths.
-fn per_token(r: &Rollouts, what: &str, values: &[Vec<f32>], seq: usize) -> Result<Tensor> {
+/// Per-response values, checked against the responses' lengths and for
+/// NaN or infinity (one would turn the loss into NaN, and the update would
+/// be skipped without a word).
+fn per_token(
+    op: &'static str,
+    r: &Rollouts,
+    what: &str,
+    values: &[Vec<f32>],
+    seq: usize,
+) -> Result<Tensor> {
     let lens_ok = values.len() == r.len()
         && values
             .iter()
             .zip(&r.responses)
             .all(|(v, t)| v.len() == t.len());
     if !lens_ok {
-        return Err(Error::Phase {
-            op: "take samples",
-            state: format!("{what}: one value per response token of every sample"),
-        });
+        return Err(refuse(
+            op,
+            format!("{what}: one value per response token of every sample"),
+        ));
+    }
+    for (i, v) in values.iter().enumerate() {
+        if let Some((k, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            return Err(refuse(
+                op,
+                format!("{what}: sample {i}, token {k} is {x}; expected a finite number"),
+            ));
+        }
     }
     r.to_token_layout(values, 0..r.len(), seq)
 }
@@ -64,8 +120,15 @@ impl Rank {
 
     /// Starts RL step `step` (1-based) of a loop composed op by op
     /// ([`crate::worker::HybridWorker::begin_step`]; `step` does it itself).
-    pub fn begin_step(&mut self, step: u64) {
-        self.run.worker.begin_step(step)
+    pub fn begin_step(&mut self, step: u64) -> Result<()> {
+        if step == 0 {
+            return Err(refuse(
+                "begin a step",
+                "step 0: RL steps count from 1 here (the timeline's step 0 is the set-up)".into(),
+            ));
+        }
+        self.run.worker.begin_step(step);
+        Ok(())
     }
 
     /// Train → rollout in the config's colocation mode (weights synced).
@@ -118,7 +181,7 @@ impl Rank {
         prompts: Vec<Vec<u32>>,
         responses: Vec<Vec<u32>>,
     ) -> Result<Vec<Vec<f32>>> {
-        let r = samples(prompts, responses)?;
+        let r = self.samples("score samples", prompts, responses)?;
         let seqs = r.seq_batch(0..r.len(), self.run.pad)?;
         let lp = self.run.worker.actor.score(&seqs, false)?.log_probs;
         r.from_token_layout(&lp)
@@ -131,7 +194,7 @@ impl Rank {
         prompts: Vec<Vec<u32>>,
         responses: Vec<Vec<u32>>,
     ) -> Result<Option<Vec<Vec<f32>>>> {
-        let r = samples(prompts, responses)?;
+        let r = self.samples("score samples with the reference", prompts, responses)?;
         let seqs = r.seq_batch(0..r.len(), self.run.pad)?;
         match self
             .run
@@ -154,13 +217,14 @@ impl Rank {
         old_log_probs: Vec<Vec<f32>>,
         ref_log_probs: Option<Vec<Vec<f32>>>,
     ) -> Result<PolicyMetrics> {
-        let r = samples(prompts, responses)?;
+        const OP: &str = "update the policy";
+        let r = self.samples(OP, prompts, responses)?;
         let seqs: SeqBatch = r.seq_batch(0..r.len(), self.run.pad)?;
         let s = seqs.seq_len();
-        let adv = per_token(&r, "advantages", &advantages, s)?;
-        let old = per_token(&r, "old_log_probs", &old_log_probs, s)?;
+        let adv = per_token(OP, &r, "advantages", &advantages, s)?;
+        let old = per_token(OP, &r, "old_log_probs", &old_log_probs, s)?;
         let reference = ref_log_probs
-            .map(|v| per_token(&r, "ref_log_probs", &v, s))
+            .map(|v| per_token(OP, &r, "ref_log_probs", &v, s))
             .transpose()?;
         let batch = PolicyBatch::new(seqs, &old, &adv, reference.as_ref(), None)?;
         let loss = loss_config(self.run.config);
@@ -183,35 +247,47 @@ impl Rank {
     }
 
     /// Copies weights into the actor, in place (training phase): each name
-    /// must be one of the actor's, with its number of values; the float32
-    /// master copy (bf16 runs) is set too. The rollout engine gets them at
-    /// the next `to_rollout`, as after an update.
-    pub fn load_weights(&mut self, weights: Vec<(String, Vec<f32>)>) -> Result<()> {
-        self.expect_train("load weights")?;
+    /// must be one of the actor's, once, with its number of values (and its
+    /// shape, where one is given, as [`Rank::weights`] gives it), all of
+    /// them finite; the float32 master copy (bf16 runs) is set too. The
+    /// rollout engine gets them at the next `to_rollout`, as after an
+    /// update.
+    pub fn load_weights(&mut self, weights: Vec<(String, Option<Vec<i64>>, Vec<f32>)>) -> Result<()> {
+        const OP: &str = "load weights";
+        self.expect_train(OP)?;
         let actor = &self.run.worker.actor;
         let params: std::collections::HashMap<String, Tensor> =
             actor.parameters().into_iter().collect();
         let masters: std::collections::HashMap<String, Tensor> =
             actor.master_weights().into_iter().collect();
-        // Every name and size first: nothing is written unless all fit.
-        for (name, values) in &weights {
-            let p = params.get(name).ok_or_else(|| Error::Phase {
-                op: "load weights",
-                state: format!("the actor has no parameter {name:?}"),
+        // Every name, size and value first: nothing is written unless all fit.
+        let mut seen = std::collections::HashSet::new();
+        for (name, shape, values) in &weights {
+            let p = params.get(name).ok_or_else(|| {
+                refuse(OP, format!("the actor has no parameter {name:?}"))
             })?;
-            if p.numel() != values.len() {
-                return Err(Error::Phase {
-                    op: "load weights",
-                    state: format!(
-                        "{name}: {} values for a parameter of shape {:?}",
-                        values.len(),
-                        p.size()
-                    ),
-                });
+            if !seen.insert(name) {
+                return Err(refuse(OP, format!("{name} is given twice")));
+            }
+            if shape.as_ref().is_some_and(|s| *s != p.size()) || p.numel() != values.len() {
+                let given = match shape {
+                    Some(s) => format!("shape {s:?} ({} values)", values.len()),
+                    None => format!("{} values", values.len()),
+                };
+                return Err(refuse(
+                    OP,
+                    format!("{name}: {given} for a parameter of shape {:?}", p.size()),
+                ));
+            }
+            if let Some((k, x)) = values.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                return Err(refuse(
+                    OP,
+                    format!("{name}: value {k} is {x}; expected a finite number"),
+                ));
             }
         }
         let _no_grad = tch::no_grad_guard();
-        for (name, values) in weights {
+        for (name, _, values) in weights {
             let src = Tensor::f_from_slice(&values)?;
             let mut p = params[&name].shallow_clone();
             p.f_copy_(&src.f_view_as(&p)?.f_to_kind(p.kind())?)?;
@@ -248,6 +324,19 @@ impl Rank {
                 })
             }
         })
+    }
+
+    /// Samples for call `op` (training phase), checked against the actor's
+    /// model ([`samples`]).
+    fn samples(
+        &self,
+        op: &'static str,
+        prompts: Vec<Vec<u32>>,
+        responses: Vec<Vec<u32>>,
+    ) -> Result<Rollouts> {
+        self.expect_train(op)?;
+        let model = self.run.worker.actor.model()?.config();
+        samples(op, model, prompts, responses)
     }
 
     fn expect_train(&self, op: &'static str) -> Result<()> {
