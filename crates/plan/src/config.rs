@@ -202,6 +202,19 @@ pub struct PlanInput {
     pub weight_sync: WeightSync,
     /// Whether a reference model (for a KL term) is colocated.
     pub reference: bool,
+    /// The largest decode step the rollout engine captures as CUDA graphs
+    /// (colo-rollout's buckets; `None`: no graphs — the CPU, or
+    /// `enforce_eager`). Their memory sleeps and wakes with the KV cache.
+    #[serde(default)]
+    pub cuda_graphs: Option<GraphCapture>,
+}
+
+/// The shape of the largest captured decode step: rows (sequences) and
+/// keys (positions attended to), each a power of two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphCapture {
+    pub rows: u64,
+    pub keys: u64,
 }
 
 impl Default for PlanInput {
@@ -238,6 +251,7 @@ impl Default for PlanInput {
             offload: Offload::default(),
             weight_sync: WeightSync::Full,
             reference: false,
+            cuda_graphs: None,
         }
     }
 }
@@ -313,6 +327,7 @@ pub struct Plan {
     pub offload: Offload,
     pub weight_sync: WeightSync,
     pub reference: bool,
+    pub cuda_graphs: Option<GraphCapture>,
 }
 
 fn layout_err(layout: String, devices: u64, reason: String) -> PlanError {
@@ -546,6 +561,11 @@ impl PlanInput {
         if let WeightSync::Bucket(0) = self.weight_sync {
             return Err(out_of_range("weight_sync bucket bytes", 0, ">= 1"));
         }
+        if let Some(g) = self.cuda_graphs {
+            if g.rows == 0 || g.keys == 0 {
+                return Err(out_of_range("cuda_graphs rows and keys", 0, ">= 1"));
+            }
+        }
         Ok(Plan {
             param_dtype: DType::parse(&self.param_dtype)?,
             kv_dtype: DType::parse(&self.kv_dtype)?,
@@ -570,6 +590,7 @@ impl PlanInput {
             offload: self.offload,
             weight_sync: self.weight_sync,
             reference: self.reference,
+            cuda_graphs: self.cuda_graphs,
             model,
         })
     }

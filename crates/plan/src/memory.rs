@@ -31,6 +31,42 @@ pub struct ComponentSizes {
     /// KV-cache bytes per token on one device.
     pub kv_bytes_per_token: u64,
     pub sync_buffer: u64,
+    /// The captured decode graphs' memory ([`cuda_graph_bytes`]).
+    pub cuda_graphs: u64,
+}
+
+/// What the CUDA caching allocator holds for a capture's small tensors
+/// whatever the shape: the segments (2 MiB for blocks up to 1 MiB, 20 MiB
+/// for blocks up to 10 MiB) of the warm-up's and the capture's streams.
+/// Measured, not derived: 48–58 MiB at the smallest shapes of
+/// `bench/gpu/graph_mem.sh` (H200, sixteenth session); the largest of them.
+pub const CUDA_GRAPH_FLOOR: u64 = 56 << 20;
+
+/// The memory the rollout engine's captured decode graphs hold on one
+/// device: the working set of the largest step, `rows` × `keys`, which the
+/// smaller buckets' captures reuse (colo-rollout captures largest first,
+/// into one pool).
+///
+/// Counted from colo-rollout's decode step: the keys and values gathered
+/// for attention, `2 · rows · keys · kv_dim` elements of the KV dtype with
+/// a quarter's headroom (its `Scratch`), and the scores, `rows · heads ·
+/// keys` of them at 8 bytes (the product in the KV dtype, the float32
+/// softmax, the cast back; in float32 the cast is the softmax itself); then
+/// [`CUDA_GRAPH_FLOOR`] for everything small. Checked against the
+/// `cuda_graph` tag of runs of issue 9's 3 M-parameter model (plan_vs_run in
+/// crates/plan/README.md): within 4% from 140 MiB up, and above the measure
+/// (by at most 19 MiB) below.
+pub fn cuda_graph_bytes(plan: &Plan) -> u64 {
+    let Some(g) = plan.cuda_graphs else {
+        return 0;
+    };
+    let m = &plan.model;
+    let tg = plan.gen_tp;
+    let (kv_heads, heads) = (m.kv_heads.div_ceil(tg), m.heads.div_ceil(tg));
+    let gathered = 2 * g.rows * g.keys * kv_heads * m.head_dim;
+    let scratch = (gathered + gathered / 4) * plan.kv_dtype.bytes();
+    let scores = 8 * g.rows * heads * g.keys;
+    scratch + scores + CUDA_GRAPH_FLOOR
 }
 
 /// Training-state sizes on one device.
@@ -107,6 +143,7 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
             WeightSync::InPlace => 0,
             WeightSync::Bucket(b) => b.min(full_weights),
         },
+        cuda_graphs: cuda_graph_bytes(plan),
     };
     if let ActivationModel::Eager {
         seq_len,
@@ -340,6 +377,7 @@ pub fn estimate(plan: &Plan) -> Result<MemoryReport> {
     if naive {
         tl.set(RolloutWeights, s.rollout_weights);
         tl.set(KvCache, kv_bytes);
+        tl.set(CudaGraphs, s.cuda_graphs);
     }
     tl.snap("idle", PhaseKind::Transition);
 
@@ -353,6 +391,7 @@ pub fn estimate(plan: &Plan) -> Result<MemoryReport> {
         Mode::Sleep => {
             tl.set(RolloutWeights, s.rollout_weights);
             tl.set(KvCache, kv_bytes);
+            tl.set(CudaGraphs, s.cuda_graphs);
             tl.snap("wake", PhaseKind::Transition);
         }
         Mode::Naive => {}
@@ -363,6 +402,7 @@ pub fn estimate(plan: &Plan) -> Result<MemoryReport> {
     tl.snap("free_train", PhaseKind::Transition);
     if plan.mode == Mode::Staged {
         tl.set(KvCache, kv_bytes);
+        tl.set(CudaGraphs, s.cuda_graphs);
         tl.snap("wake_kv", PhaseKind::Transition);
     }
     tl.snap("generation", PhaseKind::Generation);
@@ -370,6 +410,7 @@ pub fn estimate(plan: &Plan) -> Result<MemoryReport> {
     if !naive {
         tl.release(RolloutWeights);
         tl.release(KvCache);
+        tl.release(CudaGraphs);
         tl.snap("sleep", PhaseKind::Transition);
     }
 
@@ -447,7 +488,8 @@ pub fn estimate(plan: &Plan) -> Result<MemoryReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{PlanInput, GIB};
+    use crate::config::{GraphCapture, ModelSource, PlanInput, GIB};
+    use crate::model::HfConfig;
 
     fn plan(f: impl FnOnce(&mut PlanInput)) -> Plan {
         let mut input = PlanInput::default();
@@ -475,6 +517,64 @@ mod tests {
         assert!(r.phase("sleep").is_none());
         let staged = estimate(&plan(|_| ())).unwrap();
         assert_eq!(staged.phase("training").unwrap().get(Component::KvCache), 0);
+    }
+
+    /// The captured graphs' memory: issue 9's 3 M-parameter model (2 KV
+    /// heads of 64, 4 query heads) at 256 rows and 512 keys in bf16, which
+    /// measured 140 MiB on an H200 (`bench/gpu/graph_mem.sh`): gathered K
+    /// and V with their headroom, 80 MiB; the scores, 4 MiB; the floor. It
+    /// is resident with the KV cache, in every mode.
+    #[test]
+    fn cuda_graphs_hold_the_largest_steps_working_set_beside_the_kv_cache() {
+        let small = |i: &mut PlanInput| {
+            i.model = ModelSource::Config(HfConfig {
+                model_type: Some("qwen2".into()),
+                hidden_size: 256,
+                intermediate_size: 688,
+                num_hidden_layers: 4,
+                num_attention_heads: 4,
+                num_key_value_heads: Some(2),
+                head_dim: None,
+                vocab_size: 384,
+                tie_word_embeddings: true,
+                attention_bias: None,
+            });
+            i.devices = 1;
+            i.kv_tokens = Some(4096);
+            i.cuda_graphs = Some(GraphCapture {
+                rows: 256,
+                keys: 512,
+            });
+        };
+        let p = plan(small);
+        assert_eq!(
+            cuda_graph_bytes(&p),
+            (80 << 20) + (4 << 20) + CUDA_GRAPH_FLOOR
+        );
+        let f32 = plan(|i| {
+            small(i);
+            i.kv_dtype = "f32".into();
+        });
+        assert_eq!(
+            cuda_graph_bytes(&f32),
+            (160 << 20) + (4 << 20) + CUDA_GRAPH_FLOOR
+        );
+        assert_eq!(cuda_graph_bytes(&plan(|i| i.devices = 1)), 0, "no graphs");
+        for mode in ["staged", "sleep", "naive"] {
+            let r = estimate(&plan(|i| {
+                small(i);
+                i.mode = mode.into();
+            }))
+            .unwrap();
+            for ph in &r.phases {
+                let (kv, graphs) = (ph.get(Component::KvCache), ph.get(Component::CudaGraphs));
+                assert_eq!(kv > 0, graphs > 0, "{mode} {}", ph.name);
+            }
+            assert_eq!(
+                r.phase("generation").unwrap().get(Component::CudaGraphs),
+                cuda_graph_bytes(&p)
+            );
+        }
     }
 
     #[test]

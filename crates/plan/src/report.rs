@@ -39,6 +39,10 @@ pub enum Component {
     KvCache,
     /// The reference model's (sharded) parameters.
     RefParams,
+    /// The rollout engine's captured decode graphs: their inputs, outputs
+    /// and working memory (colo-mem's tag `cuda_graph`).
+    #[serde(rename = "cuda_graph")]
+    CudaGraphs,
 }
 
 impl Component {
@@ -56,6 +60,7 @@ impl Component {
             Component::RolloutWeights => "rollout_weights",
             Component::KvCache => "kv_cache",
             Component::RefParams => "ref_params",
+            Component::CudaGraphs => "cuda_graph",
         }
     }
 }

@@ -25,7 +25,10 @@ pub(crate) fn check_comm(comm: &Bound<'_, PyAny>) -> PyResult<()> {
     for method in COMM_METHODS {
         let callable = comm.getattr(method).is_ok_and(|m| m.is_callable());
         if !callable {
-            let kind = comm.get_type().name().map_or_else(|_| "?".into(), |n| n.to_string());
+            let kind = comm
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string());
             return Err(PyValueError::new_err(format!(
                 "comm: a {kind} has no method {method}; the communicator needs \
                  all_reduce_buffers(list[memoryview]) and all_reduce_values(list[float], op) \

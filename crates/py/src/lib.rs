@@ -237,7 +237,11 @@ impl Worker {
             seed,
             ..Default::default()
         };
-        let out = py.detach(|| self.live("generate")?.generate(prompts, params).map_err(err))?;
+        let out = py.detach(|| {
+            self.live("generate")?
+                .generate(prompts, params)
+                .map_err(err)
+        })?;
         Ok(out
             .into_iter()
             .map(|cs| {
@@ -261,7 +265,11 @@ impl Worker {
         prompts: Vec<Vec<u32>>,
         responses: Vec<Vec<u32>>,
     ) -> PyResult<Vec<Vec<f32>>> {
-        py.detach(|| self.live("log_probs")?.log_probs(prompts, responses).map_err(err))
+        py.detach(|| {
+            self.live("log_probs")?
+                .log_probs(prompts, responses)
+                .map_err(err)
+        })
     }
 
     /// The reference model's, or `None` without one (train phase).
@@ -315,17 +323,23 @@ impl Worker {
                 if let Ok((name, values)) = item.extract::<(String, Vec<f32>)>() {
                     return Ok((name, None, values));
                 }
-                let (name, shape, values) = item.extract::<(String, Vec<i64>, Vec<f32>)>().map_err(|_| {
-                    PyValueError::new_err(format!(
+                let (name, shape, values) = item
+                    .extract::<(String, Vec<i64>, Vec<f32>)>()
+                    .map_err(|_| {
+                        PyValueError::new_err(format!(
                         "load_weights: item {i} is {}; expected (name, values) or (name, shape, \
                          values) with float values, as weights() gives them",
                         item.get_type().name().map_or_else(|_| "?".into(), |n| n.to_string())
                     ))
-                })?;
+                    })?;
                 Ok((name, Some(shape), values))
             })
             .collect::<PyResult<Vec<_>>>()?;
-        py.detach(|| self.live("load_weights")?.load_weights(weights).map_err(err))
+        py.detach(|| {
+            self.live("load_weights")?
+                .load_weights(weights)
+                .map_err(err)
+        })
     }
 
     /// Zero-copy views of the training state (train phase): `what` is
@@ -486,7 +500,9 @@ fn eval_record(step: usize, parts: Vec<String>, timing: f64) -> PyResult<Option<
         .collect::<PyResult<Vec<colo_rl::metrics::EvalTallies>>>()?;
     for (i, p) in parts.iter().enumerate() {
         if let Some(why) = p.inconsistency() {
-            return Err(PyValueError::new_err(format!("eval_record: part {i}: {why}")));
+            return Err(PyValueError::new_err(format!(
+                "eval_record: part {i}: {why}"
+            )));
         }
     }
     colo_rl::metrics::EvalRecord::of_parts(step, &parts, timing)

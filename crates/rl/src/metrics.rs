@@ -258,8 +258,9 @@ impl EvalTallies {
     /// [`Tally::inconsistency`]), naming the `data_source` at fault.
     pub fn inconsistency(&self) -> Option<String> {
         self.all.inconsistency().or_else(|| {
-            (self.by_source.iter())
-                .find_map(|(source, t)| Some(format!("data_source {source:?}: {}", t.inconsistency()?)))
+            (self.by_source.iter()).find_map(|(source, t)| {
+                Some(format!("data_source {source:?}: {}", t.inconsistency()?))
+            })
         })
     }
 }
@@ -520,7 +521,10 @@ mod tests {
         // Tallies no evaluation gives are named; every part above is sound.
         assert!(parts.iter().all(|p| p.inconsistency().is_none()));
         let why = |p: EvalTallies| p.inconsistency().unwrap();
-        let one = |all| EvalTallies { all, ..Default::default() };
+        let one = |all| EvalTallies {
+            all,
+            ..Default::default()
+        };
         assert_eq!(why(one(t(5, 1.0, 2))), "right = 5 of n = 2 prompts");
         assert_eq!(why(one(t(1, f64::NAN, 2))), "score_sum = NaN");
         assert_eq!(

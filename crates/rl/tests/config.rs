@@ -500,6 +500,38 @@ fn from_file_reads_or_names_the_missing_file() {
     assert!(e.ends_with("a directory, not a config file (TOML)"), "{e}");
 }
 
+/// A CUDA run is refused where libtorch sees no GPU, naming the key's line,
+/// but it can still be read to be planned.
+#[test]
+fn a_cuda_run_needs_a_gpu_to_run_not_to_plan() {
+    let dir = TempDir::new("cfg");
+    let p = dir.write(
+        "run.toml",
+        "[trainer]
+total_steps = 7
+device = \"cuda\"
+",
+    );
+    let (planned, text) = Config::from_file_to_plan(&p).unwrap();
+    assert_eq!(planned.trainer.device, colo_rl::config::Device::Cuda);
+    assert!(text.contains("device = \"cuda\""));
+    match tch::Cuda::is_available() {
+        true => assert_eq!(
+            Config::from_file(&p).unwrap().trainer.device,
+            planned.trainer.device
+        ),
+        false => {
+            let e = Config::from_file(&p).unwrap_err().to_string();
+            assert!(
+                e.contains(
+                    "run.toml:3: `trainer.device`: is \"cuda\", but libtorch sees no CUDA device"
+                ),
+                "{e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_cluster_must_split_every_step_into_whole_prompts() {
     let c = parse("[cluster]\nworkers = 4\naddress = \"auto\"\n").unwrap();

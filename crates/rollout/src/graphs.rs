@@ -69,6 +69,17 @@ pub(crate) fn bucket(rows: usize, keys: usize, caps: (usize, usize)) -> Option<(
     (shape.0 <= caps.0 && shape.1 <= caps.1).then_some(shape)
 }
 
+/// The largest graph an engine captures for steps of up to `rows` rows
+/// and `keys` positions: each rounded up to a power of two within the caps.
+/// The graphs' memory is that step's working set (colo-plan models it).
+pub fn largest_graph(rows: usize, keys: usize) -> (usize, usize) {
+    (
+        rows.clamp(1, MAX_GRAPH_ROWS).next_power_of_two(),
+        keys.clamp(MIN_GRAPH_KEYS, MAX_GRAPH_KEYS)
+            .next_power_of_two(),
+    )
+}
+
 /// Where each input of a (rows, keys) graph sits in the input buffer.
 struct Offsets {
     tokens: i64,
@@ -164,12 +175,7 @@ impl DecodeGraphs {
                 "CUDA graphs need a model on a CUDA device".into(),
             ));
         };
-        let caps = (
-            max_rows.clamp(1, MAX_GRAPH_ROWS).next_power_of_two(),
-            max_keys
-                .clamp(MIN_GRAPH_KEYS, MAX_GRAPH_KEYS)
-                .next_power_of_two(),
-        );
+        let caps = largest_graph(max_rows, max_keys);
         pool.set_policy(CUDA_GRAPH, Policy::Discard)?;
         let dev = model.device();
         let len = Offsets::new(caps, layout.block_size).end;

@@ -33,9 +33,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use colo_model::{ModelConfig, Tokenizer};
-use colo_plan::config::{ModelSource, Offload, PlanInput, WeightSync, GIB};
+use colo_plan::config::{GraphCapture, ModelSource, Offload, PlanInput, WeightSync, GIB};
 use colo_plan::model::HfConfig;
-use colo_rl::config::{Colocation, Config, DataSource, Dtype, KvBudget, ModelSource as RunModel};
+use colo_rl::config::{
+    Colocation, Config, DataSource, Device, Dtype, KvBudget, ModelSource as RunModel, ValSource,
+};
 
 /// The planner's input for a run, and what was read to build it.
 #[derive(Debug, Clone)]
@@ -49,7 +51,8 @@ pub struct RunPlan {
 
 /// Reads a run config file (as `colo train --config` does).
 pub fn from_file(path: &Path) -> Result<RunPlan> {
-    let config = Config::from_file(path)?;
+    // A CUDA run is planned on any machine, with its capacity set.
+    let (config, _) = Config::from_file_to_plan(path)?;
     from_config(&config)
 }
 
@@ -65,9 +68,9 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         ),
     };
     let (model_cfg, model_dir) = model(config)?;
+    let prompts = prompts(config, model_dir.as_deref())?;
     // A longer prompt stops the run or is left out (filter_overlong_prompts).
-    let max_prompt_tokens =
-        longest_prompt(config, model_dir.as_deref())?.min(config.data.max_prompt_length as u64);
+    let max_prompt_tokens = prompts.longest.min(config.data.max_prompt_length as u64);
     let seq_len = max_prompt_tokens + config.rollout.max_new_tokens as u64;
     let capacity = capacity(config)?;
     let mem = &config.memory;
@@ -132,6 +135,7 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
             WeightSync::InPlace
         },
         reference: config.algorithm.needs_ref(&config.actor),
+        cuda_graphs: cuda_graphs(config, &engine, prompts.held_out),
         ..PlanInput::default()
     };
     Ok(RunPlan {
@@ -177,8 +181,39 @@ fn hf_config(m: &ModelConfig) -> HfConfig {
     }
 }
 
-/// The longest training prompt in tokens, encoded as the run encodes it.
-fn longest_prompt(config: &Config, model_dir: Option<&Path>) -> Result<u64> {
+/// The largest decode step a CUDA run's engine captures as a graph (none on
+/// the CPU or with `rollout.enforce_eager`): a step's samples (the engine's
+/// `kv_seqs`), or a greedy evaluation's prompts where they are more (as
+/// many as `rollout.max_num_seqs` at once), at the longest sequence.
+fn cuda_graphs(
+    config: &Config,
+    engine: &colo_rollout::ValidConfig,
+    held_out: usize,
+) -> Option<GraphCapture> {
+    if config.trainer.device != Device::Cuda || config.rollout.enforce_eager {
+        return None;
+    }
+    let steps = engine.kv_seqs.max(held_out.min(engine.max_batch));
+    let keys = engine
+        .max_seq_len
+        .unwrap_or(colo_rollout::graphs::MAX_GRAPH_KEYS);
+    let (rows, keys) = colo_rollout::graphs::largest_graph(steps, keys);
+    Some(GraphCapture {
+        rows: rows as u64,
+        keys: keys as u64,
+    })
+}
+
+/// The prompts that size the run's memory.
+struct Prompts {
+    /// The longest training prompt in tokens (special tokens included).
+    longest: u64,
+    /// Held-out prompts (evaluated all at once, up to the engine's batch).
+    held_out: usize,
+}
+
+/// The run's prompts, encoded as the run encodes them.
+fn prompts(config: &Config, model_dir: Option<&Path>) -> Result<Prompts> {
     let tokenizer = match model_dir {
         Some(dir) => Tokenizer::from_dir(dir).with_context(|| {
             format!("model.path `{}`: cannot load its tokenizer", dir.display())
@@ -193,27 +228,36 @@ fn longest_prompt(config: &Config, model_dir: Option<&Path>) -> Result<u64> {
             t?
         }
     };
-    let lengths: Vec<usize> = match &config.data.source {
+    let read = |files: &[PathBuf]| {
+        colo_rl::Dataset::from_files(files, &config.data.fields, Some(&tokenizer))
+    };
+    let (lengths, held_out): (Vec<usize>, usize) = match &config.data.source {
         DataSource::Builtin(task) => {
-            let prompts = task.generate()?.0;
-            prompts
-                .iter()
+            let (train, val) = task.generate()?;
+            let lengths = (train.iter())
                 .map(|p| tokenizer.encode(&p.prompt, true).map(|ids| ids.len()))
-                .collect::<std::result::Result<_, _>>()?
+                .collect::<std::result::Result<_, _>>()?;
+            (lengths, val.len())
         }
-        DataSource::Files { train, .. } => {
-            colo_rl::Dataset::from_files(train, &config.data.fields, Some(&tokenizer))?
-                .prompts
-                .iter()
+        DataSource::Files { train, val } => {
+            let train = read(train)?;
+            let lengths = (train.prompts.iter())
                 .map(|p| p.encode(&tokenizer).map(|ids| ids.len()))
-                .collect::<std::result::Result<_, _>>()?
+                .collect::<std::result::Result<_, _>>()?;
+            let held_out = match val {
+                ValSource::Files(files) => read(files)?.len(),
+                // As `Dataset::split` rounds it.
+                ValSource::Fraction(f) => ((train.len() as f64) * f).round().max(1.0) as usize,
+                ValSource::None => 0,
+            };
+            (lengths, held_out)
         }
     };
     let longest = lengths.into_iter().max().unwrap_or(0) as u64;
     if longest == 0 {
         bail!("the run's training data have no prompts");
     }
-    Ok(longest)
+    Ok(Prompts { longest, held_out })
 }
 
 /// The capacity the run's memory layer enforces (the run's own rule).
@@ -238,5 +282,26 @@ mod tests {
         assert_eq!(cap(&config) * 4, full);
         config.rollout.max_num_seqs = 4 * config.batch.samples_per_step;
         assert_eq!(cap(&config), full);
+    }
+
+    /// A CUDA run's plan holds the largest captured decode step: the
+    /// built-in job's 500 held-out prompts at once (above a step's 256
+    /// samples), at its longest sequence; none on the CPU or when eager.
+    #[test]
+    fn a_cuda_run_plans_its_largest_graph() {
+        let mut config = Config::builtin();
+        let graphs = |c: &Config| from_config(c).unwrap().input.cuda_graphs;
+        assert_eq!(graphs(&config), None, "the CPU has no graphs");
+        config.trainer.device = Device::Cuda;
+        config.memory.capacity = colo_rl::config::Capacity::Bytes(80 << 30);
+        let engine = colo_rl::r#loop::engine_config(&config).validate().unwrap();
+        assert_eq!(engine.kv_seqs, 256);
+        let keys = engine.max_seq_len.unwrap().max(64).next_power_of_two() as u64;
+        assert_eq!(graphs(&config), Some(GraphCapture { rows: 512, keys }));
+        // Evaluations and steps at most max_num_seqs at once.
+        config.rollout.max_num_seqs = 128;
+        assert_eq!(graphs(&config), Some(GraphCapture { rows: 128, keys }));
+        config.rollout.enforce_eager = true;
+        assert_eq!(graphs(&config), None);
     }
 }

@@ -329,8 +329,18 @@ impl BatchPlan {
 }
 
 impl Config {
-    /// Reads and validates a TOML file.
+    /// Reads and validates a TOML file for a run on this machine: a CUDA
+    /// device must be present if the file asks for one.
     pub fn from_file(path: &Path) -> Result<Self> {
+        let (config, text) = Self::from_file_to_plan(path)?;
+        config.check_device(&text, path)?;
+        Ok(config)
+    }
+
+    /// Reads and validates a TOML file to plan its run (`colo plan
+    /// --config`), on a machine that need not have its device; also returns
+    /// the file's text.
+    pub fn from_file_to_plan(path: &Path) -> Result<(Self, String)> {
         if path.is_dir() {
             let e = std::io::Error::new(
                 std::io::ErrorKind::IsADirectory,
@@ -345,11 +355,36 @@ impl Config {
             });
         }
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Self::from_toml(&text, path)
+        Ok((Self::parse(&text, path)?, text))
     }
 
-    /// Parses and validates TOML text; `path` is only for messages.
+    /// Parses and validates TOML text for a run on this machine (see
+    /// [`Config::from_file`]); `path` is only for messages.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self> {
+        let config = Self::parse(text, path)?;
+        config.check_device(text, path)?;
+        Ok(config)
+    }
+
+    /// A CUDA run on a machine where libtorch sees no CUDA device is
+    /// refused, naming the key's line of `text`.
+    fn check_device(&self, text: &str, path: &Path) -> Result<()> {
+        if self.trainer.device != Device::Cuda || tch::Cuda::is_available() {
+            return Ok(());
+        }
+        let field = "trainer.device";
+        Err(Error::Config {
+            path: path.to_owned(),
+            line: locate::key_line(text, field),
+            field: field.into(),
+            message: "is \"cuda\", but libtorch sees no CUDA device on this machine (use \"cpu\"; \
+                      `colo plan --config` plans such a run anywhere)"
+                .into(),
+        })
+    }
+
+    /// Parses and validates TOML text, whatever this machine's devices.
+    fn parse(text: &str, path: &Path) -> Result<Self> {
         let raw: RawConfig =
             toml::from_str(text).map_err(|e| locate::toml_error(&e, text, path))?;
         validate::validate(raw).map_err(|(field, message)| {

@@ -580,13 +580,6 @@ fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
         dtype: trainer.dtype,
         cpu_threads: (trainer.cpu_threads > 0).then_some(trainer.cpu_threads),
     };
-    if trainer.device == Device::Cuda && !tch::Cuda::is_available() {
-        return bad(
-            "trainer.device",
-            "is \"cuda\", but libtorch sees no CUDA device on this machine (use \"cpu\")",
-        );
-    }
-
     Ok(trainer_cfg)
 }
 

@@ -106,7 +106,11 @@ impl Rank {
             return Err(Error::Cluster(format!(
                 "rank {rank} of a group of {world} workers: ranks count from 0 and stay below the \
                  number of workers (world {world}{})",
-                if world == 0 { ", which must be at least 1" } else { "" }
+                if world == 0 {
+                    ", which must be at least 1"
+                } else {
+                    ""
+                }
             )));
         }
         if out.as_os_str().is_empty() {
@@ -118,7 +122,9 @@ impl Rank {
         let config = match resume_from {
             Some(step) => {
                 let saved = checkpoints::step_dir(&out.join(checkpoints::DIR), step);
-                if let Some(why) = checkpoints::incomplete(&saved, step, crate::setup::uses_critic(&config)) {
+                if let Some(why) =
+                    checkpoints::incomplete(&saved, step, crate::setup::uses_critic(&config))
+                {
                     return Err(Error::Resume(format!(
                         "no complete checkpoint of step {step} to resume from: {}: {why}",
                         saved.display()
@@ -219,7 +225,10 @@ impl Rank {
         let (next, total) = (self.next_step, self.total_steps());
         if step != next || step >= total {
             let why = match step >= total {
-                true => format!("the run has {total} steps (0 to {})", total.saturating_sub(1)),
+                true => format!(
+                    "the run has {total} steps (0 to {})",
+                    total.saturating_sub(1)
+                ),
                 false => format!(
                     "steps run in order, and the next one is {next} (0-based; a resumed run \
                      starts at its checkpoint's step)"

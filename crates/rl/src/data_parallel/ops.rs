@@ -53,7 +53,10 @@ fn samples(
             return Err(refuse(op, format!("sample {i}: the prompt is empty")));
         }
         let outside = |part: &str, tokens: &[u32]| {
-            let (k, t) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab)?;
+            let (k, t) = tokens
+                .iter()
+                .enumerate()
+                .find(|(_, &t)| t as usize >= vocab)?;
             Some(format!(
                 "sample {i}: {part} token {k} is {t}, outside the vocabulary (size {vocab})"
             ))
@@ -252,7 +255,10 @@ impl Rank {
     /// them finite; the float32 master copy (bf16 runs) is set too. The
     /// rollout engine gets them at the next `to_rollout`, as after an
     /// update.
-    pub fn load_weights(&mut self, weights: Vec<(String, Option<Vec<i64>>, Vec<f32>)>) -> Result<()> {
+    pub fn load_weights(
+        &mut self,
+        weights: Vec<(String, Option<Vec<i64>>, Vec<f32>)>,
+    ) -> Result<()> {
         const OP: &str = "load weights";
         self.expect_train(OP)?;
         let actor = &self.run.worker.actor;
@@ -263,9 +269,9 @@ impl Rank {
         // Every name, size and value first: nothing is written unless all fit.
         let mut seen = std::collections::HashSet::new();
         for (name, shape, values) in &weights {
-            let p = params.get(name).ok_or_else(|| {
-                refuse(OP, format!("the actor has no parameter {name:?}"))
-            })?;
+            let p = params
+                .get(name)
+                .ok_or_else(|| refuse(OP, format!("the actor has no parameter {name:?}")))?;
             if !seen.insert(name) {
                 return Err(refuse(OP, format!("{name} is given twice")));
             }
