@@ -98,6 +98,62 @@ fn sampled_text_prompt_gives_n_seeded_completions() {
         assert!((1..=8).contains(&n));
     }
     assert_eq!(a, colo_generate(&args), "same seed, same output");
+    // Short samples, many of them: each gets KV blocks of its own.
+    let qwen = fixture("tiny-qwen2");
+    for (n, new) in [("4", "4"), ("8", "1")] {
+        let args = [
+            "--model",
+            qwen.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2,3",
+            "--n",
+            n,
+        ];
+        let a = colo_generate(&[&args[..], &["--max-new-tokens", new]].concat());
+        assert_eq!(
+            a["completions"].as_array().unwrap().len(),
+            n.parse::<usize>().unwrap()
+        );
+    }
+}
+
+/// A checkpoint whose weights are finite but overflow in the forward pass
+/// (a final norm near float32's limit and tied embeddings of 1e13: logits
+/// infinite of both signs, so the log-softmax is NaN) is refused by
+/// `generate` and `score`, not printed.
+#[test]
+fn outputs_that_are_not_numbers_are_an_error() {
+    let src = fixture("tiny-qwen2");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let mut tensors = Tensor::read_safetensors(src.join("model.safetensors")).unwrap();
+    for (name, t) in &mut tensors {
+        match name.as_str() {
+            "model.norm.weight" => *t = t.full_like(3e38),
+            "model.embed_tokens.weight" => *t = &*t * 1e15,
+            _ => {}
+        }
+    }
+    Tensor::write_safetensors(&tensors, dir.path().join("model.safetensors")).unwrap();
+    for cmd in [
+        &["generate", "--prompt-ids", "1,2,3", "--max-new-tokens", "2"][..],
+        &["score", "--ids", "1,2,3"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_colo"))
+            .args(cmd)
+            .arg("--model")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{cmd:?}: {err}");
+        assert!(
+            err.contains("log-probabilities are not numbers (NaN)"),
+            "{cmd:?}: {err}"
+        );
+    }
 }
 
 #[test]

@@ -522,6 +522,14 @@ fn load_failures_name_the_file_and_tensor() {
         .unwrap_err()
         .to_string();
     assert!(msg.contains("`big`") && msg.contains("(as Float)"), "{msg}");
+    // Finite values whose float32 sum overflows are kept.
+    let near_max = [3e38f32; 4].map(f32::to_le_bytes).concat();
+    write_raw_safetensors(&file, &[("large", "F32", &[4], &near_max)]);
+    let w = Weights::from_dir(&dst, Kind::Float, Device::Cpu).unwrap();
+    assert_eq!(
+        Vec::<f32>::try_from(w.get("large", &[4]).unwrap()).unwrap(),
+        [3e38f32; 4]
+    );
     // A truncated file, and a tensor whose bytes do not match its shape.
     write_raw_safetensors(&file, &[("w", "F32", &[4], &[0u8; 16])]);
     let whole = std::fs::read(&file).unwrap();

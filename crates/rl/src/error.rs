@@ -68,6 +68,10 @@ pub enum Error {
     #[error("dataset: {0}")]
     Dataset(String),
 
+    /// Training whose loss stopped being a number.
+    #[error("{0}")]
+    Diverged(String),
+
     /// A reward could not score a sample.
     #[error("reward `{reward}` failed on sample {sample} (prompt {prompt_id}): {reason}")]
     Reward {

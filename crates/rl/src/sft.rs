@@ -163,6 +163,13 @@ pub fn run(cfg: &SftConfig, out: &Path, mut on_event: impl FnMut(&SftEvent)) -> 
         let m = trainer
             .sft_step(&seqs)
             .map_err(|e| Error::context(format!("SFT step {step}"), e))?;
+        if !m.loss.is_finite() {
+            return Err(Error::Diverged(format!(
+                "SFT step {step}: the loss is {}: training diverged (lr {:e}); lower the learning \
+                 rate. No checkpoint was written",
+                m.loss, cfg.lr
+            )));
+        }
         report.losses.push(m.loss);
         on_event(&SftEvent::Step {
             step,

@@ -96,6 +96,28 @@ fn sft_lowers_the_loss_and_writes_a_loadable_checkpoint() {
     assert!(engine.is_ok(), "the checkpoint loads");
 }
 
+/// A learning rate that blows the model up stops the run at the first
+/// step whose loss is not a number, and writes no checkpoint.
+#[test]
+fn sft_that_diverges_stops_and_writes_nothing() {
+    let dir = TempDir::new("sft-diverged");
+    let out = dir.0.join("model");
+    let cfg = SftConfig {
+        steps: 5,
+        batch_size: 8,
+        lr: 1e30,
+        warmup_steps: 0,
+        eval_every: 0,
+        ..SftConfig::default()
+    };
+    let e = sft::run(&cfg, &out, |_| ()).unwrap_err().to_string();
+    assert!(
+        e.starts_with("SFT step ") && e.contains("training diverged (lr 1e30)"),
+        "{e}"
+    );
+    assert!(!out.join("model.safetensors").exists(), "no checkpoint");
+}
+
 #[test]
 fn evaluate_counts_right_answers() {
     // A random model with large weights: its completions are arbitrary

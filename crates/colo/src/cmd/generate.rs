@@ -51,6 +51,11 @@ pub struct Args {
     json: bool,
 }
 
+/// What a model whose outputs are not numbers is told (its weights are
+/// finite, as loading checks, but overflow in the forward pass).
+pub(crate) const NOT_A_NUMBER: &str = "the model's log-probabilities are not numbers (NaN): \
+    its weights are finite but overflow in the forward pass, as after a training that diverged";
+
 pub fn run(a: Args) -> anyhow::Result<()> {
     let cfg = colo_model::ModelConfig::from_file(&a.model.join("config.json"))
         .with_context(|| format!("loading {}", a.model.display()))?;
@@ -92,9 +97,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         stop_strings: a.stop.clone(),
         seed: a.seed,
     };
-    // A KV pool that holds all n samples at full length.
-    let full = (prompt.len() + a.max_new_tokens).min(cfg.max_position_embeddings);
-    let ecfg = EngineConfig::with_kv_tokens(full * a.n.max(1) + 16);
+    // A KV pool that holds all n samples at full length, each in blocks of
+    // its own (the engine's padding block too).
+    let full = (prompt.len().saturating_add(a.max_new_tokens)).min(cfg.max_position_embeddings);
+    let block = EngineConfig::default().block_size;
+    let kv_tokens = (full.div_ceil(block).checked_mul(a.n.max(1)))
+        .and_then(|blocks| blocks.checked_add(1)?.checked_mul(block))
+        .ok_or_else(|| {
+            anyhow!(
+                "--n {}: that many samples of up to {full} tokens cannot be held",
+                a.n
+            )
+        })?;
+    let ecfg = EngineConfig::with_kv_tokens(kv_tokens);
     let pool = Pool::host(PoolConfig::default())?;
     let mut engine = Engine::from_dir(&a.model, pool, &ecfg)?;
     let out = engine
@@ -102,6 +117,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .pop()
         .expect("one request, one result")
         .map_err(|e| anyhow!("{e}"))?;
+    if out
+        .completions
+        .iter()
+        .any(|c| c.logprobs.iter().any(|x| x.is_nan()))
+    {
+        bail!("{}: {NOT_A_NUMBER}", a.model.display());
+    }
     if a.json {
         #[derive(serde::Serialize)]
         struct C<'a> {

@@ -36,6 +36,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         (None, None) => unreachable!("clap requires --ids or --text"),
     };
     let logprobs = score(&ckpt, &ids)?;
+    if logprobs.iter().any(|x| x.is_nan()) {
+        anyhow::bail!("{}: {}", a.model.display(), super::generate::NOT_A_NUMBER);
+    }
     if a.json {
         // Serialised as f32 (shortest representation that reads back to the
         // same float), not widened to f64 first as `json!` would.
