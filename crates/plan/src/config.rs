@@ -14,6 +14,15 @@ pub const GIB: u64 = 1 << 30;
 /// 10^9 bytes.
 pub const GB: u64 = 1_000_000_000;
 
+/// The largest inputs a plan takes (a job far beyond these is not one the
+/// formulas were checked on, and their byte counts would overflow).
+pub const MAX_DEVICES: u64 = 1 << 20;
+/// Per device: 1 PiB.
+pub const MAX_DEVICE_GIB: f64 = (1u64 << 20) as f64;
+pub const MAX_MICRO_BATCH_TOKENS: u64 = 1 << 24;
+pub const MAX_KV_TOKENS: u64 = 1 << 32;
+pub const MAX_SEQ_LEN: u64 = 1 << 20;
+
 /// Where the model's dimensions come from.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -509,15 +518,48 @@ impl PlanInput {
     pub fn validate(&self) -> Result<Plan> {
         let model = self.model_spec()?;
         let n = self.devices;
-        if n == 0 {
-            return Err(out_of_range("devices", n, ">= 1"));
-        }
-        if !(self.device_memory_gib > 0.0 && self.device_memory_gib.is_finite()) {
+        // Bounds far beyond any real job, within which the model's byte
+        // counts cannot overflow.
+        let within = |name: &'static str, value: u64, max: u64| match (1..=max).contains(&value) {
+            true => Ok(()),
+            false => Err(out_of_range(name, value, format!("in 1..={max}"))),
+        };
+        within("devices", n, MAX_DEVICES)?;
+        if !(self.device_memory_gib > 0.0 && self.device_memory_gib <= MAX_DEVICE_GIB) {
             return Err(out_of_range(
                 "device_memory_gib",
-                self.device_memory_gib,
-                "> 0",
+                format!("{:e}", self.device_memory_gib),
+                format!("in (0, {MAX_DEVICE_GIB}]"),
             ));
+        }
+        within(
+            "tokens_per_micro_batch",
+            self.tokens_per_micro_batch,
+            MAX_MICRO_BATCH_TOKENS,
+        )?;
+        if let Some(t) = self.logprob_tokens_per_micro_batch {
+            within("logprob_tokens_per_micro_batch", t, MAX_MICRO_BATCH_TOKENS)?;
+        }
+        for (name, value) in [
+            ("kv_tokens", self.kv_tokens),
+            ("kv_tokens_cap", self.kv_tokens_cap),
+            ("kv_block_tokens", Some(self.kv_block_tokens)),
+        ] {
+            if let Some(v) = value {
+                within(name, v, MAX_KV_TOKENS)?;
+            }
+        }
+        for (name, value) in [
+            ("seq_len", self.seq_len),
+            ("response_len", self.response_len),
+        ] {
+            if let Some(v) = value {
+                within(name, v, MAX_SEQ_LEN)?;
+            }
+        }
+        if let Some(g) = self.cuda_graphs {
+            within("cuda_graphs rows", g.rows, MAX_SEQ_LEN)?;
+            within("cuda_graphs keys", g.keys, MAX_SEQ_LEN)?;
         }
         if !(self.runtime_overhead_gib >= 0.0 && self.runtime_overhead_gib < self.device_memory_gib)
         {
@@ -530,7 +572,7 @@ impl PlanInput {
         let train = self.train_layout(&model, n)?;
         let divs = || format!("{:?}", divisors(n));
         let (pg, tg) = (self.gen_pp, self.gen_tp);
-        if pg == 0 || tg == 0 || n % (pg * tg) != 0 {
+        if pg == 0 || tg == 0 || pg.checked_mul(tg).is_none_or(|g| n % g != 0) {
             return Err(layout_err(
                 format!("gen pp{pg}-tp{tg}"),
                 n,
@@ -551,20 +593,9 @@ impl PlanInput {
             ));
         }
         let kv_budget = self.kv_budget()?;
-        if self.kv_block_tokens == 0 {
-            return Err(out_of_range("kv_block_tokens", 0, ">= 1"));
-        }
         let activations = self.activation_model()?;
-        if self.tokens_per_micro_batch == 0 {
-            return Err(out_of_range("tokens_per_micro_batch", 0, ">= 1"));
-        }
         if let WeightSync::Bucket(0) = self.weight_sync {
             return Err(out_of_range("weight_sync bucket bytes", 0, ">= 1"));
-        }
-        if let Some(g) = self.cuda_graphs {
-            if g.rows == 0 || g.keys == 0 {
-                return Err(out_of_range("cuda_graphs rows and keys", 0, ">= 1"));
-            }
         }
         Ok(Plan {
             param_dtype: DType::parse(&self.param_dtype)?,
@@ -658,6 +689,55 @@ mod tests {
             ..Default::default()
         };
         assert!(input.validate().unwrap_err().to_string().contains("dp = 2"));
+    }
+
+    /// Zero or absurd sizes are refused by name, before any arithmetic
+    /// could overflow (a wrapped total once read "fits").
+    #[test]
+    fn sizes_out_of_range_are_named() {
+        let refused = |f: fn(&mut PlanInput), name: &str| {
+            let mut input = PlanInput::default();
+            f(&mut input);
+            let e = input.validate().unwrap_err().to_string();
+            assert!(e.starts_with(&format!("invalid {name} = ")), "{e}");
+        };
+        refused(|i| i.devices = 0, "devices");
+        refused(|i| i.devices = MAX_DEVICES + 1, "devices");
+        refused(|i| i.device_memory_gib = 1e300, "device_memory_gib");
+        refused(
+            |i| i.tokens_per_micro_batch = u64::MAX,
+            "tokens_per_micro_batch",
+        );
+        refused(
+            |i| i.logprob_tokens_per_micro_batch = Some(0),
+            "logprob_tokens_per_micro_batch",
+        );
+        refused(|i| i.kv_tokens = Some(u64::MAX), "kv_tokens");
+        refused(|i| i.kv_tokens_cap = Some(0), "kv_tokens_cap");
+        refused(|i| i.kv_block_tokens = 0, "kv_block_tokens");
+        refused(
+            |i| {
+                i.activation_model = "eager".into();
+                i.seq_len = Some(u64::MAX);
+            },
+            "seq_len",
+        );
+        refused(
+            |i| i.cuda_graphs = Some(GraphCapture { rows: 0, keys: 64 }),
+            "cuda_graphs rows",
+        );
+        let mut huge_gen = PlanInput {
+            gen_pp: u64::MAX,
+            gen_tp: u64::MAX,
+            ..Default::default()
+        };
+        assert!(
+            huge_gen.validate().is_err(),
+            "gen_pp × gen_tp overflows: refused"
+        );
+        huge_gen.gen_pp = 1;
+        huge_gen.gen_tp = 1;
+        assert!(huge_gen.validate().is_ok());
     }
 
     #[test]

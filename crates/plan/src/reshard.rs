@@ -124,16 +124,27 @@ pub struct ReshardPlan {
     pub schemes: Vec<SchemeCost>,
 }
 
+/// The most devices a resharding plan lists rank by rank.
+pub const MAX_RESHARD_DEVICES: u64 = 1 << 16;
+
 /// Check a (training, generation) layout pair on `devices` devices.
 pub fn validate_layouts(devices: u64, train: (u64, u64, u64), gen: (u64, u64)) -> Result<()> {
     let (p, t, d) = train;
     let (pg, tg) = gen;
+    if !(1..=MAX_RESHARD_DEVICES).contains(&devices) {
+        return Err(crate::error::out_of_range(
+            "devices",
+            devices,
+            format!("in 1..={MAX_RESHARD_DEVICES} (the plan lists every rank)"),
+        ));
+    }
     let err = |reason: String| PlanError::InvalidLayout {
         layout: format!("train {p}-{t}-{d} → gen pg{pg}-tg{tg}"),
         devices,
         reason,
     };
-    if p == 0 || t == 0 || d == 0 || p * t * d != devices {
+    let product = p.checked_mul(t).and_then(|pt| pt.checked_mul(d));
+    if p == 0 || t == 0 || d == 0 || product != Some(devices) {
         return Err(err(format!(
             "p × t × d must equal the device count; p × t must be one of {:?}",
             divisors(devices)

@@ -103,3 +103,20 @@ fn only_colocated_data_parallel_mappings_name_a_colo_layout() {
     }
     assert!(runnable >= 1, "the fused 1-1-4 mapping is among the best");
 }
+
+/// More devices than the search handles, and an empty workload, are
+/// refused at once by name (1,000 devices ran out of 24 GB).
+#[test]
+fn searches_beyond_the_device_cap_or_with_no_work_are_refused() {
+    let mut pb = grpo_on_four();
+    pb.devices = 1000;
+    let e = auto_map(&pb).unwrap_err().to_string();
+    assert!(
+        e.starts_with("invalid devices = 1000: must be in 1..=128"),
+        "{e}"
+    );
+    let mut pb = grpo_on_four();
+    pb.workload.prompts = 0;
+    let e = auto_map(&pb).unwrap_err().to_string();
+    assert_eq!(e, "invalid prompts = 0: must be >= 1");
+}

@@ -96,3 +96,26 @@ fn table_2_orders_the_schemes() {
     assert!(hf.peak_bytes < v.peak_bytes && hf.redundant_bytes == 0.0);
     assert_eq!(ds.peak_bytes, (1u64 << 34) as f64);
 }
+
+/// Device counts the plan cannot list rank by rank, and products that
+/// overflow, are refused by name (they panicked or ran out of memory).
+#[test]
+fn device_counts_out_of_range_are_refused() {
+    for (devices, train) in [
+        (0, (1, 1, 1)),
+        (u64::MAX, (u64::MAX, 1, 1)),
+        (1 << 40, (1, 1, 1 << 40)),
+    ] {
+        let e = plan_reshard(devices, train, (1, 1), 1 << 30)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("invalid devices = {devices}")),
+            "{e}"
+        );
+    }
+    let e = plan_reshard(8, (u64::MAX, 2, 4), (1, 1), 1 << 30)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("p × t × d must equal the device count"), "{e}");
+}
