@@ -55,7 +55,7 @@ fn main() -> std::process::ExitCode {
 fn message(e: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in e.chain() {
-        let text = cause.to_string();
+        let text = without_cpp_trace(&cause.to_string());
         if out.ends_with(&text) {
             continue;
         }
@@ -65,6 +65,20 @@ fn message(e: &anyhow::Error) -> String {
         out.push_str(&text);
     }
     out
+}
+
+/// libtorch's error text without the C++ stack trace c10 appends to it
+/// ("Exception raised from … (most recent call first):" and a `frame #N`
+/// line per frame): the first line says what failed.
+fn without_cpp_trace(text: &str) -> String {
+    let cut = ["Exception raised from ", "\nframe #"]
+        .iter()
+        .filter_map(|marker| text.find(marker))
+        .min();
+    match cut {
+        Some(at) => text[..at].trim_end().to_owned(),
+        None => text.to_owned(),
+    }
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -108,5 +122,17 @@ mod tests {
         assert_eq!(message(&e), "colo train: i/o error on x: gone");
         let e = anyhow::anyhow!("inner").context("outer");
         assert_eq!(message(&e), "outer: inner");
+        let torch = "Internal torch error: [enforce fail at alloc_cpu.cpp:127] can't allocate memory\n\
+                     Exception raised from alloc_cpu at alloc_cpu.cpp:127 (most recent call first):\n\
+                     frame #0: c10::ThrowEnforceNotMet(...) + 0x3e";
+        assert_eq!(
+            message(&anyhow::anyhow!(torch).context("colo bench train")),
+            "colo bench train: Internal torch error: [enforce fail at alloc_cpu.cpp:127] can't allocate memory"
+        );
+        let frames_only = "Internal torch error: out of memory\nframe #0: c10::alloc_cpu + 0x365";
+        assert_eq!(
+            message(&anyhow::anyhow!(frames_only)),
+            "Internal torch error: out of memory"
+        );
     }
 }

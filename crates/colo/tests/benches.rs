@@ -155,12 +155,23 @@ fn a_bench_model_without_whole_heads_is_refused() {
     );
 }
 
+/// Counts are refused by name outside their bounds: zero, and sizes that
+/// aborted an allocation, panicked in an overflow or spawned 100,000
+/// threads before they were bounded.
 #[test]
-fn an_empty_rollout_load_is_refused() {
-    refused(
-        &["rollout", "--prompts", "0"],
-        "--prompts, --n, --max-new-tokens and --batch must be positive",
-    );
+fn counts_out_of_bounds_are_refused_by_name() {
+    for (args, expected) in [
+        (&["rollout", "--prompts", "0"][..], "'0' for '--prompts <PROMPTS>': must be in 1..=65536"),
+        (&["rollout", "--prompts", "18446744073709551615"], "for '--prompts <PROMPTS>': must be in"),
+        (&["rollout", "--baseline-threads", "100000"], "for '--baseline-threads <BASELINE_THREADS>': must be in 0..=1024"),
+        (&["train", "--seq", "100000000000"], "for '--seq <SEQ>': must be in 1..=1048576"),
+        (&["mem", "--size-mib", "18446744073709551615"], "for '--size-mib <SIZE_MIB>': must be in"),
+        (&["mem", "--soak-size-mib", "0"], "for '--soak-size-mib <SOAK_SIZE_MIB>': must be in 1..="),
+        (&["colocate", "--n", "1"], "'1' for '--n <N>': must be in 2..=4096"),
+        (&["colocate", "--prompts", "x"], "'x' for '--prompts <PROMPTS>': invalid digit found in string (expected a whole number)"),
+    ] {
+        refused(args, expected);
+    }
 }
 
 #[test]

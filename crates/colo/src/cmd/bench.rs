@@ -31,6 +31,19 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
     }
 }
 
+/// A bench's count flag within `MIN..=MAX`: bounds far above any useful
+/// run, so that a typo is refused by name, not an allocation that aborts
+/// or an overflow that panics.
+pub fn count<const MIN: usize, const MAX: usize>(s: &str) -> Result<usize, String> {
+    let v: usize = s
+        .parse()
+        .map_err(|e| format!("{e} (expected a whole number)"))?;
+    match (MIN..=MAX).contains(&v) {
+        true => Ok(v),
+        false => Err(format!("must be in {MIN}..={MAX}")),
+    }
+}
+
 /// `--device` of the benches: `cpu`, or `cuda` (a build with the `cuda`
 /// feature, on a machine with an NVIDIA GPU).
 pub fn parse_device(s: &str) -> anyhow::Result<colo_rl::config::Device> {

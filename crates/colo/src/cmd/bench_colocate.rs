@@ -60,22 +60,22 @@ use report::{
 #[derive(clap::Args)]
 pub struct Args {
     /// Hidden size of the benchmark model (a multiple of 64; heads of 64).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = super::bench::count::<1, 65536>)]
     hidden: usize,
     /// Transformer layers of the benchmark model.
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 6, value_parser = super::bench::count::<1, 1024>)]
     layers: usize,
     /// Prompts per RL step.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = super::bench::count::<1, 65536>)]
     prompts: usize,
     /// Samples per prompt.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = super::bench::count::<2, 4096>)]
     n: usize,
     /// Steps run before the measured ones (not reported).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = super::bench::count::<0, 1048576>)]
     warmup: usize,
     /// Measured steps per mode (medians are reported).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = super::bench::count::<1, 1048576>)]
     steps: usize,
     /// The KV cache's bytes as a multiple of the trainer's weight bytes.
     #[arg(long, default_value_t = 6.0)]

@@ -22,16 +22,16 @@ use std::time::Instant;
 #[derive(clap::Args)]
 pub struct Args {
     /// Size of the buffer moved by each measurement, in MiB.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = super::bench::count::<1, 1048576>)]
     size_mib: usize,
     /// Pause/resume cycles per policy (the first is reported separately).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = super::bench::count::<1, 1048576>)]
     cycles: usize,
     /// Cycles of the soak (0: skip it).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = super::bench::count::<0, 16777216>)]
     soak_cycles: usize,
     /// Size of the soak's buffers, in MiB.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = super::bench::count::<1, 65536>)]
     soak_size_mib: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]

@@ -29,17 +29,17 @@ use tch::{Kind, Tensor};
 #[derive(clap::Args)]
 pub struct Args {
     /// Prompts in the batch.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = super::bench::count::<1, 65536>)]
     prompts: usize,
     /// Samples per prompt.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::bench::count::<1, 4096>)]
     n: usize,
     /// Most new tokens per sample.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = super::bench::count::<1, 1048576>)]
     max_new_tokens: usize,
     /// Sequences per static batch of the baseline, and the engine's
     /// `max_batch`.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = super::bench::count::<1, 65536>)]
     batch: usize,
     /// Token ids (the first K of the vocabulary) that end a completion.
     #[arg(long, default_value_t = 24)]
@@ -49,11 +49,11 @@ pub struct Args {
     /// Threads of colo's engine, each a lane of rows with one intra-op
     /// thread (default: what `colo train` gives generation,
     /// `rollout.cpu_threads`; 0: `OMP_NUM_THREADS`, else one per core).
-    #[arg(long)]
+    #[arg(long, value_parser = super::bench::count::<0, 1024>)]
     threads: Option<usize>,
     /// Intra-op threads of the baseline (default 0: libtorch's default,
     /// all cores, the baseline's best on these machines).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = super::bench::count::<0, 1024>)]
     baseline_threads: usize,
     /// Where both engines run: `cpu`, or `cuda` (a build with the `cuda`
     /// feature, on a machine with an NVIDIA GPU).
@@ -126,10 +126,6 @@ fn prompt(i: usize, vocab: u32, stop: u32) -> Vec<u32> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        a.prompts > 0 && a.n > 0 && a.max_new_tokens > 0 && a.batch > 0,
-        "--prompts, --n, --max-new-tokens and --batch must be positive"
-    );
     let cfg = bench_model_config();
     tch::manual_seed(a.seed as i64);
     let (pool, device) = super::bench::pool_on(a.device)?;

@@ -41,22 +41,22 @@ use tch::{Device, Kind, Tensor};
 #[derive(clap::Args)]
 pub struct Args {
     /// Sequences per optimizer step.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = super::bench::count::<1, 65536>)]
     batch: usize,
     /// Tokens per sequence.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = super::bench::count::<1, 1048576>)]
     seq: usize,
     /// Rows per micro-batch (gradients accumulate over the step).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = super::bench::count::<1, 65536>)]
     micro_batch: usize,
     /// Timed optimizer steps per dtype (after one warm-up step).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = super::bench::count::<1, 1048576>)]
     steps: usize,
     /// Hidden size of the model (a multiple of 64: heads of 64 dims).
-    #[arg(long, default_value_t = 384)]
+    #[arg(long, default_value_t = 384, value_parser = super::bench::count::<1, 65536>)]
     hidden: usize,
     /// Decoder layers of the model.
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 6, value_parser = super::bench::count::<1, 1024>)]
     layers: usize,
     /// Dtypes to measure, comma separated (f32, bf16).
     #[arg(long, value_delimiter = ',', default_values_t = ["f32".to_string(), "bf16".to_string()])]
@@ -150,12 +150,16 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn batch(cfg: &ModelConfig, b: usize, s: usize) -> Result<SeqBatch> {
     let (b, s) = (b as i64, s as i64);
     let opts = (Kind::Float, Device::Cpu);
-    let ids = Tensor::randint(cfg.vocab_size as i64, [b, s], (Kind::Int64, Device::Cpu));
-    let attn = Tensor::ones([b, s], opts);
-    let resp = Tensor::cat(
-        &[Tensor::zeros([b, 1], opts), Tensor::ones([b, s - 1], opts)],
+    // The fallible calls: a batch too large for the machine is an error.
+    let ids = Tensor::f_randint(cfg.vocab_size as i64, [b, s], (Kind::Int64, Device::Cpu))?;
+    let attn = Tensor::f_ones([b, s], opts)?;
+    let resp = Tensor::f_cat(
+        &[
+            Tensor::f_zeros([b, 1], opts)?,
+            Tensor::f_ones([b, s - 1], opts)?,
+        ],
         1,
-    );
+    )?;
     Ok(SeqBatch::new(&ids, &attn, &resp)?)
 }
 
