@@ -68,19 +68,38 @@ def measure(config, workers, steps, out):
     return result
 
 
+def positive(text):
+    """A count of at least 1 (argparse names the flag when this raises)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not a positive count")
+    return n
+
+
+def worker_counts(text):
+    """Comma-separated positive counts, e.g. `1,2,4`."""
+    return [positive(w) for w in text.split(",")]
+
+
+def config_file(path):
+    if not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"{path}: no such file")
+    return path
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="colo bench cluster", description=__doc__.split("\n")[0])
-    p.add_argument("--config", help="a run config (default: the built-in job)")
-    p.add_argument("--workers", default="1,2,4", help="worker counts, comma-separated")
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--config", type=config_file, help="a run config (default: the built-in job)")
+    p.add_argument("--workers", type=worker_counts, default=[1, 2, 4], help="worker counts, comma-separated")
+    p.add_argument("--steps", type=positive, default=6)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="colo-bench-cluster-") as tmp:
         cfg = run_config(args.config, args.steps, os.path.join(tmp, "run.toml"))
-        results = [
-            measure(cfg, int(w), args.steps, os.path.join(tmp, f"w{w}"))
-            for w in args.workers.split(",")
-        ]
+        results = [measure(cfg, w, args.steps, os.path.join(tmp, f"w{w}")) for w in args.workers]
     nbytes = max(r["all_reduce_bytes"] for r in results)
     baseline = memcpy_gib_s(nbytes) if nbytes else None
     load = os.getloadavg()[0]
