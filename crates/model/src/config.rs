@@ -237,6 +237,10 @@ impl HfConfig {
             ("hidden_size", self.hidden_size),
             ("intermediate_size", self.intermediate_size),
             ("num_hidden_layers", self.num_hidden_layers),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings.unwrap_or(1),
+            ),
         ] {
             if v == 0 {
                 return Err(invalid(format!("{name} must be positive")));
@@ -524,6 +528,13 @@ mod tests {
         let e = parse(v).unwrap_err().to_string();
         assert!(
             e.contains("rms_norm_eps (-1) must be a finite number ≥ 0"),
+            "{e}"
+        );
+        let mut v = base();
+        v["max_position_embeddings"] = json!(0);
+        let e = parse(v).unwrap_err().to_string();
+        assert!(
+            e.contains("max_position_embeddings must be positive"),
             "{e}"
         );
     }

@@ -15,7 +15,7 @@ pub struct Args {
     #[arg(long)]
     model: PathBuf,
     /// Prompt token ids, comma separated.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', conflicts_with = "prompt")]
     prompt_ids: Option<Vec<u32>>,
     /// Prompt text, tokenized with the checkpoint's tokenizer.
     #[arg(long)]
@@ -47,6 +47,9 @@ pub struct Args {
     #[arg(long)]
     ignore_eos: bool,
     /// Print `{"completions": [{"tokens", "logprobs", "finish_reason"}]}` only.
+    /// A log-probability is the sampled token's under the distribution it
+    /// was drawn from with the temperature applied and before top-k/top-p
+    /// (the policy's π_old, as an RL step uses it); greedy: the model's own.
     #[arg(long)]
     json: bool,
 }

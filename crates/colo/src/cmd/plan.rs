@@ -228,7 +228,7 @@ fn run_config(a: &MemoryArgs) -> Result<Option<super::plan_config::RunPlan>> {
         return Ok(Some(plan_config::from_config(&colo_rl::Config::builtin())?));
     }
     match &a.config {
-        Some(path) if path.ends_with(".toml") => {
+        Some(path) if path.to_ascii_lowercase().ends_with(".toml") => {
             let path = std::path::Path::new(path);
             if !path.is_file() {
                 bail!("--config `{}`: no such run config file", path.display());
