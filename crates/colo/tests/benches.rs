@@ -186,6 +186,21 @@ fn a_device_other_than_cpu_or_cuda_is_refused_by_name() {
 
 #[cfg(not(feature = "cuda"))]
 #[test]
+fn gpu_check_in_a_build_without_cuda_says_so() {
+    let out = Command::new(env!("CARGO_BIN_EXE_colo"))
+        .arg("gpu-check")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("FAIL  device   this colo was built without the `cuda` feature"),
+        "{text}"
+    );
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
 fn cuda_in_a_build_without_it_says_how_to_build_it() {
     for bench in ["train", "rollout"] {
         refused(

@@ -156,6 +156,27 @@ fn outputs_that_are_not_numbers_are_an_error() {
     }
 }
 
+/// `--stop` matches text, so it needs the tokenizer: a checkpoint without
+/// `tokenizer.json` is named.
+#[test]
+fn stop_strings_without_a_tokenizer_name_the_missing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture("tiny-qwen2").join(f), dir.path().join(f)).unwrap();
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_colo"))
+        .args(["generate", "--prompt-ids", "1,2", "--stop", "x", "--model"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--stop needs the checkpoint's tokenizer.json"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_bad_request_is_a_clear_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_colo"))

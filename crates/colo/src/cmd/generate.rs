@@ -66,6 +66,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         true => Some(colo_model::Tokenizer::from_dir(&a.model)?),
         false => None,
     };
+    if !a.stop.is_empty() && tokenizer.is_none() {
+        bail!(
+            "--stop needs the checkpoint's tokenizer.json to match text, and {} has none",
+            a.model.display()
+        );
+    }
     let prompt = match (&a.prompt_ids, &a.prompt, &tokenizer) {
         (Some(ids), _, _) => ids.clone(),
         (None, Some(text), Some(tok)) if a.chat => {

@@ -88,6 +88,11 @@ pub fn run(a: Args) -> Result<()> {
 
 fn device_info() -> Result<String> {
     ensure!(
+        cfg!(feature = "cuda"),
+        "this colo was built without the `cuda` feature, so its memory layer has no CUDA pool \
+         (./x cargo build --release -p colo --features cuda)"
+    );
+    ensure!(
         tch::Cuda::is_available(),
         "libtorch sees no CUDA device (is libtorch_cuda loaded? is a driver present?)"
     );

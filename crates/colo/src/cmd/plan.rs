@@ -152,7 +152,7 @@ struct MapArgs {
     #[arg(long, default_value_t = 1024)]
     response_len: u64,
     /// How many mappings to print.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = super::bench::count::<1, 1000>)]
     top: usize,
     #[arg(long)]
     json: bool,
@@ -190,11 +190,11 @@ fn parse_offload(s: &str) -> Result<Offload> {
         optimizer: false,
         ref_param: false,
     };
-    for item in s
-        .split(',')
-        .map(str::trim)
-        .filter(|x| !x.is_empty() && *x != "none")
-    {
+    let items: Vec<&str> = s.split(',').map(str::trim).collect();
+    if items.iter().any(|x| x.is_empty()) || (items.contains(&"none") && items.len() > 1) {
+        bail!("--offload {s:?}: a comma list of param, grad, optimizer, ref, or `none` alone");
+    }
+    for &item in items.iter().filter(|&&x| x != "none") {
         match item {
             "param" => o.train_param = true,
             "grad" => o.train_grad = true,
@@ -445,4 +445,24 @@ fn reshard(a: ReshardArgs) -> Result<()> {
         print!("{}", plan.describe());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offload_lists_are_items_or_none_alone() {
+        let o = parse_offload("param, optimizer").unwrap();
+        assert!(o.train_param && o.optimizer && !o.train_grad && !o.ref_param);
+        let none = parse_offload("none").unwrap();
+        assert!(!(none.train_param || none.train_grad || none.optimizer || none.ref_param));
+        for bad in ["", "param,", "param,none", "params"] {
+            let e = parse_offload(bad).unwrap_err().to_string();
+            assert!(
+                e.starts_with("--offload") || e.starts_with("unknown --offload item"),
+                "{bad:?}: {e}"
+            );
+        }
+    }
 }
