@@ -33,8 +33,15 @@ enum Sub {
     Reshard(ReshardArgs),
 }
 
-/// Flags of the per-phase memory estimate.
+/// Flags of the per-phase memory estimate. The run's own (`--builtin-run`)
+/// comes whole from colo's built-in job, so the flags that describe a job
+/// are refused beside it rather than ignored.
 #[derive(ClapArgs)]
+#[command(group(clap::ArgGroup::new("job").multiple(true).args([
+    "param_dtype", "kv_dtype", "devices", "device_gib", "overhead_gib", "fsdp", "tp", "pp", "dp",
+    "no_distributed_optimizer", "optimizer", "no_checkpointing", "tokens", "logprob_tokens",
+    "gen_tp", "gen_pp", "mem_fraction", "kv_tokens", "mode", "offload", "weight_sync", "reference",
+])))]
 struct MemoryArgs {
     /// Model preset (see the error of an unknown one for the list).
     #[arg(long, default_value = "qwen2.5-7b", conflicts_with = "config")]
@@ -48,7 +55,7 @@ struct MemoryArgs {
     config: Option<String>,
     /// Plan the built-in `colo train` run (what `colo train` runs without
     /// a config).
-    #[arg(long, conflicts_with_all = ["config", "preset"])]
+    #[arg(long, conflicts_with_all = ["config", "preset", "job"])]
     builtin_run: bool,
     /// Weights' dtype.
     #[arg(long, default_value = "bf16")]
@@ -450,6 +457,20 @@ fn reshard(a: ReshardArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The built-in run's plan is the built-in job's: a flag describing
+    /// another job is refused beside it, not ignored.
+    #[test]
+    fn builtin_run_refuses_job_flags() {
+        let parse = |argv: &[&str]| {
+            <Args as clap::Args>::augment_args(clap::Command::new("plan"))
+                .try_get_matches_from(argv)
+        };
+        let e = parse(&["plan", "--builtin-run", "--devices", "4"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
+        assert!(parse(&["plan", "--builtin-run", "--json"]).is_ok());
+        assert!(parse(&["plan", "--devices", "4"]).is_ok());
+    }
 
     #[test]
     fn offload_lists_are_items_or_none_alone() {
