@@ -315,17 +315,27 @@ pub(crate) fn draw(out: &Path, pool: &Pool, timeline: &mut TimelineWriter) -> Re
     }
     let records = crate::metrics::read(&out.join("metrics.jsonl"))?;
     let (mut scores, mut acc) = (Vec::new(), Vec::new());
+    let mut by_source: std::collections::BTreeMap<String, Vec<(usize, f64)>> = Default::default();
     for r in records {
         match r {
             crate::metrics::Record::Step(s) => scores.push((s.step, s.score_mean)),
-            crate::metrics::Record::Eval(e) => acc.push((e.step, e.accuracy)),
+            crate::metrics::Record::Eval(e) => {
+                acc.push((e.step, e.accuracy));
+                for (source, s) in e.by_source {
+                    by_source
+                        .entry(source)
+                        .or_default()
+                        .push((e.step, s.accuracy));
+                }
+            }
         }
     }
+    let by_source: Vec<_> = by_source.into_iter().collect();
     let title = match acc.is_empty() {
         true => "colo: reward",
         false => "colo: reward and held-out accuracy",
     };
-    plot::reward_curve(&scores, &acc, title)?.write(out, "reward_curve")
+    plot::reward_curve(&scores, &acc, &by_source, title)?.write(out, "reward_curve")
 }
 
 /// Whether the run trains a critic (GAE needs its values).

@@ -336,7 +336,7 @@ fn empty_timeline_is_still_a_picture() {
 fn reward_curve_has_both_series_their_ranges_and_the_end_accuracies() {
     let scores: Vec<(usize, f64)> = (1..=50).map(|s| (s, 0.1 + 0.8 * s as f64 / 50.0)).collect();
     let acc = [(0, 0.22), (10, 0.31), (50, 0.71)];
-    let pic = plot::reward_curve(&scores, &acc, "GRPO").unwrap();
+    let pic = plot::reward_curve(&scores, &acc, &[], "GRPO").unwrap();
     let doc = &pic.svg;
     let names = check_xml(doc);
     assert!(
@@ -358,11 +358,39 @@ fn reward_curve_has_both_series_their_ranges_and_the_end_accuracies() {
     assert!(dark_in_rows(&px, w, 0..30) > 20, "no title text in the PNG");
 }
 
+/// Held-out rows of two data sources: a thinner line each, named and
+/// ranged in the legend; one source alone is the overall line, not drawn
+/// twice.
+#[test]
+fn reward_curve_has_a_line_per_data_source() {
+    let scores = [(1, 0.2), (10, 0.5)];
+    let acc = [(0, 0.3), (10, 0.6)];
+    let sources = [
+        ("gsm8k".to_owned(), vec![(0, 0.4), (10, 0.8)]),
+        ("math".to_owned(), vec![(0, 0.2), (10, 0.4)]),
+    ];
+    let pic = plot::reward_curve(&scores, &acc, &sources, "GRPO").unwrap();
+    check_xml(&pic.svg);
+    assert!(
+        has_text(&pic.svg, "eval/accuracy/gsm8k  (0.40–0.80)"),
+        "{:?}",
+        texts(&pic.svg)
+    );
+    assert!(has_text(&pic.svg, "eval/accuracy/math  (0.20–0.40)"));
+    let (_, _, px) = decode(&pic);
+    assert!(
+        count(&px, plot::color(2)) > 50 && count(&px, plot::color(3)) > 50,
+        "both lines"
+    );
+    let one = plot::reward_curve(&scores, &acc, &sources[..1], "GRPO").unwrap();
+    assert!(!has_text(&one.svg, "eval/accuracy/gsm8k  (0.40–0.80)"));
+}
+
 #[test]
 fn a_picture_is_written_as_svg_and_png_side_by_side() {
     let dir = std::env::temp_dir().join(format!("colo-plot-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let pic = plot::reward_curve(&[(1, 0.5)], &[], "one point").unwrap();
+    let pic = plot::reward_curve(&[(1, 0.5)], &[], &[], "one point").unwrap();
     pic.write(&dir, "curve").unwrap();
     assert_eq!(std::fs::read(dir.join("curve.png")).unwrap(), pic.png);
     assert_eq!(

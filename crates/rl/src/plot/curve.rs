@@ -1,5 +1,6 @@
 //! The reward curve: the mean training score per step and the held-out
-//! accuracy at each evaluation.
+//! accuracy at each evaluation, overall and per `data_source` when the
+//! held-out rows name more than one (verl logs `val-core/{source}/…`).
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -9,17 +10,21 @@ use super::{color, extent, legend, render, text, widen, Chart, Picture};
 use crate::Result;
 
 /// `scores`: `(step, critic/score/mean)`; `accuracy`: `(step, eval/accuracy)`
-/// (step 0 is the starting checkpoint). The y axis spans at least [0, 1].
-/// The legend gives each series' range; the first and last accuracies are
-/// written beside their markers.
+/// (step 0 is the starting checkpoint); `by_source`: each data source's
+/// accuracy at the same evaluations, drawn thinner when there are two or
+/// more (one source is the overall line). The y axis spans at least [0, 1].
+/// The legend gives each series' range; the first and last overall
+/// accuracies are written beside their markers.
 pub fn reward_curve(
     scores: &[(usize, f64)],
     accuracy: &[(usize, f64)],
+    by_source: &[(String, Vec<(usize, f64)>)],
     title: &str,
 ) -> Result<Picture> {
     render(&Curve {
         scores,
         accuracy,
+        by_source: if by_source.len() >= 2 { by_source } else { &[] },
         title,
     })
 }
@@ -27,6 +32,7 @@ pub fn reward_curve(
 struct Curve<'a> {
     scores: &'a [(usize, f64)],
     accuracy: &'a [(usize, f64)],
+    by_source: &'a [(String, Vec<(usize, f64)>)],
     title: &'a str,
 }
 
@@ -50,7 +56,13 @@ impl Chart for Curve<'_> {
         root: &DrawingArea<DB, Shift>,
     ) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
         root.fill(&WHITE)?;
-        let all = || self.scores.iter().chain(self.accuracy);
+        let sources = self.by_source.iter().flat_map(|(_, points)| points);
+        let all = || {
+            self.scores
+                .iter()
+                .chain(self.accuracy)
+                .chain(sources.clone())
+        };
         let x = widen(extent(all().map(|p| p.0 as f64)).unwrap_or((0.0, 1.0)));
         // Steps are whole: no more labels than steps in the span (a short
         // run's fractional ticks printed "1 1 1 2 2").
@@ -76,19 +88,23 @@ impl Chart for Curve<'_> {
             .draw()?;
 
         let mut entries = Vec::new();
-        for (i, (name, points, marks)) in [
-            ("critic/score/mean", self.scores, false),
-            ("eval/accuracy", self.accuracy, true),
+        let series = [
+            ("critic/score/mean".to_owned(), self.scores, false),
+            ("eval/accuracy".to_owned(), self.accuracy, true),
         ]
         .into_iter()
-        .enumerate()
-        {
+        .chain(
+            (self.by_source.iter())
+                .map(|(source, points)| (format!("eval/accuracy/{source}"), &points[..], false)),
+        );
+        for (i, (name, points, marks)) in series.enumerate() {
             let pts = finite(points);
             let Some((lo, hi)) = extent(pts.iter().map(|p| p.1)) else {
                 continue;
             };
             let c = color(i);
-            chart.draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))?;
+            let width = if i < 2 { 2 } else { 1 };
+            chart.draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(width)))?;
             if marks {
                 chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))?;
                 let ends = [pts.first(), pts.last()];
