@@ -174,6 +174,16 @@ fn counts_out_of_bounds_are_refused_by_name() {
     }
 }
 
+/// A capacity no mode fits in is an error (it printed a report of four
+/// out-of-memory runs and exited 0).
+#[test]
+fn a_capacity_no_mode_fits_is_refused() {
+    refused(
+        &["colocate", "--capacity", "1 KiB"],
+        "--capacity 1 KiB: no colocation mode fits",
+    );
+}
+
 #[test]
 fn a_device_other_than_cpu_or_cuda_is_refused_by_name() {
     for bench in ["train", "rollout"] {

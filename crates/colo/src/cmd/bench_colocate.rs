@@ -254,6 +254,12 @@ fn measure(a: &Args, setup: &Setup) -> Result<(Vec<ModeResult>, CapacityExperime
         );
         modes.push(run_mode(setup, mode, &capacity, a.warmup, total)?);
     }
+    // Nothing to compare, and no staged peak to place the experiment at.
+    ensure!(
+        modes.iter().any(|m| m.fits),
+        "--capacity {}: no colocation mode fits (each ran out of memory); give it more",
+        a.capacity
+    );
     let exp = capacity_experiment(setup, &modes, a.warmup.min(1))?;
     Ok((modes, exp))
 }
