@@ -219,13 +219,14 @@ fn prompts(config: &Config, model_dir: Option<&Path>) -> Result<Prompts> {
             format!("model.path `{}`: cannot load its tokenizer", dir.display())
         })?,
         None => {
-            let dir = std::env::temp_dir().join(format!("colo-plan-{}", std::process::id()));
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-            colo_rl::task::write_model_files(&dir)?;
-            let t = Tokenizer::from_dir(&dir);
-            let _ = std::fs::remove_dir_all(&dir);
-            t?
+            // A directory of its own for each call: two plans at once (the
+            // tests' threads) must not remove each other's.
+            let dir = tempfile::Builder::new()
+                .prefix("colo-plan-")
+                .tempdir()
+                .context("cannot create a temporary directory for the built-in tokenizer")?;
+            colo_rl::task::write_model_files(dir.path())?;
+            Tokenizer::from_dir(dir.path())?
         }
     };
     let read = |files: &[PathBuf]| {
