@@ -16,6 +16,13 @@ pub(crate) struct PyCollective {
     pub(crate) world: usize,
 }
 
+/// The name of `obj`'s type, for messages ("?" if Python cannot say).
+pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "?".into(), |n| n.to_string())
+}
+
 /// The communicator's methods [`PyCollective`] calls.
 const COMM_METHODS: [&str; 2] = ["all_reduce_buffers", "all_reduce_values"];
 
@@ -25,10 +32,7 @@ pub(crate) fn check_comm(comm: &Bound<'_, PyAny>) -> PyResult<()> {
     for method in COMM_METHODS {
         let callable = comm.getattr(method).is_ok_and(|m| m.is_callable());
         if !callable {
-            let kind = comm
-                .get_type()
-                .name()
-                .map_or_else(|_| "?".into(), |n| n.to_string());
+            let kind = type_name(comm);
             return Err(PyValueError::new_err(format!(
                 "comm: a {kind} has no method {method}; the communicator needs \
                  all_reduce_buffers(list[memoryview]) and all_reduce_values(list[float], op) \

@@ -329,7 +329,7 @@ impl Worker {
                         PyValueError::new_err(format!(
                         "load_weights: item {i} is {}; expected (name, values) or (name, shape, \
                          values) with float values, as weights() gives them",
-                        item.get_type().name().map_or_else(|_| "?".into(), |n| n.to_string())
+                        collective::type_name(item)
                     ))
                     })?;
                 Ok((name, Some(shape), values))

@@ -247,8 +247,7 @@ fn prompts(config: &Config, model_dir: Option<&Path>) -> Result<Prompts> {
                 .collect::<std::result::Result<_, _>>()?;
             let held_out = match val {
                 ValSource::Files(files) => read(files)?.len(),
-                // As `Dataset::split` rounds it.
-                ValSource::Fraction(f) => ((train.len() as f64) * f).round().max(1.0) as usize,
+                ValSource::Fraction(f) => colo_rl::data::held_out_count(train.len(), *f),
                 ValSource::None => 0,
             };
             (lengths, held_out)

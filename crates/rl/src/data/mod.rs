@@ -120,6 +120,12 @@ struct Limit<'a> {
     overlong: Overlong,
 }
 
+/// How many of `n` prompts [`Dataset::split`] holds out for `fraction`:
+/// the nearest whole number, at least one.
+pub fn held_out_count(n: usize, fraction: f64) -> usize {
+    ((n as f64) * fraction).round().max(1.0) as usize
+}
+
 impl Dataset {
     /// Loads and concatenates JSONL or parquet files; prompt ids run over
     /// all of them.
@@ -330,7 +336,7 @@ impl Dataset {
     /// kept, so they stay unique across both.
     pub fn split(self, fraction: f64, seed: u64) -> Result<(Dataset, Dataset)> {
         let n = self.len();
-        let n_eval = ((n as f64) * fraction).round().max(1.0) as usize;
+        let n_eval = held_out_count(n, fraction);
         if !(fraction > 0.0 && fraction < 1.0) || n_eval >= n {
             return Err(Error::Dataset(format!(
                 "cannot hold out a fraction {fraction} of {n} prompts and keep some to train on"

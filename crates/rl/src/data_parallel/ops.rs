@@ -83,6 +83,15 @@ fn samples(
     })
 }
 
+/// The first value that is NaN or infinite, with its index.
+fn first_non_finite(values: &[f32]) -> Option<(usize, f32)> {
+    values
+        .iter()
+        .copied()
+        .enumerate()
+        .find(|(_, x)| !x.is_finite())
+}
+
 /// Per-response values, checked against the responses' lengths and for
 /// NaN or infinity (one would turn the loss into NaN, and the update would
 /// be skipped without a word).
@@ -105,7 +114,7 @@ fn per_token(
         ));
     }
     for (i, v) in values.iter().enumerate() {
-        if let Some((k, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+        if let Some((k, x)) = first_non_finite(v) {
             return Err(refuse(
                 op,
                 format!("{what}: sample {i}, token {k} is {x}; expected a finite number"),
@@ -285,7 +294,7 @@ impl Rank {
                     format!("{name}: {given} for a parameter of shape {:?}", p.size()),
                 ));
             }
-            if let Some((k, x)) = values.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            if let Some((k, x)) = first_non_finite(values) {
                 return Err(refuse(
                     OP,
                     format!("{name}: value {k} is {x}; expected a finite number"),
@@ -348,10 +357,10 @@ impl Rank {
     fn expect_train(&self, op: &'static str) -> Result<()> {
         match self.phase() {
             Phase::Train => Ok(()),
-            Phase::Rollout => Err(Error::Phase {
+            Phase::Rollout => Err(refuse(
                 op,
-                state: "the worker is in the rollout phase (its training state is released); call to_train first".into(),
-            }),
+                "the worker is in the rollout phase (its training state is released); call to_train first".into(),
+            )),
         }
     }
 }
