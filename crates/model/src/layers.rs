@@ -48,6 +48,11 @@ impl Linear {
         Ok(Linear { weight, bias })
     }
 
+    /// A layer over these tensors (shared, not copied).
+    pub(crate) fn from_parts(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Linear { weight, bias }
+    }
+
     /// `x`: (..., in) → (..., out), one `addmm` over the flattened rows.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(x.f_linear(&self.weight, self.bias.as_ref())?)

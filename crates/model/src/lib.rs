@@ -66,6 +66,11 @@
 //!   any K/V, e.g. gathered from pages), [`Block::finish`] (MLP half),
 //!   [`Model::final_norm`] and [`Model::lm_head`]. [`Model::forward_with_cache`]
 //!   strings them together over the simple contiguous [`KvCache`].
+//! - **Fused projections for inference engines.** [`Model::fuse_projections`]
+//!   makes each layer compute q/k/v with one product and gate/up with
+//!   another, over buffers whose row blocks are the parameters themselves
+//!   ([`fused`]): names, shapes and in-place updates stay as they were. The
+//!   rollout engine fuses its copy; the trainer never does.
 //! - **Padding either side.** [`Model::forward_masked`] takes a 0/1
 //!   attention mask and derives position ids from it as transformers'
 //!   `generate` does, so right-padded (training) and left-padded (prompt)
@@ -85,6 +90,7 @@
 pub mod chat_template;
 pub mod config;
 mod error;
+pub mod fused;
 pub mod lanes;
 pub mod layers;
 pub mod loss;
@@ -115,6 +121,7 @@ use tch::{Device, Kind};
 
 pub use config::{Arch, HfConfig, Llama3Rope, ModelConfig, SUPPORTED_MODEL_TYPES};
 pub use error::{Error, Result};
+pub use fused::{fused_groups, FusedGroup};
 pub use layers::{Linear, RmsNorm, RopeTables};
 pub use model::{Attention, Block, KvCache, Mlp, Model};
 pub use shared_prompt::SharedPrompts;

@@ -109,6 +109,10 @@ pub struct Attention {
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
+    /// `q_proj`, `k_proj` and `v_proj` as one product, when an engine fused
+    /// them ([`Model::fuse_projections`]): their weights are row blocks of
+    /// this one's.
+    qkv_proj: Option<Linear>,
     /// Qwen3's per-head RMSNorms of q and k, applied before RoPE.
     qk_norm: Option<(RmsNorm, RmsNorm)>,
     num_heads: usize,
@@ -125,6 +129,7 @@ impl Attention {
             k_proj: Linear::load(w, &format!("{prefix}.k_proj"), h, kv_dim, cfg.qkv_bias)?,
             v_proj: Linear::load(w, &format!("{prefix}.v_proj"), h, kv_dim, cfg.qkv_bias)?,
             o_proj: Linear::load(w, &format!("{prefix}.o_proj"), q_dim, h, cfg.o_bias)?,
+            qkv_proj: None,
             qk_norm: match cfg.qk_norm() {
                 true => Some((
                     RmsNorm::load(w, &format!("{prefix}.q_norm"), d, cfg.rms_norm_eps)?,
@@ -147,8 +152,13 @@ impl Attention {
     /// Projects `x` (batch, seq, hidden) and applies RoPE.
     ///
     /// Returns `q` (batch, heads, seq, head_dim), `k` and `v` (batch,
-    /// kv_heads, seq, head_dim), all contiguous. `rope` covers the same
-    /// (batch or 1, seq) positions as `x`.
+    /// kv_heads, seq, head_dim), all contiguous — unless the projections
+    /// are fused ([`Model::fuse_projections`], an inference engine's
+    /// model): then they are views of the one product's (batch, seq, ·)
+    /// memory with unit stride along head_dim, which [`Attention::attend`],
+    /// libtorch's attention and index copies read as they are (a copy each
+    /// would cost back the kernels the fusion saves). `rope` covers the
+    /// same (batch or 1, seq) positions as `x`.
     pub fn qkv(&self, x: &Tensor, rope: &RopeTables) -> Result<(Tensor, Tensor, Tensor)> {
         self.project(x, rope, true)
     }
@@ -163,6 +173,9 @@ impl Attention {
         heads_major: bool,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, s, _) = x.size3()?;
+        if let Some(qkv) = &self.qkv_proj {
+            return self.heads_of_fused(&qkv.forward(x)?, (b, s), rope);
+        }
         self.heads_of(
             self.q_proj.forward(x)?,
             self.k_proj.forward(x)?,
@@ -210,12 +223,7 @@ impl Attention {
         heads_major: bool,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let d = self.head_dim as i64;
-        let rd = rope.dims();
-        if rd.len() != 3 || (rd[0] != 1 && rd[0] != b) || rd[1] != s || rd[2] != d {
-            return Err(Error::Input(format!(
-                "qkv: RoPE tables {rd:?} do not fit input [{b}, {s}, ·] (head_dim {d})"
-            )));
-        }
+        check_rope(rope, (b, s), d)?;
         let heads = |t: Tensor, n: usize| t.view([b, s, n as i64, d]);
         let (mut q, mut k) = (heads(q, self.num_heads), heads(k, self.num_kv_heads));
         if let Some((q_norm, k_norm)) = &self.qk_norm {
@@ -226,6 +234,50 @@ impl Attention {
         let v = heads(v, self.num_kv_heads).transpose(1, 2);
         let v = if heads_major { v.contiguous() } else { v };
         Ok((q, k, v))
+    }
+
+    /// [`Attention::heads_of`] for the fused product `y` (batch, seq,
+    /// (heads + 2 · kv_heads) · head_dim): views, no copies. Query and key
+    /// heads are adjacent in `y`, so one rotation covers both (four
+    /// kernels, not eight) unless Qwen3's per-head norms come first.
+    fn heads_of_fused(
+        &self,
+        y: &Tensor,
+        (b, s): (i64, i64),
+        rope: &RopeTables,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (h, kvh, d) = (
+            self.num_heads as i64,
+            self.num_kv_heads as i64,
+            self.head_dim as i64,
+        );
+        check_rope(rope, (b, s), d)?;
+        let qk = y
+            .f_narrow(-1, 0, (h + kvh) * d)?
+            .f_view([b, s, h + kvh, d])?;
+        let v = y
+            .f_narrow(-1, (h + kvh) * d, kvh * d)?
+            .f_view([b, s, kvh, d])?
+            .f_transpose(1, 2)?;
+        let (q, k) = match &self.qk_norm {
+            None => {
+                let r = rope.apply(&qk, false); // (b, h + kvh, s, d)
+                (r.f_narrow(1, 0, h)?, r.f_narrow(1, h, kvh)?)
+            }
+            Some((q_norm, k_norm)) => (
+                rope.apply(&q_norm.forward(&qk.f_narrow(2, 0, h)?)?, false),
+                rope.apply(&k_norm.forward(&qk.f_narrow(2, h, kvh)?)?, false),
+            ),
+        };
+        Ok((q, k, v))
+    }
+
+    /// Uses `qkv` (weight ((heads + 2 · kv_heads) · head_dim, hidden), and
+    /// the bias if the projections have one) for the three projections.
+    /// The caller ([`crate::fused`]) has checked that their parameters are
+    /// its row blocks.
+    pub(crate) fn set_fused(&mut self, qkv: Linear) {
+        self.qkv_proj = Some(qkv);
     }
 
     /// Attention of `q` (batch, heads, q_len, head_dim) over `k`, `v`
@@ -346,6 +398,9 @@ pub struct Mlp {
     gate_proj: Linear,
     up_proj: Linear,
     down_proj: Linear,
+    /// `gate_proj` and `up_proj` as one product, when an engine fused them
+    /// ([`Model::fuse_projections`]).
+    gate_up_proj: Option<Linear>,
 }
 
 impl Mlp {
@@ -355,13 +410,26 @@ impl Mlp {
             gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), h, i, false)?,
             up_proj: Linear::load(w, &format!("{prefix}.up_proj"), h, i, false)?,
             down_proj: Linear::load(w, &format!("{prefix}.down_proj"), i, h, false)?,
+            gate_up_proj: None,
         })
     }
 
     /// `x`: (..., hidden) → (..., hidden).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(gate_up) = &self.gate_up_proj {
+            let y = gate_up.forward(x)?;
+            let i = self.down_proj.weight().size()[1];
+            let gated = y.f_narrow(-1, 0, i)?.f_silu()? * y.f_narrow(-1, i, i)?;
+            return self.down_proj.forward(&gated);
+        }
         let gated = self.gate_proj.forward(x)?.silu() * self.up_proj.forward(x)?;
         self.down_proj.forward(&gated)
+    }
+
+    /// Uses `gate_up` (weight (2 · intermediate, hidden)) for the gate and
+    /// up projections; see [`Attention::set_fused`].
+    pub(crate) fn set_fused(&mut self, gate_up: Linear) {
+        self.gate_up_proj = Some(gate_up);
     }
 
     pub(crate) fn push_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
@@ -554,6 +622,10 @@ impl Model {
         &self.layers
     }
 
+    pub(crate) fn layers_mut(&mut self) -> &mut [Block] {
+        &mut self.layers
+    }
+
     /// Every parameter once, under its Hugging Face name, in a stable order
     /// (embedding, layers, final norm, untied head): shallow clones sharing
     /// storage (and gradients) with the model.
@@ -728,6 +800,17 @@ impl Model {
     pub fn new_cache(&self) -> KvCache {
         KvCache::new(self.layers.len())
     }
+}
+
+/// RoPE tables must cover (batch or 1, seq) positions of `head_dim`.
+fn check_rope(rope: &RopeTables, (b, s): (i64, i64), d: i64) -> Result<()> {
+    let rd = rope.dims();
+    if rd.len() != 3 || (rd[0] != 1 && rd[0] != b) || rd[1] != s || rd[2] != d {
+        return Err(Error::Input(format!(
+            "qkv: RoPE tables {rd:?} do not fit input [{b}, {s}, ·] (head_dim {d})"
+        )));
+    }
+    Ok(())
 }
 
 pub(crate) fn check_rank(what: &str, t: &Tensor, rank: usize) -> Result<()> {

@@ -3,6 +3,9 @@
 //! Every parameter's buffer is allocated once inside a `region` of the
 //! `weights` tag and then only ever written in place (`copy_` under
 //! `no_grad`), so its address is the same for the engine's whole life.
+//! A layer's q/k/v and gate/up parameters are row blocks of one buffer
+//! each, which the model's fused projections read
+//! ([`colo_model::fused`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -75,34 +78,55 @@ fn dims(t: &Tensor) -> Vec<usize> {
 
 impl PooledWeights {
     /// Copies `w` into the `weights` tag (same kind and device) and builds
-    /// the model over the copies.
+    /// the model over the copies, its projections fused
+    /// ([`Model::fuse_projections`]): each layer's q/k/v and gate/up
+    /// parameters are row blocks of one buffer each, allocated once like
+    /// every other parameter.
     pub fn load(pool: &Arc<Pool>, cfg: &ModelConfig, w: &Weights) -> Result<(Model, Self)> {
         let heap = Model::load(cfg, w)?;
         let _no_grad = tch::no_grad_guard();
-        let mut names = Vec::new();
-        let mut by_name = HashMap::new();
-        let mut bytes = 0;
-        for (name, t) in heap.named_parameters() {
-            if !t.is_floating_point() {
-                return Err(Error::Unsupported(format!(
-                    "parameter `{name}` is {:?}; the rollout engine runs a floating-point model",
-                    t.kind()
-                )));
-            }
-            let mut dst = pooled(pool, WEIGHTS, || {
-                Tensor::f_empty(t.size(), (t.kind(), t.device()))
-            })?;
-            dst.f_copy_(&t)?;
-            bytes += bytes_of(&dst);
-            names.push(name.clone());
-            by_name.insert(name, dst);
+        let params = heap.named_parameters();
+        if let Some((name, t)) = params.iter().find(|(_, t)| !t.is_floating_point()) {
+            return Err(Error::Unsupported(format!(
+                "parameter `{name}` is {:?}; the rollout engine runs a floating-point model",
+                t.kind()
+            )));
         }
-        drop(heap);
+        let source: HashMap<&str, &Tensor> = params.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let empty = |shape: &[i64], like: &Tensor| {
+            pooled(pool, WEIGHTS, || {
+                Tensor::f_empty(shape, (like.kind(), like.device()))
+            })
+        };
+        let mut by_name = HashMap::new();
+        let mut buffers = HashMap::new();
+        for g in colo_model::fused_groups(cfg) {
+            let buffer = empty(&g.shape(), source[g.parts[0].0.as_str()])?;
+            for (name, mut view) in g.views(&buffer)? {
+                view.f_copy_(source[name.as_str()])?;
+                by_name.insert(name, view);
+            }
+            buffers.insert(g.name, buffer);
+        }
+        let mut names = Vec::with_capacity(params.len());
+        let mut bytes = 0;
+        for (name, t) in &params {
+            if !by_name.contains_key(name) {
+                let mut dst = empty(&t.size(), t)?;
+                dst.f_copy_(t)?;
+                by_name.insert(name.clone(), dst);
+            }
+            bytes += bytes_of(&by_name[name]);
+            names.push(name.clone());
+        }
+        drop(source);
+        drop((params, heap));
         let shared = by_name
             .iter()
             .map(|(n, t)| (n.clone(), t.shallow_clone()))
             .collect();
-        let model = Model::load(cfg, &Weights::from_tensors(shared))?;
+        let mut model = Model::load(cfg, &Weights::from_tensors(shared))?;
+        model.fuse_projections(&buffers)?;
         // The model must run on the pooled storage itself, or updates would
         // not reach it.
         for (name, t) in model.named_parameters() {
