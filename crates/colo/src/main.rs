@@ -5,7 +5,7 @@
 
 mod cmd;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -40,13 +40,33 @@ enum Command {
 /// Errors are printed as one message with their causes (`a: b: c`), never
 /// as a panic or a backtrace, and the exit status is 1.
 fn main() -> std::process::ExitCode {
-    match run(Cli::parse()) {
+    let matches = command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    match run(cli, &matches) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", message(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The command line's grammar: [`Cli`]'s, where a number's leading `-` is
+/// a value, not a flag, in every subcommand, so `--devices -1` is refused
+/// by the flag's own parser, naming the flag, instead of as an unknown
+/// argument `-1`.
+fn command() -> clap::Command {
+    fn negative_numbers(cmd: clap::Command) -> clap::Command {
+        let subs: Vec<String> = cmd
+            .get_subcommands()
+            .map(|s| s.get_name().to_owned())
+            .collect();
+        subs.iter()
+            .fold(cmd.allow_negative_numbers(true), |cmd, name| {
+                cmd.mut_subcommand(name, negative_numbers)
+            })
+    }
+    negative_numbers(Cli::command())
 }
 
 /// `e` and its causes as `a: b: c`, leaving out a cause whose text the
@@ -81,13 +101,15 @@ fn without_cpp_trace(text: &str) -> String {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+/// `matches`: what clap parsed, for the flags a subcommand must know were
+/// given rather than defaulted.
+fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<()> {
     match cli.command {
         Command::Train(a) => cmd::train::run(a),
         Command::Bench(b) => cmd::bench::run(b),
         Command::Score(a) => cmd::score::run(a),
         Command::Generate(a) => cmd::generate::run(a),
-        Command::Plan(a) => cmd::plan::run(*a),
+        Command::Plan(a) => cmd::plan::run(*a, matches.subcommand_matches("plan")),
         Command::Sft(a) => cmd::sft::run(a),
         Command::GpuCheck(a) => cmd::gpu_check::run(a),
     }
@@ -96,6 +118,30 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A negative number is a value: the flag's parser refuses it by name,
+    /// in every subcommand, where clap called it an unknown argument.
+    #[test]
+    fn negative_numbers_are_refused_by_their_flag() {
+        for argv in [
+            &["colo", "plan", "--devices", "-1"][..],
+            &["colo", "plan", "map", "--devices", "-3"],
+            &["colo", "bench", "rollout", "--prompts", "-5"],
+            &["colo", "generate", "--n", "-2"],
+        ] {
+            let e = command().try_get_matches_from(argv).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{argv:?}"
+            );
+            assert!(
+                e.to_string()
+                    .contains(&format!("'{}", argv[argv.len() - 2])),
+                "{e}"
+            );
+        }
+    }
 
     /// An error that prints its source, as the crates' i/o errors do.
     #[derive(Debug)]

@@ -33,15 +33,39 @@ enum Sub {
     Reshard(ReshardArgs),
 }
 
+/// The flags that describe a job, which a run config (`--config
+/// run.toml`, `--builtin-run`) describes whole: refused beside one.
+const JOB_FLAGS: [&str; 22] = [
+    "param_dtype",
+    "kv_dtype",
+    "devices",
+    "device_gib",
+    "overhead_gib",
+    "fsdp",
+    "tp",
+    "pp",
+    "dp",
+    "no_distributed_optimizer",
+    "optimizer",
+    "no_checkpointing",
+    "tokens",
+    "logprob_tokens",
+    "gen_tp",
+    "gen_pp",
+    "mem_fraction",
+    "kv_tokens",
+    "mode",
+    "offload",
+    "weight_sync",
+    "reference",
+];
+
 /// Flags of the per-phase memory estimate. The run's own (`--builtin-run`)
 /// comes whole from colo's built-in job, so the flags that describe a job
 /// are refused beside it rather than ignored.
 #[derive(ClapArgs)]
-#[command(group(clap::ArgGroup::new("job").multiple(true).args([
-    "param_dtype", "kv_dtype", "devices", "device_gib", "overhead_gib", "fsdp", "tp", "pp", "dp",
-    "no_distributed_optimizer", "optimizer", "no_checkpointing", "tokens", "logprob_tokens",
-    "gen_tp", "gen_pp", "mem_fraction", "kv_tokens", "mode", "offload", "weight_sync", "reference",
-])))]
+#[command(group(clap::ArgGroup::new("job").multiple(true).args(JOB_FLAGS)))]
+#[command(group(clap::ArgGroup::new("megatron").multiple(true).args(["tp", "pp", "dp"])))]
 struct MemoryArgs {
     /// Model preset (see the error of an unknown one for the list).
     #[arg(long, default_value = "qwen2.5-7b", conflicts_with = "config")]
@@ -84,8 +108,9 @@ struct MemoryArgs {
     /// Training data parallel (Megatron layout; default fills the devices).
     #[arg(long)]
     dp: Option<u64>,
-    /// Megatron without the distributed optimizer (optimizer states not sharded over dp).
-    #[arg(long)]
+    /// Megatron without the distributed optimizer (optimizer states not
+    /// sharded over dp); needs the Megatron layout (--tp, --pp or --dp).
+    #[arg(long, requires = "megatron")]
     no_distributed_optimizer: bool,
     /// adamw-mixed (2+2+12 bytes/param), adamw-mixed-fp32-grads (2+4+12) or adamw-fp32 (4+4+8).
     #[arg(long, default_value = "adamw-mixed")]
@@ -182,9 +207,11 @@ struct ReshardArgs {
     json: bool,
 }
 
-pub fn run(args: Args) -> Result<()> {
+/// `matches`: clap's parse of `colo plan`, to tell the flags given from
+/// their defaults.
+pub fn run(args: Args, matches: Option<&clap::ArgMatches>) -> Result<()> {
     match args.sub {
-        None => memory(args.memory),
+        None => memory(args.memory, matches),
         Some(Sub::Map(a)) => map(a),
         Some(Sub::Reshard(a)) => reshard(a),
     }
@@ -228,6 +255,12 @@ fn parse_sync(s: &str) -> Result<WeightSync> {
     })
 }
 
+/// Whether `--config` names a `colo train` run config (else a Hugging
+/// Face config.json).
+fn is_run_config(path: &str) -> bool {
+    path.to_ascii_lowercase().ends_with(".toml")
+}
+
 /// `colo plan --config run.toml` / `--builtin-run`.
 fn run_config(a: &MemoryArgs) -> Result<Option<super::plan_config::RunPlan>> {
     use super::plan_config;
@@ -235,7 +268,7 @@ fn run_config(a: &MemoryArgs) -> Result<Option<super::plan_config::RunPlan>> {
         return Ok(Some(plan_config::from_config(&colo_rl::Config::builtin())?));
     }
     match &a.config {
-        Some(path) if path.to_ascii_lowercase().ends_with(".toml") => {
+        Some(path) if is_run_config(path) => {
             let path = std::path::Path::new(path);
             if !path.is_file() {
                 bail!("--config `{}`: no such run config file", path.display());
@@ -246,7 +279,32 @@ fn run_config(a: &MemoryArgs) -> Result<Option<super::plan_config::RunPlan>> {
     }
 }
 
-fn memory(a: MemoryArgs) -> Result<()> {
+/// The job flags given on the command line (not defaulted), as typed.
+fn job_flags_given(matches: Option<&clap::ArgMatches>) -> Vec<String> {
+    let Some(m) = matches else {
+        return Vec::new();
+    };
+    JOB_FLAGS
+        .iter()
+        .filter(|id| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+        .map(|id| format!("--{}", id.replace('_', "-")))
+        .collect()
+}
+
+fn memory(a: MemoryArgs, matches: Option<&clap::ArgMatches>) -> Result<()> {
+    // `--builtin-run` conflicts with the job flags in clap; `--config`
+    // cannot, as it also takes a config.json, beside which they apply.
+    if let Some(path) = a.config.as_deref().filter(|p| is_run_config(p)) {
+        let given = job_flags_given(matches);
+        if !given.is_empty() {
+            bail!(
+                "--config `{path}` is a `colo train` run config, which describes the whole job; \
+                 {} would be ignored (change the run config instead, or give a Hugging Face \
+                 config.json to plan with flags)",
+                given.join(", ")
+            );
+        }
+    }
     if let Some(run) = run_config(&a)? {
         let plan = run.input.validate()?;
         let report = estimate(&plan)?;
@@ -462,14 +520,60 @@ mod tests {
     /// another job is refused beside it, not ignored.
     #[test]
     fn builtin_run_refuses_job_flags() {
-        let parse = |argv: &[&str]| {
-            <Args as clap::Args>::augment_args(clap::Command::new("plan"))
-                .try_get_matches_from(argv)
-        };
+        let parse = matches;
         let e = parse(&["plan", "--builtin-run", "--devices", "4"]).unwrap_err();
         assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
         assert!(parse(&["plan", "--builtin-run", "--json"]).is_ok());
         assert!(parse(&["plan", "--devices", "4"]).is_ok());
+    }
+
+    fn matches(argv: &[&str]) -> clap::error::Result<clap::ArgMatches> {
+        <Args as clap::Args>::augment_args(clap::Command::new("plan")).try_get_matches_from(argv)
+    }
+
+    fn plan(argv: &[&str]) -> String {
+        let m = matches(argv).unwrap();
+        let args = <Args as clap::FromArgMatches>::from_arg_matches(&m).unwrap();
+        run(args, Some(&m)).unwrap_err().to_string()
+    }
+
+    /// A run config describes the whole job: the flags that describe one
+    /// are refused beside it, naming them, before the file is read; beside
+    /// a config.json they apply.
+    #[test]
+    fn a_run_config_refuses_job_flags() {
+        let e = plan(&[
+            "plan",
+            "--config",
+            "/nonexistent/run.toml",
+            "--devices",
+            "4",
+            "--reference",
+        ]);
+        assert!(
+            e.contains("run config") && e.contains("--devices, --reference would be ignored"),
+            "{e}"
+        );
+        let e = plan(&["plan", "--config", "/nonexistent/run.toml", "--json"]);
+        assert!(e.contains("no such run config file"), "{e}");
+        let e = plan(&[
+            "plan",
+            "--config",
+            "/nonexistent/config.json",
+            "--devices",
+            "4",
+        ]);
+        assert!(!e.contains("would be ignored"), "{e}");
+    }
+
+    /// The distributed optimizer is Megatron's: turning it off without the
+    /// Megatron layout is refused, not ignored.
+    #[test]
+    fn no_distributed_optimizer_needs_megatron() {
+        let e = matches(&["plan", "--no-distributed-optimizer"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+        assert!(e.to_string().contains("--tp"), "{e}");
+        assert!(matches(&["plan", "--no-distributed-optimizer", "--pp", "2"]).is_ok());
     }
 
     #[test]
