@@ -12,12 +12,13 @@
 //! - **From Rust**: implement [`Reward`] for your own type.
 //!
 //! Rule-based rewards never fail: an answer that cannot be read scores 0
-//! (that is the model's mistake). A ground truth that cannot be read, a
+//! (−1 under DAPO's rule, [`dapo`]; that is the model's mistake). A ground truth that cannot be read, a
 //! crashing or misbehaving external command, or a user reward's error is an
 //! [`Error::Reward`](crate::Error::Reward) naming the sample — or, where
 //! configured, a default score ([`WithDefault`], `default_score` of the
 //! external reward).
 
+pub mod dapo;
 mod external;
 mod parallel;
 pub mod python;

@@ -5,12 +5,14 @@
 //! | `data_source` | rule |
 //! |---|---|
 //! | `openai/gsm8k` | the number after the last `####` ([`NumericMatch`], verl's strict GSM8K rule) |
-//! | `lighteval/MATH`, `DigitalLearningGmbH/MATH-lighteval` | the last `\boxed{…}` ([`BoxedMatch`]) |
+//! | `lighteval/MATH`, `DigitalLearningGmbH/MATH-lighteval`, `HuggingFaceH4/MATH-500` | the last `\boxed{…}` ([`BoxedMatch`]) |
+//! | `math_dapo`, `math`, `math_dapo_reasoning`, `aime…` | DAPO's: the last `Answer:`, Minerva-normalised, +1 or −1 ([`DapoMath`]) |
 //!
-//! verl's other sources (DAPO's "Answer:" rule, PRIME's math and code, code
-//! sandboxes, geometry3k) have no colo rule: a sample from one is an error
+//! verl's other sources (PRIME's math and code, code sandboxes,
+//! geometry3k, Search-R1) have no colo rule: a sample from one is an error
 //! naming its source, which says to write the rule as an external reward.
 
+use super::dapo::DapoMath;
 use super::rules::{BoxedMatch, NumericMatch};
 use super::{Reward, RewardInput};
 use crate::Result;
@@ -25,9 +27,11 @@ pub fn rule_for(source: &str) -> Option<Box<dyn Reward>> {
             tolerance: 1e-6,
             after: Some("####".into()),
         })),
-        "lighteval/MATH" | "DigitalLearningGmbH/MATH-lighteval" => {
+        "lighteval/MATH" | "DigitalLearningGmbH/MATH-lighteval" | "HuggingFaceH4/MATH-500" => {
             Some(Box::new(BoxedMatch { tolerance: 1e-6 }))
         }
+        "math_dapo" | "math" | "math_dapo_reasoning" => Some(Box::new(DapoMath)),
+        s if s.starts_with("aime") => Some(Box::new(DapoMath)),
         _ => None,
     }
 }
@@ -61,8 +65,8 @@ impl Reward for VerlDefault {
             None => Err(i.fail(
                 "verl",
                 format!(
-                    "data_source {source:?} has no rule in colo (it has openai/gsm8k and \
-                     lighteval/MATH): write verl's rule as an external reward \
+                    "data_source {source:?} has no rule in colo (it has openai/gsm8k, \
+                     lighteval/MATH and DAPO's math_dapo): write verl's rule as an external reward \
                      (reward.kind = \"external\")"
                 ),
             )),
@@ -126,12 +130,43 @@ mod tests {
     }
 
     #[test]
+    fn math_500_rows_score_the_last_box() {
+        let math500 = Some("HuggingFaceH4/MATH-500");
+        assert_eq!(score(math500, "\\boxed{12}", "12").unwrap(), 1.0);
+        assert_eq!(score(math500, "Answer: 12", "12").unwrap(), 0.0);
+    }
+
+    /// DAPO's sources: the last `Answer:`, +1 right and −1 wrong.
+    #[test]
+    fn dapo_rows_score_the_last_answer_plus_or_minus_one() {
+        for source in [
+            "math_dapo",
+            "math",
+            "math_dapo_reasoning",
+            "aime2024",
+            "aime25",
+        ] {
+            assert_eq!(
+                score(Some(source), "so\nAnswer: 34", "34").unwrap(),
+                1.0,
+                "{source}"
+            );
+            assert_eq!(
+                score(Some(source), "Answer: 35", "34").unwrap(),
+                -1.0,
+                "{source}"
+            );
+            assert_eq!(score(Some(source), "34", "34").unwrap(), -1.0, "{source}");
+        }
+    }
+
+    #[test]
     fn rows_without_a_rule_are_errors_naming_the_sample_and_what_to_do() {
-        let e = score(Some("math_dapo"), "Answer: 3", "3")
+        let e = score(Some("codecontests"), "print(3)", "3")
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("\"math_dapo\"") && e.contains("reward.kind = \"external\""),
+            e.contains("\"codecontests\"") && e.contains("reward.kind = \"external\""),
             "{e}"
         );
         assert!(e.contains("sample 5"), "{e}");
