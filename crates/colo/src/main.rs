@@ -44,6 +44,10 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match run(cli, &matches) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.is::<cmd::train::Stopped>() => {
+            eprintln!("{e}");
+            std::process::ExitCode::from(130)
+        }
         Err(e) => {
             eprintln!("error: {}", message(&e));
             std::process::ExitCode::FAILURE

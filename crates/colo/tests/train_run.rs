@@ -247,3 +247,86 @@ fn a_run_the_plan_says_cannot_fit_is_refused_before_loading() {
     assert!(config.is_file() && !out.join("metrics.jsonl").exists());
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `total_steps` of the config `write_config` wrote.
+fn set_total_steps(config: &Path, total: usize) {
+    let text = std::fs::read_to_string(config).unwrap();
+    let text = text
+        .lines()
+        .map(|l| match l.starts_with("total_steps") {
+            true => format!("total_steps = {total}"),
+            false => l.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(config, text).unwrap();
+}
+
+/// The steps of `metrics.jsonl`'s step records (not its evaluations').
+fn metrics_steps(out: &Path) -> Vec<u64> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("timing_s/step").is_some())
+        .filter_map(|v| v["training/global_step"].as_u64())
+        .collect()
+}
+
+/// Ctrl-C (SIGINT) stops a run after the step under way, with a checkpoint
+/// of it and status 130, naming the command that resumes; `--resume` then
+/// continues from it without repeating or skipping a step.
+#[test]
+fn an_interrupted_run_saves_its_steps_and_resumes() {
+    let dir = tmp("interrupt");
+    let config = write_config(&dir, "256MiB");
+    set_total_steps(&config, 100_000);
+    let out = dir.join("out");
+    let child = Command::new(env!("CARGO_BIN_EXE_colo"))
+        .args(["train", "--config", config.to_str().unwrap()])
+        .args(["--out", out.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while metrics_steps(&out).is_empty() {
+        assert!(start.elapsed().as_secs() < 300, "no step in 300 s");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let o = child.wait_with_output().unwrap();
+    let stderr = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{stderr}");
+    let done = metrics_steps(&out);
+    let k = done.len();
+    assert_eq!(done, (1..=k as u64).collect::<Vec<_>>());
+    assert!(
+        stderr.contains(&format!("stopped at your request after step {k} of 100000"))
+            && stderr.contains("--resume"),
+        "{stderr}"
+    );
+    let ckpt = out.join(format!("checkpoints/step-{k}"));
+    assert!(
+        ckpt.join("model.safetensors").is_file(),
+        "{}",
+        ckpt.display()
+    );
+
+    set_total_steps(&config, k + 1);
+    let o = colo(&[
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--resume",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(metrics_steps(&out), (1..=k as u64 + 1).collect::<Vec<_>>());
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -39,7 +39,7 @@ use crate::setup::{critic_config, loss_config, trainer_config, uses_critic};
 use crate::worker::{HybridWorker, WorkerSpec};
 use crate::{Error, Result};
 
-pub use crate::run::{run, RunSummary};
+pub use crate::run::{run, run_until, RunSummary, Stop};
 pub use crate::setup::{
     builtin_capacity, device_capacity, device_memory, device_pool, engine_config, BUILTIN_CAPACITY,
     BUILTIN_CAPACITY_BF16,

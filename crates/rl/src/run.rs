@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use colo_model::Tokenizer;
@@ -26,6 +27,9 @@ pub struct RunSummary {
     pub run_dir: PathBuf,
     /// Steps completed in total (including those before a resume).
     pub steps: usize,
+    /// The run's total steps: more than `steps` when it was stopped early
+    /// ([`Stop`]), with a checkpoint of `steps` to resume from.
+    pub total_steps: usize,
     /// The checkpoint's step a `--resume` continued from (`None`: from
     /// scratch).
     pub resumed_from: Option<usize>,
@@ -46,6 +50,29 @@ pub struct RunSummary {
     /// What the run said about where it started (also printed to stderr):
     /// checkpoints skipped, records removed, starting from scratch.
     pub notes: Vec<String>,
+}
+
+/// A request that a run stop early, which any thread may make (a Ctrl-C
+/// handler): the run finishes the step under way, saves a checkpoint of
+/// the steps done, writes its pictures and returns, so `--resume`
+/// continues from there and nothing done is lost. Cloning shares the
+/// request.
+#[derive(Debug, Clone, Default)]
+pub struct Stop(Arc<AtomicBool>);
+
+impl Stop {
+    pub fn new() -> Self {
+        Stop::default()
+    }
+
+    /// Asks the run to stop after the step under way.
+    pub fn request(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn requested(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
 }
 
 /// Where a run starts, decided before anything is loaded.
@@ -72,6 +99,12 @@ impl Start {
 /// the records up to its step. Once the device pool exists, the memory
 /// timeline and the pictures are written however the run ends.
 pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
+    run_until(config, out, resume, &Stop::new())
+}
+
+/// [`run`], stopping early when `stop` is requested: after the step under
+/// way, with a checkpoint of the steps done (no end-of-run evaluation).
+pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<RunSummary> {
     // ---- setup: files, model, data -----------------------------------------
     if out.exists() && !out.is_dir() {
         let why =
@@ -155,6 +188,7 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
                     return Ok(RunSummary {
                         run_dir: out.to_owned(),
                         steps: total,
+                        total_steps: total,
                         resumed_from: Some(step),
                         first_accuracy: start.before.first,
                         last_accuracy: start.before.last,
@@ -195,7 +229,7 @@ pub fn run(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
         val,
         metrics,
     };
-    let result = train_steps(config, out, &pool, setup, start, &mut timeline);
+    let result = train_steps(config, out, &pool, setup, start, &mut timeline, stop);
     match (result, draw(out, &pool, &mut timeline)) {
         (Ok(summary), drawn) => drawn.map(|()| summary),
         (Err(e), Ok(())) => Err(e),
@@ -259,6 +293,7 @@ fn train_steps(
     setup: Setup,
     start: Start,
     timeline: &mut TimelineWriter,
+    stop: &Stop,
 ) -> Result<RunSummary> {
     let Setup {
         model_dir,
@@ -303,6 +338,7 @@ fn train_steps(
     };
 
     // ---- the steps ---------------------------------------------------------
+    let mut last = total;
     for step in first_step..total {
         let m = run
             .step(&batches.batch(step))
@@ -318,10 +354,13 @@ fn train_steps(
         run.metrics.step(&m)?;
         timeline.append_new(pool)?;
         let done = step + 1;
-        if config.trainer.save_freq.is_some_and(|f| done % f == 0) && done < total {
+        let stopping = stop.requested() && done < total;
+        let saves = config.trainer.save_freq.is_some_and(|f| done % f == 0);
+        if (saves || stopping) && done < total {
             run.save(&ckpt_dir, done)?;
         }
         if test_step(done) && done < total {
+            // Made up by `--resume` when stopping here.
             run.pending_eval = Some(done);
         }
         progress.update(
@@ -331,18 +370,25 @@ fn train_steps(
                 accuracy: last_accuracy,
             },
         );
+        if stopping {
+            last = done;
+            break;
+        }
     }
 
     // ---- the end: one evaluation, the last checkpoint ----------------------
     // (`run` returns early when a resumed run has no step left, so this
     // evaluation is the only one at `total`.)
-    if evaluates {
-        last_accuracy = Some(run.evaluate(total)?);
+    if last == total {
+        if evaluates {
+            last_accuracy = Some(run.evaluate(total)?);
+        }
+        run.save(&ckpt_dir, total)?;
     }
-    run.save(&ckpt_dir, total)?;
     Ok(RunSummary {
         run_dir: out.to_owned(),
-        steps: total,
+        steps: last,
+        total_steps: total,
         resumed_from: (first_step > 0).then_some(first_step),
         first_accuracy,
         last_accuracy,

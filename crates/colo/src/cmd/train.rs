@@ -79,7 +79,23 @@ pub fn run(a: Args) -> Result<()> {
             .expect("[cluster] comes from a config file");
         return super::cluster::run(path, &config, &out, resume);
     }
-    let s = colo_rl::r#loop::run(&config, &out, resume).context("colo train")?;
+    let stop = colo_rl::r#loop::Stop::new();
+    stop_on_signals(&stop)?;
+    let s = colo_rl::r#loop::run_until(&config, &out, resume, &stop).context("colo train")?;
+    if s.steps < s.total_steps {
+        let again = match &a.config {
+            Some(path) => format!("--config {} ", path.display()),
+            None => String::new(),
+        };
+        return Err(Stopped(format!(
+            "colo train: stopped at your request after step {} of {}; the run directory {} has a \
+             checkpoint of that step, and `colo train {again}--out {2} --resume` continues from it",
+            s.steps,
+            s.total_steps,
+            s.run_dir.display(),
+        ))
+        .into());
+    }
     let pct = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));
     let accuracy = match config.evaluates() {
         true => format!(
@@ -102,6 +118,40 @@ pub fn run(a: Args) -> Result<()> {
         s.run_dir.display()
     );
     Ok(())
+}
+
+/// A run stopped early at the user's request (Ctrl-C, SIGTERM), with a
+/// checkpoint to resume from: `colo` says so and exits with status 130, as
+/// a shell reports an interrupted command.
+#[derive(Debug)]
+pub struct Stopped(String);
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+/// On the first Ctrl-C (or SIGTERM, SIGHUP: a scheduler's notice) the run
+/// stops after the step under way and saves a checkpoint of it; on the
+/// second, at once, losing that step (the checkpoints already written are
+/// complete: each is written aside and renamed into place).
+fn stop_on_signals(stop: &colo_rl::r#loop::Stop) -> Result<()> {
+    let stop = stop.clone();
+    ctrlc::set_handler(move || {
+        if stop.requested() {
+            eprintln!("\ncolo train: stopped now; the step under way is lost");
+            std::process::exit(130);
+        }
+        stop.request();
+        eprintln!(
+            "\ncolo train: stopping after the step under way, with a checkpoint \
+             (interrupt again to stop at once)"
+        );
+    })
+    .context("colo train: installing the Ctrl-C handler")
 }
 
 /// " (by data_source: a 40.0%, b 12.5%)" where the held-out rows name more
