@@ -15,6 +15,7 @@
 //! | KL | [`kl::kl_estimate`], [`kl::kl_loss`], [`kl::apply_kl_penalty`], [`KlController`] | [`KlEstimator`] |
 //! | aggregation | [`agg_loss`] | [`LossAggMode`] |
 //! | mismatch | [`mismatch::mismatch_metrics`], [`mismatch::truncated_is_weights`] | [`IsLevel`] |
+//! | reward shaping | [`OverlongBuffer::penalty`] (DAPO's soft overlong punishment) | — |
 //! | helpers | [`masked::masked_mean`], [`masked::masked_whiten`], … | — |
 //!
 //! ## Example: one GRPO actor loss
@@ -112,6 +113,7 @@ pub mod group;
 pub mod kl;
 pub mod masked;
 pub mod mismatch;
+pub mod overlong;
 pub mod policy_loss;
 pub mod value_loss;
 
@@ -122,6 +124,7 @@ pub use agg::{agg_loss, AggScale, LossAgg, LossAggMode};
 pub use error::{Error, Result};
 pub use kl::{KlControlConfig, KlControlType, KlController, KlEstimator, KlPenalty};
 pub use mismatch::{IsLevel, IsMetrics, IsWeights, MismatchMetrics, RolloutCorrectionConfig};
+pub use overlong::OverlongBuffer;
 pub use policy_loss::{
     policy_loss, ClipRange, PolicyInputs, PolicyLoss, PolicyLossConfig, PolicyLossMetrics,
     PolicyLossMode,

@@ -170,9 +170,23 @@ impl Run<'_> {
         let failures_before = self.reward.failures();
         let scored = (self.reward.score_batch_extra(&inputs))
             .map_err(|e| crate::data::with_origin(e, batch.prompts.iter().copied()))?;
-        let reward_extra = Tally::of(&scored.iter().collect::<Vec<_>>()).extra_means();
-        let scores = Scored::scores(scored); // (samples,)
-                                             // ReMax: each row's baseline is its prompt's greedy score.
+        let mut reward_extra = Tally::of(&scored.iter().collect::<Vec<_>>()).extra_means();
+        let mut scores = Scored::scores(scored); // (samples,)
+        if let Some(buffer) = &cfg.algorithm.overlong_buffer {
+            // DAPO's soft overlong punishment, logged as verl's DAPO reward
+            // manager logs it.
+            let max = cfg.rollout.max_new_tokens;
+            let penalties: Vec<f64> = (rollouts.responses.iter())
+                .map(|r| buffer.penalty(r.len(), max))
+                .collect();
+            for (s, p) in scores.iter_mut().zip(&penalties) {
+                *s += *p as f32;
+            }
+            let mean = |f: fn(f64) -> f64| penalties.iter().map(|&p| f(p)).sum::<f64>() / n as f64;
+            reward_extra.insert("overlong_reward".into(), mean(|p| p));
+            reward_extra.insert("overlong".into(), mean(|p| f64::from(u8::from(p < 0.0))));
+        }
+        // ReMax: each row's baseline is its prompt's greedy score.
         let baselines = match greedy {
             Some(texts) => {
                 let inputs: Vec<RewardInput> = batch

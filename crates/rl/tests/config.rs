@@ -418,6 +418,21 @@ fn bad_values_name_their_field() {
             "trainer.total_steps",
             Some(2),
         ),
+        (
+            "[algorithm.overlong_buffer]\nenable = true\n",
+            "algorithm.overlong_buffer.len",
+            None,
+        ),
+        (
+            "[rollout]\nmax_new_tokens = 8\n[algorithm.overlong_buffer]\nenable = true\nlen = 9\n",
+            "algorithm.overlong_buffer.len",
+            Some(5),
+        ),
+        (
+            "[algorithm.overlong_buffer]\nenable = true\nlen = 2\npenalty_factor = -1.0\n",
+            "algorithm.overlong_buffer.penalty_factor",
+            Some(4),
+        ),
     ] {
         let (line, field, msg) = err(text);
         assert_eq!(
@@ -658,4 +673,21 @@ fn verl_loggers_colo_has_are_accepted_and_others_refused() {
             "{msg}"
         );
     }
+}
+
+/// DAPO's overlong punishment: verl's keys under `[algorithm]`, off unless
+/// enabled, the factor DAPO's 1.0 unless given.
+#[test]
+fn the_overlong_buffer_is_off_until_enabled() {
+    assert_eq!(parse("").unwrap().algorithm.overlong_buffer, None);
+    let off = parse("[algorithm.overlong_buffer]\nlen = 4\n").unwrap();
+    assert_eq!(off.algorithm.overlong_buffer, None);
+    let on = parse("[algorithm.overlong_buffer]\nenable = true\nlen = 4\n").unwrap();
+    assert_eq!(
+        on.algorithm.overlong_buffer,
+        Some(colo_algo::OverlongBuffer {
+            len: 4,
+            penalty_factor: 1.0
+        })
+    );
 }

@@ -367,3 +367,35 @@ fn a_token_budget_trains_the_same_policy() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// DAPO's overlong punishment lowers each training reward by its share of
+/// the buffer: with a buffer as long as the limit (4 tokens), a response of
+/// L tokens loses L / 4 · 0.5. The same first step without it (the same
+/// samples: nothing has been trained yet) differs by exactly that.
+#[test]
+fn the_overlong_buffer_lowers_the_rewards_of_long_responses() {
+    let dir = tmp("overlong");
+    let plain = config_toml(&dir, 1, "staged", "grpo");
+    let shaped = format!(
+        "{plain}\n[algorithm.overlong_buffer]\nenable = true\nlen = 4\npenalty_factor = 0.5\n"
+    );
+    let mut firsts = Vec::new();
+    for (name, text) in [("plain", &plain), ("shaped", &shaped)] {
+        let cfg = Config::from_toml(text, &dir.join("run.toml")).unwrap();
+        colo_rl::r#loop::run(&cfg, &dir.join(name), false).unwrap();
+        firsts.push(steps_of(&dir.join(name)).remove(0));
+    }
+    let (plain, shaped) = (&firsts[0], &firsts[1]);
+    assert!(!plain.reward_extra.contains_key("overlong_reward"));
+    assert_eq!(plain.response_length_mean, shaped.response_length_mean);
+    let penalty = shaped.reward_extra["overlong_reward"];
+    let expected = -shaped.response_length_mean / 4.0 * 0.5;
+    assert!((penalty - expected).abs() < 1e-9, "{penalty} vs {expected}");
+    assert_eq!(shaped.reward_extra["overlong"], 1.0);
+    let shift = shaped.score_mean - plain.score_mean;
+    assert!(
+        (shift - penalty).abs() < 1e-5,
+        "scores moved by {shift}, not {penalty}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

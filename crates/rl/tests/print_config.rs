@@ -119,6 +119,10 @@ clip_ratio_low = 0.2
 clip_ratio_high = 0.28
 use_kl_loss = false
 loss_agg_mode = "seq-mean-token-sum-norm"
+[algorithm.overlong_buffer]
+enable = true
+len = 4
+penalty_factor = 0.5
 [memory]
 capacity = 123456789
 colocation = "sleep"

@@ -230,6 +230,9 @@ pub struct AlgorithmConfig {
     pub advantage: AdvantageConfig,
     pub kl_in_reward: Option<KlInReward>,
     pub rollout_correction: RolloutCorrectionConfig,
+    /// DAPO's soft overlong punishment of the training rewards (not the
+    /// evaluations').
+    pub overlong_buffer: Option<colo_algo::OverlongBuffer>,
 }
 
 impl AlgorithmConfig {

@@ -14,7 +14,7 @@ use toml::{Table, Value};
 
 use super::raw::{
     Files, Loggers, RawActor, RawAlgorithm, RawCapacity, RawCluster, RawData, RawMemory, RawModel,
-    RawRollout, RawRolloutCorrection, RawTrainer, RawValKwargs,
+    RawOverlongBuffer, RawRollout, RawRolloutCorrection, RawTrainer, RawValKwargs,
 };
 use super::*;
 
@@ -132,6 +132,9 @@ pub(crate) const DOCS: &[Doc] = &[
     d("algorithm.kl_ctrl.horizon", "adaptive controller: its horizon", "samples", "algorithm.kl_ctrl.horizon"),
     opt("algorithm.rollout_correction.rollout_is", "truncated importance sampling between rollout and trainer probabilities", "\"token\" or \"sequence\"", "algorithm.rollout_correction.rollout_is", "off"),
     d("algorithm.rollout_correction.rollout_is_threshold", "the importance-weight cap C", "> 0", "algorithm.rollout_correction.rollout_is_threshold"),
+    d("algorithm.overlong_buffer.enable", "DAPO's soft overlong punishment of the training rewards: a response in the last `len` tokens before rollout.max_new_tokens loses up to penalty_factor, linearly (evaluations are not punished)", "bool", "reward_model.overlong_buffer.enable"),
+    d("algorithm.overlong_buffer.len", "tokens before the limit over which the punishment grows", "1 to rollout.max_new_tokens", "reward_model.overlong_buffer.len"),
+    d("algorithm.overlong_buffer.penalty_factor", "the punishment at the limit (DAPO: 1.0; verl's default 0 punishes nothing)", "≥ 0", "reward_model.overlong_buffer.penalty_factor"),
     // [reward]
     d("reward.kind", "the reward; \"verl\" picks the rule by each row's data_source as verl's default reward does (openai/gsm8k: numeric after \"####\"; lighteval/MATH: boxed)", "\"exact_match\", \"numeric\", \"boxed\", \"format\", \"weighted\", \"verl\", \"python\" (a verl-style reward function), \"external\"", "reward_model / custom_reward_function (verl picks a Python function; by default by data_source)"),
     d("reward.tolerance", "numeric, boxed: numbers within this are equal", "absolute", ""),
@@ -287,6 +290,14 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
             rollout_correction: RawRolloutCorrection {
                 rollout_is: c.algorithm.rollout_correction.rollout_is,
                 rollout_is_threshold: c.algorithm.rollout_correction.rollout_is_threshold,
+            },
+            overlong_buffer: match c.algorithm.overlong_buffer {
+                Some(b) => RawOverlongBuffer {
+                    enable: true,
+                    len: b.len,
+                    penalty_factor: b.penalty_factor,
+                },
+                None => RawOverlongBuffer::default(),
             },
         },
         reward: c.reward.clone(),

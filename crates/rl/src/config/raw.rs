@@ -257,6 +257,7 @@ pub struct RawAlgorithm {
     pub kl_penalty: KlEstimator,
     pub kl_ctrl: KlControlConfig,
     pub rollout_correction: RawRolloutCorrection,
+    pub overlong_buffer: RawOverlongBuffer,
 }
 
 impl Default for RawAlgorithm {
@@ -270,6 +271,28 @@ impl Default for RawAlgorithm {
             kl_penalty: KlEstimator::K1,
             kl_ctrl: KlControlConfig::default(),
             rollout_correction: RawRolloutCorrection::default(),
+            overlong_buffer: RawOverlongBuffer::default(),
+        }
+    }
+}
+
+/// `[algorithm.overlong_buffer]`: DAPO's soft overlong punishment
+/// (`colo_algo::overlong`), verl's `reward_model.overlong_buffer`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawOverlongBuffer {
+    pub enable: bool,
+    pub len: usize,
+    pub penalty_factor: f64,
+}
+
+impl Default for RawOverlongBuffer {
+    /// Off; DAPO's factor (verl's default is 0, which punishes nothing).
+    fn default() -> Self {
+        RawOverlongBuffer {
+            enable: false,
+            len: 0,
+            penalty_factor: 1.0,
         }
     }
 }

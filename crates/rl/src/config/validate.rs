@@ -125,7 +125,7 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
     let ppo_epochs = batch.optimizer_steps_per_step / batch.mini_batches_per_step;
     let mut actor_cfg = actor_section(actor, ppo_epochs)?;
     actor_cfg.gradient_checkpointing = model.enable_gradient_checkpointing;
-    let algorithm_cfg = algorithm_section(algorithm)?;
+    let algorithm_cfg = algorithm_section(algorithm, rollout_cfg.max_new_tokens)?;
     if let Err((field, message)) = reward.validate() {
         return bad(&format!("reward.{field}"), message);
     }
@@ -458,7 +458,31 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
     Ok(actor_cfg)
 }
 
-fn algorithm_section(algorithm: RawAlgorithm) -> Check<AlgorithmConfig> {
+fn algorithm_section(algorithm: RawAlgorithm, max_new_tokens: usize) -> Check<AlgorithmConfig> {
+    let ob = &algorithm.overlong_buffer;
+    let overlong_buffer = match ob.enable {
+        false => None,
+        true => {
+            let field = "algorithm.overlong_buffer.len";
+            if ob.len == 0 || ob.len > max_new_tokens {
+                return bad(
+                    field,
+                    format!(
+                        "must be 1 to rollout.max_new_tokens = {max_new_tokens} (the tokens before \
+                         the limit over which the punishment grows), got {}",
+                        ob.len
+                    ),
+                );
+            }
+            Some(colo_algo::OverlongBuffer {
+                len: ob.len,
+                penalty_factor: at_least_zero(
+                    "algorithm.overlong_buffer.penalty_factor",
+                    ob.penalty_factor,
+                )?,
+            })
+        }
+    };
     let ctrl = &algorithm.kl_ctrl;
     if algorithm.use_kl_in_reward {
         at_least_zero("algorithm.kl_ctrl.kl_coef", ctrl.kl_coef)?;
@@ -484,6 +508,7 @@ fn algorithm_section(algorithm: RawAlgorithm) -> Check<AlgorithmConfig> {
             rollout_is: rc.rollout_is,
             rollout_is_threshold: rc.rollout_is_threshold,
         },
+        overlong_buffer,
     };
 
     Ok(algorithm_cfg)
