@@ -21,9 +21,11 @@ ev = [json.loads(l) for l in open(f"{run}/timeline.jsonl")]
 plan = json.load(open(f"{run}/plan.json"))
 gen = next(p for p in plan["phases"] if p["name"] == "generation")["components"]
 mib = lambda b: f"{b / 2**20:.1f}"
+# The plan calls the engine's weights `rollout_weights`.
+component = {"weights": "rollout_weights"}
 def tag(t):
     run_b = max(e["per_tag"].get(t, 0) for e in ev)
-    plan_b = gen.get(t, 0)
+    plan_b = gen.get(component.get(t, t), 0)
     return f"{t} {mib(run_b)} (plan {mib(plan_b)})"
 print(f"{name}: " + ", ".join(tag(t) for t in ("cuda_graph", "kv_cache", "weights")) + " MiB")
 PY

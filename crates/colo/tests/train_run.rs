@@ -79,6 +79,12 @@ fn colo(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `colo train --config CONFIG --out OUT MORE…`.
+fn train(config: &Path, out: &Path, more: &[&str]) -> Output {
+    let (config, out) = (config.to_str().unwrap(), out.to_str().unwrap());
+    colo(&[&["train", "--config", config, "--out", out], more].concat())
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -88,13 +94,7 @@ fn the_summary_names_out_and_checkpoints_load_in_colo_generate() {
     let dir = tmp("generate");
     let config = write_config(&dir, "256MiB");
     let out = dir.join("out1");
-    let o = colo(&[
-        "train",
-        "--config",
-        config.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let o = train(&config, &out, &[]);
     let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
     assert!(o.status.success(), "colo train failed:\n{stderr}");
     assert!(
@@ -202,14 +202,7 @@ fn a_run_the_plan_says_cannot_fit_is_refused_before_loading() {
     let dir = tmp("refuse");
     let config = write_config(&dir, "1MiB");
     let out = dir.join("out");
-    let args = [
-        "train",
-        "--config",
-        config.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    let o = colo(&args);
+    let o = train(&config, &out, &[]);
     let stderr = text(&o.stderr);
     assert!(
         !o.status.success(),
@@ -237,7 +230,7 @@ fn a_run_the_plan_says_cannot_fit_is_refused_before_loading() {
         toml.replace("max_kv_tokens = 256", "mem_fraction = 0.5"),
     )
     .unwrap();
-    let o = colo(&args);
+    let o = train(&config, &out, &[]);
     let stderr = text(&o.stderr);
     assert!(!o.status.success(), "{stderr}");
     assert!(
@@ -318,14 +311,7 @@ fn an_interrupted_run_saves_its_steps_and_resumes() {
     );
 
     set_total_steps(&config, k + 1);
-    let o = colo(&[
-        "train",
-        "--config",
-        config.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--resume",
-    ]);
+    let o = train(&config, &out, &["--resume"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert_eq!(metrics_steps(&out), (1..=k as u64 + 1).collect::<Vec<_>>());
     std::fs::remove_dir_all(dir).unwrap();
