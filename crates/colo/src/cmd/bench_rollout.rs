@@ -12,6 +12,11 @@
 //! would; both engines see the same stop ids and count only real tokens.
 //! Each engine is warmed up on one prompt before its clock starts.
 //!
+//! colo's engine computes each layer's q/k/v and gate/up projections with
+//! one product each (its weights stored as vLLM stores them, colo-model's
+//! `fuse_projections`); the baseline runs the model as transformers does,
+//! one product per projection.
+//!
 //! `--device cuda` runs both on the GPU (colo's KV cache in colo-mem's CUDA
 //! pool, the baseline's contiguous cache in libtorch's). There colo replays
 //! its decode steps as CUDA graphs, captured for the load's shapes before
