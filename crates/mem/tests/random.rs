@@ -84,7 +84,7 @@ fn check_step(pool: &Pool, m: &Model, step: usize) {
         total += t.resident_bytes;
     }
     assert_eq!(s.resident_bytes, total, "step {step}");
-    if step % 50 == 0 {
+    if step.is_multiple_of(50) {
         let (base, len) = pool.address_range();
         // Backup tags are fully present (restored on resume); a Discard
         // tag's pages come back on first touch, so after a resume the OS

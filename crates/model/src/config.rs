@@ -212,14 +212,14 @@ impl HfConfig {
         let (rope_theta, rope_llama3) = self.resolve_rope()?;
         let num_heads = self.num_attention_heads;
         let num_kv_heads = self.num_key_value_heads.unwrap_or(num_heads);
-        if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+        if num_heads == 0 || num_kv_heads == 0 || !num_heads.is_multiple_of(num_kv_heads) {
             return Err(invalid(format!(
                 "num_attention_heads ({num_heads}) must be a positive multiple of num_key_value_heads ({num_kv_heads})"
             )));
         }
         let head_dim = match self.head_dim {
             Some(d) => d,
-            None if self.hidden_size % num_heads == 0 => self.hidden_size / num_heads,
+            None if self.hidden_size.is_multiple_of(num_heads) => self.hidden_size / num_heads,
             None => {
                 return Err(invalid(format!(
                     "hidden_size ({}) is not divisible by num_attention_heads ({num_heads}) and head_dim is absent",

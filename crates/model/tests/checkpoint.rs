@@ -453,7 +453,7 @@ fn write_raw_safetensors(path: &Path, tensors: &[(&str, &str, &[usize], &[u8])])
         );
     }
     let mut header = serde_json::Value::Object(header).to_string().into_bytes();
-    while header.len() % 8 != 0 {
+    while !header.len().is_multiple_of(8) {
         header.push(b' ');
     }
     let mut out = (header.len() as u64).to_le_bytes().to_vec();

@@ -349,7 +349,7 @@ fn layout_err(layout: String, devices: u64, reason: String) -> PlanError {
 
 /// The divisors of `n`, ascending: what a layout factor may be.
 pub fn divisors(n: u64) -> Vec<u64> {
-    (1..=n).filter(|k| n % k == 0).collect()
+    (1..=n).filter(|k| n.is_multiple_of(*k)).collect()
 }
 
 impl PlanInput {
@@ -381,7 +381,7 @@ impl PlanInput {
                 ))
             }
             (Some(s), None, None) => {
-                if s == 0 || n % s != 0 {
+                if s == 0 || !n.is_multiple_of(s) {
                     return Err(layout_err(
                         format!("fsdp={s}"),
                         n,
@@ -400,7 +400,7 @@ impl PlanInput {
                     "p{p}-t{t}-d{}",
                     self.dp.map_or("?".into(), |d| d.to_string())
                 );
-                if p == 0 || t == 0 || n % (p * t) != 0 {
+                if p == 0 || t == 0 || !n.is_multiple_of(p * t) {
                     return Err(layout_err(
                         name,
                         n,
@@ -419,7 +419,7 @@ impl PlanInput {
                         ),
                     ));
                 }
-                if model.heads % t != 0 {
+                if !model.heads.is_multiple_of(t) {
                     return Err(layout_err(
                         name,
                         n,
@@ -572,7 +572,7 @@ impl PlanInput {
         let train = self.train_layout(&model, n)?;
         let divs = || format!("{:?}", divisors(n));
         let (pg, tg) = (self.gen_pp, self.gen_tp);
-        if pg == 0 || tg == 0 || pg.checked_mul(tg).is_none_or(|g| n % g != 0) {
+        if pg == 0 || tg == 0 || pg.checked_mul(tg).is_none_or(|g| !n.is_multiple_of(g)) {
             return Err(layout_err(
                 format!("gen pp{pg}-tp{tg}"),
                 n,

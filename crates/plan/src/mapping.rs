@@ -142,11 +142,11 @@ pub fn allocations(total: u64, mins: &[u64]) -> Vec<Vec<u64>> {
 pub fn layouts(role: Role, m: &ModelSpec, a: u64, hw: &Hardware) -> Vec<Layout> {
     let mut out = Vec::new();
     for t in divisors(a) {
-        if t > hw.devices_per_node || m.heads % t != 0 {
+        if t > hw.devices_per_node || !m.heads.is_multiple_of(t) {
             continue;
         }
         for p in divisors(a / t) {
-            if m.layers % p != 0 {
+            if !m.layers.is_multiple_of(p) {
                 continue;
             }
             let d = a / (t * p);

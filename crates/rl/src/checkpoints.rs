@@ -138,13 +138,14 @@ pub fn earlier_run(out: &Path) -> Result<Option<String>> {
 }
 
 /// `out` if a run from scratch may write into it, else the first of
-/// `out-2`, `out-3`, … that holds no earlier run ([`earlier_run`]): the
+/// `out-2`, `out-3`, … that holds no earlier run ([`earlier_run`]) and
+/// no run under way ([`crate::run_lock`]): the
 /// default run directory is numbered, never overwritten, as Lightning
 /// numbers `version_N`.
 pub fn next_free_dir(out: &Path) -> Result<PathBuf> {
     let mut dir = out.to_owned();
     for n in 2.. {
-        if earlier_run(&dir)?.is_none() && !dir.is_file() {
+        if earlier_run(&dir)?.is_none() && !dir.is_file() && !crate::run_lock::in_use(&dir) {
             break;
         }
         dir = PathBuf::from(format!("{}-{n}", out.display()));

@@ -130,6 +130,14 @@ pub enum Error {
         how: &'static str,
     },
 
+    /// Another run holds the run directory ([`crate::run_lock`]).
+    #[error(
+        "{} is in use by another run (it holds {}); wait for that run to end, or choose another run directory (--out, or trainer.experiment_name)",
+        dir.display(),
+        dir.join(crate::run_lock::FILE).display()
+    )]
+    RunInUse { dir: std::path::PathBuf },
+
     /// `--resume` cannot continue this run directory as configured.
     #[error("--resume: {0}")]
     Resume(String),

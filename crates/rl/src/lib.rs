@@ -84,6 +84,7 @@ pub mod rng;
 pub mod rollouts;
 mod run;
 pub mod run_config;
+pub mod run_lock;
 mod setup;
 pub mod sft;
 pub mod task;

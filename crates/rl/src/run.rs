@@ -112,6 +112,8 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
         return Err(Error::io(out, std::io::Error::other(why)));
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    // Held until the run returns: one run at a time in a directory.
+    let _lock = crate::run_lock::lock(out)?;
     let ckpt_dir = out.join(checkpoints::DIR);
     // Read only: nothing is written until the resume is known to make sense.
     let found = resume
@@ -330,8 +332,13 @@ fn train_steps(
     // makes up an evaluation of its checkpoint's step that was due but not
     // logged (a run stopped between the checkpoint and the next step).
     let evaluates = config.evaluates();
-    let test_step =
-        |done: usize| evaluates && config.trainer.test_freq.is_some_and(|f| done % f == 0);
+    let test_step = |done: usize| {
+        evaluates
+            && config
+                .trainer
+                .test_freq
+                .is_some_and(|f| done.is_multiple_of(f))
+    };
     run.pending_eval = match first_step {
         0 => (evaluates && config.trainer.val_before_train).then_some(0),
         k => (test_step(k) && evaluated_at != Some(k)).then_some(k),

@@ -399,3 +399,32 @@ fn the_overlong_buffer_lowers_the_rewards_of_long_responses() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A run directory in use by another run is refused before anything is
+/// written, and the default directory's numbering skips it; once the
+/// other run is over, the directory runs.
+#[test]
+fn a_run_directory_in_use_is_refused() {
+    let dir = tmp("in-use");
+    let out = dir.join("run");
+    std::fs::create_dir_all(&out).unwrap();
+    let held = colo_rl::run_lock::lock(&out).unwrap();
+    assert!(colo_rl::run_lock::in_use(&out));
+    let err = colo_rl::r#loop::run(&config(&dir, 1, "staged"), &out, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("{} is in use by another run", out.display())),
+        "{err}"
+    );
+    assert!(!out.join("config.toml").exists() && !out.join("metrics.jsonl").exists());
+    assert_eq!(
+        colo_rl::checkpoints::next_free_dir(&out).unwrap(),
+        PathBuf::from(format!("{}-2", out.display()))
+    );
+    drop(held);
+    assert!(!colo_rl::run_lock::in_use(&out));
+    assert_eq!(colo_rl::checkpoints::next_free_dir(&out).unwrap(), out);
+    colo_rl::r#loop::run(&config(&dir, 1, "staged"), &out, false).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}

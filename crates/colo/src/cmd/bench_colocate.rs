@@ -268,7 +268,7 @@ fn measure(a: &Args, setup: &Setup) -> Result<(Vec<ModeResult>, CapacityExperime
 /// built-in character vocabulary, tied embeddings.
 fn model_config(hidden: usize, layers: usize) -> Result<ModelConfig> {
     ensure!(
-        hidden >= 64 && hidden % 64 == 0,
+        hidden >= 64 && hidden.is_multiple_of(64),
         "--hidden must be a positive multiple of 64, got {hidden}"
     );
     ensure!(layers > 0, "--layers must be at least 1");

@@ -117,7 +117,7 @@ fn model_config(hidden: usize, layers: usize) -> ModelConfig {
     let heads = hidden / 64;
     let kv_heads = (1..=(heads / 3).max(1))
         .rev()
-        .find(|k| heads % k == 0)
+        .find(|k| heads.is_multiple_of(*k))
         .unwrap_or(1);
     ModelConfig {
         arch: Arch::Qwen2,
@@ -294,7 +294,7 @@ pub fn run(a: Args) -> Result<()> {
         "batch, seq ≥ 2 and steps must be positive"
     );
     ensure!(
-        a.hidden >= 64 && a.hidden % 64 == 0 && a.layers > 0,
+        a.hidden >= 64 && a.hidden.is_multiple_of(64) && a.layers > 0,
         "--hidden must be a positive multiple of 64 (heads of 64 dims) and --layers positive, \
          got {} and {}",
         a.hidden,

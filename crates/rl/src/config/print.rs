@@ -341,7 +341,7 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
 /// number of bytes: either reads back to the same capacity.
 fn capacity_text(b: u64) -> RawCapacity {
     for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-        if b >= 1 << shift && b % (1 << shift) == 0 {
+        if b >= 1 << shift && b.is_multiple_of(1 << shift) {
             return RawCapacity::Text(format!("{} {unit}", b >> shift));
         }
     }

@@ -352,7 +352,7 @@ fn count(n: usize, one: &str, many: &str) -> String {
 fn fitting(limit: usize, whole: usize) -> usize {
     (1..=limit.min(whole))
         .rev()
-        .find(|d| whole % d == 0)
+        .find(|d| whole.is_multiple_of(*d))
         .unwrap_or(1)
 }
 
@@ -388,7 +388,7 @@ fn batch_plan(prompts: usize, n: usize, longest: usize, actor: &RawActor) -> Che
         true => Some(actor.ppo_max_token_len_per_gpu),
     };
     // With a token budget the sample count is not used (as in verl).
-    if max_tokens.is_none() && (mini * n) % micro != 0 {
+    if max_tokens.is_none() && !(mini * n).is_multiple_of(micro) {
         return bad(
             "actor.ppo_micro_batch_size",
             format!(

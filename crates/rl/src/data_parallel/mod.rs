@@ -53,7 +53,7 @@ pub fn shard(len: usize, rank: usize, world: usize) -> std::ops::Range<usize> {
 /// divide.
 pub fn rank_config(config: &Config, world: usize) -> Result<Config> {
     let plan = config.batch;
-    let check = |key: &str, prompts: usize| match world > 0 && prompts % world == 0 {
+    let check = |key: &str, prompts: usize| match world > 0 && prompts.is_multiple_of(world) {
         true => Ok(prompts / world),
         false => Err(Error::Cluster(format!(
             "{key} = {prompts} prompts cannot be split evenly over cluster.workers = {world}; \
