@@ -140,6 +140,10 @@ fn last_chars(s: &str, n: usize) -> &str {
 }
 
 /// The content of the last `\boxed{…}` whose braces close, if any.
+///
+/// Not [`super::rules::last_boxed`], which also reads `\fbox{…}` and
+/// `\boxed {…}`: verl's DAPO rule takes only `\boxed{` as written, and the
+/// port keeps its answers.
 fn last_boxed(s: &str) -> Option<&str> {
     const OPEN: &str = "\\boxed{";
     let start = s.rfind(OPEN)?;
