@@ -16,6 +16,7 @@
 //! | aggregation | [`agg_loss`] | [`LossAggMode`] |
 //! | mismatch | [`mismatch::mismatch_metrics`], [`mismatch::truncated_is_weights`] | [`IsLevel`] |
 //! | reward shaping | [`OverlongBuffer::penalty`] (DAPO's soft overlong punishment) | — |
+//! | dynamic sampling | [`groups_with_variance`] (DAPO's filter of groups that all scored the same) | — |
 //! | helpers | [`masked::masked_mean`], [`masked::masked_whiten`], … | — |
 //!
 //! ## Example: one GRPO actor loss
@@ -107,6 +108,7 @@
 
 pub mod advantage;
 pub mod agg;
+pub mod dynamic_sampling;
 pub mod entropy;
 pub mod error;
 pub mod group;
@@ -121,6 +123,7 @@ pub use advantage::{
     compute_advantage, AdvEstimator, AdvantageConfig, AdvantageInputs, Advantages,
 };
 pub use agg::{agg_loss, AggScale, LossAgg, LossAggMode};
+pub use dynamic_sampling::groups_with_variance;
 pub use error::{Error, Result};
 pub use kl::{KlControlConfig, KlControlType, KlController, KlEstimator, KlPenalty};
 pub use mismatch::{IsLevel, IsMetrics, IsWeights, MismatchMetrics, RolloutCorrectionConfig};

@@ -12,7 +12,11 @@
 //! what the memory choreography learnt of the steps so far (the largest
 //! step, whether the reference stays resident), so that a resumed run
 //! keeps and gives up what the uninterrupted one would have (optional:
-//! older checkpoints resume without it).
+//! older checkpoints resume without it), and `data_state.json`: the
+//! generation batches drawn from the training data ([`DataState`]; a step
+//! draws one, or more with dynamic sampling), so that a resumed run
+//! continues where the uninterrupted one would (optional too: without it,
+//! one batch a step).
 //!
 //! `--resume` continues from the newest *complete* checkpoint
 //! ([`latest_complete`]): one whose `trainer_state.json` reads, whose
@@ -34,6 +38,70 @@ pub const DIR: &str = "checkpoints";
 /// Where a checkpoint holds the critic of a GAE run (a colo-train
 /// checkpoint of the value model).
 pub const CRITIC_DIR: &str = "critic";
+
+/// Where a checkpoint says where the run is in its training data.
+pub const DATA_STATE_FILE: &str = "data_state.json";
+
+/// `data_state.json`: the generation batches a run has drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataState {
+    /// Generation batches drawn so far (the next one's index).
+    pub gen_batches: usize,
+    /// Their size in prompts (`data.gen_batch_size`).
+    pub gen_batch_size: usize,
+}
+
+impl DataState {
+    /// Writes `dir/data_state.json`.
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let path = dir.join(DATA_STATE_FILE);
+        let text = serde_json::to_string_pretty(self)? + "\n";
+        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))
+    }
+
+    /// The state of checkpoint `dir`, if it has one.
+    pub fn read(dir: &Path) -> Result<Option<Self>> {
+        let path = dir.join(DATA_STATE_FILE);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let state = serde_json::from_str(&text).map_err(|e| {
+            Error::Resume(format!(
+                "{}: {e} (expected {{\"gen_batches\": N, \"gen_batch_size\": N}})",
+                path.display()
+            ))
+        })?;
+        Ok(Some(state))
+    }
+
+    /// The generation batch a run resumed at `step` from checkpoint state
+    /// `saved` continues at, with batches of `batch_size` prompts; and what
+    /// to say about it when that is not simply where the checkpoint was.
+    pub fn resume_at(
+        saved: Option<DataState>,
+        step: usize,
+        batch_size: usize,
+    ) -> (usize, Option<String>) {
+        match saved {
+            // Written before the file existed: one batch a step.
+            None => (step, None),
+            Some(s) if s.gen_batch_size == batch_size => (s.gen_batches, None),
+            Some(s) => {
+                let prompts = s.gen_batches.saturating_mul(s.gen_batch_size);
+                let at = prompts / batch_size.max(1);
+                let note = format!(
+                    "--resume: the checkpoint drew {} generation batches of {} prompts, and \
+                     batches are now {batch_size} prompts; the data continue at batch {at} (the \
+                     order differs from an uninterrupted run's)",
+                    s.gen_batches, s.gen_batch_size
+                );
+                (at, Some(note))
+            }
+        }
+    }
+}
 
 /// What [`latest_complete`] found.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -292,6 +360,30 @@ pub fn resume_dtype(config: &crate::Config, dir: &Path) -> (crate::Config, Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn data_state_round_trips_and_says_where_a_resumed_run_continues() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(DataState::read(dir.path()).unwrap(), None);
+        let state = DataState {
+            gen_batches: 7,
+            gen_batch_size: 12,
+        };
+        state.write(dir.path()).unwrap();
+        let back = DataState::read(dir.path()).unwrap();
+        assert_eq!(back, Some(state));
+        assert_eq!(DataState::resume_at(back, 3, 12), (7, None));
+        assert_eq!(DataState::resume_at(None, 3, 12), (3, None));
+        let (at, note) = DataState::resume_at(back, 3, 8);
+        assert_eq!(at, 10, "84 prompts drawn, in batches of 8");
+        assert!(note.unwrap().contains("7 generation batches of 12 prompts"));
+        std::fs::write(dir.path().join(DATA_STATE_FILE), "{\"gen_batches\": -1}").unwrap();
+        let e = DataState::read(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains(DATA_STATE_FILE) && e.contains("gen_batch_size"),
+            "{e}"
+        );
+    }
 
     /// The built-in model's checkpoint directory gets the files colo's
     /// loaders need (tokenizer, tokenizer config) and a generation config.

@@ -68,6 +68,10 @@ pub enum Error {
     #[error("dataset: {0}")]
     Dataset(String),
 
+    /// Dynamic sampling that found too few groups to train on.
+    #[error("dynamic sampling (algorithm.filter_groups): {0}")]
+    DynamicSampling(String),
+
     /// Training whose loss stopped being a number.
     #[error("{0}")]
     Diverged(String),

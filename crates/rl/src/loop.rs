@@ -29,8 +29,9 @@ use colo_train::{
 };
 use tch::Tensor;
 
-use crate::config::Config;
-use crate::data::{Batch, Dataset};
+use crate::checkpoints::DataState;
+use crate::config::{Config, FilterMetric};
+use crate::data::{Batch, Dataset, Prompt};
 use crate::eval::{self, EvalConfig, Tally};
 use crate::metrics::{EvalRecord, EvalTallies, MetricsWriter, StepMetrics};
 use crate::reward::{self, Reward, RewardInput, Scored};
@@ -126,14 +127,19 @@ impl<'a> Run<'a> {
 }
 
 impl Run<'_> {
-    /// One RL step on `batch`'s prompts.
-    pub(crate) fn step(&mut self, batch: &Batch) -> Result<StepMetrics> {
+    /// RL step `step` (0-based) on the prompts of generation batches drawn
+    /// from `draw`: one, or with dynamic sampling as many as it takes.
+    pub(crate) fn step<'p>(
+        &mut self,
+        step: usize,
+        draw: &mut dyn FnMut() -> Batch<'p>,
+    ) -> Result<StepMetrics> {
         let (cfg, plan) = (self.config, self.config.batch);
         let t_step = Instant::now();
-        self.worker
-            .begin_step((batch.step as u64).saturating_add(1));
+        self.worker.begin_step((step as u64).saturating_add(1));
 
-        // 1. Generate n samples per prompt (memory: train → rollout → train).
+        // 1. Generate n samples per prompt and score them (memory: train →
+        //    rollout → train; the rewards need no device).
         let t = Instant::now();
         let switch = self.worker.to_rollout()?;
         // A pending evaluation runs here, in this rollout phase; its time is
@@ -147,76 +153,34 @@ impl Run<'_> {
             }
             None => 0.0,
         };
-        let (rollouts, greedy) = self.generate(batch)?;
+        let mut cost = RewardCost::default();
+        let (sampled, drawn) = self.sample(step, draw, &mut cost)?;
         let back = self.worker.to_train()?;
-        let timing_gen = t.elapsed().as_secs_f64() - eval_s;
+        let timing_gen = t.elapsed().as_secs_f64() - eval_s - cost.seconds;
+        let Sampled {
+            rollouts,
+            scored,
+            penalties,
+            baselines,
+            ..
+        } = sampled;
         let n = rollouts.len(); // samples = prompts × n
 
-        // 2. Rewards: one score per sample.
-        let t = Instant::now();
-        let inputs: Vec<RewardInput> = (0..n)
-            .map(|i| {
-                let p = batch.prompts[rollouts.batch_prompt[i]];
-                RewardInput {
-                    sample: i as u64,
-                    prompt_id: p.prompt_id,
-                    prompt: &p.text,
-                    completion: &rollouts.texts[i],
-                    ground_truth: &p.ground_truth,
-                    extra: Some(&p.extra),
-                }
-            })
-            .collect();
-        let failures_before = self.reward.failures();
-        let scored = (self.reward.score_batch_extra(&inputs))
-            .map_err(|e| crate::data::with_origin(e, batch.prompts.iter().copied()))?;
+        // 2. Rewards: one score per sample, and DAPO's overlong punishment
+        //    logged as verl's DAPO reward manager logs it.
         let mut reward_extra = Tally::of(&scored.iter().collect::<Vec<_>>()).extra_means();
-        let mut scores = Scored::scores(scored); // (samples,)
-        if let Some(buffer) = &cfg.algorithm.overlong_buffer {
-            // DAPO's soft overlong punishment, logged as verl's DAPO reward
-            // manager logs it.
-            let max = cfg.rollout.max_new_tokens;
-            let penalties: Vec<f64> = (rollouts.responses.iter())
-                .map(|r| buffer.penalty(r.len(), max))
-                .collect();
-            for (s, p) in scores.iter_mut().zip(&penalties) {
-                *s += *p as f32;
-            }
+        let scores: Vec<f32> = (0..n)
+            .map(|i| training_score(&scored, &penalties, i))
+            .collect();
+        if !penalties.is_empty() {
             let mean = |f: fn(f64) -> f64| penalties.iter().map(|&p| f(p)).sum::<f64>() / n as f64;
             reward_extra.insert("overlong_reward".into(), mean(|p| p));
             reward_extra.insert("overlong".into(), mean(|p| f64::from(u8::from(p < 0.0))));
         }
         // ReMax: each row's baseline is its prompt's greedy score.
-        let baselines = match greedy {
-            Some(texts) => {
-                let inputs: Vec<RewardInput> = batch
-                    .prompts
-                    .iter()
-                    .zip(&texts)
-                    .enumerate()
-                    .map(|(k, (p, t))| RewardInput {
-                        sample: (n + k) as u64,
-                        prompt_id: p.prompt_id,
-                        prompt: &p.text,
-                        completion: t,
-                        ground_truth: &p.ground_truth,
-                        extra: Some(&p.extra),
-                    })
-                    .collect();
-                let per_prompt = (self.reward.score_batch(&inputs))
-                    .map_err(|e| crate::data::with_origin(e, batch.prompts.iter().copied()))?;
-                Some(
-                    rollouts
-                        .batch_prompt
-                        .iter()
-                        .map(|&k| per_prompt[k])
-                        .collect::<Vec<f32>>(),
-                )
-            }
-            None => None,
-        };
-        let timing_reward = t.elapsed().as_secs_f64();
-        let reward_failures = self.reward.failures().saturating_sub(failures_before);
+        let baselines: Option<Vec<f32>> =
+            baselines.map(|b| rollouts.batch_prompt.iter().map(|&k| b[k]).collect());
+        let (timing_reward, reward_failures) = (cost.seconds, cost.failures);
 
         // 3. Old, reference and rollout log-probs, (samples, seq) aligned with the tokens.
         //    The first mini-batch is on-policy (no optimizer step since it
@@ -266,13 +230,16 @@ impl Run<'_> {
             Some(v) => Some(rollouts.response_layout(&rollouts.from_token_layout(v)?)?.0),
             None => None,
         };
+        // The groups are the step's prompts as drawn: one prompt drawn twice
+        // (dynamic sampling across an epoch's end) is two groups, as in verl.
+        let groups: Vec<u64> = rollouts.batch_prompt.iter().map(|&k| k as u64).collect();
         let adv = compute_advantage(
             &cfg.algorithm.advantage,
             &AdvantageInputs {
                 token_level_rewards: &rewards,
                 response_mask: &resp_mask,
                 values: values_resp.as_ref(),
-                index: Some(&rollouts.prompt_ids),
+                index: Some(&groups),
                 reward_baselines: baselines.as_deref(),
             },
         )?;
@@ -332,7 +299,7 @@ impl Run<'_> {
             // finite, as verl's actor does; say so, a diverged run repeats it.
             eprintln!(
                 "warning: step {}: the gradient norm was not finite in {skipped} of {} optimizer steps, which were skipped; if it stays so the run has diverged (lower actor.lr, set actor.grad_clip, check the rewards)",
-                batch.step + 1,
+                step + 1,
                 updates.len()
             );
         }
@@ -352,8 +319,13 @@ impl Run<'_> {
         let step_s = t_step.elapsed().as_secs_f64() - eval_s;
         let pool_stats = self.worker.pool().stats();
         Ok(StepMetrics {
-            step: batch.step + 1,
-            epoch: batch.epoch,
+            step: step + 1,
+            epoch: drawn.epoch,
+            num_gen_batches: cfg
+                .algorithm
+                .filter_groups
+                .is_some()
+                .then_some(drawn.batches),
             timing_step: step_s,
             timing_gen,
             timing_update_weights: switch.sync_s,
@@ -414,6 +386,151 @@ impl Run<'_> {
         Ok(old)
     }
 
+    /// The step's scored samples (rollout phase): one generation batch's
+    /// from `draw`, or with dynamic sampling the first
+    /// `data.train_batch_size` groups whose metric varies, from as many
+    /// batches as that takes (verl's `RayDAPOTrainer.fit`).
+    fn sample<'p>(
+        &mut self,
+        step: usize,
+        draw: &mut dyn FnMut() -> Batch<'p>,
+        cost: &mut RewardCost,
+    ) -> Result<(Sampled<'p>, Drawn)> {
+        let cfg = self.config;
+        let target = cfg.batch.prompts_per_step;
+        let mut kept = Sampled::default();
+        let mut drawn = Drawn::default();
+        loop {
+            let batch = draw();
+            drawn.batches += 1;
+            drawn.epoch = batch.epoch;
+            let sampled = self.sample_batch(&batch, cost)?;
+            let Some(filter) = &cfg.algorithm.filter_groups else {
+                return Ok((sampled, drawn));
+            };
+            let values = self.filter_values(&filter.metric, &sampled)?;
+            let groups = colo_algo::groups_with_variance(&sampled.rollouts.batch_prompt, &values);
+            kept.append(sampled.select(&groups));
+            if kept.prompts.len() >= target {
+                let first: Vec<usize> = (0..target).collect();
+                return Ok((kept.select(&first), drawn));
+            }
+            let have = format!(
+                "step {}: {} of the {target} prompts data.train_batch_size asks for had samples \
+                 whose {} varied, after {} generation batches of {} prompts",
+                step + 1,
+                kept.prompts.len(),
+                filter.metric.name(),
+                drawn.batches,
+                cfg.batch.gen_batch_prompts,
+            );
+            if let Some(max) = filter.max_gen_batches.filter(|&m| drawn.batches >= m) {
+                return Err(Error::DynamicSampling(format!(
+                    "{have}, the most algorithm.filter_groups.max_num_gen_batches = {max} allows. \
+                     The prompts are too easy or too hard for the policy (all of a prompt's \
+                     samples score the same): use other data, raise max_num_gen_batches, or set \
+                     it to 0 for no limit"
+                )));
+            }
+            if drawn.batches.is_multiple_of(10) {
+                eprintln!("{have}; generating more");
+            }
+        }
+    }
+
+    /// Generates `n` samples for each prompt of `batch` and scores them.
+    fn sample_batch<'p>(
+        &mut self,
+        batch: &Batch<'p>,
+        cost: &mut RewardCost,
+    ) -> Result<Sampled<'p>> {
+        let cfg = self.config;
+        let (rollouts, greedy) = self.generate(batch)?;
+        let t = Instant::now();
+        let failures_before = self.reward.failures();
+        let inputs: Vec<RewardInput> = (0..rollouts.len())
+            .map(|i| {
+                let p = batch.prompts[rollouts.batch_prompt[i]];
+                RewardInput {
+                    sample: i as u64,
+                    prompt_id: p.prompt_id,
+                    prompt: &p.text,
+                    completion: &rollouts.texts[i],
+                    ground_truth: &p.ground_truth,
+                    extra: Some(&p.extra),
+                }
+            })
+            .collect();
+        let scored = (self.reward.score_batch_extra(&inputs))
+            .map_err(|e| crate::data::with_origin(e, batch.prompts.iter().copied()))?;
+        let penalties = match &cfg.algorithm.overlong_buffer {
+            Some(buffer) => (rollouts.responses.iter())
+                .map(|r| buffer.penalty(r.len(), cfg.rollout.max_new_tokens))
+                .collect(),
+            None => Vec::new(),
+        };
+        let baselines = match greedy {
+            Some(texts) => {
+                let inputs: Vec<RewardInput> = (batch.prompts.iter().zip(&texts).enumerate())
+                    .map(|(k, (p, t))| RewardInput {
+                        sample: (rollouts.len() + k) as u64,
+                        prompt_id: p.prompt_id,
+                        prompt: &p.text,
+                        completion: t,
+                        ground_truth: &p.ground_truth,
+                        extra: Some(&p.extra),
+                    })
+                    .collect();
+                Some(
+                    (self.reward.score_batch(&inputs))
+                        .map_err(|e| crate::data::with_origin(e, batch.prompts.iter().copied()))?,
+                )
+            }
+            None => None,
+        };
+        cost.seconds += t.elapsed().as_secs_f64();
+        cost.failures += self.reward.failures().saturating_sub(failures_before);
+        Ok(Sampled {
+            prompts: batch.prompts.clone(),
+            rollouts,
+            scored,
+            penalties,
+            baselines,
+        })
+    }
+
+    /// Each sample's value of dynamic sampling's `metric`.
+    fn filter_values(&self, metric: &FilterMetric, s: &Sampled) -> Result<Vec<f64>> {
+        (s.scored.iter().enumerate())
+            .map(|(i, sc)| match metric {
+                FilterMetric::Acc => Ok(match sc.extra.get("acc") {
+                    Some(&acc) => acc,
+                    None => f64::from(u8::from(sc.score >= eval::RIGHT)),
+                }),
+                FilterMetric::Score => Ok(f64::from(sc.score)),
+                FilterMetric::SeqReward | FilterMetric::SeqFinalReward => {
+                    Ok(f64::from(training_score(&s.scored, &s.penalties, i)))
+                }
+                FilterMetric::Extra(name) => sc.extra.get(name).copied().ok_or_else(|| {
+                    let returned: Vec<&str> = sc.extra.keys().map(String::as_str).collect();
+                    Error::RewardSetup {
+                        reward: self.reward.name(),
+                        reason: format!(
+                            "algorithm.filter_groups.metric = {name:?} names a number the reward \
+                             returns beside its score, and it returned none for sample {i} \
+                             (prompt {}); it returned {}",
+                            s.rollouts.prompt_ids[i],
+                            match returned.is_empty() {
+                                true => "only its score".to_owned(),
+                                false => returned.join(", "),
+                            }
+                        ),
+                    }
+                }),
+            })
+            .collect()
+    }
+
     /// Generates `n` samples for each prompt of `batch` (rollout phase).
     fn generate(&mut self, batch: &Batch) -> Result<(Rollouts, Option<Vec<String>>)> {
         let cfg = self.config;
@@ -438,7 +555,8 @@ impl Run<'_> {
                 top_k: cfg.rollout.sampling.top_k,
                 stop_token_ids: self.stop.clone(),
                 stop_strings: Vec::new(),
-                // Seeded by run, step and prompt: a resumed run draws the
+                // Seeded by run, generation batch (the step's, without
+                // dynamic sampling) and prompt: a resumed run draws the
                 // same samples as an uninterrupted one.
                 seed: mix(cfg.trainer.seed, batch.step as u64, p.prompt_id),
             };
@@ -543,11 +661,79 @@ impl Run<'_> {
     }
 
     /// Writes `checkpoints/step-N`, atomically and as a complete Hugging
-    /// Face directory, with the critic if any (see [`crate::checkpoints`]).
-    pub(crate) fn save(&self, dir: &Path, step: usize) -> Result<()> {
+    /// Face directory, with the critic if any and where the run is in its
+    /// data (see [`crate::checkpoints`]).
+    pub(crate) fn save(&self, dir: &Path, step: usize, data: &DataState) -> Result<()> {
         let path = crate::checkpoints::step_dir(dir, step);
-        self.worker.save_checkpoint(&path, step, &self.model_dir)
+        self.worker
+            .save_checkpoint(&path, step, &self.model_dir, data)
     }
+}
+
+/// One generation batch's samples with their rewards, or the groups
+/// dynamic sampling kept from several: what the step trains on.
+#[derive(Default)]
+struct Sampled<'p> {
+    /// One prompt per group of rows (`rollouts.batch_prompt` indexes it).
+    prompts: Vec<&'p Prompt>,
+    rollouts: Rollouts,
+    /// (samples,) the reward's scores and what it returned beside them.
+    scored: Vec<Scored>,
+    /// (samples,) DAPO's overlong punishment; empty when it is off.
+    penalties: Vec<f64>,
+    /// (prompts,) ReMax's baselines: each prompt's greedy score.
+    baselines: Option<Vec<f32>>,
+}
+
+impl<'p> Sampled<'p> {
+    /// The groups of `prompts` (indices into `self.prompts`), in that order.
+    fn select(&self, prompts: &[usize]) -> Sampled<'p> {
+        let (rollouts, rows) = self.rollouts.select_prompts(prompts);
+        let penalties = match self.penalties.is_empty() {
+            true => Vec::new(),
+            false => rows.iter().map(|&i| self.penalties[i]).collect(),
+        };
+        Sampled {
+            prompts: prompts.iter().map(|&k| self.prompts[k]).collect(),
+            rollouts,
+            scored: rows.iter().map(|&i| self.scored[i].clone()).collect(),
+            penalties,
+            baselines: (self.baselines.as_ref()).map(|b| prompts.iter().map(|&k| b[k]).collect()),
+        }
+    }
+
+    /// `other`'s groups after these.
+    fn append(&mut self, other: Sampled<'p>) {
+        self.rollouts.append(other.rollouts, self.prompts.len());
+        self.prompts.extend(other.prompts);
+        self.scored.extend(other.scored);
+        self.penalties.extend(other.penalties);
+        if let Some(b) = other.baselines {
+            self.baselines.get_or_insert_with(Vec::new).extend(b);
+        }
+    }
+}
+
+/// What the step's rewards cost.
+#[derive(Default)]
+struct RewardCost {
+    seconds: f64,
+    /// Samples that failed and got the configured default.
+    failures: u64,
+}
+
+/// What the step drew from the training data.
+#[derive(Default)]
+struct Drawn {
+    /// Generation batches (verl's `train/num_gen_batches`).
+    batches: usize,
+    /// The last one's epoch.
+    epoch: usize,
+}
+
+/// Sample `i`'s training reward: its score with DAPO's overlong punishment.
+fn training_score(scored: &[Scored], penalties: &[f64], i: usize) -> f32 {
+    scored[i].score + penalties.get(i).map_or(0.0, |&p| p as f32)
 }
 
 /// A (samples, max_response_len) tensor as one `Vec` per row, as long as

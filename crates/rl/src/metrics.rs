@@ -26,6 +26,13 @@ pub struct StepMetrics {
     pub step: usize,
     #[serde(rename = "training/epoch")]
     pub epoch: usize,
+    /// Generation batches the step drew, with dynamic sampling.
+    #[serde(
+        rename = "train/num_gen_batches",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub num_gen_batches: Option<usize>,
 
     #[serde(rename = "timing_s/step")]
     pub timing_step: f64,

@@ -40,6 +40,42 @@ impl Rollouts {
         self.responses.is_empty()
     }
 
+    /// The rows of the batch's prompts `prompts`, in that order, with
+    /// `batch_prompt` renumbered to the position in `prompts`; and the rows
+    /// taken, for the caller's per-row data.
+    pub fn select_prompts(&self, prompts: &[usize]) -> (Rollouts, Vec<usize>) {
+        let rows: Vec<(usize, usize)> = (prompts.iter().enumerate())
+            .flat_map(|(j, &k)| {
+                (0..self.len())
+                    .filter(move |&i| self.batch_prompt[i] == k)
+                    .map(move |i| (j, i))
+            })
+            .collect();
+        let mut out = Rollouts::default();
+        for &(j, i) in &rows {
+            out.prompt_ids.push(self.prompt_ids[i]);
+            out.batch_prompt.push(j);
+            out.prompts.push(self.prompts[i].clone());
+            out.responses.push(self.responses[i].clone());
+            out.logprobs.push(self.logprobs[i].clone());
+            out.truncated.push(self.truncated[i]);
+            out.texts.push(self.texts[i].clone());
+        }
+        (out, rows.into_iter().map(|(_, i)| i).collect())
+    }
+
+    /// `other`'s rows after these, its batch prompts counted from
+    /// `prompt_offset` (the prompts these rows cover).
+    pub fn append(&mut self, other: Rollouts, prompt_offset: usize) {
+        self.prompt_ids.extend(other.prompt_ids);
+        (self.batch_prompt).extend(other.batch_prompt.iter().map(|k| k + prompt_offset));
+        self.prompts.extend(other.prompts);
+        self.responses.extend(other.responses);
+        self.logprobs.extend(other.logprobs);
+        self.truncated.extend(other.truncated);
+        self.texts.extend(other.texts);
+    }
+
     /// The longest response, at least 1 (the width of the algo layout).
     pub fn max_response_len(&self) -> usize {
         self.responses
@@ -162,6 +198,34 @@ mod tests {
             vec![vec![0., 0., 0., 1., 1., 0.], vec![0., 0., 0., 1., 1., 1.]]
         );
         assert_eq!(r.from_token_layout(&t).unwrap(), r.logprobs);
+    }
+
+    #[test]
+    fn prompts_are_selected_in_order_and_appended_renumbered() {
+        let mut r = two(); // prompt 0: rows 0, 1
+        r.append(
+            Rollouts {
+                prompt_ids: vec![9, 8],
+                batch_prompt: vec![0, 1],
+                prompts: vec![vec![4], vec![5]],
+                responses: vec![vec![6], vec![7]],
+                logprobs: vec![vec![-0.1], vec![-0.2]],
+                truncated: vec![true, false],
+                texts: vec!["c".into(), "d".into()],
+            },
+            1,
+        );
+        assert_eq!(r.batch_prompt, [0, 0, 1, 2]);
+        assert_eq!(r.prompt_ids, [7, 7, 9, 8]);
+        let (picked, rows) = r.select_prompts(&[2, 0]);
+        assert_eq!(rows, [3, 0, 1]);
+        assert_eq!(picked.batch_prompt, [0, 1, 1]);
+        assert_eq!(picked.prompt_ids, [8, 7, 7]);
+        assert_eq!(picked.responses, [vec![7], vec![9, 2], vec![8, 8, 2]]);
+        assert_eq!(picked.logprobs[0], [-0.2]);
+        assert_eq!(picked.truncated, [false, false, false]);
+        assert_eq!(picked.texts, ["d", "a", "bb"]);
+        assert_eq!(picked.prompts[0], [5]);
     }
 
     #[test]

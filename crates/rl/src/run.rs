@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use colo_model::Tokenizer;
 
-use crate::checkpoints;
+use crate::checkpoints::{self, DataState};
 use crate::config::Config;
 use crate::data::{Batches, Dataset};
 use crate::metrics::{self, MetricsWriter, Record};
@@ -79,6 +79,8 @@ impl Stop {
 struct Start {
     /// RL steps already done (the checkpoint's N; 0 from scratch).
     first_step: usize,
+    /// Generation batches already drawn from the training data.
+    first_batch: usize,
     total: usize,
     /// From the kept records of a resumed run.
     before: Earlier,
@@ -143,6 +145,7 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
     let metrics_path = out.join("metrics.jsonl");
     let mut start = Start {
         first_step: 0,
+        first_batch: 0,
         total,
         before: Earlier::default(),
         notes: Vec::new(),
@@ -173,7 +176,12 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
                     start.say(note);
                 }
                 let removed = metrics::truncate_after(&metrics_path, step)?;
-                start.first_step = step;
+                let (at, note) =
+                    DataState::resume_at(DataState::read(&dir)?, step, config.batch.gen_batch_prompts);
+                if let Some(note) = note {
+                    start.say(note);
+                }
+                (start.first_step, start.first_batch) = (step, at);
                 start.before = earlier(&metrics_path)?;
                 start.say(format!(
                     "--resume: continuing from {} (step {step} of {total}){}",
@@ -314,10 +322,19 @@ fn train_steps(
 
     let batches = Batches::new(
         &train,
-        config.batch.prompts_per_step,
+        config.batch.gen_batch_prompts,
         config.data.seed,
         config.data.shuffle,
+        match config.algorithm.filter_groups {
+            Some(_) => "data.gen_batch_size",
+            None => "data.train_batch_size",
+        },
     )?;
+    let mut next_batch = start.first_batch;
+    let data_state = |next_batch| DataState {
+        gen_batches: next_batch,
+        gen_batch_size: config.batch.gen_batch_prompts,
+    };
     let mut progress = Progress::stderr(total);
     let Earlier {
         first: mut first_accuracy,
@@ -347,8 +364,12 @@ fn train_steps(
     // ---- the steps ---------------------------------------------------------
     let mut last = total;
     for step in first_step..total {
+        let mut draw = || {
+            next_batch += 1;
+            batches.batch(next_batch - 1)
+        };
         let m = run
-            .step(&batches.batch(step))
+            .step(step, &mut draw)
             .map_err(|e| e.explained_by(pool))?;
         if let Some((at, accuracy)) = run.evaluated.take() {
             if at == 0 {
@@ -364,7 +385,7 @@ fn train_steps(
         let stopping = stop.requested() && done < total;
         let saves = config.trainer.save_freq.is_some_and(|f| done % f == 0);
         if (saves || stopping) && done < total {
-            run.save(&ckpt_dir, done)?;
+            run.save(&ckpt_dir, done, &data_state(next_batch))?;
         }
         if test_step(done) && done < total {
             // Made up by `--resume` when stopping here.
@@ -390,7 +411,7 @@ fn train_steps(
         if evaluates {
             last_accuracy = Some(run.evaluate(total)?);
         }
-        run.save(&ckpt_dir, total)?;
+        run.save(&ckpt_dir, total, &data_state(next_batch))?;
     }
     Ok(RunSummary {
         run_dir: out.to_owned(),

@@ -251,12 +251,12 @@ fn warm_up_cublas(device: tch::Device) -> Result<()> {
 }
 
 /// The sequences the KV cache is sized for at full length (`colo plan`
-/// caps its KV term by the same): one step's samples, or
+/// caps its KV term by the same): one generation batch's samples (a step's,
+/// unless dynamic sampling draws batches of another size), or
 /// `rollout.max_num_seqs` if that is fewer.
 pub(crate) fn kv_seqs(config: &Config) -> usize {
-    config
-        .batch
-        .samples_per_step
+    let b = &config.batch;
+    (b.gen_batch_prompts.saturating_mul(b.n))
         .min(config.rollout.max_num_seqs)
         .max(1)
 }

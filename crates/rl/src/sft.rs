@@ -143,7 +143,7 @@ pub fn run(cfg: &SftConfig, out: &Path, mut on_event: impl FnMut(&SftEvent)) -> 
         ..EvalConfig::greedy(MAX_NEW_TOKENS, model_cfg.eos_token_ids.clone())
     };
 
-    let batches = Batches::new(&train, cfg.batch_size, cfg.seed, true)?;
+    let batches = Batches::new(&train, cfg.batch_size, cfg.seed, true, "the batch size")?;
     let mut report = SftReport {
         losses: Vec::with_capacity(cfg.steps),
         evals: Vec::new(),

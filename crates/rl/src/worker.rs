@@ -451,7 +451,13 @@ impl HybridWorker {
     /// tokenizer files of `model_dir`, the starting model, copied in), and
     /// the critic, when there is one, in `dir/critic` inside the same
     /// atomic write. See [`crate::checkpoints`].
-    pub fn save_checkpoint(&self, dir: &Path, step: usize, model_dir: &Path) -> Result<()> {
+    pub fn save_checkpoint(
+        &self,
+        dir: &Path,
+        step: usize,
+        model_dir: &Path,
+        data: &crate::checkpoints::DataState,
+    ) -> Result<()> {
         self.expect("save a checkpoint", Phase::Train)?;
         let critic = self.critic.as_ref();
         let memory = MemoryState {
@@ -464,6 +470,7 @@ impl HybridWorker {
                 let path = tmp.join(WORKER_STATE_FILE);
                 let text = serde_json::to_string_pretty(&memory)?;
                 std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
+                data.write(tmp)?;
                 if let Some(c) = critic {
                     let cdir = tmp.join(crate::checkpoints::CRITIC_DIR);
                     c.save_checkpoint_with(&cdir, Some(step as u64), |_| Ok::<(), Error>(()))?;

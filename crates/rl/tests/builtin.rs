@@ -104,6 +104,7 @@ fn task_data_go_through_the_user_loader() {
         c.batch.prompts_per_step,
         c.data.seed,
         c.data.shuffle,
+        "data.train_batch_size",
     )
     .unwrap();
     assert_eq!(b.batches_per_epoch(), 300 / 32);

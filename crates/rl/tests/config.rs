@@ -6,7 +6,8 @@ use std::path::Path;
 
 use colo_algo::{AdvEstimator, KlEstimator, LossAggMode};
 use colo_rl::config::{
-    Capacity, Colocation, DataSource, KvBudget, ModelSource, RunLength, ValSource,
+    Capacity, Colocation, DataSource, FilterGroups, FilterMetric, KvBudget, ModelSource, RunLength,
+    ValSource,
 };
 use colo_rl::{Config, Error, RewardSpec};
 use common::TempDir;
@@ -690,4 +691,88 @@ fn the_overlong_buffer_is_off_until_enabled() {
             penalty_factor: 1.0
         })
     );
+}
+
+/// DAPO's dynamic sampling: verl's keys, off unless enabled; DAPO's metric
+/// and no limit unless given; generation batches of the step's size unless
+/// `data.gen_batch_size` says otherwise.
+#[test]
+fn dynamic_sampling_is_off_until_enabled_and_sizes_generation_batches() {
+    let c = parse("").unwrap();
+    assert_eq!(c.algorithm.filter_groups, None);
+    assert_eq!(c.batch.gen_batch_prompts, c.batch.prompts_per_step);
+    let on = parse(
+        "[data]\ntrain_batch_size = 8\ngen_batch_size = 24\n\
+         [algorithm.filter_groups]\nenable = true\nmax_num_gen_batches = 10\n",
+    )
+    .unwrap();
+    assert_eq!(
+        on.algorithm.filter_groups,
+        Some(FilterGroups {
+            metric: FilterMetric::Acc,
+            max_gen_batches: Some(10)
+        })
+    );
+    assert_eq!(
+        (on.batch.prompts_per_step, on.batch.gen_batch_prompts),
+        (8, 24)
+    );
+    assert!(on.summary().contains("dynamic sampling: batches of 24 prompts until 8 with varying acc (at most 10 batches a step)"), "{}", on.summary());
+    // An epoch is a pass of generation batches, as verl's dataloader counts.
+    let epochs = parse(
+        "[data]\ntrain_batch_size = 8\ngen_batch_size = 24\n[trainer]\ntotal_epochs = 2\n\
+         [algorithm.filter_groups]\nenable = true\n",
+    )
+    .unwrap();
+    assert_eq!(epochs.total_steps(240), 20);
+    for (metric, want) in [
+        ("score", FilterMetric::Score),
+        ("seq_reward", FilterMetric::SeqReward),
+        ("seq_final_reward", FilterMetric::SeqFinalReward),
+        ("format", FilterMetric::Extra("format".into())),
+    ] {
+        let text = format!(
+            "[algorithm.filter_groups]\nenable = true\nmetric = \"{metric}\"\nmax_num_gen_batches = -1\n"
+        );
+        let f = parse(&text).unwrap().algorithm.filter_groups.unwrap();
+        assert_eq!((f.metric, f.max_gen_batches), (want, None), "{metric}");
+    }
+}
+
+#[test]
+fn dynamic_sampling_refuses_what_it_cannot_do() {
+    for (text, want_field, want) in [
+        (
+            "[data]\ngen_batch_size = 64\n",
+            "data.gen_batch_size",
+            "only dynamic sampling",
+        ),
+        (
+            "[data]\ngen_batch_size = 0\n[algorithm.filter_groups]\nenable = true\n",
+            "data.gen_batch_size",
+            "at least 1",
+        ),
+        (
+            "[algorithm.filter_groups]\nenable = true\nmetric = \" \"\n",
+            "algorithm.filter_groups.metric",
+            "must name",
+        ),
+        (
+            "[algorithm]\nuse_kl_in_reward = true\n\
+             [algorithm.filter_groups]\nenable = true\nmetric = \"seq_final_reward\"\n",
+            "algorithm.filter_groups.metric",
+            "KL penalty",
+        ),
+        (
+            "[cluster]\nworkers = 2\n[algorithm.filter_groups]\nenable = true\n",
+            "algorithm.filter_groups.enable",
+            "one process",
+        ),
+    ] {
+        let (_, field, msg) = err(text);
+        assert_eq!(field, want_field, "{text}: {msg}");
+        assert!(msg.contains(want), "{text}: {msg}");
+    }
+    // The same size as the step's is no conflict.
+    assert!(parse("[data]\ngen_batch_size = 32\n").is_ok());
 }

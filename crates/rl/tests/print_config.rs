@@ -103,6 +103,7 @@ fn user_configs_round_trip() {
 [data]
 train_files = "a.jsonl"
 val_fraction = 0.2
+gen_batch_size = 96
 answer_key = "reward_model.ground_truth"
 seed = 9
 [model]
@@ -123,6 +124,10 @@ loss_agg_mode = "seq-mean-token-sum-norm"
 enable = true
 len = 4
 penalty_factor = 0.5
+[algorithm.filter_groups]
+enable = true
+metric = "seq_reward"
+max_num_gen_batches = 5
 [memory]
 capacity = 123456789
 colocation = "sleep"

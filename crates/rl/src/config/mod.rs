@@ -233,6 +233,61 @@ pub struct AlgorithmConfig {
     /// DAPO's soft overlong punishment of the training rewards (not the
     /// evaluations').
     pub overlong_buffer: Option<colo_algo::OverlongBuffer>,
+    /// DAPO's dynamic sampling, when enabled.
+    pub filter_groups: Option<FilterGroups>,
+}
+
+/// `[algorithm.filter_groups]`: a step trains on `data.train_batch_size`
+/// prompts whose samples' `metric` varies, drawing generation batches of
+/// `data.gen_batch_size` prompts until it has them
+/// (`colo_algo::dynamic_sampling`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FilterGroups {
+    pub metric: FilterMetric,
+    /// The most generation batches a step may draw (`None`: no limit).
+    pub max_gen_batches: Option<usize>,
+}
+
+/// What must vary within a group for it to be trained on (verl's
+/// `filter_groups.metric`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum FilterMetric {
+    /// Whether the sample is right: the number the reward returns as
+    /// `acc` beside its score when it returns one (a verl function's
+    /// dict), else whether it scored at least 1, as colo's accuracy counts.
+    Acc,
+    /// The reward's score, before any overlong punishment.
+    Score,
+    /// The training reward: the score with the overlong punishment (verl's
+    /// summed `token_level_scores`).
+    SeqReward,
+    /// That and the KL penalty (verl's summed `token_level_rewards`); only
+    /// without `use_kl_in_reward`, where it is `SeqReward`.
+    SeqFinalReward,
+    /// A number the reward returns beside its score, by name.
+    Extra(String),
+}
+
+impl FilterMetric {
+    pub fn parse(name: &str) -> Self {
+        match name {
+            "acc" => FilterMetric::Acc,
+            "score" => FilterMetric::Score,
+            "seq_reward" => FilterMetric::SeqReward,
+            "seq_final_reward" => FilterMetric::SeqFinalReward,
+            other => FilterMetric::Extra(other.to_owned()),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        match self {
+            FilterMetric::Acc => "acc",
+            FilterMetric::Score => "score",
+            FilterMetric::SeqReward => "seq_reward",
+            FilterMetric::SeqFinalReward => "seq_final_reward",
+            FilterMetric::Extra(name) => name,
+        }
+    }
 }
 
 impl AlgorithmConfig {
@@ -301,6 +356,10 @@ pub struct BatchPlan {
     pub n: usize,
     /// prompts_per_step × n: the sequences generated and trained on per step.
     pub samples_per_step: usize,
+    /// `data.gen_batch_size`: prompts drawn per generation batch, more
+    /// than one of which a step may take with dynamic sampling
+    /// (`algorithm.filter_groups`); without it, `prompts_per_step`.
+    pub gen_batch_prompts: usize,
     /// `actor.ppo_mini_batch_size` (prompts), and × n in samples.
     pub mini_batch_prompts: usize,
     pub mini_batch_samples: usize,
@@ -414,7 +473,9 @@ impl Config {
     pub fn total_steps(&self, train_prompts: usize) -> usize {
         match self.trainer.length {
             RunLength::Steps(s) => s,
-            RunLength::Epochs(e) => e * (train_prompts / self.batch.prompts_per_step),
+            // A pass over the prompts is this many generation batches
+            // (verl's dataloader length, also with dynamic sampling).
+            RunLength::Epochs(e) => e * (train_prompts / self.batch.gen_batch_prompts),
         }
     }
 

@@ -13,8 +13,9 @@ use colo_algo::{KlControlConfig, KlEstimator};
 use toml::{Table, Value};
 
 use super::raw::{
-    Files, Loggers, RawActor, RawAlgorithm, RawCapacity, RawCluster, RawData, RawMemory, RawModel,
-    RawOverlongBuffer, RawRollout, RawRolloutCorrection, RawTrainer, RawValKwargs,
+    Files, Loggers, RawActor, RawAlgorithm, RawCapacity, RawCluster, RawData, RawFilterGroups,
+    RawMemory, RawModel, RawOverlongBuffer, RawRollout, RawRolloutCorrection, RawTrainer,
+    RawValKwargs,
 };
 use super::*;
 
@@ -72,6 +73,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("data.prompt_key", "field holding the prompt: a string, or a chat (a list of {role, content} messages rendered with the tokenizer's chat template)", "JSON key", "data.prompt_key"),
     d("data.answer_key", "field holding the ground truth the reward compares with; a dotted path reaches into objects", "JSON key or dotted path", "reward_model.ground_truth (fixed in verl)"),
     d("data.train_batch_size", "prompts per RL step (each sampled rollout.n times)", "prompts", "data.train_batch_size"),
+    opt("data.gen_batch_size", "prompts per generation batch with dynamic sampling (algorithm.filter_groups); DAPO draws 3 × train_batch_size", "prompts", "data.gen_batch_size", "data.train_batch_size"),
     d("data.max_prompt_length", "longest prompt, as the run encodes it (chat template and special tokens included); a longer one is an error when the data are read, or is left out with filter_overlong_prompts", "tokens", "data.max_prompt_length (with truncation = \"error\")"),
     d("data.filter_overlong_prompts", "leave out prompts longer than max_prompt_length (counted on stderr when the data are read) instead of stopping at the first", "bool", "data.filter_overlong_prompts"),
     d("data.seed", "seed of the epoch shuffles and of the held-out split", "integer", "data.seed"),
@@ -135,6 +137,9 @@ pub(crate) const DOCS: &[Doc] = &[
     d("algorithm.overlong_buffer.enable", "DAPO's soft overlong punishment of the training rewards: a response in the last `len` tokens before rollout.max_new_tokens loses up to penalty_factor, linearly (evaluations are not punished)", "bool", "reward_model.overlong_buffer.enable"),
     d("algorithm.overlong_buffer.len", "tokens before the limit over which the punishment grows", "1 to rollout.max_new_tokens", "reward_model.overlong_buffer.len"),
     d("algorithm.overlong_buffer.penalty_factor", "the punishment at the limit (DAPO: 1.0; verl's default 0 punishes nothing)", "≥ 0", "reward_model.overlong_buffer.penalty_factor"),
+    d("algorithm.filter_groups.enable", "DAPO's dynamic sampling: a step trains only on prompts whose samples' metric varies (a group that all scored the same has no advantage), drawing generation batches of data.gen_batch_size prompts until it has data.train_batch_size of them", "bool", "algorithm.filter_groups.enable"),
+    d("algorithm.filter_groups.metric", "what must vary within a group: acc (right or not: the reward's `acc`, else score ≥ 1), score (before the overlong punishment), seq_reward (after it), seq_final_reward (after the KL penalty; not with use_kl_in_reward), or a number the reward returns beside its score", "\"acc\", \"score\", \"seq_reward\", \"seq_final_reward\" or a reward extra's name", "algorithm.filter_groups.metric"),
+    d("algorithm.filter_groups.max_num_gen_batches", "the most generation batches a step may draw before the run stops with an error (the data are too hard or too easy)", "batches; ≤ 0 no limit", "algorithm.filter_groups.max_num_gen_batches"),
     // [reward]
     d("reward.kind", "the reward; \"verl\" picks the rule by each row's data_source as verl's default reward does (openai/gsm8k: numeric after \"####\"; lighteval/MATH: boxed)", "\"exact_match\", \"numeric\", \"boxed\", \"format\", \"weighted\", \"verl\", \"python\" (a verl-style reward function), \"external\"", "reward_model / custom_reward_function (verl picks a Python function; by default by data_source)"),
     d("reward.tolerance", "numeric, boxed: numbers within this are equal", "absolute", ""),
@@ -225,6 +230,8 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
             prompt_key: c.data.fields.prompt_key.clone(),
             answer_key: c.data.fields.answer_key.clone(),
             train_batch_size: b.prompts_per_step,
+            gen_batch_size: (b.gen_batch_prompts != b.prompts_per_step)
+                .then_some(b.gen_batch_prompts),
             max_prompt_length: c.data.max_prompt_length,
             filter_overlong_prompts: c.data.overlong == Overlong::Drop,
             seed: Some(c.data.seed),
@@ -298,6 +305,14 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
                     penalty_factor: b.penalty_factor,
                 },
                 None => RawOverlongBuffer::default(),
+            },
+            filter_groups: match &c.algorithm.filter_groups {
+                Some(f) => RawFilterGroups {
+                    enable: true,
+                    metric: f.metric.name().to_owned(),
+                    max_num_gen_batches: f.max_gen_batches.map_or(0, |m| m as i64),
+                },
+                None => RawFilterGroups::default(),
             },
         },
         reward: c.reward.clone(),

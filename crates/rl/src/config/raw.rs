@@ -68,6 +68,9 @@ pub struct RawData {
     pub answer_key: String,
     /// Prompts per RL step.
     pub train_batch_size: usize,
+    /// Prompts per generation batch with dynamic sampling
+    /// (`algorithm.filter_groups`); absent means `train_batch_size`.
+    pub gen_batch_size: Option<usize>,
     /// Longer prompts (in tokens) are an error when the data are read…
     pub max_prompt_length: usize,
     /// …or are left out.
@@ -88,6 +91,7 @@ impl Default for RawData {
             prompt_key: "prompt".into(),
             answer_key: "answer".into(),
             train_batch_size: 32,
+            gen_batch_size: None,
             max_prompt_length: 64,
             filter_overlong_prompts: false,
             seed: None,
@@ -258,6 +262,7 @@ pub struct RawAlgorithm {
     pub kl_ctrl: KlControlConfig,
     pub rollout_correction: RawRolloutCorrection,
     pub overlong_buffer: RawOverlongBuffer,
+    pub filter_groups: RawFilterGroups,
 }
 
 impl Default for RawAlgorithm {
@@ -272,6 +277,7 @@ impl Default for RawAlgorithm {
             kl_ctrl: KlControlConfig::default(),
             rollout_correction: RawRolloutCorrection::default(),
             overlong_buffer: RawOverlongBuffer::default(),
+            filter_groups: RawFilterGroups::default(),
         }
     }
 }
@@ -293,6 +299,30 @@ impl Default for RawOverlongBuffer {
             enable: false,
             len: 0,
             penalty_factor: 1.0,
+        }
+    }
+}
+
+/// `[algorithm.filter_groups]`: DAPO's dynamic sampling
+/// (`colo_algo::dynamic_sampling`), verl's names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawFilterGroups {
+    pub enable: bool,
+    /// What must vary within a group: `acc`, `score`, `seq_reward`,
+    /// `seq_final_reward`, or a number the reward returns beside its score.
+    pub metric: String,
+    /// Generation batches a step may draw; ≤ 0 sets no limit (verl's).
+    pub max_num_gen_batches: i64,
+}
+
+impl Default for RawFilterGroups {
+    /// Off; DAPO's metric (verl has none by default).
+    fn default() -> Self {
+        RawFilterGroups {
+            enable: false,
+            metric: "acc".into(),
+            max_num_gen_batches: 0,
         }
     }
 }

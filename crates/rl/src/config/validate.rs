@@ -118,20 +118,32 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         cluster,
     } = raw;
     let prompts = data.train_batch_size;
+    let gen_batch_size = data.gen_batch_size;
     let data_cfg = data_section(data, trainer.seed)?;
     let rollout_cfg = rollout_section(&rollout, algorithm.adv_estimator)?;
     let longest = data_cfg.max_prompt_length + rollout_cfg.max_new_tokens;
-    let batch = batch_plan(prompts, rollout_cfg.n, longest, &actor)?;
+    let mut batch = batch_plan(prompts, rollout_cfg.n, longest, &actor)?;
     let ppo_epochs = batch.optimizer_steps_per_step / batch.mini_batches_per_step;
     let mut actor_cfg = actor_section(actor, ppo_epochs)?;
     actor_cfg.gradient_checkpointing = model.enable_gradient_checkpointing;
     let algorithm_cfg = algorithm_section(algorithm, rollout_cfg.max_new_tokens)?;
+    batch.gen_batch_prompts = gen_batch(gen_batch_size, prompts, &algorithm_cfg)?;
     if let Err((field, message)) = reward.validate() {
         return bad(&format!("reward.{field}"), message);
     }
     let memory_cfg = memory_section(&memory)?;
     let trainer_cfg = trainer_section(trainer)?;
     let cluster_cfg = cluster_section(cluster, &batch)?;
+    if algorithm_cfg.filter_groups.is_some() && cluster_cfg.workers > 1 {
+        return bad(
+            "algorithm.filter_groups.enable",
+            format!(
+                "dynamic sampling runs in one process, and the run has {} workers \
+                 (cluster.workers or cluster.layout)",
+                cluster_cfg.workers
+            ),
+        );
+    }
     Ok(Config {
         data: data_cfg,
         model: match model.path {
@@ -402,6 +414,7 @@ fn batch_plan(prompts: usize, n: usize, longest: usize, actor: &RawActor) -> Che
         prompts_per_step: prompts,
         n,
         samples_per_step: prompts * n,
+        gen_batch_prompts: prompts,
         mini_batch_prompts: mini,
         mini_batch_samples: mini * n,
         mini_batches_per_step: prompts / mini,
@@ -483,6 +496,35 @@ fn algorithm_section(algorithm: RawAlgorithm, max_new_tokens: usize) -> Check<Al
             })
         }
     };
+    let fg = &algorithm.filter_groups;
+    let filter_groups = match fg.enable {
+        false => None,
+        true => {
+            let metric = FilterMetric::parse(fg.metric.trim());
+            match &metric {
+                FilterMetric::Extra(name) if name.is_empty() => return bad(
+                    "algorithm.filter_groups.metric",
+                    "must name what varies within a group: \"acc\", \"score\", \"seq_reward\", \
+                         \"seq_final_reward\", or a number the reward returns beside its score",
+                ),
+                // verl filters after the KL penalty of the generation batch;
+                // colo computes that penalty on the kept samples only.
+                FilterMetric::SeqFinalReward if algorithm.use_kl_in_reward => return bad(
+                    "algorithm.filter_groups.metric",
+                    "\"seq_final_reward\" with algorithm.use_kl_in_reward needs the KL penalty \
+                         before the filter, and colo computes it on the kept samples: filter on \
+                         \"seq_reward\" (the rewards before the penalty) or \"acc\"",
+                ),
+                _ => {}
+            }
+            Some(FilterGroups {
+                metric,
+                max_gen_batches: usize::try_from(fg.max_num_gen_batches)
+                    .ok()
+                    .filter(|&m| m > 0),
+            })
+        }
+    };
     let ctrl = &algorithm.kl_ctrl;
     if algorithm.use_kl_in_reward {
         at_least_zero("algorithm.kl_ctrl.kl_coef", ctrl.kl_coef)?;
@@ -509,9 +551,28 @@ fn algorithm_section(algorithm: RawAlgorithm, max_new_tokens: usize) -> Check<Al
             rollout_is_threshold: rc.rollout_is_threshold,
         },
         overlong_buffer,
+        filter_groups,
     };
 
     Ok(algorithm_cfg)
+}
+
+/// `data.gen_batch_size`: prompts per generation batch, which only
+/// dynamic sampling draws more than one of.
+fn gen_batch(gen: Option<usize>, prompts: usize, algorithm: &AlgorithmConfig) -> Check<usize> {
+    match (gen, &algorithm.filter_groups) {
+        (None, _) => Ok(prompts),
+        (Some(g), Some(_)) => positive("data.gen_batch_size", g),
+        (Some(g), None) if g == prompts => Ok(g),
+        (Some(g), None) => bad(
+            "data.gen_batch_size",
+            format!(
+                "= {g} prompts differs from data.train_batch_size = {prompts}, and only dynamic \
+                 sampling (algorithm.filter_groups.enable) generates more than it trains on; \
+                 enable it, or leave gen_batch_size out"
+            ),
+        ),
+    }
 }
 
 fn memory_section(memory: &RawMemory) -> Check<MemoryConfig> {
@@ -693,12 +754,25 @@ pub(crate) fn summary(c: &Config) -> String {
         format!("data       {data}"),
         format!("model      {model}"),
         format!(
-            "step       {} prompts × n {} = {} samples, max {} new tokens, {}",
+            "step       {} prompts × n {} = {} samples, max {} new tokens, {}{}",
             b.prompts_per_step,
             b.n,
             b.samples_per_step,
             c.rollout.max_new_tokens,
-            sampling_text(&c.rollout.sampling)
+            sampling_text(&c.rollout.sampling),
+            match &c.algorithm.filter_groups {
+                None => String::new(),
+                Some(f) => format!(
+                    "; dynamic sampling: batches of {} prompts until {} with varying {} ({})",
+                    b.gen_batch_prompts,
+                    b.prompts_per_step,
+                    f.metric.name(),
+                    match f.max_gen_batches {
+                        Some(m) => format!("at most {m} batches a step"),
+                        None => "no limit".into(),
+                    }
+                ),
+            }
         ),
         format!(
             "update     {} of {} prompts ({} samples) × {} = {}; {}",

@@ -428,10 +428,18 @@ pub struct Batches<'a> {
 }
 
 impl<'a> Batches<'a> {
-    pub fn new(data: &'a Dataset, batch_size: usize, seed: u64, shuffle: bool) -> Result<Self> {
+    /// Batches of `batch_size` prompts, which the setting `key` (for
+    /// messages: `data.train_batch_size`) gave.
+    pub fn new(
+        data: &'a Dataset,
+        batch_size: usize,
+        seed: u64,
+        shuffle: bool,
+        key: &str,
+    ) -> Result<Self> {
         if batch_size == 0 || batch_size > data.len() {
             return Err(Error::Dataset(format!(
-                "data.train_batch_size = {batch_size}, but the training set has {} prompts: \
+                "{key} = {batch_size}, but the training set has {} prompts: \
                  a batch takes between 1 and all of them",
                 data.len()
             )));
@@ -483,6 +491,8 @@ impl<'a> Batches<'a> {
 mod tests {
     use super::*;
 
+    const KEY: &str = "data.train_batch_size";
+
     fn data(n: usize) -> Dataset {
         Dataset {
             prompts: (0..n as u64)
@@ -502,7 +512,7 @@ mod tests {
     #[test]
     fn epochs_are_seeded_permutations_and_drop_the_last_batch() {
         let d = data(10);
-        let b = Batches::new(&d, 3, 7, true).unwrap();
+        let b = Batches::new(&d, 3, 7, true, KEY).unwrap();
         assert_eq!(b.batches_per_epoch(), 3);
         let ids =
             |s: usize| -> Vec<u64> { b.batch(s).prompts.iter().map(|p| p.prompt_id).collect() };
@@ -513,24 +523,24 @@ mod tests {
         assert_eq!(epoch0.len(), 9, "no prompt twice in an epoch");
         assert_eq!(b.batch(3).epoch, 1);
         assert_ne!(ids(0), ids(3), "each epoch has its own order");
-        let again = Batches::new(&d, 3, 7, true).unwrap();
+        let again = Batches::new(&d, 3, 7, true, KEY).unwrap();
         assert_eq!(
             again.batch(4).prompts,
             b.batch(4).prompts,
             "same seed, same batches"
         );
-        let other = Batches::new(&d, 3, 8, true).unwrap();
+        let other = Batches::new(&d, 3, 8, true, KEY).unwrap();
         assert_ne!(other.batch(0).prompts, b.batch(0).prompts);
         let resumed: Vec<_> = b.from_step(2).take(2).map(|x| x.step).collect();
         assert_eq!(resumed, vec![2, 3]);
-        let plain = Batches::new(&d, 5, 7, false).unwrap();
+        let plain = Batches::new(&d, 5, 7, false, KEY).unwrap();
         assert_eq!(plain.batch(1).prompts[0].prompt_id, 5);
     }
 
     #[test]
     fn batch_size_must_fit() {
-        assert!(Batches::new(&data(4), 5, 0, true).is_err());
-        assert!(Batches::new(&data(4), 0, 0, true).is_err());
+        assert!(Batches::new(&data(4), 5, 0, true, KEY).is_err());
+        assert!(Batches::new(&data(4), 0, 0, true, KEY).is_err());
     }
 
     #[test]

@@ -197,6 +197,7 @@ impl Rank {
             global.batch.prompts_per_step,
             global.data.seed,
             global.data.shuffle,
+            "data.train_batch_size",
         )?;
         Ok(Rank {
             run,
@@ -248,7 +249,7 @@ impl Rank {
         };
         let m = self
             .run
-            .step(&batch)
+            .step(step, &mut || batch.clone())
             .map_err(|e| e.explained_by(self.run.worker.pool()))?;
         self.run.metrics.step(&m)?;
         self.timeline.append_new(self.run.worker.pool())?;
@@ -268,7 +269,12 @@ impl Rank {
     /// Writes `out/checkpoints/step-N` (call it on one rank: the weights
     /// are the same on all).
     pub fn save(&self, step: usize) -> Result<()> {
-        self.run.save(&self.out.join(checkpoints::DIR), step)
+        // One generation batch a step: dynamic sampling runs in one process.
+        let data = checkpoints::DataState {
+            gen_batches: step,
+            gen_batch_size: self.global.batch.gen_batch_prompts,
+        };
+        self.run.save(&self.out.join(checkpoints::DIR), step, &data)
     }
 
     /// Loads `out/checkpoints/step-N` (every rank); the next step is `N`.
