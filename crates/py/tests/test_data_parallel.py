@@ -89,6 +89,14 @@ class Equivalence(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="colo-dp-")
         cfg = write_config(os.path.join(cls.tmp, "run.toml"))
         cls.one = train(cfg, os.path.join(cls.tmp, "one"), 1, keep_parameters=True, log=quiet)
+        # The same run, its generations dumped (verl's rollout_data_dir and
+        # validation_data_dir).
+        dumps = os.path.join(cls.tmp, "dumps")
+        cfg = write_config(
+            os.path.join(cls.tmp, "dumps.toml"),
+            rollout_data_dir=json.dumps(os.path.join(dumps, "train")),
+            validation_data_dir=json.dumps(os.path.join(dumps, "val")),
+        )
         cls.two = train(cfg, os.path.join(cls.tmp, "two"), 2, keep_parameters=True, log=quiet)
 
     @classmethod
@@ -128,6 +136,20 @@ class Equivalence(unittest.TestCase):
             1 for name, a in p1.items() if max(abs(x - y) for x, y in zip(a, p2[name])) < 1e-5
         )
         self.assertGreater(close / len(p1), 0.9, "most tensors agree to 1e-5")
+
+    def test_each_worker_dumps_its_share_of_the_generations(self):
+        inputs = set()
+        for rank in (0, 1):
+            d = os.path.join(self.tmp, "dumps", "train", f"rank-{rank}")
+            self.assertEqual(sorted(os.listdir(d)), ["1.jsonl", "2.jsonl", "3.jsonl"])
+            with open(os.path.join(d, "1.jsonl")) as f:
+                rows = [json.loads(l) for l in f]
+            self.assertEqual(len(rows), 2 * 4, "2 of the step's 4 prompts, 4 samples each")
+            self.assertEqual({r["step"] for r in rows}, {1})
+            inputs |= {r["input"] for r in rows}
+            v = os.path.join(self.tmp, "dumps", "val", f"rank-{rank}")
+            self.assertEqual(sorted(os.listdir(v)), ["0.jsonl", "3.jsonl"])
+        self.assertEqual(len(inputs), 4, "the ranks' shares are the step's 4 prompts")
 
     def test_one_timeline_and_picture_per_worker(self):
         dirs = self.two["worker_dirs"]

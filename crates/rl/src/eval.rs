@@ -39,6 +39,8 @@ pub struct EvalConfig {
     pub limit: Option<usize>,
     /// Token ids that end a completion (the model's end-of-sequence ids).
     pub stop_token_ids: Vec<u32>,
+    /// Keep each prompt's greedy completion ([`EvalResult::generations`]).
+    pub keep_generations: bool,
 }
 
 impl EvalConfig {
@@ -50,6 +52,7 @@ impl EvalConfig {
             seed: 0,
             limit: None,
             stop_token_ids,
+            keep_generations: false,
         }
     }
 }
@@ -69,6 +72,18 @@ pub struct EvalResult {
     pub k: usize,
     /// Mean length in tokens of the greedy completions (stop token included).
     pub mean_response_len: f64,
+    /// Each prompt's greedy completion, when [`EvalConfig::keep_generations`].
+    pub generations: Vec<EvalGeneration>,
+}
+
+/// One prompt's greedy completion and its reward.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalGeneration {
+    /// The prompt as the model saw it, special tokens left out.
+    pub input: String,
+    pub output: String,
+    pub ground_truth: String,
+    pub scored: Scored,
 }
 
 impl EvalResult {
@@ -111,8 +126,21 @@ pub fn evaluate(
         stop_token_ids: cfg.stop_token_ids.clone(),
         ..SamplingParams::greedy(cfg.max_new_tokens)
     };
-    let (scores, tokens) = score(engine, prompts, &ids, greedy, tokenizer, reward)?;
+    let (scores, tokens, texts) = score(engine, prompts, &ids, greedy, tokenizer, reward)?;
     let first: Vec<&Scored> = scores.iter().map(|s| &s[0]).collect();
+    let mut generations = Vec::new();
+    if cfg.keep_generations {
+        for ((p, ids), (output, scored)) in
+            prompts.iter().zip(&ids).zip(texts.into_iter().zip(&first))
+        {
+            generations.push(EvalGeneration {
+                input: tokenizer.decode(ids, true)?,
+                output,
+                ground_truth: p.ground_truth.clone(),
+                scored: (*scored).clone(),
+            });
+        }
+    }
     let all = Tally::of(&first);
     let mut by_source: BTreeMap<String, Vec<&Scored>> = BTreeMap::new();
     if prompts.iter().any(|p| data_source(p).is_some()) {
@@ -133,7 +161,7 @@ pub fn evaluate(
                 seed: cfg.seed,
                 ..SamplingParams::default()
             };
-            let (scores, _) = score(engine, prompts, &ids, sampled, tokenizer, reward)?;
+            let (scores, ..) = score(engine, prompts, &ids, sampled, tokenizer, reward)?;
             let hits = scores
                 .iter()
                 .filter(|s| s.iter().any(|x| x.score >= RIGHT))
@@ -150,6 +178,7 @@ pub fn evaluate(
         pass_at_k,
         k: cfg.k,
         mean_response_len,
+        generations,
     })
 }
 
@@ -277,8 +306,8 @@ impl std::ops::Add for Tally {
 }
 
 /// Generates for every prompt in one batched call; returns, per prompt,
-/// each completion's reward (with its extra numbers), and the total
-/// completion tokens.
+/// each completion's reward (with its extra numbers), the total
+/// completion tokens, and the completions' texts in order.
 fn score(
     engine: &mut Engine,
     prompts: &[Prompt],
@@ -286,7 +315,7 @@ fn score(
     params: SamplingParams,
     tokenizer: &Tokenizer,
     reward: &mut dyn Reward,
-) -> Result<(Vec<Vec<Scored>>, usize)> {
+) -> Result<(Vec<Vec<Scored>>, usize, Vec<String>)> {
     let requests = ids
         .iter()
         .map(|p| Request::new(p.clone(), params.clone()))
@@ -320,5 +349,6 @@ fn score(
     Ok((
         scores.chunks(params.n).map(<[Scored]>::to_vec).collect(),
         tokens,
+        texts.into_iter().map(|(_, t)| t).collect(),
     ))
 }

@@ -33,6 +33,7 @@ use crate::checkpoints::DataState;
 use crate::config::{Config, FilterMetric};
 use crate::data::{Batch, Dataset, Prompt};
 use crate::eval::{self, EvalConfig, Tally};
+use crate::generations::Generation;
 use crate::metrics::{EvalRecord, EvalTallies, MetricsWriter, StepMetrics};
 use crate::reward::{self, Reward, RewardInput, Scored};
 use crate::rollouts::Rollouts;
@@ -158,11 +159,11 @@ impl Run<'_> {
         let back = self.worker.to_train()?;
         let timing_gen = t.elapsed().as_secs_f64() - eval_s - cost.seconds;
         let Sampled {
+            prompts,
             rollouts,
             scored,
             penalties,
             baselines,
-            ..
         } = sampled;
         let n = rollouts.len(); // samples = prompts × n
 
@@ -181,6 +182,9 @@ impl Run<'_> {
         let baselines: Option<Vec<f32>> =
             baselines.map(|b| rollouts.batch_prompt.iter().map(|&k| b[k]).collect());
         let (timing_reward, reward_failures) = (cost.seconds, cost.failures);
+        if let Some(dir) = &cfg.trainer.rollout_data_dir {
+            self.dump_rollouts(dir, step + 1, &prompts, &rollouts, &scored, &penalties)?;
+        }
 
         // 3. Old, reference and rollout log-probs, (samples, seq) aligned with the tokens.
         //    The first mini-batch is on-policy (no optimizer step since it
@@ -531,6 +535,43 @@ impl Run<'_> {
             .collect()
     }
 
+    /// Writes the step's samples to `dir/{step}.jsonl` (verl's
+    /// `rollout_data_dir`; see [`crate::generations`]).
+    fn dump_rollouts(
+        &self,
+        dir: &Path,
+        step: usize,
+        prompts: &[&Prompt],
+        rollouts: &Rollouts,
+        scored: &[Scored],
+        penalties: &[f64],
+    ) -> Result<()> {
+        // One decode a prompt: its rows share the tokens.
+        let mut inputs: Vec<Option<String>> = vec![None; prompts.len()];
+        for (i, &k) in rollouts.batch_prompt.iter().enumerate() {
+            if inputs[k].is_none() {
+                inputs[k] = Some(self.tokenizer.decode(&rollouts.prompts[i], true)?);
+            }
+        }
+        let rows: Vec<Generation> = (0..rollouts.len())
+            .map(|i| {
+                let k = rollouts.batch_prompt[i];
+                let extra = scored[i].extra.iter().map(|(n, &v)| (n.as_str(), v));
+                let overlong = penalties.get(i).map(|&p| ("overlong_reward", p));
+                Generation {
+                    input: inputs[k].as_deref().unwrap_or_default(),
+                    output: &rollouts.texts[i],
+                    gts: &prompts[k].ground_truth,
+                    score: f64::from(training_score(scored, penalties, i)),
+                    step,
+                    extra: Generation::extras(extra.chain(overlong)),
+                }
+            })
+            .collect();
+        crate::generations::write(dir, step, &rows)?;
+        Ok(())
+    }
+
     /// Generates `n` samples for each prompt of `batch` (rollout phase).
     fn generate(&mut self, batch: &Batch) -> Result<(Rollouts, Option<Vec<String>>)> {
         let cfg = self.config;
@@ -624,7 +665,10 @@ impl Run<'_> {
 
     /// Greedy evaluation of the held-out set (rollout phase).
     fn greedy_eval_now(&mut self) -> Result<eval::EvalResult> {
-        let ecfg = EvalConfig::greedy(self.config.rollout.max_new_tokens, self.stop.clone());
+        let ecfg = EvalConfig {
+            keep_generations: self.config.trainer.validation_data_dir.is_some(),
+            ..EvalConfig::greedy(self.config.rollout.max_new_tokens, self.stop.clone())
+        };
         eval::evaluate(
             self.worker.engine()?,
             &self.val,
@@ -649,7 +693,28 @@ impl Run<'_> {
         self.log_eval(step, result, t)
     }
 
+    /// Writes an evaluation's generations to `dir/{step}.jsonl` when the
+    /// run keeps them (verl's `validation_data_dir`).
+    pub(crate) fn dump_eval(&self, step: usize, result: &eval::EvalResult) -> Result<()> {
+        let Some(dir) = &self.config.trainer.validation_data_dir else {
+            return Ok(());
+        };
+        let rows: Vec<Generation> = (result.generations.iter())
+            .map(|g| Generation {
+                input: &g.input,
+                output: &g.output,
+                gts: &g.ground_truth,
+                score: f64::from(g.scored.score),
+                step,
+                extra: Generation::extras(g.scored.extra.iter().map(|(n, &v)| (n.as_str(), v))),
+            })
+            .collect();
+        crate::generations::write(dir, step, &rows)?;
+        Ok(())
+    }
+
     fn log_eval(&mut self, step: usize, result: eval::EvalResult, t: Instant) -> Result<f64> {
+        self.dump_eval(step, &result)?;
         let parts = [EvalTallies::from(&result)];
         if let Some(record) = EvalRecord::of_parts(step, &parts, t.elapsed().as_secs_f64()) {
             self.metrics.eval(&record)?;

@@ -776,3 +776,23 @@ fn dynamic_sampling_refuses_what_it_cannot_do() {
     // The same size as the step's is no conflict.
     assert!(parse("[data]\ngen_batch_size = 32\n").is_ok());
 }
+
+/// verl's generation dumps: off unless a directory is named.
+#[test]
+fn generation_dumps_are_off_unless_a_directory_is_named() {
+    let c = parse("").unwrap();
+    assert_eq!(
+        (c.trainer.rollout_data_dir, c.trainer.validation_data_dir),
+        (None, None)
+    );
+    let on =
+        parse("[trainer]\nrollout_data_dir = \"gen\"\nvalidation_data_dir = \"/v\"\n").unwrap();
+    assert_eq!(on.trainer.rollout_data_dir, Some("gen".into()));
+    assert_eq!(on.trainer.validation_data_dir, Some("/v".into()));
+    let (line, field, msg) = err("[trainer]\nvalidation_data_dir = \"\"\n");
+    assert_eq!(
+        (line, field.as_str()),
+        (Some(2), "trainer.validation_data_dir"),
+        "{msg}"
+    );
+}

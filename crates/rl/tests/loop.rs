@@ -428,3 +428,66 @@ fn a_run_directory_in_use_is_refused() {
     colo_rl::r#loop::run(&config(&dir, 1, "staged"), &out, false).unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// verl's `rollout_data_dir` and `validation_data_dir`: each step's samples
+/// and each evaluation's greedy completions as `{step}.jsonl`, whose scores
+/// are the ones the metrics report.
+#[test]
+fn generations_are_dumped_as_verl_dumps_them() {
+    let dir = tmp("dumps");
+    let text = config_toml(&dir, 2, "staged", "grpo").replace(
+        "[trainer]\n",
+        &format!(
+            "[trainer]\nrollout_data_dir = {:?}\nvalidation_data_dir = {:?}\n",
+            dir.join("rollouts").display().to_string(),
+            dir.join("val").display().to_string()
+        ),
+    );
+    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    colo_rl::r#loop::run(&cfg, &dir.join("run"), false).unwrap();
+    let lines = |path: PathBuf| -> Vec<serde_json::Value> {
+        (std::fs::read_to_string(&path).unwrap().lines())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let mean = |rows: &[serde_json::Value]| {
+        rows.iter()
+            .map(|r| r["score"].as_f64().unwrap())
+            .sum::<f64>()
+            / rows.len() as f64
+    };
+    for m in steps_of(&dir.join("run")) {
+        let rows = lines(dir.join(format!("rollouts/{}.jsonl", m.step)));
+        assert_eq!(rows.len(), 2 * 4, "2 prompts × 4 samples");
+        assert!((mean(&rows) - m.score_mean).abs() < 1e-6, "step {}", m.step);
+        for r in &rows {
+            assert_eq!(r["step"], m.step);
+            assert!(
+                r["input"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("Question: what is"),
+                "{r}"
+            );
+            let (gts, output) = (r["gts"].as_str().unwrap(), r["output"].as_str().unwrap());
+            assert!(gts.parse::<u32>().is_ok(), "{r}");
+            // The parity reward: 1 for an output of even length (Python counts characters).
+            let parity = f64::from(u8::from(output.chars().count() % 2 == 0));
+            assert_eq!(r["score"].as_f64().unwrap(), parity, "{r}");
+        }
+    }
+    let evals: Vec<colo_rl::EvalRecord> = (read(&dir.join("run/metrics.jsonl")).unwrap())
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::Eval(e) => Some(e),
+            Record::Step(_) => None,
+        })
+        .collect();
+    assert_eq!(evals.len(), 2, "before the first step and at the end");
+    for e in evals {
+        let rows = lines(dir.join(format!("val/{}.jsonl", e.step)));
+        assert_eq!(rows.len(), e.n_samples);
+        assert!((mean(&rows) - e.score_mean).abs() < 1e-9, "step {}", e.step);
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

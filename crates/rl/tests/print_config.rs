@@ -175,6 +175,8 @@ default_score = -1.0
 [trainer]
 total_steps = 7
 out_dir = "runs/x y"
+rollout_data_dir = "dumps/train"
+validation_data_dir = "dumps/val"
 "#,
     ] {
         let printed = round_trip(&parse(text));

@@ -340,6 +340,10 @@ pub struct TrainerConfig {
     /// verl's `trainer.logger` as written (`"console"`, `"file"`): what
     /// colo writes anyway, kept so `--print-config` shows it.
     pub logger: Option<Vec<String>>,
+    /// verl's dumps of the generations, `{step}.jsonl` in these directories
+    /// (see [`crate::generations`]): every step's, every evaluation's.
+    pub rollout_data_dir: Option<PathBuf>,
+    pub validation_data_dir: Option<PathBuf>,
     pub seed: u64,
     pub device: Device,
     pub dtype: Dtype,

@@ -555,6 +555,12 @@ pub struct RawTrainer {
     /// backends (wandb, tensorboard, …) are an error, not ignored.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logger: Option<Loggers>,
+    /// Every step's generations as `{step}.jsonl` in this directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout_data_dir: Option<PathBuf>,
+    /// Every evaluation's generations as `{step}.jsonl` in this directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub validation_data_dir: Option<PathBuf>,
     pub seed: u64,
     pub device: Device,
     #[serde(alias = "model_dtype")]
@@ -577,6 +583,8 @@ impl Default for RawTrainer {
             project_name: None,
             experiment_name: None,
             logger: None,
+            rollout_data_dir: None,
+            validation_data_dir: None,
             seed: 1,
             device: Device::Cpu,
             dtype: Dtype::Auto,

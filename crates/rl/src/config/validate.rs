@@ -639,6 +639,14 @@ fn loggers(raw: Loggers) -> Check<Vec<String>> {
     Ok(names)
 }
 
+/// A directory that is named, if any (`""` names none).
+fn not_empty(field: &str, dir: Option<PathBuf>) -> Check<Option<PathBuf>> {
+    match dir {
+        Some(d) if d.as_os_str().is_empty() => bad(field, "must name a directory, got \"\""),
+        d => Ok(d),
+    }
+}
+
 fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
     let length = match (trainer.total_steps, trainer.total_epochs) {
         (Some(s), _) => RunLength::Steps(positive("trainer.total_steps", s)?),
@@ -661,6 +669,8 @@ fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
         project_name: trainer.project_name,
         experiment_name: trainer.experiment_name,
         logger: trainer.logger.map(loggers).transpose()?,
+        rollout_data_dir: not_empty("trainer.rollout_data_dir", trainer.rollout_data_dir)?,
+        validation_data_dir: not_empty("trainer.validation_data_dir", trainer.validation_data_dir)?,
         seed: trainer.seed,
         device: trainer.device,
         dtype: trainer.dtype,

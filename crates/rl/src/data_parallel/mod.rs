@@ -64,6 +64,8 @@ pub fn rank_config(config: &Config, world: usize) -> Result<Config> {
     local.batch.prompts_per_step = check("data.train_batch_size", plan.prompts_per_step)?;
     local.batch.mini_batch_prompts = check("actor.ppo_mini_batch_size", plan.mini_batch_prompts)?;
     local.batch.samples_per_step = local.batch.prompts_per_step * plan.n;
+    // One generation batch a step (dynamic sampling runs in one process).
+    local.batch.gen_batch_prompts = local.batch.prompts_per_step;
     local.batch.mini_batch_samples = local.batch.mini_batch_prompts * plan.n;
     Ok(local)
 }
@@ -138,7 +140,16 @@ impl Rank {
             }
             None => config,
         };
-        let local = rank_config(&config, world)?;
+        let mut local = rank_config(&config, world)?;
+        // Each rank dumps its share of the generations into a directory of
+        // its own.
+        let t = &mut local.trainer;
+        for d in [&mut t.rollout_data_dir, &mut t.validation_data_dir]
+            .into_iter()
+            .flatten()
+        {
+            *d = d.join(format!("rank-{rank}"));
+        }
         // The run directory is readied, and the configuration recorded, as
         // `colo train` does it: once, by rank 0.
         if rank == 0 {
@@ -263,7 +274,9 @@ impl Rank {
         if self.run.val.prompts.is_empty() {
             return Ok(EvalTallies::default());
         }
-        Ok(EvalTallies::from(&self.run.greedy_eval()?))
+        let result = self.run.greedy_eval()?;
+        self.run.dump_eval(self.next_step, &result)?;
+        Ok(EvalTallies::from(&result))
     }
 
     /// Writes `out/checkpoints/step-N` (call it on one rank: the weights
@@ -360,4 +373,24 @@ pub fn latest_checkpoint(config: &Config, out: &Path) -> Result<checkpoints::Fou
         &out.join(checkpoints::DIR),
         crate::setup::uses_critic(config),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_takes_its_share_of_every_batch() {
+        let global = Config::builtin(); // 32 prompts × 8, mini-batches of 16
+        let local = rank_config(&global, 4).unwrap();
+        let b = local.batch;
+        assert_eq!(
+            (b.prompts_per_step, b.samples_per_step, b.gen_batch_prompts),
+            (8, 64, 8)
+        );
+        assert_eq!((b.mini_batch_prompts, b.mini_batch_samples), (4, 32));
+        let e = rank_config(&global, 3).unwrap_err().to_string();
+        assert!(e.contains("data.train_batch_size = 32"), "{e}");
+        assert_eq!([shard(10, 0, 3), shard(10, 2, 3)], [0..4, 7..10]);
+    }
 }
