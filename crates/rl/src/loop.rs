@@ -75,15 +75,16 @@ pub(crate) struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    /// The worker on `pool` and everything the steps share.
+    /// The worker on `pool` and everything the steps share, for a run of
+    /// `total_steps` steps from the checkpoint in `model_dir`.
     pub(crate) fn new(
         config: &'a Config,
         out: &Path,
         pool: &Arc<colo_mem::Pool>,
-        model_dir: PathBuf,
-        tokenizer: Tokenizer,
+        (model_dir, tokenizer): (PathBuf, Tokenizer),
         val: Dataset,
         metrics: MetricsWriter,
+        total_steps: usize,
     ) -> Result<Self> {
         let stop = colo_model::tokenizer::stop_token_ids(&model_dir, &tokenizer)?;
         let Some(&eos) = stop.first() else {
@@ -97,8 +98,8 @@ impl<'a> Run<'a> {
         let pad = tokenizer.special.pad.as_ref().map_or(eos, |t| t.id);
         let spec = WorkerSpec {
             model_dir: model_dir.clone(),
-            actor: trainer_config(config),
-            critic: uses_critic(config).then(|| critic_config(config)),
+            actor: trainer_config(config, total_steps),
+            critic: uses_critic(config).then(|| critic_config(config, total_steps)),
             engine: engine_config(config),
             memory: config.memory.clone(),
             reference: config.algorithm.needs_ref(&config.actor),

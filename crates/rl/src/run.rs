@@ -142,6 +142,14 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
 
     // ---- resume: which checkpoint, and the records after it go -------------
     let total = config.total_steps(train.len());
+    // A run in epochs knows its optimizer steps only now.
+    let optimizer_steps = total.saturating_mul(config.batch.optimizer_steps_per_step);
+    if let Some(why) = config.actor.optim.schedule_error(optimizer_steps) {
+        return Err(Error::Dataset(format!(
+            "{} training prompts make {total} steps: {why}",
+            train.len()
+        )));
+    }
     let metrics_path = out.join("metrics.jsonl");
     let mut start = Start {
         first_step: 0,
@@ -229,6 +237,17 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
         }
     }
     run_config::write(out, config)?;
+    // The dump directories are made now: one that cannot be is said before
+    // the first step, not after it.
+    for dir in [
+        &config.trainer.rollout_data_dir,
+        &config.trainer.validation_data_dir,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
     let pool = crate::setup::make_pool(config)?;
     // A resumed process's start-up belongs after its checkpoint's step.
     pool.set_step(start.first_step as u64);
@@ -312,9 +331,10 @@ fn train_steps(
         val,
         metrics,
     } = setup;
-    let mut run = Run::new(config, out, pool, model_dir, tokenizer, val, metrics)?;
-    let ckpt_dir = out.join(checkpoints::DIR);
     let (first_step, total) = (start.first_step, start.total);
+    let model = (model_dir, tokenizer);
+    let mut run = Run::new(config, out, pool, model, val, metrics, total)?;
+    let ckpt_dir = out.join(checkpoints::DIR);
     if first_step > 0 {
         let dir = checkpoints::step_dir(&ckpt_dir, first_step);
         run.worker.load_checkpoint(&dir)?;

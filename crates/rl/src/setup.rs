@@ -173,13 +173,20 @@ fn no_cuda() -> crate::Error {
     }
 }
 
-pub(crate) fn trainer_config(config: &Config) -> colo_train::TrainerConfig {
+/// The actor's engine for a run of `total_steps` RL steps (the cosine
+/// schedule decays over their optimizer steps).
+pub(crate) fn trainer_config(config: &Config, total_steps: usize) -> colo_train::TrainerConfig {
     let a = &config.actor.optim;
+    let optimizer_steps = total_steps.saturating_mul(config.batch.optimizer_steps_per_step);
     colo_train::TrainerConfig {
         optim: colo_train::OptimConfig {
             lr: a.lr,
+            betas: a.betas,
             weight_decay: a.weight_decay,
             warmup_steps: a.warmup_steps as u64,
+            schedule: a.schedule,
+            total_steps: Some(optimizer_steps as u64),
+            min_lr_ratio: a.min_lr_ratio,
             grad_clip: (a.grad_clip > 0.0).then_some(a.grad_clip),
             ..colo_train::OptimConfig::default()
         },
@@ -344,10 +351,10 @@ pub(crate) fn uses_critic(config: &Config) -> bool {
 }
 
 /// The critic's engine: the actor's settings plus a value head.
-pub(crate) fn critic_config(config: &Config) -> colo_train::TrainerConfig {
+pub(crate) fn critic_config(config: &Config, total_steps: usize) -> colo_train::TrainerConfig {
     colo_train::TrainerConfig {
         value_head: Some(Default::default()),
-        ..trainer_config(config)
+        ..trainer_config(config, total_steps)
     }
 }
 

@@ -796,3 +796,41 @@ fn generation_dumps_are_off_unless_a_directory_is_named() {
         "{msg}"
     );
 }
+
+/// verl's optimizer keys beyond lr: the schedule after warmup (also by its
+/// newer name), the cosine's floor, Adam's betas; and a cosine that would
+/// have no steps left after its warmup is refused.
+#[test]
+fn the_learning_rate_schedule_and_betas_are_verls() {
+    let c = parse("").unwrap().actor.optim;
+    assert_eq!(
+        (c.schedule, c.min_lr_ratio, c.betas),
+        (colo_train::ScheduleKind::Constant, 0.0, (0.9, 0.999))
+    );
+    for key in ["warmup_style", "lr_scheduler_type"] {
+        let text =
+            format!("[actor]\n{key} = \"cosine\"\nmin_lr_ratio = 0.1\nbetas = [0.9, 0.95]\n");
+        let c = parse(&text).unwrap().actor.optim;
+        assert_eq!(
+            (c.schedule, c.min_lr_ratio, c.betas),
+            (colo_train::ScheduleKind::Cosine, 0.1, (0.9, 0.95))
+        );
+    }
+    for (text, want_field, want) in [
+        (
+            "[actor]\nmin_lr_ratio = 1.5\n",
+            "actor.min_lr_ratio",
+            "[0, 1]",
+        ),
+        ("[actor]\nbetas = [0.9, 1.0]\n", "actor.betas", "[0, 1)"),
+        (
+            "[actor]\nwarmup_style = \"cosine\"\nwarmup_steps = 40\n[trainer]\ntotal_steps = 10\n",
+            "actor.warmup_steps",
+            "optimizer steps, 20, which must be more than actor.warmup_steps = 40",
+        ),
+    ] {
+        let (_, field, msg) = err(text);
+        assert_eq!(field, want_field, "{text}: {msg}");
+        assert!(msg.contains(want), "{text}: {msg}");
+    }
+}

@@ -491,3 +491,43 @@ fn generations_are_dumped_as_verl_dumps_them() {
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `warmup_style = "cosine"` decays over the run's optimizer steps: 3 steps
+/// of 2 mini-batches are 6, and the last update of step k is optimizer
+/// step 2k − 1 (0-based), whose rate `actor/lr` reports.
+#[test]
+fn a_cosine_schedule_decays_over_the_runs_optimizer_steps() {
+    let dir = tmp("cosine");
+    let text = config_toml(&dir, 3, "staged", "grpo").replace(
+        "warmup_steps = 0\n",
+        "warmup_steps = 0\nwarmup_style = \"cosine\"\nmin_lr_ratio = 0.1\n",
+    );
+    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    colo_rl::r#loop::run(&cfg, &dir.join("run"), false).unwrap();
+    for m in steps_of(&dir.join("run")) {
+        let progress = (2 * m.step - 1) as f64 / 6.0;
+        let cos = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
+        let want = 1e-3 * (0.1 + 0.9 * cos);
+        assert!(
+            (m.lr - want).abs() < 1e-12,
+            "step {}: {} vs {want}",
+            m.step,
+            m.lr
+        );
+    }
+    // A run in epochs learns its length from the data: a warmup longer than
+    // it is refused before anything runs.
+    let epochs = text
+        .replace("total_steps = 3", "total_epochs = 1")
+        .replace("warmup_steps = 0\n", "warmup_steps = 40\n");
+    let cfg = Config::from_toml(&epochs, &dir.join("run.toml")).unwrap();
+    let e = colo_rl::r#loop::run(&cfg, &dir.join("epochs"), false).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("12 training prompts make 6 steps")
+            && msg.contains("12, which must be more than actor.warmup_steps = 40"),
+        "{msg}"
+    );
+    assert!(!dir.join("epochs/checkpoints/step-1").exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}

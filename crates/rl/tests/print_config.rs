@@ -118,6 +118,9 @@ ppo_mini_batch_size = 8
 ppo_micro_batch_size = 16
 clip_ratio_low = 0.2
 clip_ratio_high = 0.28
+warmup_style = "cosine"
+min_lr_ratio = 0.1
+betas = [0.9, 0.95]
 use_kl_loss = false
 loss_agg_mode = "seq-mean-token-sum-norm"
 [algorithm.overlong_buffer]

@@ -37,7 +37,7 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
 }
 
 /// Most keys a hint lists before it sends the reader to `--print-config`.
-const HINT_KEYS: usize = 4;
+const HINT_KEYS: usize = 6;
 
 /// A hint for an unknown key `name`: the keys of colo's file that hold it
 /// — those named `name` in another section, and those whose verl spelling

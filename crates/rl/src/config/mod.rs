@@ -193,9 +193,30 @@ pub struct RolloutConfig {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OptimConfig {
     pub lr: f64,
+    /// Optimizer steps of linear warmup.
     pub warmup_steps: usize,
     pub weight_decay: f64,
     pub grad_clip: f64,
+    /// What follows the warmup (verl's `warmup_style`).
+    pub schedule: colo_train::ScheduleKind,
+    /// The cosine's floor as a fraction of `lr`.
+    pub min_lr_ratio: f64,
+    pub betas: (f64, f64),
+}
+
+impl OptimConfig {
+    /// Why a run of `optimizer_steps` cannot take this schedule, if it
+    /// cannot: a cosine decays after the warmup, so it needs more steps.
+    pub fn schedule_error(&self, optimizer_steps: usize) -> Option<String> {
+        (self.schedule == colo_train::ScheduleKind::Cosine && optimizer_steps <= self.warmup_steps)
+            .then(|| {
+                format!(
+                    "actor.warmup_style = \"cosine\" decays over the run's optimizer steps, \
+                     {optimizer_steps}, which must be more than actor.warmup_steps = {}",
+                    self.warmup_steps
+                )
+            })
+    }
 }
 
 /// The KL term of the actor loss (verl's `use_kl_loss`).

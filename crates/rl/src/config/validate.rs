@@ -133,6 +133,12 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
     }
     let memory_cfg = memory_section(&memory)?;
     let trainer_cfg = trainer_section(trainer)?;
+    if let RunLength::Steps(steps) = trainer_cfg.length {
+        let optimizer_steps = steps.saturating_mul(batch.optimizer_steps_per_step);
+        if let Some(why) = actor_cfg.optim.schedule_error(optimizer_steps) {
+            return bad("actor.warmup_steps", why);
+        }
+    }
     let cluster_cfg = cluster_section(cluster, &batch)?;
     if algorithm_cfg.filter_groups.is_some() && cluster_cfg.workers > 1 {
         return bad(
@@ -430,6 +436,14 @@ fn batch_plan(prompts: usize, n: usize, longest: usize, actor: &RawActor) -> Che
     Ok(batch)
 }
 
+/// An Adam β: in [0, 1).
+fn beta(field: &str, b: f64) -> Check<f64> {
+    match (0.0..1.0).contains(&b) {
+        true => Ok(b),
+        false => bad(field, format!("each must be in [0, 1), got {b}")),
+    }
+}
+
 fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
     above_zero("actor.lr", actor.lr)?;
     let policy_loss = PolicyLossConfig {
@@ -454,6 +468,12 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
             warmup_steps: actor.warmup_steps,
             weight_decay: in_range("actor.weight_decay", actor.weight_decay, 0.0, 1.0)?,
             grad_clip: above_zero("actor.grad_clip", actor.grad_clip)?,
+            schedule: actor.warmup_style,
+            min_lr_ratio: in_range("actor.min_lr_ratio", actor.min_lr_ratio, 0.0, 1.0)?,
+            betas: (
+                beta("actor.betas", actor.betas[0])?,
+                beta("actor.betas", actor.betas[1])?,
+            ),
         },
         ppo_epochs,
         policy_loss,

@@ -198,7 +198,9 @@ impl Rank {
                 )
             }
         };
-        let mut run = Run::new(local, &dir, &pool, model_dir, tokenizer, val, metrics)?;
+        let total = global.total_steps(train.len());
+        let model = (model_dir, tokenizer);
+        let mut run = Run::new(local, &dir, &pool, model, val, metrics, total)?;
         run.worker.actor.set_collective(Some(collective()));
         if let Some(c) = &mut run.worker.critic {
             c.set_collective(Some(collective()));

@@ -23,7 +23,7 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-use super::{Reward, RewardInput};
+use super::{Reward, RewardInput, Scored};
 use crate::Result;
 
 /// verl's text when no answer was found.
@@ -197,10 +197,23 @@ impl Reward for DapoMath {
     }
 
     fn score(&mut self, i: &RewardInput<'_>) -> Result<f32> {
-        Ok(match judge(i.completion, i.ground_truth).0 {
-            true => 1.0,
-            false => -1.0,
-        })
+        Ok(self.score_extra(i).score)
+    }
+
+    /// verl's result dict: the score and `acc` (its text `pred` is not a
+    /// number, and colo keeps numbers only).
+    fn score_batch_extra(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<Scored>> {
+        Ok(inputs.iter().map(|i| self.score_extra(i)).collect())
+    }
+}
+
+impl DapoMath {
+    fn score_extra(&self, i: &RewardInput<'_>) -> Scored {
+        let right = judge(i.completion, i.ground_truth).0;
+        Scored {
+            score: if right { 1.0 } else { -1.0 },
+            extra: [("acc".to_owned(), f64::from(u8::from(right)))].into(),
+        }
     }
 }
 

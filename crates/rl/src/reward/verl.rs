@@ -14,7 +14,7 @@
 
 use super::dapo::DapoMath;
 use super::rules::{BoxedMatch, NumericMatch};
-use super::{Reward, RewardInput};
+use super::{Reward, RewardInput, Scored};
 use crate::Result;
 
 /// The field of a dataset row that names its source.
@@ -47,30 +47,45 @@ impl Reward for VerlDefault {
     }
 
     fn score(&mut self, i: &RewardInput<'_>) -> Result<f32> {
-        let Some(source) = i
-            .extra
-            .and_then(|e| e.get(DATA_SOURCE))
-            .and_then(|v| v.as_str())
-        else {
-            return Err(i.fail(
-                "verl",
-                format!(
-                    "the row has no `{DATA_SOURCE}` string, by which verl's default reward \
+        rule_of(i)?.score(i)
+    }
+
+    /// The rule's numbers beside its score (DAPO's `acc`), as verl's
+    /// reward manager keeps a rule's result dict.
+    fn score_batch_extra(&mut self, inputs: &[RewardInput<'_>]) -> Result<Vec<Scored>> {
+        let mut out = Vec::with_capacity(inputs.len());
+        for i in inputs {
+            out.extend(rule_of(i)?.score_batch_extra(std::slice::from_ref(i))?);
+        }
+        Ok(out)
+    }
+}
+
+/// The rule of sample `i`'s row, or the error naming what is missing.
+fn rule_of(i: &RewardInput<'_>) -> Result<Box<dyn Reward>> {
+    let Some(source) = i
+        .extra
+        .and_then(|e| e.get(DATA_SOURCE))
+        .and_then(|v| v.as_str())
+    else {
+        return Err(i.fail(
+            "verl",
+            format!(
+                "the row has no `{DATA_SOURCE}` string, by which verl's default reward \
                      picks its rule"
-                ),
-            ));
-        };
-        match rule_for(source) {
-            Some(mut rule) => rule.score(i),
-            None => Err(i.fail(
-                "verl",
-                format!(
-                    "data_source {source:?} has no rule in colo (it has openai/gsm8k, \
+            ),
+        ));
+    };
+    match rule_for(source) {
+        Some(rule) => Ok(rule),
+        None => Err(i.fail(
+            "verl",
+            format!(
+                "data_source {source:?} has no rule in colo (it has openai/gsm8k, \
                      lighteval/MATH and DAPO's math_dapo): write verl's rule as an external reward \
                      (reward.kind = \"external\")"
-                ),
-            )),
-        }
+            ),
+        )),
     }
 }
 
@@ -158,6 +173,33 @@ mod tests {
             );
             assert_eq!(score(Some(source), "34", "34").unwrap(), -1.0, "{source}");
         }
+    }
+
+    /// verl's `math_dapo` returns `acc` beside its score; GSM8K's rule a
+    /// plain number.
+    #[test]
+    fn dapo_rows_say_acc_beside_the_score() {
+        let (dapo, gsm8k) = (row(Some("math_dapo")), row(Some("openai/gsm8k")));
+        let input = |completion, extra| RewardInput {
+            sample: 0,
+            prompt_id: 0,
+            prompt: "q",
+            completion,
+            ground_truth: "34",
+            extra: Some(extra),
+        };
+        let mut reward = build(&toml::from_str::<RewardSpec>("kind = \"verl\"").unwrap()).unwrap();
+        let scored = reward
+            .score_batch_extra(&[
+                input("Answer: 34", &dapo),
+                input("Answer: 3", &dapo),
+                input("#### 34", &gsm8k),
+            ])
+            .unwrap();
+        let got: Vec<(f32, Option<f64>)> = (scored.iter())
+            .map(|s| (s.score, s.extra.get("acc").copied()))
+            .collect();
+        assert_eq!(got, [(1.0, Some(1.0)), (-1.0, Some(0.0)), (1.0, None)]);
     }
 
     #[test]
