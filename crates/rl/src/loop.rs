@@ -194,9 +194,12 @@ impl Run<'_> {
         //    π_old before any update (KL in the reward).
         let seqs = rollouts.seq_batch(0..n, self.pad)?;
         let t = Instant::now();
-        let first = match cfg.algorithm.kl_in_reward {
-            Some(_) => 0,
-            None => plan.mini_batch_samples.min(n),
+        // The critic's warmup steps update no actor (so nothing computes
+        // π_old for the mismatch metrics either).
+        let actor_updates = step >= cfg.trainer.critic_warmup;
+        let first = match (&cfg.algorithm.kl_in_reward, actor_updates) {
+            (None, true) => plan.mini_batch_samples.min(n),
+            _ => 0,
         };
         let old = self.score_old(&rollouts, &seqs, first)?;
         let timing_old = t.elapsed().as_secs_f64();
@@ -270,6 +273,10 @@ impl Run<'_> {
         // kernel freeing the pages, then faulting them in again) for no
         // lower peak (43.1 MiB either way).
         let loss = loss_config(cfg);
+        let critic_loss = CriticLossConfig {
+            cliprange_value: cfg.critic.cliprange_value,
+            loss_agg_mode: cfg.critic.loss_agg_mode,
+        };
         let mut updates: Vec<PolicyMetrics> = Vec::new();
         let mut critic_updates: Vec<CriticMetrics> = Vec::new();
         for _epoch in 0..cfg.actor.ppo_epochs {
@@ -290,10 +297,12 @@ impl Run<'_> {
                 if updates.is_empty() && rows.end <= first {
                     pb = pb.old_from_update(); // fills `old`'s rows
                 }
-                updates.push(self.worker.actor.update_policy(&pb, &loss)?);
+                if actor_updates {
+                    updates.push(self.worker.actor.update_policy(&pb, &loss)?);
+                }
                 if let (Some(c), Some(v), Some(r)) = (&mut self.worker.critic, &values, &returns) {
                     let cb = CriticBatch::new(mb.clone(), &cut(v)?, &cut(r)?)?;
-                    critic_updates.push(c.update_critic(&cb, &CriticLossConfig::default())?);
+                    critic_updates.push(c.update_critic(&cb, &critic_loss)?);
                 }
             }
         }
@@ -311,8 +320,11 @@ impl Run<'_> {
         let mismatch = mismatch_metrics(&old, &rollout_lp, seqs.response_mask())?;
 
         // 6. Metrics with verl's names.
-        let mean = |f: fn(&PolicyMetrics) -> f64| {
-            updates.iter().map(f).sum::<f64>() / updates.len().max(1) as f64
+        // The actor's metrics are not numbers in the critic's warmup
+        // (`null` in metrics.jsonl; verl logs none).
+        let mean = |f: fn(&PolicyMetrics) -> f64| match updates.is_empty() {
+            true => f64::NAN,
+            false => updates.iter().map(f).sum::<f64>() / updates.len() as f64,
         };
         let resp_lens: Vec<f64> = rollouts.responses.iter().map(|r| r.len() as f64).collect();
         let tokens: usize = rollouts

@@ -176,7 +176,15 @@ fn no_cuda() -> crate::Error {
 /// The actor's engine for a run of `total_steps` RL steps (the cosine
 /// schedule decays over their optimizer steps).
 pub(crate) fn trainer_config(config: &Config, total_steps: usize) -> colo_train::TrainerConfig {
-    let a = &config.actor.optim;
+    engine_for(config, &config.actor.optim, total_steps)
+}
+
+/// An engine with the optimizer `a` for a run of `total_steps` RL steps.
+fn engine_for(
+    config: &Config,
+    a: &crate::config::OptimConfig,
+    total_steps: usize,
+) -> colo_train::TrainerConfig {
     let optimizer_steps = total_steps.saturating_mul(config.batch.optimizer_steps_per_step);
     colo_train::TrainerConfig {
         optim: colo_train::OptimConfig {
@@ -350,11 +358,11 @@ pub(crate) fn uses_critic(config: &Config) -> bool {
     config.algorithm.advantage.adv_estimator == AdvEstimator::Gae
 }
 
-/// The critic's engine: the actor's settings plus a value head.
+/// The critic's engine: its optimizer (`[critic]`) plus a value head.
 pub(crate) fn critic_config(config: &Config, total_steps: usize) -> colo_train::TrainerConfig {
     colo_train::TrainerConfig {
         value_head: Some(Default::default()),
-        ..trainer_config(config, total_steps)
+        ..engine_for(config, &config.critic.optim, total_steps)
     }
 }
 

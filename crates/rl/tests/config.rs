@@ -218,12 +218,19 @@ max_response_length = 64
         msg.contains("colo keeps it as `rollout.max_new_tokens`"),
         "verl's data.max_response_length: {msg}"
     );
-    let (_, _, msg) = err("[optim]
+    let (_, _, msg) = err("[actor.optim]
 lr = 1e-6
 ");
     assert!(
         msg.contains("colo keeps it as `actor.lr`, `actor.warmup_steps`, `actor.weight_decay`"),
         "verl's actor.optim.*: {msg}"
+    );
+    let (_, _, msg) = err("[critic.optim]
+lr = 1e-5
+");
+    assert!(
+        msg.contains("colo keeps it as `critic.lr`, `critic.warmup_steps`, `critic.weight_decay`"),
+        "verl's critic.optim.*: {msg}"
     );
     let (_, _, msg) = err("[custom_reward_function]
 path = \"my_reward.py\"
@@ -827,6 +834,48 @@ fn the_learning_rate_schedule_and_betas_are_verls() {
             "[actor]\nwarmup_style = \"cosine\"\nwarmup_steps = 40\n[trainer]\ntotal_steps = 10\n",
             "actor.warmup_steps",
             "optimizer steps, 20, which must be more than actor.warmup_steps = 40",
+        ),
+    ] {
+        let (_, field, msg) = err(text);
+        assert_eq!(field, want_field, "{text}: {msg}");
+        assert!(msg.contains(want), "{text}: {msg}");
+    }
+}
+
+/// `[critic]`: the actor's optimizer unless it says otherwise; its warmup
+/// needs a critic.
+#[test]
+fn the_critic_takes_the_actors_optimizer_but_for_what_it_sets() {
+    let c = parse("[actor]\nlr = 2e-6\nloss_agg_mode = \"seq-mean-token-mean\"\n").unwrap();
+    assert_eq!(c.critic.optim, c.actor.optim);
+    assert_eq!(c.critic.cliprange_value, 0.5);
+    assert_eq!(c.critic.loss_agg_mode, LossAggMode::SeqMeanTokenMean);
+    assert_eq!(c.trainer.critic_warmup, 0);
+    let c = parse(
+        "[algorithm]\nadv_estimator = \"gae\"\n[critic]\nlr = 1e-5\ngrad_clip = 0.5\n\
+         [trainer]\ncritic_warmup = 3\n",
+    )
+    .unwrap();
+    assert_eq!((c.critic.optim.lr, c.critic.optim.grad_clip), (1e-5, 0.5));
+    assert_eq!(c.critic.optim.warmup_steps, c.actor.optim.warmup_steps);
+    assert_eq!(c.trainer.critic_warmup, 3);
+    for (text, want_field, want) in [
+        ("[critic]\nlr = 0\n", "critic.lr", "> 0"),
+        (
+            "[critic]\ncliprange_value = -1\n",
+            "critic.cliprange_value",
+            "> 0",
+        ),
+        (
+            "[trainer]\ncritic_warmup = 2\n",
+            "trainer.critic_warmup",
+            "\"gae\"",
+        ),
+        (
+            "[actor]\nwarmup_style = \"cosine\"\nwarmup_steps = 1\n[critic]\nwarmup_steps = 99\n\
+             [trainer]\ntotal_steps = 10\n",
+            "critic.warmup_steps",
+            "more than critic.warmup_steps = 99",
         ),
     ] {
         let (_, field, msg) = err(text);

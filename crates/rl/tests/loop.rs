@@ -531,3 +531,44 @@ fn a_cosine_schedule_decays_over_the_runs_optimizer_steps() {
     assert!(!dir.join("epochs/checkpoints/step-1").exists());
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// PPO's `[critic]` trains with its own optimizer settings, and
+/// `trainer.critic_warmup` steps update the critic alone: their actor
+/// metrics are not numbers, and the checkpoint's optimizer step counts say
+/// which model was updated how often.
+#[test]
+fn the_critic_has_its_own_learning_rate_and_warms_up_alone() {
+    let dir = tmp("critic");
+    let text = config_toml(&dir, 3, "staged", "gae")
+        .replace("[trainer]\n", "[trainer]\ncritic_warmup = 2\n")
+        + "\n[critic]\nlr = 3e-3\nwarmup_steps = 0\ncliprange_value = 0.2\n";
+    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    colo_rl::r#loop::run(&cfg, &dir.join("run"), false).unwrap();
+    let steps = steps_of(&dir.join("run"));
+    for m in &steps {
+        assert!(m.vf_loss.is_some_and(f64::is_finite), "step {}", m.step);
+        let warming = m.step <= 2;
+        assert_eq!(
+            m.pg_loss.is_nan(),
+            warming,
+            "step {}: {}",
+            m.step,
+            m.pg_loss
+        );
+        assert_eq!(m.grad_norm.is_nan(), warming, "step {}", m.step);
+    }
+    let state = |sub: &str| -> serde_json::Value {
+        let path = dir
+            .join("run/checkpoints/step-3")
+            .join(sub)
+            .join("trainer_state.json");
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let (actor, critic) = (state(""), state("critic"));
+    // Two mini-batches a step: the actor's only in step 3.
+    assert_eq!(actor["optimizer_steps"], 2);
+    assert_eq!(critic["optimizer_steps"], 6);
+    assert_eq!(actor["next_lr"], 1e-3);
+    assert_eq!(critic["next_lr"], 3e-3);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -85,6 +85,7 @@ fn the_builtin_config_round_trips_and_every_key_has_a_comment() {
             "[model]",
             "[rollout]",
             "[actor]",
+            "[critic]",
             "[algorithm]",
             "[reward]",
             "[memory]",
@@ -141,13 +142,19 @@ save_freq = -1
 test_freq = 0
 dtype = "bf16"
 "#,
-        // A weighted reward, KL in the reward, truncated IS, held-out files.
+        // A weighted reward, KL in the reward, truncated IS, held-out files;
+        // PPO's critic with its own learning rate and a warmup.
         r#"
 [data]
 train_files = ["a.jsonl", "b.jsonl"]
 val_files = ["v.jsonl"]
+[critic]
+lr = 1e-5
+cliprange_value = 0.3
+[trainer]
+critic_warmup = 2
 [algorithm]
-adv_estimator = "rloo"
+adv_estimator = "gae"
 use_kl_in_reward = true
 kl_penalty = "k2"
 kl_ctrl = { type = "adaptive", kl_coef = 0.05, target_kl = 0.2, horizon = 500 }

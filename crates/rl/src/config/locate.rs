@@ -26,7 +26,7 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
             field = join(&field, unknown);
         }
         line = key_line(text, &field).or(line);
-        message.push_str(&where_colo_keeps(unknown));
+        message.push_str(&where_colo_keeps(&field));
     }
     Error::Config {
         path: path.to_owned(),
@@ -44,18 +44,34 @@ const HINT_KEYS: usize = 6;
 /// has `name` as one of its dotted parts (verl's `data.max_response_length`
 /// is colo's `rollout.max_new_tokens`; verl's `optim` settings are in
 /// `[actor]`) — and where to see them all.
-fn where_colo_keeps(name: &str) -> String {
-    let is_part = |path: &str| path.split('.').any(|part| part == name);
-    let keys: Vec<&str> = print::DOCS
-        .iter()
-        .filter(|d| {
-            d.key.rsplit('.').next() == Some(name)
-                || d.verl
-                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
-                    .any(is_part)
-        })
+fn where_colo_keeps(field: &str) -> String {
+    let (parent, name) = match field.rsplit_once('.') {
+        Some((parent, name)) => (parent.rsplit('.').next(), name),
+        None => (None, field),
+    };
+    let verl_paths = |d: &print::Doc| {
+        (d.verl
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.')))
+        .map(str::to_owned)
+        .collect::<Vec<_>>()
+    };
+    let is_part = |path: &String| path.split('.').any(|part| part == name);
+    let mut keys: Vec<&str> = (print::DOCS.iter())
+        .filter(|d| d.key.rsplit('.').next() == Some(name) || verl_paths(d).iter().any(is_part))
         .map(|d| d.key)
         .collect();
+    // Too many to list: those of verl's `parent.name` may be few
+    // (`[actor.optim]` is the actor's optimizer, `[critic.optim]` the critic's).
+    if let (Some(parent), true) = (parent, keys.len() > HINT_KEYS) {
+        let within = format!("{parent}.{name}");
+        let narrowed: Vec<&str> = (print::DOCS.iter())
+            .filter(|d| verl_paths(d).iter().any(|p| p.contains(&within)))
+            .map(|d| d.key)
+            .collect();
+        if !narrowed.is_empty() {
+            keys = narrowed;
+        }
+    }
     let all = "`colo train --print-config` writes every key with verl's name beside it";
     match keys.len() {
         0 => format!(" ({all})"),

@@ -45,7 +45,8 @@ mod validate;
 use std::path::{Path, PathBuf};
 
 use colo_algo::{
-    AdvantageConfig, KlControlConfig, KlEstimator, PolicyLossConfig, RolloutCorrectionConfig,
+    AdvantageConfig, KlControlConfig, KlEstimator, LossAggMode, PolicyLossConfig,
+    RolloutCorrectionConfig,
 };
 
 pub use raw::{Colocation, Device, Dtype, OffloadPolicy, RawConfig};
@@ -69,6 +70,7 @@ pub struct Config {
     pub model: ModelSource,
     pub rollout: RolloutConfig,
     pub actor: ActorConfig,
+    pub critic: CriticConfig,
     pub algorithm: AlgorithmConfig,
     pub reward: RewardSpec,
     pub memory: MemoryConfig,
@@ -239,6 +241,15 @@ pub struct ActorConfig {
     pub gradient_checkpointing: bool,
 }
 
+/// `[critic]`: the value model's training (GAE runs only).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CriticConfig {
+    /// The actor's, but for what `[critic]` sets.
+    pub optim: OptimConfig,
+    pub cliprange_value: f64,
+    pub loss_agg_mode: LossAggMode,
+}
+
 /// KL as a reward penalty (verl's `use_kl_in_reward`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct KlInReward {
@@ -361,6 +372,8 @@ pub struct TrainerConfig {
     /// verl's `trainer.logger` as written (`"console"`, `"file"`): what
     /// colo writes anyway, kept so `--print-config` shows it.
     pub logger: Option<Vec<String>>,
+    /// Steps at the start that update the critic only (GAE runs).
+    pub critic_warmup: usize,
     /// verl's dumps of the generations, `{step}.jsonl` in these directories
     /// (see [`crate::generations`]): every step's, every evaluation's.
     pub rollout_data_dir: Option<PathBuf>,

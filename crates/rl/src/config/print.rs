@@ -13,9 +13,9 @@ use colo_algo::{KlControlConfig, KlEstimator};
 use toml::{Table, Value};
 
 use super::raw::{
-    Files, Loggers, RawActor, RawAlgorithm, RawCapacity, RawCluster, RawData, RawFilterGroups,
-    RawMemory, RawModel, RawOverlongBuffer, RawRollout, RawRolloutCorrection, RawTrainer,
-    RawValKwargs,
+    Files, Loggers, RawActor, RawAlgorithm, RawCapacity, RawCluster, RawCritic, RawData,
+    RawFilterGroups, RawMemory, RawModel, RawOverlongBuffer, RawRollout, RawRolloutCorrection,
+    RawTrainer, RawValKwargs,
 };
 use super::*;
 
@@ -124,6 +124,13 @@ pub(crate) const DOCS: &[Doc] = &[
     d("actor.use_kl_loss", "add a KL(actor ‖ reference) term to the loss (loads the reference model)", "bool", "actor_rollout_ref.actor.use_kl_loss"),
     d("actor.kl_loss_coef", "coefficient of the KL loss", "≥ 0", "actor_rollout_ref.actor.kl_loss_coef"),
     d("actor.kl_loss_type", "KL estimator of the loss", "\"k1\" (kl), \"abs\", \"k2\" (mse), \"k3\" (low_var_kl)", "actor_rollout_ref.actor.kl_loss_type"),
+    // [critic]
+    opt("critic.lr", "the value model's learning rate (PPO with algorithm.adv_estimator = \"gae\"; verl's default is 10× its actor's)", "> 0", "critic.optim.lr", "actor.lr"),
+    opt("critic.warmup_steps", "its linear warmup (the schedule's shape and the betas are the actor's)", "optimiser steps", "critic.optim.lr_warmup_steps (alias)", "actor.warmup_steps"),
+    opt("critic.weight_decay", "its AdamW weight decay", "[0, 1]", "critic.optim.weight_decay", "actor.weight_decay"),
+    opt("critic.grad_clip", "its gradient-norm clip", "> 0", "critic.grad_clip", "actor.grad_clip"),
+    d("critic.cliprange_value", "the value loss's clip around the values the step started from", "> 0", "critic.cliprange_value"),
+    opt("critic.loss_agg_mode", "how the value loss is averaged over tokens", "as actor.loss_agg_mode", "critic.loss_agg_mode", "actor.loss_agg_mode"),
     // [algorithm]
     d("algorithm.adv_estimator", "advantage estimator", "\"grpo\", \"rloo\", \"reinforce_plus_plus\", \"reinforce_plus_plus_baseline\", \"remax\", \"gae\" (trains a critic)", "algorithm.adv_estimator"),
     d("algorithm.gamma", "discount (GAE, REINFORCE++)", "[0, 1]", "algorithm.gamma"),
@@ -177,6 +184,7 @@ pub(crate) const DOCS: &[Doc] = &[
     opt("trainer.project_name", "the project's name; names the run directory when out_dir is not written", "path component", "trainer.project_name", "none"),
     opt("trainer.experiment_name", "the run's name; names the run directory when out_dir is not written", "path component", "trainer.experiment_name", "none"),
     opt("trainer.logger", "where metrics go: colo always writes the console and metrics.jsonl, so only these two are accepted (other backends are an error)", "\"console\", \"file\" or a list of them", "trainer.logger", "both, always"),
+    d("trainer.critic_warmup", "steps at the start that train only the critic, so the actor's first update has learnt values (GAE)", "RL steps", "trainer.critic_warmup (verl updates the actor from step critic_warmup; colo after critic_warmup steps)"),
     opt("trainer.rollout_data_dir", "every step's generations as {step}.jsonl in this directory, one line a sample: input (the prompt as the model saw it), output, gts, score (the training reward), step and the reward's other numbers", "path", "trainer.rollout_data_dir", "not written"),
     opt("trainer.validation_data_dir", "every evaluation's greedy generations as {step}.jsonl in this directory, as rollout_data_dir's", "path", "trainer.validation_data_dir", "not written"),
     d("trainer.seed", "seed of sampling and initialisation; data.seed defaults to it", "integer", "data.seed, actor_rollout_ref.rollout.seed"),
@@ -294,6 +302,14 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
             kl_loss_coef: kl.coef,
             kl_loss_type: kl.estimator,
         },
+        critic: RawCritic {
+            lr: Some(c.critic.optim.lr),
+            warmup_steps: Some(c.critic.optim.warmup_steps),
+            weight_decay: Some(c.critic.optim.weight_decay),
+            grad_clip: Some(c.critic.optim.grad_clip),
+            cliprange_value: c.critic.cliprange_value,
+            loss_agg_mode: Some(c.critic.loss_agg_mode),
+        },
         algorithm: RawAlgorithm {
             adv_estimator: adv.adv_estimator,
             gamma: adv.gamma,
@@ -347,6 +363,7 @@ pub(crate) fn to_raw(c: &Config) -> RawConfig {
             project_name: c.trainer.project_name.clone(),
             experiment_name: c.trainer.experiment_name.clone(),
             logger: c.trainer.logger.clone().map(Loggers::Many),
+            critic_warmup: c.trainer.critic_warmup,
             rollout_data_dir: c.trainer.rollout_data_dir.clone(),
             validation_data_dir: c.trainer.validation_data_dir.clone(),
             seed: c.trainer.seed,

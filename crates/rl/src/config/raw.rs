@@ -23,6 +23,7 @@ pub struct RawConfig {
     pub model: RawModel,
     pub rollout: RawRollout,
     pub actor: RawActor,
+    pub critic: RawCritic,
     pub algorithm: RawAlgorithm,
     pub reward: RewardSpec,
     pub memory: RawMemory,
@@ -255,6 +256,36 @@ impl Default for RawActor {
             use_kl_loss: true,
             kl_loss_coef: 0.001,
             kl_loss_type: KlEstimator::K3,
+        }
+    }
+}
+
+/// `[critic]`: PPO's value model (`algorithm.adv_estimator = "gae"`),
+/// verl's `critic.*`. Unset optimizer keys are the actor's; the schedule's
+/// shape and the betas are the actor's too.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawCritic {
+    pub lr: Option<f64>,
+    #[serde(alias = "lr_warmup_steps")]
+    pub warmup_steps: Option<usize>,
+    pub weight_decay: Option<f64>,
+    pub grad_clip: Option<f64>,
+    /// The clip of the value loss around the old values.
+    pub cliprange_value: f64,
+    pub loss_agg_mode: Option<LossAggMode>,
+}
+
+impl Default for RawCritic {
+    /// verl's clip; the actor's optimizer settings.
+    fn default() -> Self {
+        RawCritic {
+            lr: None,
+            warmup_steps: None,
+            weight_decay: None,
+            grad_clip: None,
+            cliprange_value: 0.5,
+            loss_agg_mode: None,
         }
     }
 }
@@ -565,6 +596,8 @@ pub struct RawTrainer {
     /// backends (wandb, tensorboard, …) are an error, not ignored.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logger: Option<Loggers>,
+    /// Steps that train the critic only, before the actor's first update.
+    pub critic_warmup: usize,
     /// Every step's generations as `{step}.jsonl` in this directory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rollout_data_dir: Option<PathBuf>,
@@ -593,6 +626,7 @@ impl Default for RawTrainer {
             project_name: None,
             experiment_name: None,
             logger: None,
+            critic_warmup: 0,
             rollout_data_dir: None,
             validation_data_dir: None,
             seed: 1,

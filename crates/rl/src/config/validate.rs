@@ -5,8 +5,8 @@
 use colo_algo::{AdvEstimator, AdvantageConfig, PolicyLossConfig, RolloutCorrectionConfig};
 
 use super::raw::{
-    Loggers, RawActor, RawAlgorithm, RawCapacity, RawCluster, RawConfig, RawData, RawMemory,
-    RawRollout, RawTrainer, DEFAULT_MICRO_BATCH_SAMPLES, DEFAULT_MINI_BATCH_PROMPTS,
+    Loggers, RawActor, RawAlgorithm, RawCapacity, RawCluster, RawConfig, RawCritic, RawData,
+    RawMemory, RawRollout, RawTrainer, DEFAULT_MICRO_BATCH_SAMPLES, DEFAULT_MINI_BATCH_PROMPTS,
 };
 use super::*;
 
@@ -111,6 +111,7 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         model,
         rollout,
         actor,
+        critic,
         algorithm,
         reward,
         memory,
@@ -126,6 +127,7 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
     let ppo_epochs = batch.optimizer_steps_per_step / batch.mini_batches_per_step;
     let mut actor_cfg = actor_section(actor, ppo_epochs)?;
     actor_cfg.gradient_checkpointing = model.enable_gradient_checkpointing;
+    let critic_cfg = critic_section(critic, &actor_cfg)?;
     let algorithm_cfg = algorithm_section(algorithm, rollout_cfg.max_new_tokens)?;
     batch.gen_batch_prompts = gen_batch(gen_batch_size, prompts, &algorithm_cfg)?;
     if let Err((field, message)) = reward.validate() {
@@ -138,6 +140,23 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         if let Some(why) = actor_cfg.optim.schedule_error(optimizer_steps) {
             return bad("actor.warmup_steps", why);
         }
+        if let Some(why) = critic_cfg.optim.schedule_error(optimizer_steps) {
+            return bad(
+                "critic.warmup_steps",
+                why.replace("actor.warmup_steps", "critic.warmup_steps"),
+            );
+        }
+    }
+    let gae = algorithm_cfg.advantage.adv_estimator == AdvEstimator::Gae;
+    if trainer_cfg.critic_warmup > 0 && !gae {
+        return bad(
+            "trainer.critic_warmup",
+            format!(
+                "{} steps of critic-only updates need a critic, which only \
+                 algorithm.adv_estimator = \"gae\" trains",
+                trainer_cfg.critic_warmup
+            ),
+        );
     }
     let cluster_cfg = cluster_section(cluster, &batch)?;
     if algorithm_cfg.filter_groups.is_some() && cluster_cfg.workers > 1 {
@@ -158,6 +177,7 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         },
         rollout: rollout_cfg,
         actor: actor_cfg,
+        critic: critic_cfg,
         algorithm: algorithm_cfg,
         reward,
         memory: memory_cfg,
@@ -444,6 +464,34 @@ fn beta(field: &str, b: f64) -> Check<f64> {
     }
 }
 
+/// `[critic]`: the actor's optimizer but for what it sets.
+fn critic_section(critic: RawCritic, actor: &ActorConfig) -> Check<CriticConfig> {
+    let a = &actor.optim;
+    let optim = OptimConfig {
+        lr: match critic.lr {
+            Some(lr) => above_zero("critic.lr", lr)?,
+            None => a.lr,
+        },
+        warmup_steps: critic.warmup_steps.unwrap_or(a.warmup_steps),
+        weight_decay: match critic.weight_decay {
+            Some(w) => in_range("critic.weight_decay", w, 0.0, 1.0)?,
+            None => a.weight_decay,
+        },
+        grad_clip: match critic.grad_clip {
+            Some(c) => above_zero("critic.grad_clip", c)?,
+            None => a.grad_clip,
+        },
+        ..*a
+    };
+    Ok(CriticConfig {
+        optim,
+        cliprange_value: above_zero("critic.cliprange_value", critic.cliprange_value)?,
+        loss_agg_mode: critic
+            .loss_agg_mode
+            .unwrap_or(actor.policy_loss.loss_agg_mode),
+    })
+}
+
 fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
     above_zero("actor.lr", actor.lr)?;
     let policy_loss = PolicyLossConfig {
@@ -689,6 +737,7 @@ fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
         project_name: trainer.project_name,
         experiment_name: trainer.experiment_name,
         logger: trainer.logger.map(loggers).transpose()?,
+        critic_warmup: trainer.critic_warmup,
         rollout_data_dir: not_empty("trainer.rollout_data_dir", trainer.rollout_data_dir)?,
         validation_data_dir: not_empty("trainer.validation_data_dir", trainer.validation_data_dir)?,
         seed: trainer.seed,
