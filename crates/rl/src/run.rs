@@ -116,6 +116,9 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     // Held until the run returns: one run at a time in a directory.
     let _lock = crate::run_lock::lock(out)?;
+    if config.trainer.val_only {
+        return evaluate_only(config, out, resume);
+    }
     let ckpt_dir = out.join(checkpoints::DIR);
     // Read only: nothing is written until the resume is known to make sense.
     let found = resume
@@ -237,17 +240,7 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
         }
     }
     run_config::write(out, config)?;
-    // The dump directories are made now: one that cannot be is said before
-    // the first step, not after it.
-    for dir in [
-        &config.trainer.rollout_data_dir,
-        &config.trainer.validation_data_dir,
-    ]
-    .into_iter()
-    .flatten()
-    {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
+    make_dump_dirs(config)?;
     let pool = crate::setup::make_pool(config)?;
     // A resumed process's start-up belongs after its checkpoint's step.
     pool.set_step(start.first_step as u64);
@@ -267,6 +260,55 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
             Err(e)
         }
     }
+}
+
+/// The generation dumps' directories, made at the start: one that cannot
+/// be is said before the first step, not after it.
+fn make_dump_dirs(config: &Config) -> Result<()> {
+    for dir in [
+        &config.trainer.rollout_data_dir,
+        &config.trainer.validation_data_dir,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    Ok(())
+}
+
+/// `trainer.val_only`: the starting model evaluated on the held-out
+/// prompts, its record in `metrics.jsonl` (its generations in
+/// `validation_data_dir`); nothing is trained, checkpointed or drawn.
+fn evaluate_only(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
+    if resume {
+        let why = crate::config::VAL_ONLY_RESUME;
+        return Err(Error::Resume(format!("trainer.val_only {why}")));
+    }
+    checkpoints::check_fresh_start(out, false)?;
+    let (model_dir, tokenizer) = open_model(config, &out.join("base"))?;
+    let (train, val) = load_data(config, out, &tokenizer)?;
+    run_config::write(out, config)?;
+    make_dump_dirs(config)?;
+    let metrics = MetricsWriter::create(&out.join("metrics.jsonl"))?;
+    let pool = crate::setup::make_pool(config)?;
+    let total = config.total_steps(train.len());
+    let model = (model_dir, tokenizer);
+    let mut run = Run::new(config, out, &pool, model, val, metrics, total)?;
+    let accuracy = run.evaluate(0)?;
+    let stats = pool.stats();
+    Ok(RunSummary {
+        run_dir: out.to_owned(),
+        steps: 0,
+        total_steps: 0,
+        resumed_from: None,
+        first_accuracy: Some(accuracy),
+        last_accuracy: Some(accuracy),
+        last_accuracy_by_source: std::mem::take(&mut run.accuracy_by_source),
+        peak_device_bytes: stats.peak_resident_bytes,
+        peak_allocated_bytes: stats.peak_allocated_bytes,
+        notes: Vec::new(),
+    })
 }
 
 /// What the steps are set up from.

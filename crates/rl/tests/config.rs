@@ -883,3 +883,31 @@ fn the_critic_takes_the_actors_optimizer_but_for_what_it_sets() {
         assert!(msg.contains(want), "{text}: {msg}");
     }
 }
+
+#[test]
+fn val_only_needs_held_out_prompts_and_one_process() {
+    assert!(
+        parse("[trainer]\nval_only = true\n")
+            .unwrap()
+            .trainer
+            .val_only
+    );
+    for (text, want) in [
+        (
+            "[data]\ntrain_files = [\"t.jsonl\"]\n[trainer]\nval_only = true\n",
+            "needs held-out prompts",
+        ),
+        (
+            "[trainer]\nval_only = true\nresume = true\n",
+            "set model.path",
+        ),
+        (
+            "[trainer]\nval_only = true\n[cluster]\nworkers = 2\n",
+            "one process",
+        ),
+    ] {
+        let (_, field, msg) = err(text);
+        assert_eq!(field, "trainer.val_only", "{text}: {msg}");
+        assert!(msg.contains(want), "{text}: {msg}");
+    }
+}

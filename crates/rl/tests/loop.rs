@@ -572,3 +572,37 @@ fn the_critic_has_its_own_learning_rate_and_warms_up_alone() {
     assert_eq!(critic["next_lr"], 3e-3);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `trainer.val_only` evaluates `model.path` and trains nothing: on a
+/// run's last checkpoint it measures what the run's last evaluation did.
+#[test]
+fn val_only_evaluates_a_checkpoint_and_trains_nothing() {
+    let dir = tmp("val-only");
+    let text = config_toml(&dir, 1, "staged", "grpo");
+    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    let trained = colo_rl::r#loop::run(&cfg, &dir.join("run"), false).unwrap();
+    let step = dir.join("run/checkpoints/step-1");
+    let only = text
+        .replace(
+            &format!("path = \"{}\"", common::fixture().display()),
+            &format!("path = \"{}\"", step.display()),
+        )
+        .replace("[trainer]\n", "[trainer]\nval_only = true\n");
+    let cfg = Config::from_toml(&only, &dir.join("run.toml")).unwrap();
+    let s = colo_rl::r#loop::run(&cfg, &dir.join("eval"), false).unwrap();
+    assert_eq!(s.steps, 0);
+    assert_eq!(s.last_accuracy, trained.last_accuracy);
+    let records = read(&dir.join("eval/metrics.jsonl")).unwrap();
+    assert!(
+        matches!(&records[..], [Record::Eval(e)] if e.step == 0),
+        "{records:?}"
+    );
+    assert!(!dir.join("eval/checkpoints/step-1").exists());
+    // --resume has nothing to continue: it is refused, naming what to do.
+    let e = colo_rl::r#loop::run(&cfg, &dir.join("eval2"), true).unwrap_err();
+    assert!(
+        e.to_string().contains("set model.path to its directory"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -187,6 +187,7 @@ total_steps = 7
 out_dir = "runs/x y"
 rollout_data_dir = "dumps/train"
 validation_data_dir = "dumps/val"
+val_only = true
 "#,
     ] {
         let printed = round_trip(&parse(text));

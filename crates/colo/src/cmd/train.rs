@@ -65,6 +65,8 @@ pub fn run(a: Args) -> Result<()> {
     eprintln!("run directory: {}", out.display());
     if a.no_plan_check {
         eprintln!("plan check: off (--no-plan-check)");
+    } else if config.trainer.val_only {
+        eprintln!("plan check: none (trainer.val_only: nothing is trained)");
     } else {
         // One worker's share of a data-parallel run is what one device holds.
         plan_check(&colo_rl::data_parallel::rank_config(
@@ -97,6 +99,16 @@ pub fn run(a: Args) -> Result<()> {
         .into());
     }
     let pct = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));
+    if config.trainer.val_only {
+        println!(
+            "done: evaluated the starting model, nothing trained (trainer.val_only); held-out \
+             accuracy {}{}",
+            pct(s.last_accuracy),
+            by_source(&s.last_accuracy_by_source)
+        );
+        println!("wrote {}/metrics.jsonl", s.run_dir.display());
+        return Ok(());
+    }
     let accuracy = match config.evaluates() {
         true => format!(
             "held-out accuracy {} -> {}{}",

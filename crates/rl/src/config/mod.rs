@@ -50,6 +50,7 @@ use colo_algo::{
 };
 
 pub use raw::{Colocation, Device, Dtype, OffloadPolicy, RawConfig};
+pub(crate) use validate::VAL_ONLY_RESUME;
 
 use crate::data::{Fields, Overlong};
 use crate::reward::RewardSpec;
@@ -364,6 +365,8 @@ pub struct TrainerConfig {
     /// `None`: evaluate only before (if `val_before_train`) and at the end.
     pub test_freq: Option<usize>,
     pub val_before_train: bool,
+    /// Evaluate the starting model only (`colo train` trains nothing).
+    pub val_only: bool,
     pub resume: bool,
     pub out_dir: PathBuf,
     /// verl's run names; with no `out_dir` written they name it.

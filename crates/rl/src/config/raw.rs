@@ -580,6 +580,8 @@ pub struct RawTrainer {
     /// Evaluate every this many steps; `0` or `-1`: only before and after.
     pub test_freq: i64,
     pub val_before_train: bool,
+    /// Evaluate the starting model on the held-out prompts, and stop.
+    pub val_only: bool,
     /// Continue from the latest checkpoint in `out_dir`.
     pub resume: bool,
     /// Unset: `runs/{project_name}/{experiment_name}` when either is set
@@ -621,6 +623,7 @@ impl Default for RawTrainer {
             save_freq: 50,
             test_freq: 10,
             val_before_train: true,
+            val_only: false,
             resume: false,
             out_dir: None,
             project_name: None,

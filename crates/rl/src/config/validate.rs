@@ -159,6 +159,26 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         );
     }
     let cluster_cfg = cluster_section(cluster, &batch)?;
+    if trainer_cfg.val_only {
+        let why = match (&data_cfg.source, trainer_cfg.resume, cluster_cfg.workers) {
+            (
+                DataSource::Files {
+                    val: ValSource::None,
+                    ..
+                },
+                ..,
+            ) => Some("needs held-out prompts: data.val_files or data.val_fraction".to_owned()),
+            (_, true, _) => Some(VAL_ONLY_RESUME.to_owned()),
+            (.., w) if w > 1 => Some(format!(
+                "evaluates in one process, and the run has {w} workers (cluster.workers or \
+                 cluster.layout)"
+            )),
+            _ => None,
+        };
+        if let Some(why) = why {
+            return bad("trainer.val_only", why);
+        }
+    }
     if algorithm_cfg.filter_groups.is_some() && cluster_cfg.workers > 1 {
         return bad(
             "algorithm.filter_groups.enable",
@@ -464,6 +484,11 @@ fn beta(field: &str, b: f64) -> Check<f64> {
     }
 }
 
+/// Why `val_only` does not resume (said by the config and by `--resume`).
+pub(crate) const VAL_ONLY_RESUME: &str = "evaluates model.path and does not resume; to evaluate a \
+     run's checkpoint, set model.path to its directory (checkpoints/step-N is a Hugging Face \
+     directory)";
+
 /// `[critic]`: the actor's optimizer but for what it sets.
 fn critic_section(critic: RawCritic, actor: &ActorConfig) -> Check<CriticConfig> {
     let a = &actor.optim;
@@ -726,6 +751,7 @@ fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
         save_freq: frequency("trainer.save_freq", trainer.save_freq)?,
         test_freq: frequency("trainer.test_freq", trainer.test_freq)?,
         val_before_train: trainer.val_before_train,
+        val_only: trainer.val_only,
         resume: trainer.resume,
         out_dir: match trainer.out_dir {
             Some(dir) => dir,
