@@ -186,6 +186,13 @@ impl Run<'_> {
         if let Some(dir) = &cfg.trainer.rollout_data_dir {
             self.dump_rollouts(dir, step + 1, &prompts, &rollouts, &scored, &penalties)?;
         }
+        // Each mini-batch's rows longest first, so that a micro-batch holds
+        // rows of like length and pads little (the groups stay whole in
+        // their mini-batch, and every row keeps its own data).
+        let order = rollouts.longest_first(plan.mini_batch_samples);
+        let rollouts = rollouts.rows(&order);
+        let scores: Vec<f32> = order.iter().map(|&i| scores[i]).collect();
+        let baselines = baselines.map(|b| order.iter().map(|&i| b[i]).collect::<Vec<f32>>());
 
         // 3. Old, reference and rollout log-probs, (samples, seq) aligned with the tokens.
         //    The first mini-batch is on-policy (no optimizer step since it

@@ -44,24 +44,43 @@ impl Rollouts {
     /// `batch_prompt` renumbered to the position in `prompts`; and the rows
     /// taken, for the caller's per-row data.
     pub fn select_prompts(&self, prompts: &[usize]) -> (Rollouts, Vec<usize>) {
-        let rows: Vec<(usize, usize)> = (prompts.iter().enumerate())
+        let (renumbered, rows): (Vec<usize>, Vec<usize>) = (prompts.iter().enumerate())
             .flat_map(|(j, &k)| {
                 (0..self.len())
                     .filter(move |&i| self.batch_prompt[i] == k)
                     .map(move |i| (j, i))
             })
-            .collect();
+            .unzip();
+        let mut out = self.rows(&rows);
+        out.batch_prompt = renumbered;
+        (out, rows)
+    }
+
+    /// The rows of each run of `span` rows (a mini-batch), longest
+    /// (prompt and response) first; rows of equal length keep their order.
+    pub fn longest_first(&self, span: usize) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        for run in order.chunks_mut(span.max(1)) {
+            run.sort_by_key(|&i| {
+                std::cmp::Reverse(self.prompts[i].len() + self.responses[i].len())
+            });
+        }
+        order
+    }
+
+    /// Rows `order`, in that order (`batch_prompt` unchanged).
+    pub fn rows(&self, order: &[usize]) -> Rollouts {
         let mut out = Rollouts::default();
-        for &(j, i) in &rows {
+        for &i in order {
             out.prompt_ids.push(self.prompt_ids[i]);
-            out.batch_prompt.push(j);
+            out.batch_prompt.push(self.batch_prompt[i]);
             out.prompts.push(self.prompts[i].clone());
             out.responses.push(self.responses[i].clone());
             out.logprobs.push(self.logprobs[i].clone());
             out.truncated.push(self.truncated[i]);
             out.texts.push(self.texts[i].clone());
         }
-        (out, rows.into_iter().map(|(_, i)| i).collect())
+        out
     }
 
     /// `other`'s rows after these, its batch prompts counted from
@@ -226,6 +245,22 @@ mod tests {
         assert_eq!(picked.truncated, [false, false, false]);
         assert_eq!(picked.texts, ["d", "a", "bb"]);
         assert_eq!(picked.prompts[0], [5]);
+    }
+
+    #[test]
+    fn each_mini_batch_is_ordered_longest_first() {
+        let mut r = two(); // lengths 5 and 6
+        r.append(two(), 1); // 5 and 6 again
+        assert_eq!(r.longest_first(2), [1, 0, 3, 2]);
+        assert_eq!(
+            r.longest_first(4),
+            [1, 3, 0, 2],
+            "equal lengths keep their order"
+        );
+        let sorted = r.rows(&[1, 0]);
+        assert_eq!(sorted.responses, [vec![8, 8, 2], vec![9, 2]]);
+        assert_eq!(sorted.logprobs[0], [-1.0, -2.0, -3.0]);
+        assert_eq!(sorted.batch_prompt, [0, 0]);
     }
 
     #[test]
