@@ -41,20 +41,7 @@ train_batch_size = 2
 gen_batch_size = {gen}
 seed = 3
 
-[model]
-path = "{model}"
-
-[rollout]
-n = 4
-max_new_tokens = 4
-max_kv_tokens = 1024
-
-[actor]
-lr = 1e-3
-warmup_steps = 0
-ppo_mini_batch_size = 1
-ppo_micro_batch_size = 2
-
+{sections}
 [reward]
 kind = "python"
 path = "{reward}"
@@ -73,7 +60,7 @@ seed = 11
 {filter}
 "#,
         data = data.display(),
-        model = common::fixture().display(),
+        sections = common::fixture_sections(2),
         reward = reward.display(),
     );
     Config::from_toml(&text, &dir.join("run.toml")).unwrap()

@@ -9,8 +9,6 @@ use colo_rl::Config;
 
 mod common;
 
-use common::fixture;
-
 fn tmp(name: &str) -> PathBuf {
     common::tmp("loop", name)
 }
@@ -36,20 +34,7 @@ val_fraction = 0.25
 train_batch_size = 2
 seed = 3
 
-[model]
-path = "{model}"
-
-[rollout]
-n = 4
-max_new_tokens = 4
-max_kv_tokens = 1024
-
-[actor]
-lr = 1e-3
-warmup_steps = 0
-ppo_mini_batch_size = 1
-ppo_micro_batch_size = 2
-
+{sections}
 [algorithm]
 adv_estimator = "{estimator}"
 
@@ -70,7 +55,7 @@ test_freq = 2
 seed = 11
 "#,
         data = data.display(),
-        model = fixture().display(),
+        sections = common::fixture_sections(2),
         script = script.display(),
     );
     text

@@ -30,20 +30,7 @@ val_fraction = 0.25
 train_batch_size = 2
 seed = 3
 
-[model]
-path = "{model}"
-
-[rollout]
-n = 4
-max_new_tokens = 4
-max_kv_tokens = 1024
-
-[actor]
-lr = 1e-3
-warmup_steps = 0
-ppo_mini_batch_size = 1
-ppo_micro_batch_size = 4
-
+{sections}
 [reward]
 {reward}
 
@@ -58,7 +45,7 @@ seed = 11
 {extra}
 "#,
         data = common::write_arith_data(dir, 8).display(),
-        model = fixture().display(),
+        sections = common::fixture_sections(4),
     )
 }
 

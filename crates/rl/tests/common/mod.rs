@@ -81,3 +81,27 @@ pub fn write_parity_reward(dir: &std::path::Path, fail_after: Option<usize>) -> 
     .unwrap();
     script
 }
+
+/// `[model]`, `[rollout]` and `[actor]` of the tests' small runs on the
+/// fixture: 4 samples of at most 4 tokens a prompt, one prompt an
+/// optimizer step, `micro` samples a micro-batch.
+pub fn fixture_sections(micro: usize) -> String {
+    format!(
+        r#"
+[model]
+path = "{model}"
+
+[rollout]
+n = 4
+max_new_tokens = 4
+max_kv_tokens = 1024
+
+[actor]
+lr = 1e-3
+warmup_steps = 0
+ppo_mini_batch_size = 1
+ppo_micro_batch_size = {micro}
+"#,
+        model = fixture().display()
+    )
+}
