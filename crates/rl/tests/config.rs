@@ -859,6 +859,12 @@ fn the_critic_takes_the_actors_optimizer_but_for_what_it_sets() {
     assert_eq!((c.critic.optim.lr, c.critic.optim.grad_clip), (1e-5, 0.5));
     assert_eq!(c.critic.optim.warmup_steps, c.actor.optim.warmup_steps);
     assert_eq!(c.trainer.critic_warmup, 3);
+    assert!(
+        c.summary()
+            .contains(", critic lr 0.00001 (alone for the first 3 steps)"),
+        "{}",
+        c.summary()
+    );
     for (text, want_field, want) in [
         ("[critic]\nlr = 0\n", "critic.lr", "> 0"),
         (

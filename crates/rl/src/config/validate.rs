@@ -774,6 +774,22 @@ fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
     Ok(trainer_cfg)
 }
 
+/// The algorithm line's tail: a cosine schedule, and PPO's critic.
+fn schedule_text(c: &Config) -> String {
+    let o = &c.actor.optim;
+    let mut text = match o.schedule {
+        colo_train::ScheduleKind::Cosine => format!(", then cosine to {} × lr", o.min_lr_ratio),
+        colo_train::ScheduleKind::Constant => String::new(),
+    };
+    if c.algorithm.advantage.adv_estimator == AdvEstimator::Gae {
+        text += &format!(", critic lr {}", c.critic.optim.lr);
+        if c.trainer.critic_warmup > 0 {
+            text += &format!(" (alone for the first {} steps)", c.trainer.critic_warmup);
+        }
+    }
+    text
+}
+
 /// A value's config name (its serde form), e.g. `token-mean` or `staged`.
 fn name(v: &impl serde::Serialize) -> String {
     match serde_json::to_value(v) {
@@ -919,7 +935,7 @@ pub(crate) fn summary(c: &Config) -> String {
             name(&c.actor.policy_loss.loss_agg_mode),
             c.actor.optim.lr,
             c.actor.optim.warmup_steps
-        ),
+        ) + &schedule_text(c),
         format!("reward     {}", name(&c.reward)),
         format!(
             "compute    {}, {}",
