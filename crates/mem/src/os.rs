@@ -78,6 +78,21 @@ fn mapping_range(line: &str) -> Option<(u64, u64)> {
     ))
 }
 
+/// Ends the process at once with `code`, running no exit handlers: what a
+/// second Ctrl-C does. `std::process::exit` runs the C library's `atexit`
+/// handlers and static destructors (libtorch's among them) while other
+/// threads may still be inside libtorch, which then crashes or panics on
+/// freed state; the checkpoints already written are complete files and
+/// need no handler.
+pub fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stderr().flush();
+    // SAFETY: `_exit` takes any status and never returns; it only ends the
+    // process (the kernel reclaims its memory and descriptors), touching
+    // no memory of this process.
+    unsafe { libc::_exit(code) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -342,7 +342,7 @@ class Faults(unittest.TestCase):
         short = write_config(os.path.join(self.tmp, "short.toml"), save_freq=1, total_steps=2)
         with self.assertRaisesRegex(RunError, r"checkpoint is at step 3, beyond trainer.total_steps = 2"):
             train(short, out, 2, resume=True, log=quiet)
-        with self.assertRaisesRegex(RunError, r"already holds a run \(checkpoints/step-3, step-2, step-1; 3 steps in metrics.jsonl\): --resume continues it"):
+        with self.assertRaisesRegex(RunError, r"already holds a run \(checkpoints/step-3, step-2, step-1; 3 steps and 2 evaluations in metrics.jsonl\): --resume continues it"):
             train(self.cfg, out, 2, log=quiet)
         self.assertEqual(sorted(os.listdir(os.path.join(out, "checkpoints"))), ["step-1", "step-2", "step-3"])
 

@@ -76,6 +76,57 @@ impl DataState {
         Ok(Some(state))
     }
 
+    /// Why this state cannot be that of a run after `step` steps, if it
+    /// cannot: a step draws at least one batch, and the prompts drawn are
+    /// a number. (No upper bound: the run that wrote it may have had
+    /// dynamic sampling without a limit, whatever the config is now.)
+    pub fn implausible(&self, step: usize) -> Option<String> {
+        if self.gen_batches < step {
+            return Some(format!(
+                "gen_batches = {} cannot follow {step} steps, which draw at least one generation \
+                 batch each",
+                self.gen_batches
+            ));
+        }
+        if self.gen_batch_size == 0 || self.gen_batches.checked_mul(self.gen_batch_size).is_none() {
+            return Some(format!(
+                "gen_batches = {} of gen_batch_size = {} prompts is not a count of prompts",
+                self.gen_batches, self.gen_batch_size
+            ));
+        }
+        None
+    }
+
+    /// The generation batch a run resumed at `step` from the checkpoint
+    /// `dir` continues at, with batches of `batch_size` prompts, and what
+    /// to say about it when that is not simply where the checkpoint was;
+    /// `dynamic`: whether steps may draw more than one batch (dynamic
+    /// sampling).
+    pub fn resume(
+        dir: &Path,
+        step: usize,
+        batch_size: usize,
+        dynamic: bool,
+    ) -> Result<(usize, Option<String>)> {
+        let saved = DataState::read(dir)?;
+        if let Some(why) = saved.and_then(|s| s.implausible(step)) {
+            return Err(Error::Resume(format!(
+                "{}: {why}; the file is damaged (delete it to continue at one batch a step)",
+                dir.join(DATA_STATE_FILE).display()
+            )));
+        }
+        let (at, note) = DataState::resume_at(saved, step, batch_size);
+        let note = match (saved, dynamic) {
+            (None, true) => Some(format!(
+                "--resume: {} has no {DATA_STATE_FILE}; the data continue at generation batch \
+                 {step}, one a step, which repeats prompts if its steps drew more",
+                dir.display()
+            )),
+            _ => note,
+        };
+        Ok((at, note))
+    }
+
     /// The generation batch a run resumed at `step` from checkpoint state
     /// `saved` continues at, with batches of `batch_size` prompts; and what
     /// to say about it when that is not simply where the checkpoint was.
@@ -176,9 +227,9 @@ pub fn latest_complete(dir: &Path, critic: bool) -> Result<Found> {
 }
 
 /// What of an earlier run the run directory `out` holds, if anything a
-/// run from scratch would overwrite: its checkpoints, and the steps
-/// recorded in its `metrics.jsonl` (a run stopped before its first step
-/// leaves nothing worth keeping).
+/// run from scratch would overwrite: its checkpoints, and the steps and
+/// evaluations recorded in its `metrics.jsonl` (a run stopped before its
+/// first evaluation leaves nothing worth keeping).
 pub fn earlier_run(out: &Path) -> Result<Option<String>> {
     let mut what = Vec::new();
     let steps = step_dirs(&out.join(DIR))?;
@@ -190,13 +241,23 @@ pub fn earlier_run(out: &Path) -> Result<Option<String>> {
     if metrics.is_file() {
         match crate::metrics::read(&metrics) {
             Ok(records) => {
-                let n = (records.iter())
+                let steps = (records.iter())
                     .filter(|r| matches!(r, crate::metrics::Record::Step(_)))
                     .count();
-                match n {
-                    0 => {}
-                    1 => what.push("1 step in metrics.jsonl".into()),
-                    n => what.push(format!("{n} steps in metrics.jsonl")),
+                // An evaluation is work too (`trainer.val_only` does
+                // nothing else).
+                let evals = records.len() - steps;
+                let count = |n: usize, one: &str| match n {
+                    0 => None,
+                    1 => Some(format!("1 {one}")),
+                    n => Some(format!("{n} {one}s")),
+                };
+                let counted: Vec<String> = [count(steps, "step"), count(evals, "evaluation")]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                if !counted.is_empty() {
+                    what.push(format!("{} in metrics.jsonl", counted.join(" and ")));
                 }
             }
             Err(_) => what.push("metrics.jsonl".into()),
@@ -377,6 +438,32 @@ mod tests {
         let (at, note) = DataState::resume_at(back, 3, 8);
         assert_eq!(at, 10, "84 prompts drawn, in batches of 8");
         assert!(note.unwrap().contains("7 generation batches of 12 prompts"));
+        // Checked on resume: at least a batch a step, prompts that count.
+        let (at, note) = DataState::resume(dir.path(), 3, 12, true).unwrap();
+        assert_eq!((at, note), (7, None));
+        let state = |gen_batches, gen_batch_size| DataState {
+            gen_batches,
+            gen_batch_size,
+        };
+        assert!(state(2, 12)
+            .implausible(3)
+            .unwrap()
+            .contains("at least one"));
+        assert!(state(usize::MAX, 2).implausible(3).is_some());
+        assert!(state(5, 0).implausible(3).is_some());
+        state(2, 12).write(dir.path()).unwrap();
+        let e = DataState::resume(dir.path(), 3, 12, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("damaged") && e.contains(DATA_STATE_FILE), "{e}");
+        std::fs::remove_file(dir.path().join(DATA_STATE_FILE)).unwrap();
+        // None: one a step, said when steps may draw more.
+        assert_eq!(
+            DataState::resume(dir.path(), 3, 12, false).unwrap(),
+            (3, None)
+        );
+        let (at, note) = DataState::resume(dir.path(), 3, 12, true).unwrap();
+        assert!(at == 3 && note.unwrap().contains("no data_state.json"));
         std::fs::write(dir.path().join(DATA_STATE_FILE), "{\"gen_batches\": -1}").unwrap();
         let e = DataState::read(dir.path()).unwrap_err().to_string();
         assert!(

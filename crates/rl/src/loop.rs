@@ -72,6 +72,9 @@ pub(crate) struct Run<'a> {
     /// The last evaluation's accuracy per `data_source` (empty when its
     /// rows name none), for the run's closing line.
     pub(crate) accuracy_by_source: BTreeMap<String, f64>,
+    /// A request to stop, which a step that draws generation batches
+    /// until enough groups vary checks between them.
+    pub(crate) stop_request: crate::run::Stop,
 }
 
 impl<'a> Run<'a> {
@@ -124,6 +127,7 @@ impl<'a> Run<'a> {
             pending_eval: None,
             evaluated: None,
             accuracy_by_source: BTreeMap::new(),
+            stop_request: crate::run::Stop::new(),
         })
     }
 }
@@ -454,6 +458,14 @@ impl Run<'_> {
                      The prompts are too easy or too hard for the policy (all of a prompt's \
                      samples score the same): use other data, raise max_num_gen_batches, or set \
                      it to 0 for no limit"
+                )));
+            }
+            if self.stop_request.requested() {
+                // The step cannot finish without its groups; the
+                // checkpoints written so far are complete.
+                return Err(Error::DynamicSampling(format!(
+                    "{have}; stopped at your request before the step could finish, so no \
+                     checkpoint of it was written (--resume continues from the last one)"
                 )));
             }
             if drawn.batches.is_multiple_of(10) {

@@ -187,8 +187,9 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
                     start.say(note);
                 }
                 let removed = metrics::truncate_after(&metrics_path, step)?;
+                let dynamic = config.algorithm.filter_groups.is_some();
                 let (at, note) =
-                    DataState::resume_at(DataState::read(&dir)?, step, config.batch.gen_batch_prompts);
+                    DataState::resume(&dir, step, config.batch.gen_batch_prompts, dynamic)?;
                 if let Some(note) = note {
                     start.say(note);
                 }
@@ -265,14 +266,17 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
 /// The generation dumps' directories, made at the start: one that cannot
 /// be is said before the first step, not after it.
 fn make_dump_dirs(config: &Config) -> Result<()> {
-    for dir in [
-        &config.trainer.rollout_data_dir,
-        &config.trainer.validation_data_dir,
-    ]
-    .into_iter()
-    .flatten()
-    {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let t = &config.trainer;
+    for (key, dir) in [
+        ("trainer.rollout_data_dir", &t.rollout_data_dir),
+        ("trainer.validation_data_dir", &t.validation_data_dir),
+    ] {
+        if let Some(dir) = dir {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                let why = format!("{key} must name a directory colo can make or write: {e}");
+                Error::io(dir, std::io::Error::new(e.kind(), why))
+            })?;
+        }
     }
     Ok(())
 }
@@ -376,6 +380,7 @@ fn train_steps(
     let (first_step, total) = (start.first_step, start.total);
     let model = (model_dir, tokenizer);
     let mut run = Run::new(config, out, pool, model, val, metrics, total)?;
+    run.stop_request = stop.clone();
     let ckpt_dir = out.join(checkpoints::DIR);
     if first_step > 0 {
         let dir = checkpoints::step_dir(&ckpt_dir, first_step);
@@ -427,8 +432,9 @@ fn train_steps(
     let mut last = total;
     for step in first_step..total {
         let mut draw = || {
-            next_batch += 1;
-            batches.batch(next_batch - 1)
+            let b = batches.batch(next_batch);
+            next_batch = next_batch.saturating_add(1);
+            b
         };
         let m = run
             .step(step, &mut draw)

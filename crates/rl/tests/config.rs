@@ -917,3 +917,39 @@ fn val_only_needs_held_out_prompts_and_one_process() {
         assert!(msg.contains(want), "{text}: {msg}");
     }
 }
+
+/// What the bad-input sweep of the session's keys found silently accepted.
+#[test]
+fn settings_that_cannot_work_together_are_refused() {
+    for (text, want_field, want) in [
+        (
+            "[actor]\nbetas = [0.9, 0.999, 0.5]\n",
+            "actor.betas",
+            "two numbers",
+        ),
+        (
+            "[trainer]\nrollout_data_dir = \"d\"\nvalidation_data_dir = \"d\"\n",
+            "trainer.validation_data_dir",
+            "overwrite",
+        ),
+        (
+            "[algorithm]\nadv_estimator = \"gae\"\n[trainer]\ntotal_steps = 2\ncritic_warmup = 2\n",
+            "trainer.critic_warmup",
+            "leave the actor none",
+        ),
+        (
+            "[rollout]\ntemperature = 0.0\n[algorithm.filter_groups]\nenable = true\n",
+            "algorithm.filter_groups.enable",
+            "no group varies",
+        ),
+        (
+            "[rollout]\ntop_k = 1\n[algorithm.filter_groups]\nenable = true\n",
+            "algorithm.filter_groups.enable",
+            "greedy sampling",
+        ),
+    ] {
+        let (_, field, msg) = err(text);
+        assert_eq!(field, want_field, "{text}: {msg}");
+        assert!(msg.contains(want), "{text}: {msg}");
+    }
+}

@@ -583,6 +583,12 @@ fn val_only_evaluates_a_checkpoint_and_trains_nothing() {
         "{records:?}"
     );
     assert!(!dir.join("eval/checkpoints/step-1").exists());
+    // Its record is work too: a second evaluation into it is refused.
+    let e = colo_rl::r#loop::run(&cfg, &dir.join("eval"), false).unwrap_err();
+    assert!(
+        e.to_string().contains("(1 evaluation in metrics.jsonl)"),
+        "{e}"
+    );
     // --resume has nothing to continue: it is refused, naming what to do.
     let e = colo_rl::r#loop::run(&cfg, &dir.join("eval2"), true).unwrap_err();
     assert!(

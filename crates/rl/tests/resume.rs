@@ -164,8 +164,9 @@ fn resume_never_goes_backwards_or_repeats_and_checkpoints_are_models() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("already holds a run (checkpoints/step-2; 2 steps in metrics.jsonl)")
-            && err.contains("--resume continues it"),
+        err.contains(
+            "already holds a run (checkpoints/step-2; 2 steps and 2 evaluations in metrics.jsonl)"
+        ) && err.contains("--resume continues it"),
         "{err}"
     );
     assert!(snapshot(&run) == before, "a refused run changed files");
@@ -357,8 +358,9 @@ fn resume_over_only_incomplete_checkpoints_is_refused() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("already holds a run (checkpoints/step-1; 1 step in metrics.jsonl)")
-            && err.contains("no checkpoint of it is complete"),
+        err.contains(
+            "already holds a run (checkpoints/step-1; 1 step and 2 evaluations in metrics.jsonl)"
+        ) && err.contains("no checkpoint of it is complete"),
         "{err}"
     );
     assert!(snapshot(&run) == before, "a refused resume changed files");

@@ -155,7 +155,7 @@ fn stop_on_signals(stop: &colo_rl::r#loop::Stop) -> Result<()> {
     ctrlc::set_handler(move || {
         if stop.requested() {
             eprintln!("\ncolo train: stopped now; the step under way is lost");
-            std::process::exit(130);
+            colo_mem::os::exit_now(130);
         }
         stop.request();
         eprintln!(

@@ -199,12 +199,12 @@ pub struct RawActor {
     pub weight_decay: f64,
     pub grad_clip: f64,
     /// After warmup: `constant`, or `cosine` decay to `min_lr_ratio` × lr
-    /// at the run's last optimizer step.
+    /// as the run ends.
     #[serde(alias = "lr_scheduler_type")]
     pub warmup_style: colo_train::ScheduleKind,
     pub min_lr_ratio: f64,
     /// AdamW's (β₁, β₂).
-    pub betas: [f64; 2],
+    pub betas: Vec<f64>,
     /// Prompts per optimiser step (verl's unit; × `rollout.n` samples);
     /// unset: [`DEFAULT_MINI_BATCH_PROMPTS`], or the largest divisor of
     /// `data.train_batch_size` below it.
@@ -240,7 +240,7 @@ impl Default for RawActor {
             grad_clip: 1.0,
             warmup_style: colo_train::ScheduleKind::Constant,
             min_lr_ratio: 0.0,
-            betas: [0.9, 0.999],
+            betas: vec![0.9, 0.999],
             ppo_mini_batch_size: None,
             ppo_micro_batch_size: None,
             use_dynamic_bsz: false,

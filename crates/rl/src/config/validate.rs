@@ -147,7 +147,28 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
             );
         }
     }
+    let t = &trainer_cfg;
+    if t.rollout_data_dir.is_some() && t.rollout_data_dir == t.validation_data_dir {
+        return bad(
+            "trainer.validation_data_dir",
+            "is trainer.rollout_data_dir too, where a step's samples and an evaluation's \
+             generations of the same step would overwrite each other's {step}.jsonl; name \
+             another directory",
+        );
+    }
     let gae = algorithm_cfg.advantage.adv_estimator == AdvEstimator::Gae;
+    if let (true, RunLength::Steps(steps)) = (gae, trainer_cfg.length) {
+        if trainer_cfg.critic_warmup >= steps {
+            return bad(
+                "trainer.critic_warmup",
+                format!(
+                    "{} steps of critic-only updates leave the actor none of the run's {steps} \
+                     (trainer.total_steps)",
+                    trainer_cfg.critic_warmup
+                ),
+            );
+        }
+    }
     if trainer_cfg.critic_warmup > 0 && !gae {
         return bad(
             "trainer.critic_warmup",
@@ -178,6 +199,14 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         if let Some(why) = why {
             return bad("trainer.val_only", why);
         }
+    }
+    let s = &rollout_cfg.sampling;
+    if algorithm_cfg.filter_groups.is_some() && (s.temperature == 0.0 || s.top_k == Some(1)) {
+        return bad(
+            "algorithm.filter_groups.enable",
+            "greedy sampling (rollout.temperature = 0 or rollout.top_k = 1) gives all of a \
+             prompt's samples one completion, so no group varies and no step could finish",
+        );
     }
     if algorithm_cfg.filter_groups.is_some() && cluster_cfg.workers > 1 {
         return bad(
@@ -543,10 +572,15 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
             grad_clip: above_zero("actor.grad_clip", actor.grad_clip)?,
             schedule: actor.warmup_style,
             min_lr_ratio: in_range("actor.min_lr_ratio", actor.min_lr_ratio, 0.0, 1.0)?,
-            betas: (
-                beta("actor.betas", actor.betas[0])?,
-                beta("actor.betas", actor.betas[1])?,
-            ),
+            betas: match actor.betas[..] {
+                [b1, b2] => (beta("actor.betas", b1)?, beta("actor.betas", b2)?),
+                _ => {
+                    return bad(
+                        "actor.betas",
+                        format!("must be two numbers [β₁, β₂], got {:?}", actor.betas),
+                    )
+                }
+            },
         },
         ppo_epochs,
         policy_loss,
