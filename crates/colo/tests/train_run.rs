@@ -266,6 +266,24 @@ fn metrics_steps(out: &Path) -> Vec<u64> {
         .collect()
 }
 
+/// `colo train --config config --out out` started, once it has logged a
+/// step.
+fn start_and_wait_for_a_step(config: &Path, out: &Path) -> std::process::Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_colo"))
+        .args(["train", "--config", config.to_str().unwrap()])
+        .args(["--out", out.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while metrics_steps(out).is_empty() {
+        assert!(start.elapsed().as_secs() < 300, "no step in 300 s");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child
+}
+
 /// Ctrl-C (SIGINT) stops a run after the step under way, with a checkpoint
 /// of it and status 130, naming the command that resumes; `--resume` then
 /// continues from it without repeating or skipping a step.
@@ -275,18 +293,7 @@ fn an_interrupted_run_saves_its_steps_and_resumes() {
     let config = write_config(&dir, "256MiB");
     set_total_steps(&config, 100_000);
     let out = dir.join("out");
-    let child = Command::new(env!("CARGO_BIN_EXE_colo"))
-        .args(["train", "--config", config.to_str().unwrap()])
-        .args(["--out", out.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
-    while metrics_steps(&out).is_empty() {
-        assert!(start.elapsed().as_secs() < 300, "no step in 300 s");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let child = start_and_wait_for_a_step(&config, &out);
     let kill = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
@@ -326,18 +333,7 @@ fn a_second_interrupt_stops_at_once_and_cleanly() {
     let config = write_config(&dir, "256MiB");
     set_total_steps(&config, 100_000);
     let out = dir.join("out");
-    let child = Command::new(env!("CARGO_BIN_EXE_colo"))
-        .args(["train", "--config", config.to_str().unwrap()])
-        .args(["--out", out.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
-    while metrics_steps(&out).is_empty() {
-        assert!(start.elapsed().as_secs() < 300, "no step in 300 s");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let child = start_and_wait_for_a_step(&config, &out);
     for _ in 0..2 {
         let kill = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
