@@ -284,6 +284,15 @@ fn start_and_wait_for_a_step(config: &Path, out: &Path) -> std::process::Child {
     child
 }
 
+/// Sends `child` the signal `sig` (`-INT`, `-TERM`) with kill(1).
+fn signal(child: &std::process::Child, sig: &str) {
+    let kill = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+}
+
 /// Ctrl-C (SIGINT) stops a run after the step under way, with a checkpoint
 /// of it and status 130, naming the command that resumes; `--resume` then
 /// continues from it without repeating or skipping a step.
@@ -294,11 +303,7 @@ fn an_interrupted_run_saves_its_steps_and_resumes() {
     set_total_steps(&config, 100_000);
     let out = dir.join("out");
     let child = start_and_wait_for_a_step(&config, &out);
-    let kill = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    signal(&child, "-INT");
     let o = child.wait_with_output().unwrap();
     let stderr = text(&o.stderr);
     assert_eq!(o.status.code(), Some(130), "{stderr}");
@@ -335,11 +340,7 @@ fn a_second_interrupt_stops_at_once_and_cleanly() {
     let out = dir.join("out");
     let child = start_and_wait_for_a_step(&config, &out);
     for _ in 0..2 {
-        let kill = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(kill.success());
+        signal(&child, "-TERM");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let o = child.wait_with_output().unwrap();

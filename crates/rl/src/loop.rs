@@ -194,7 +194,7 @@ impl Run<'_> {
         // rows of like length and pads little (the groups stay whole in
         // their mini-batch, and every row keeps its own data).
         let order = rollouts.longest_first(plan.mini_batch_samples);
-        let rollouts = rollouts.rows(&order);
+        let rollouts = rollouts.into_rows(&order);
         let scores: Vec<f32> = order.iter().map(|&i| scores[i]).collect();
         let baselines = baselines.map(|b| order.iter().map(|&i| b[i]).collect::<Vec<f32>>());
 
@@ -784,7 +784,7 @@ struct Sampled<'p> {
 
 impl<'p> Sampled<'p> {
     /// The groups of `prompts` (indices into `self.prompts`), in that order.
-    fn select(&self, prompts: &[usize]) -> Sampled<'p> {
+    fn select(mut self, prompts: &[usize]) -> Sampled<'p> {
         let (rollouts, rows) = self.rollouts.select_prompts(prompts);
         let penalties = match self.penalties.is_empty() {
             true => Vec::new(),
@@ -793,7 +793,9 @@ impl<'p> Sampled<'p> {
         Sampled {
             prompts: prompts.iter().map(|&k| self.prompts[k]).collect(),
             rollouts,
-            scored: rows.iter().map(|&i| self.scored[i].clone()).collect(),
+            scored: (rows.iter())
+                .map(|&i| std::mem::take(&mut self.scored[i]))
+                .collect(),
             penalties,
             baselines: (self.baselines.as_ref()).map(|b| prompts.iter().map(|&k| b[k]).collect()),
         }

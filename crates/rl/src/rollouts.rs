@@ -43,15 +43,19 @@ impl Rollouts {
     /// The rows of the batch's prompts `prompts`, in that order, with
     /// `batch_prompt` renumbered to the position in `prompts`; and the rows
     /// taken, for the caller's per-row data.
-    pub fn select_prompts(&self, prompts: &[usize]) -> (Rollouts, Vec<usize>) {
+    pub fn select_prompts(self, prompts: &[usize]) -> (Rollouts, Vec<usize>) {
+        // Each prompt's rows, found in one pass.
+        let mut of_prompt: Vec<Vec<usize>> = Vec::new();
+        for (i, &k) in self.batch_prompt.iter().enumerate() {
+            if of_prompt.len() <= k {
+                of_prompt.resize_with(k + 1, Vec::new);
+            }
+            of_prompt[k].push(i);
+        }
         let (renumbered, rows): (Vec<usize>, Vec<usize>) = (prompts.iter().enumerate())
-            .flat_map(|(j, &k)| {
-                (0..self.len())
-                    .filter(move |&i| self.batch_prompt[i] == k)
-                    .map(move |i| (j, i))
-            })
+            .flat_map(|(j, &k)| of_prompt.get(k).into_iter().flatten().map(move |&i| (j, i)))
             .unzip();
-        let mut out = self.rows(&rows);
+        let mut out = self.into_rows(&rows);
         out.batch_prompt = renumbered;
         (out, rows)
     }
@@ -68,17 +72,18 @@ impl Rollouts {
         order
     }
 
-    /// Rows `order`, in that order (`batch_prompt` unchanged).
-    pub fn rows(&self, order: &[usize]) -> Rollouts {
+    /// Rows `order` (each at most once), in that order (`batch_prompt`
+    /// unchanged), moved out rather than copied.
+    pub fn into_rows(mut self, order: &[usize]) -> Rollouts {
         let mut out = Rollouts::default();
         for &i in order {
             out.prompt_ids.push(self.prompt_ids[i]);
             out.batch_prompt.push(self.batch_prompt[i]);
-            out.prompts.push(self.prompts[i].clone());
-            out.responses.push(self.responses[i].clone());
-            out.logprobs.push(self.logprobs[i].clone());
+            out.prompts.push(std::mem::take(&mut self.prompts[i]));
+            out.responses.push(std::mem::take(&mut self.responses[i]));
+            out.logprobs.push(std::mem::take(&mut self.logprobs[i]));
             out.truncated.push(self.truncated[i]);
-            out.texts.push(self.texts[i].clone());
+            out.texts.push(std::mem::take(&mut self.texts[i]));
         }
         out
     }
@@ -236,7 +241,7 @@ mod tests {
         );
         assert_eq!(r.batch_prompt, [0, 0, 1, 2]);
         assert_eq!(r.prompt_ids, [7, 7, 9, 8]);
-        let (picked, rows) = r.select_prompts(&[2, 0]);
+        let (picked, rows) = r.clone().select_prompts(&[2, 0]);
         assert_eq!(rows, [3, 0, 1]);
         assert_eq!(picked.batch_prompt, [0, 1, 1]);
         assert_eq!(picked.prompt_ids, [8, 7, 7]);
@@ -257,7 +262,7 @@ mod tests {
             [1, 3, 0, 2],
             "equal lengths keep their order"
         );
-        let sorted = r.rows(&[1, 0]);
+        let sorted = r.into_rows(&[1, 0]);
         assert_eq!(sorted.responses, [vec![8, 8, 2], vec![9, 2]]);
         assert_eq!(sorted.logprobs[0], [-1.0, -2.0, -3.0]);
         assert_eq!(sorted.batch_prompt, [0, 0]);
