@@ -45,7 +45,10 @@ fn main() -> std::process::ExitCode {
     match run(cli, &matches) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) if e.is::<cmd::train::Stopped>() => {
-            eprintln!("{e}");
+            let said = e.to_string();
+            if !said.is_empty() {
+                eprintln!("{said}");
+            }
             std::process::ExitCode::from(130)
         }
         Err(e) => {

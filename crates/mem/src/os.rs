@@ -93,6 +93,22 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// Sends SIGINT to the process `pid`: how `colo train` passes a Ctrl-C on
+/// to the distributed run's controller, which runs in its own process
+/// group so that the terminal's signal reaches only `colo`.
+pub fn interrupt(pid: u32) -> std::io::Result<()> {
+    let pid = libc::pid_t::try_from(pid)
+        .ok()
+        .filter(|&p| p > 0)
+        .ok_or_else(|| std::io::Error::other(format!("{pid} is not a process id")))?;
+    // SAFETY: `kill` reads only its two integer arguments; `pid` is
+    // positive, so it names one process (never a group or every process).
+    match unsafe { libc::kill(pid, libc::SIGINT) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,6 +120,19 @@ mod tests {
             Some((0x7f00, 0x7f10))
         );
         assert_eq!(mapping_range("Rss:                 4 kB"), None);
+    }
+
+    #[test]
+    fn interrupt_reaches_a_child_and_refuses_non_processes() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        interrupt(child.id()).unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGINT));
+        assert!(interrupt(0).is_err(), "0 would be the whole process group");
+        assert!(interrupt(u32::MAX).is_err(), "-1 would be every process");
     }
 
     #[test]

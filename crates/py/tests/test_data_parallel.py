@@ -247,6 +247,77 @@ class CommandLine(unittest.TestCase):
             self.assertTrue(all("actor/pg_loss" in r for r in records), "steps only, no evaluation")
 
 
+class Interrupt(unittest.TestCase):
+    """Ctrl-C of `colo train` on Ray, as on one device: the first stops the
+    run after the step under way with a checkpoint of it (status 130, the
+    command that resumes said), the second at once; no process of the run
+    is left behind. The signal goes to `colo` alone, as `kill -INT` sends
+    it: colo passes it on to its controller, whose process group keeps the
+    terminal's from Ray's processes."""
+
+    def start(self, tmp, steps):
+        cfg = write_config(os.path.join(tmp, "run.toml"), total_steps=steps, test_freq=0)
+        with open(cfg, "a") as f:
+            f.write('\n[cluster]\nlayout = "1-1-2"\n')
+        out = os.path.join(tmp, "run")
+        proc = subprocess.Popen(
+            [colo_binary(), "train", "--config", cfg, "--out", out],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        metrics = os.path.join(out, "metrics.jsonl")
+        deadline = time.monotonic() + 300
+        while not (os.path.exists(metrics) and "pg_loss" in open(metrics).read()):
+            self.assertIsNone(proc.poll(), "the run ended before its first step")
+            self.assertLess(time.monotonic(), deadline, "no step in 300 s")
+            time.sleep(0.1)
+        return cfg, out, proc
+
+    def steps(self, out):
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            return [json.loads(l)["training/global_step"] for l in f if "pg_loss" in l]
+
+    def assert_nothing_left(self, out):
+        left = subprocess.run(["pgrep", "-f", f"colo.controller .*--out {out}"], capture_output=True, text=True)
+        self.assertEqual(left.stdout, "", "the controller outlived colo")
+
+    def test_ctrl_c_stops_after_the_step_with_a_checkpoint_and_resume_continues(self):
+        with tempfile.TemporaryDirectory(prefix="colo-dp-int-") as tmp:
+            cfg, out, proc = self.start(tmp, 1000)
+            proc.send_signal(2)
+            _, err = proc.communicate(timeout=120)
+            self.assertEqual(proc.returncode, 130, err[-3000:])
+            k = len(self.steps(out))
+            self.assertEqual(self.steps(out), list(range(1, k + 1)))
+            self.assertIn(f"stopped at your request after step {k} of 1000", err)
+            self.assertIn(f"--out {out} --resume` continues from it", err)
+            self.assertTrue(os.path.isfile(os.path.join(out, "checkpoints", f"step-{k}", "model.safetensors")))
+            self.assert_nothing_left(out)
+
+            write_config(cfg, total_steps=k + 1, test_freq=0)
+            with open(cfg, "a") as f:
+                f.write('\n[cluster]\nlayout = "1-1-2"\n')
+            r = subprocess.run(
+                [colo_binary(), "train", "--config", cfg, "--out", out, "--resume"],
+                capture_output=True, text=True, timeout=300,
+            )
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            self.assertEqual(self.steps(out), list(range(1, k + 2)))
+
+    def test_a_second_ctrl_c_stops_at_once(self):
+        with tempfile.TemporaryDirectory(prefix="colo-dp-int2-") as tmp:
+            _, out, proc = self.start(tmp, 1000)
+            proc.send_signal(2)
+            time.sleep(0.01)
+            proc.send_signal(2)
+            _, err = proc.communicate(timeout=120)
+            self.assertEqual(proc.returncode, 130, err[-3000:])
+            # (The step under way may end between the two: then the run
+            # stops as after one.)
+            self.assertTrue("stopped now" in err or "stopped at your request" in err, err[-3000:])
+            self.assertNotIn("Traceback", err)
+            self.assert_nothing_left(out)
+
+
 MULTI_NODE = """
 import json, sys
 import ray

@@ -234,13 +234,15 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
     };
 
     // ---- device, worker, steps; the pictures however it ends ---------------
-    let config = resumed_config.as_ref().unwrap_or(config);
+    // The record holds what the user asked for (`auto` stays `auto`): the
+    // checkpoint's settling of it is said in its own note, not as a change.
     if start.first_step > 0 {
         if let Some(note) = run_config::changes(out, config)? {
             start.say(note);
         }
     }
     run_config::write(out, config)?;
+    let config = resumed_config.as_ref().unwrap_or(config);
     make_dump_dirs(config)?;
     let pool = crate::setup::make_pool(config)?;
     // A resumed process's start-up belongs after its checkpoint's step.

@@ -265,6 +265,14 @@ fn bad_enum_values_list_the_choices() {
     let (line, _, msg) = err("[memory]\ncolocation = \"lazy\"\n");
     assert_eq!(line, Some(2));
     assert!(msg.contains("staged"), "{msg}");
+    // A choice written as a number: toml's "wanted string or table", with
+    // the choices.
+    let (line, field, msg) = err("[actor]\nwarmup_style = 3\n");
+    assert_eq!((line, field.as_str()), (Some(2), "actor.warmup_style"));
+    assert_eq!(msg, "wanted a string: \"constant\" or \"cosine\"");
+    let (_, field, msg) = err("[trainer]\ndtype = 16\n");
+    assert_eq!(field, "trainer.dtype");
+    assert!(msg.contains("\"bf16\""), "{msg}");
 }
 
 #[test]
@@ -892,11 +900,13 @@ fn the_critic_takes_the_actors_optimizer_but_for_what_it_sets() {
 
 #[test]
 fn val_only_needs_held_out_prompts_and_one_process() {
+    let c = parse("[trainer]\nval_only = true\n").unwrap();
+    assert!(c.trainer.val_only);
+    // The summary says what runs: an evaluation, no steps, no checkpoints.
+    let run = c.summary().lines().last().unwrap().to_owned();
     assert!(
-        parse("[trainer]\nval_only = true\n")
-            .unwrap()
-            .trainer
-            .val_only
+        run.contains("evaluation only") && !run.contains("steps") && !run.contains("checkpoint"),
+        "{run}"
     );
     for (text, want) in [
         (
@@ -931,6 +941,11 @@ fn settings_that_cannot_work_together_are_refused() {
             "[trainer]\nrollout_data_dir = \"d\"\nvalidation_data_dir = \"d\"\n",
             "trainer.validation_data_dir",
             "overwrite",
+        ),
+        (
+            "[data]\ntrain_files = [\"t.jsonl\"]\n[trainer]\nvalidation_data_dir = \"v\"\n",
+            "trainer.validation_data_dir",
+            "no held-out prompts",
         ),
         (
             "[algorithm]\nadv_estimator = \"gae\"\n[trainer]\ntotal_steps = 2\ncritic_warmup = 2\n",

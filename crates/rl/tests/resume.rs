@@ -585,17 +585,26 @@ fn auto_resumes_in_the_checkpoints_dtype() {
     assert_eq!(read_back.to_raw(), first.to_raw());
 
     let s = colo_rl::r#loop::run(&parse(4, ""), &run, true).unwrap();
-    // Continuing under other settings is said (the dtype is the
-    // checkpoint's again, so only the steps differ).
+    // Continuing under other settings is said: the user's keys are
+    // compared, `auto` as written.
     let notes = s.notes.join("\n");
     assert!(
         notes.contains(
-            "the configuration differs from the run's config.toml in trainer.total_steps: 2 → 4;"
+            "the configuration differs from the run's config.toml in \
+             trainer.dtype: \"f32\" → \"auto\", trainer.total_steps: 2 → 4;"
         ),
         "{notes}"
     );
+    // A run that asks `auto` again is not told of a change its checkpoint
+    // settled (the record says `auto`, not what it resolved to).
+    let s = colo_rl::r#loop::run(&parse(6, ""), &run, true).unwrap();
+    let notes = s.notes.join("\n");
+    assert!(
+        notes.contains("in trainer.total_steps: 4 → 6;") && !notes.contains("trainer.dtype"),
+        "{notes}"
+    );
     let config: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(run.join("checkpoints/step-4/config.json")).unwrap(),
+        &std::fs::read_to_string(run.join("checkpoints/step-6/config.json")).unwrap(),
     )
     .unwrap();
     assert_eq!(config["torch_dtype"], "float32", "{config}");

@@ -48,8 +48,19 @@ pub fn python_module(module: &str, args: &[String]) -> Result<()> {
     wait(cmd, module)
 }
 
-/// Runs the controller for `config_path`'s run into `out` and waits.
-pub fn run(config_path: &Path, config: &Config, out: &Path, resume: bool) -> Result<()> {
+/// Runs the controller for `config_path`'s run into `out` and waits;
+/// `Ok(true)` when the run stopped at the user's request (the controller
+/// has said after which step, and how to resume).
+///
+/// Ctrl-C (and SIGTERM, SIGHUP) reach `colo` only: the controller runs in
+/// a process group of its own, so the terminal's SIGINT reaches neither it
+/// nor the Ray processes it starts, and `colo` passes each signal on to the
+/// controller as one SIGINT. The first stops the run after the step under
+/// way with a checkpoint; the second, at once (the controller kills its
+/// workers and shuts down the Ray it started).
+pub fn run(config_path: &Path, config: &Config, out: &Path, resume: bool) -> Result<bool> {
+    use std::os::unix::process::CommandExt;
+
     let mut cmd = python_command("colo.controller")?;
     cmd.arg("--config")
         .arg(config_path)
@@ -63,5 +74,22 @@ pub fn run(config_path: &Path, config: &Config, out: &Path, resume: bool) -> Res
     if resume {
         cmd.arg("--resume");
     }
-    wait(cmd, "the distributed run")
+    cmd.process_group(0);
+    let what = "the distributed run";
+    let mut child = cmd.spawn().with_context(|| format!("starting {what}"))?;
+    let pid = child.id();
+    ctrlc::set_handler(move || {
+        if let Err(e) = colo_mem::os::interrupt(pid) {
+            eprintln!("colo train: could not pass the interrupt on to the controller (process {pid}): {e}");
+        }
+    })
+    .context("colo train: installing the Ctrl-C handler")?;
+    let status = child
+        .wait()
+        .with_context(|| format!("waiting for {what}"))?;
+    match status.code() {
+        Some(0) => Ok(false),
+        Some(130) => Ok(true),
+        _ => bail!("{what} failed ({status}); its error is above"),
+    }
 }

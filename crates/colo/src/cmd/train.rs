@@ -79,7 +79,11 @@ pub fn run(a: Args) -> Result<()> {
             .config
             .as_deref()
             .expect("[cluster] comes from a config file");
-        return super::cluster::run(path, &config, &out, resume);
+        return match super::cluster::run(path, &config, &out, resume)? {
+            // The controller said after which step, and how to resume.
+            true => Err(Stopped(String::new()).into()),
+            false => Ok(()),
+        };
     }
     let stop = colo_rl::r#loop::Stop::new();
     stop_on_signals(&stop)?;
@@ -134,7 +138,8 @@ pub fn run(a: Args) -> Result<()> {
 
 /// A run stopped early at the user's request (Ctrl-C, SIGTERM), with a
 /// checkpoint to resume from: `colo` says so and exits with status 130, as
-/// a shell reports an interrupted command.
+/// a shell reports an interrupted command. Empty when the distributed
+/// run's controller has said it.
 #[derive(Debug)]
 pub struct Stopped(String);
 

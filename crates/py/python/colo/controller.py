@@ -19,6 +19,10 @@ this process driving the dataflow:
         the end: each digest copies every weight to the host), evaluate and
         checkpoint (rank 0 writes; the weights are the same on all)
 
+Ctrl-C (SIGINT; `colo train` passes its own on, and keeps the terminal's
+from Ray's processes) stops the run after the step under way, with a
+checkpoint of it, as on one device; a second stops it at once.
+
 A worker that dies or raises stops the run within `step_timeout` seconds
 with an error naming the worker and the step; a checkpoint is only ever
 written complete (atomically, by colo-rl), so `--resume` continues from
@@ -40,8 +44,10 @@ waited for the slowest), `perf/all_reduce_bytes`.
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -54,6 +60,36 @@ from colo._colo import check_fresh_start, check_layout, draw_workers, eval_recor
 
 class RunError(RuntimeError):
     """A run that cannot start or could not finish; the message says why."""
+
+
+class Interrupts:
+    """SIGINT while a run is under way, as `colo train` on one device takes
+    it: the first asks the run to stop after the step under way, with a
+    checkpoint of it (`requested`); the second raises KeyboardInterrupt, so
+    the run stops at once (the workers are killed, the step under way is
+    lost). Installed only from the main thread, where Python runs signal
+    handlers; the previous handler comes back on exit."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        self.requested = True
+        # os.write: print() may be the call the signal interrupted.
+        os.write(2, b"\ncolo train: stopping after the step under way, with a checkpoint (interrupt again to stop at once)\n")
 
 
 @ray.remote
@@ -174,8 +210,11 @@ def _gather(refs, actors, what, timeout_s, grace_s=5.0):
     deadline = time.monotonic() + timeout_s
     while pending:
         left = deadline - time.monotonic()
-        done, _ = ray.wait(list(pending), num_returns=1, timeout=max(left, 0))
+        # At most a second in Ray's wait, so a signal's handler runs soon.
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=min(max(left, 0), 1.0))
         if not done:
+            if left > 1.0:
+                continue
             if failures:
                 break
             ranks = sorted(pending.values())
@@ -284,7 +323,9 @@ def train(
     `workers` devices into `out`. Returns a summary dict. `fault`
     ({"rank", "step", "how": "exit"|"raise"|"drift"}) injects a failure
     (drift: that worker's weights are nudged, so the ranks disagree), and
-    `keep_parameters` returns rank 0's final weights, for tests."""
+    `keep_parameters` returns rank 0's final weights, for tests. A run
+    stopped by Ctrl-C returns with `stopped` set to the steps done (its
+    last checkpoint's step); a second Ctrl-C raises KeyboardInterrupt."""
     if workers < 1:
         raise RunError(f"cluster.workers = {workers}: at least 1")
     out = os.path.abspath(out)
@@ -306,6 +347,12 @@ def train(
             raise RunError(str(e)) from None
         if resume:
             log(f"--resume: no complete checkpoint in {out}/checkpoints; starting from scratch")
+    with Interrupts() as stop:
+        return _run(config, out, workers, address, latest, device, digest_every, step_timeout, fault, keep_parameters, log, stop)
+
+
+def _run(config, out, workers, address, latest, device, digest_every, step_timeout, fault, keep_parameters, log, stop):
+    """`train` once the run directory is checked: Ray, the workers, the steps."""
     started = _connect(address, workers)
     groups = []
     actors = []
@@ -335,7 +382,7 @@ def train(
             "setup",
             step_timeout,
         )
-        summary = _steps(actors, out, schedules[0], latest, digest_every, step_timeout, log)
+        summary = _steps(actors, out, schedules[0], latest, digest_every, step_timeout, log, stop)
         summary["nodes"] = ray.get([a.node.remote() for a in actors])
         if keep_parameters:
             summary["parameters"] = ray.get(actors[0].parameters.remote())
@@ -349,8 +396,9 @@ def train(
             ray.shutdown()
 
 
-def _steps(actors, out, schedule, latest, digest_every, timeout, log):
-    """The run from `latest` (the checkpoint to resume from, or None)."""
+def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
+    """The run from `latest` (the checkpoint to resume from, or None), until
+    its last step or, when `stop.requested`, the step under way."""
     total, save_freq, test_freq, val_before_train = schedule
     metrics_path = os.path.join(out, "metrics.jsonl")
     first = 0
@@ -384,7 +432,11 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log):
     history = []
     first_accuracy = evaluate(0) if first == 0 and val_before_train else None
     last_accuracy = first_accuracy
+    stopped = None
     for step in range(first, total):
+        if stop.requested:  # during the start-up: nothing new to save
+            stopped = step
+            break
         t = time.perf_counter()
         results = _gather([a.step.remote(step) for a in actors], actors, f"step {step + 1}", timeout)
         wall = time.perf_counter() - t
@@ -398,13 +450,14 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log):
         record["perf/all_reduce_bytes"] = results[0][3]
         record["timing_s/step_wall"] = wall
         done = step + 1
-        if digest_every and (done % digest_every == 0 or done == total):
+        if digest_every and (done % digest_every == 0 or done == total or stop.requested):
             digests = _gather([a.digest.remote() for a in actors], actors, f"digest at step {done}", timeout)
             if len(set(digests)) != 1:
                 raise RunError(f"step {done}: the workers' weights differ (digests {digests})")
         write(record)
         history.append(record)
-        if save_freq and done % save_freq == 0 and done < total:
+        saved = bool(save_freq) and done % save_freq == 0 and done < total
+        if saved:
             _gather([actors[0].save.remote(done)], actors[:1], f"checkpoint at step {done}", timeout)
         if test_freq and done % test_freq == 0 and done < total:
             last_accuracy = evaluate(done)
@@ -412,7 +465,12 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log):
             f"step {done}/{total}: score {record['critic/score/mean']:.3f}, "
             f"loss {record['actor/pg_loss']:.4f}, {wall:.2f} s"
         )
-    if first < total:
+        if stop.requested and done < total:
+            if not saved:  # (the end of the run saves anyway)
+                _gather([actors[0].save.remote(done)], actors[:1], f"checkpoint at step {done}", timeout)
+            stopped = done  # no end-of-run evaluation
+            break
+    if first < total and stopped is None:
         last_accuracy = evaluate(total)
         _gather([actors[0].save.remote(total)], actors[:1], f"checkpoint at step {total}", timeout)
     finished = _gather([a.finish.remote() for a in actors], actors, "timelines", timeout)
@@ -422,7 +480,9 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log):
     records.close()
     return {
         "out": out,
-        "steps": total,
+        "steps": total if stopped is None else stopped,
+        "total_steps": total,
+        "stopped": stopped,
         "resumed_from": first or None,
         "first_accuracy": first_accuracy,
         "last_accuracy": last_accuracy,
@@ -446,6 +506,21 @@ def main(argv=None):
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("colo train: stopped now; the step under way is lost", file=sys.stderr)
+        return 130
+    if s["stopped"] is not None:
+        # Status 130, as a shell reports an interrupted command.
+        config = f"--config {args.config} " if args.config else ""
+        if s["stopped"] == 0:
+            said = "before its first step; nothing was trained"
+        else:
+            said = (
+                f"after step {s['stopped']} of {s['total_steps']}; the run directory {s['out']} has a "
+                f"checkpoint of that step, and `colo train {config}--out {s['out']} --resume` continues from it"
+            )
+        print(f"colo train: stopped at your request {said}", file=sys.stderr)
+        return 130
     acc = s["last_accuracy"]
     acc = "no evaluation" if acc is None else f"accuracy {acc:.3f}"
     print(f"{s['steps']} steps on {s['workers']} workers; {acc}; out {s['out']}")

@@ -28,6 +28,13 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
         line = key_line(text, &field).or(line);
         message.push_str(&where_colo_keeps(&field));
     }
+    // `toml`'s word for a choice written as a number or a list: say the
+    // choices.
+    if message == "wanted string or table" {
+        if let Some(doc) = print::DOCS.iter().find(|d| d.key == field) {
+            message = format!("wanted a string: {}", doc.unit);
+        }
+    }
     Error::Config {
         path: path.to_owned(),
         line,

@@ -156,6 +156,20 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
              another directory",
         );
     }
+    let no_val = matches!(
+        data_cfg.source,
+        DataSource::Files {
+            val: ValSource::None,
+            ..
+        }
+    );
+    if t.validation_data_dir.is_some() && no_val {
+        return bad(
+            "trainer.validation_data_dir",
+            "would hold the evaluations' generations, and the run has no held-out prompts \
+             (data.val_files or data.val_fraction); set one, or leave the key out",
+        );
+    }
     let gae = algorithm_cfg.advantage.adv_estimator == AdvEstimator::Gae;
     if let (true, RunLength::Steps(steps)) = (gae, trainer_cfg.length) {
         if trainer_cfg.critic_warmup >= steps {
@@ -993,20 +1007,29 @@ pub(crate) fn summary(c: &Config) -> String {
                 OffloadPolicy::Always => "always",
             }
         ),
-        format!(
-            "run        {length}, {}, checkpoint {}, seed {}, out {}",
-            match c.evaluates() {
-                true => format!(
-                    "eval {} ({})",
-                    freq(c.trainer.test_freq),
-                    sampling_text(&c.rollout.val_sampling)
-                ),
-                false => "no evaluation (no held-out set)".to_owned(),
-            },
-            freq(c.trainer.save_freq),
-            c.trainer.seed,
-            c.trainer.out_dir.display()
-        ),
+        match c.trainer.val_only {
+            true => format!(
+                "run        evaluation only (trainer.val_only: the model is not trained) \
+                 ({}), seed {}, out {}",
+                sampling_text(&c.rollout.val_sampling),
+                c.trainer.seed,
+                c.trainer.out_dir.display()
+            ),
+            false => format!(
+                "run        {length}, {}, checkpoint {}, seed {}, out {}",
+                match c.evaluates() {
+                    true => format!(
+                        "eval {} ({})",
+                        freq(c.trainer.test_freq),
+                        sampling_text(&c.rollout.val_sampling)
+                    ),
+                    false => "no evaluation (no held-out set)".to_owned(),
+                },
+                freq(c.trainer.save_freq),
+                c.trainer.seed,
+                c.trainer.out_dir.display()
+            ),
+        },
     ]
     .join("\n")
 }

@@ -120,7 +120,9 @@ impl Rank {
                 "the run directory is empty; name one (the directory every rank shares)".into(),
             ));
         }
-        // As `colo train --resume`: `auto` continues in the checkpoint's dtype.
+        // As `colo train --resume`: `auto` continues in the checkpoint's
+        // dtype, and the run's record keeps what the user asked for.
+        let asked = config.clone();
         let config = match resume_from {
             Some(step) => {
                 let saved = checkpoints::step_dir(&out.join(checkpoints::DIR), step);
@@ -158,11 +160,11 @@ impl Rank {
                 eprintln!("{note}");
             }
             if resume_from.is_some() {
-                if let Some(note) = crate::run_config::changes(out, &config)? {
+                if let Some(note) = crate::run_config::changes(out, &asked)? {
                     eprintln!("{note}");
                 }
             }
-            crate::run_config::write(out, &config)?;
+            crate::run_config::write(out, &asked)?;
         }
         let dir = out.join("workers").join(format!("rank-{rank}"));
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
