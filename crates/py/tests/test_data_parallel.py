@@ -352,6 +352,81 @@ class MultiNode(unittest.TestCase):
             self.assertEqual(len(set(s["nodes"])), 2, f"workers on nodes {s['nodes']}")
 
 
+DS_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    varies = int(ground_truth) % 2 == 0
+    return float(sum(map(ord, solution_str)) % 2) if varies else 1.0
+"""
+
+
+class DynamicSampling(unittest.TestCase):
+    """DAPO's dynamic sampling on two workers: each keeps the groups of its
+    share of every generation batch whose score varies, the workers draw
+    the same batches until both have their share, and a resumed run draws
+    what the uninterrupted one did. The reward varies only for prompts
+    with an even answer (the parity of the completion's characters), so
+    a step needs more than one batch."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.base = tempfile.mkdtemp(prefix="colo-dp-ds-")
+        cls.whole = cls.train_run(cls, "whole", 4)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.base, ignore_errors=True)
+
+    def train_run(self, name, steps, resume=False, dumps=None):
+        reward = os.path.join(self.base, "reward.py")
+        with open(reward, "w") as f:
+            f.write(DS_REWARD)
+        cfg = write_config(os.path.join(self.base, f"{name}-{steps}.toml"), total_steps=steps, save_freq=1, test_freq=0)
+        with open(cfg) as f:
+            text = f.read()
+        text = text.replace('kind = "numeric"', f'kind = "python"\npath = "{reward}"')
+        text = text.replace("train_batch_size = 4", "train_batch_size = 4\ngen_batch_size = 4")
+        if dumps:
+            text = text.replace("[trainer]\n", f'[trainer]\nrollout_data_dir = "{dumps}"\n')
+        text += '\n[algorithm.filter_groups]\nenable = true\nmetric = "score"\nmax_num_gen_batches = 0\n'
+        with open(cfg, "w") as f:
+            f.write(text)
+        out = os.path.join(self.base, name)
+        train(cfg, out, 2, resume=resume, log=quiet)
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            return [json.loads(l) for l in f if "actor/pg_loss" in l]
+
+    def data_state(self, name, step):
+        with open(os.path.join(self.base, name, "checkpoints", f"step-{step}", "data_state.json")) as f:
+            return json.load(f)["gen_batches"]
+
+    def test_every_trained_group_varies_on_every_worker(self):
+        dumps = os.path.join(self.base, "dumps")
+        self.train_run("dumped", 2, dumps=dumps)
+        for rank in (0, 1):
+            rows = []
+            for step in (1, 2):
+                with open(os.path.join(dumps, f"rank-{rank}", f"{step}.jsonl")) as f:
+                    rows += [json.loads(l) for l in f]
+            self.assertEqual(len(rows), 2 * 2 * 4, "2 steps × this worker's 2 prompts × 4 samples")
+            groups = {}
+            for r in rows:
+                groups.setdefault((r["step"], r["input"]), []).append(r["score"])
+            for (step, prompt), scores in groups.items():
+                self.assertEqual(len(set(scores)), 2, f"rank {rank} step {step}: {prompt!r} {scores}")
+
+    def test_batches_are_counted_and_a_resumed_run_draws_the_same(self):
+        drawn = [r["train/num_gen_batches"] for r in self.whole]
+        self.assertTrue(all(n >= 1 for n in drawn), drawn)
+        self.assertGreater(sum(drawn), 4, f"some step drew more than one batch: {drawn}")
+        self.assertEqual(self.data_state("whole", 4), sum(drawn))
+        self.train_run("resumed", 2)
+        resumed = self.train_run("resumed", 4, resume=True)
+        self.assertEqual(self.data_state("resumed", 4), sum(drawn))
+        for a, b in zip(self.whole, resumed):
+            for key in ("train/num_gen_batches", "critic/score/mean", "actor/pg_loss"):
+                self.assertEqual(a[key], b[key], f"step {a['training/global_step']} {key}")
+
+
 class Faults(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -75,6 +75,10 @@ pub(crate) struct Run<'a> {
     /// A request to stop, which a step that draws generation batches
     /// until enough groups vary checks between them.
     pub(crate) stop_request: crate::run::Stop,
+    /// The other ranks of a data-parallel run, which a step that draws
+    /// generation batches asks whether every rank has its groups (all
+    /// ranks draw the same batches, so their data stay in step).
+    pub(crate) peers: Option<Box<dyn colo_train::Collective>>,
 }
 
 impl<'a> Run<'a> {
@@ -128,6 +132,7 @@ impl<'a> Run<'a> {
             evaluated: None,
             accuracy_by_source: BTreeMap::new(),
             stop_request: crate::run::Stop::new(),
+            peers: None,
         })
     }
 }
@@ -439,15 +444,19 @@ impl Run<'_> {
             let values = self.filter_values(&filter.metric, &sampled)?;
             let groups = colo_algo::groups_with_variance(&sampled.rollouts.batch_prompt, &values);
             kept.append(sampled.select(&groups));
-            if kept.prompts.len() >= target {
+            if self.every_rank_has(kept.prompts.len() >= target)? {
                 let first: Vec<usize> = (0..target).collect();
                 return Ok((kept.select(&first), drawn));
             }
             let have = format!(
-                "step {}: {} of the {target} prompts data.train_batch_size asks for had samples \
-                 whose {} varied, after {} generation batches of {} prompts",
+                "step {}: {} of the {target} prompts {} had samples whose {} varied, after {} \
+                 generation batches of {} prompts",
                 step + 1,
                 kept.prompts.len(),
+                match self.peers {
+                    Some(_) => "of this worker's share of data.train_batch_size",
+                    None => "data.train_batch_size asks for",
+                },
                 filter.metric.name(),
                 drawn.batches,
                 cfg.batch.gen_batch_prompts,
@@ -472,6 +481,18 @@ impl Run<'_> {
                 eprintln!("{have}; generating more");
             }
         }
+    }
+
+    /// Whether `enough` holds on every rank of a data-parallel run (on
+    /// this one alone without peers). Every rank calls it after each
+    /// generation batch, so the ranks draw the same number of batches.
+    fn every_rank_has(&mut self, enough: bool) -> Result<bool> {
+        let Some(peers) = &mut self.peers else {
+            return Ok(enough);
+        };
+        let mut short = [f64::from(u8::from(!enough))];
+        peers.all_reduce_values(&mut short, colo_train::ReduceOp::Max)?;
+        Ok(short[0] == 0.0)
     }
 
     /// Generates `n` samples for each prompt of `batch` and scores them.

@@ -778,11 +778,6 @@ fn dynamic_sampling_refuses_what_it_cannot_do() {
             "algorithm.filter_groups.metric",
             "KL penalty",
         ),
-        (
-            "[cluster]\nworkers = 2\n[algorithm.filter_groups]\nenable = true\n",
-            "algorithm.filter_groups.enable",
-            "one process",
-        ),
     ] {
         let (_, field, msg) = err(text);
         assert_eq!(field, want_field, "{text}: {msg}");

@@ -222,16 +222,6 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
              prompt's samples one completion, so no group varies and no step could finish",
         );
     }
-    if algorithm_cfg.filter_groups.is_some() && cluster_cfg.workers > 1 {
-        return bad(
-            "algorithm.filter_groups.enable",
-            format!(
-                "dynamic sampling runs in one process, and the run has {} workers \
-                 (cluster.workers or cluster.layout)",
-                cluster_cfg.workers
-            ),
-        );
-    }
     Ok(Config {
         data: data_cfg,
         model: match model.path {

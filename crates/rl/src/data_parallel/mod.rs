@@ -21,6 +21,17 @@
 //!
 //! Validation is sharded too: each rank evaluates a contiguous share of the
 //! held-out prompts and returns its count of right answers.
+//!
+//! **Dynamic sampling** (`[algorithm.filter_groups]`) filters on each
+//! rank: a rank keeps the groups of its share of each generation batch
+//! whose metric varies, and after every batch the ranks agree (one
+//! all-reduce of a flag) whether each has its share of
+//! `data.train_batch_size`; if one lacks it, all draw another batch, so
+//! their data stay in step. Each trains on the first of its kept groups.
+//! verl pools the groups of all workers instead and takes the first
+//! `train_batch_size` of them: colo keeps every rank's share whole, so a
+//! step may draw a batch more than verl's would (a rank's groups never
+//! move to another).
 
 mod ops;
 
@@ -64,8 +75,10 @@ pub fn rank_config(config: &Config, world: usize) -> Result<Config> {
     local.batch.prompts_per_step = check("data.train_batch_size", plan.prompts_per_step)?;
     local.batch.mini_batch_prompts = check("actor.ppo_mini_batch_size", plan.mini_batch_prompts)?;
     local.batch.samples_per_step = local.batch.prompts_per_step * plan.n;
-    // One generation batch a step (dynamic sampling runs in one process).
-    local.batch.gen_batch_prompts = local.batch.prompts_per_step;
+    local.batch.gen_batch_prompts = match config.algorithm.filter_groups {
+        Some(_) => check("data.gen_batch_size", plan.gen_batch_prompts)?,
+        None => local.batch.prompts_per_step,
+    };
     local.batch.mini_batch_samples = local.batch.mini_batch_prompts * plan.n;
     Ok(local)
 }
@@ -76,8 +89,11 @@ pub struct Rank {
     run: Run<'static>,
     global: &'static Config,
     train: &'static Dataset,
-    /// The global batches, the same on every rank.
+    /// The global generation batches, the same on every rank.
     batches: Batches<'static>,
+    /// Generation batches drawn so far (one a step, or with dynamic
+    /// sampling as many as its steps took: the same on every rank).
+    gen_batches: usize,
     /// The 0-based step [`Rank::step`] runs next (steps run in order).
     next_step: usize,
     rank: usize,
@@ -207,18 +223,26 @@ impl Rank {
         if let Some(c) = &mut run.worker.critic {
             c.set_collective(Some(collective()));
         }
+        if global.algorithm.filter_groups.is_some() {
+            run.peers = Some(collective());
+        }
         let batches = Batches::new(
             train,
-            global.batch.prompts_per_step,
+            global.batch.gen_batch_prompts,
             global.data.seed,
             global.data.shuffle,
-            "data.train_batch_size",
+            match global.algorithm.filter_groups {
+                Some(_) => "data.gen_batch_size",
+                None => "data.train_batch_size",
+            },
         )?;
         Ok(Rank {
             run,
             global,
             train,
             batches,
+            // Set from the checkpoint by `load`.
+            gen_batches: resume_from.unwrap_or(0),
             next_step: resume_from.unwrap_or(0),
             rank,
             world,
@@ -255,16 +279,21 @@ impl Rank {
                 state: format!("step {step}: {why}"),
             });
         }
-        let global = self.batches.batch(step);
-        let mine = shard(global.prompts.len(), self.rank, self.world);
-        let batch = Batch {
-            step: global.step,
-            epoch: global.epoch,
-            prompts: global.prompts[mine].to_vec(),
+        let (batches, next) = (&self.batches, &mut self.gen_batches);
+        let (rank, world) = (self.rank, self.world);
+        let mut draw = || {
+            let global = batches.batch(*next);
+            *next = next.saturating_add(1);
+            let mine = shard(global.prompts.len(), rank, world);
+            Batch {
+                step: global.step,
+                epoch: global.epoch,
+                prompts: global.prompts[mine].to_vec(),
+            }
         };
         let m = self
             .run
-            .step(step, &mut || batch.clone())
+            .step(step, &mut draw)
             .map_err(|e| e.explained_by(self.run.worker.pool()))?;
         self.run.metrics.step(&m)?;
         self.timeline.append_new(self.run.worker.pool())?;
@@ -286,9 +315,8 @@ impl Rank {
     /// Writes `out/checkpoints/step-N` (call it on one rank: the weights
     /// are the same on all).
     pub fn save(&self, step: usize) -> Result<()> {
-        // One generation batch a step: dynamic sampling runs in one process.
         let data = checkpoints::DataState {
-            gen_batches: step,
+            gen_batches: self.gen_batches,
             gen_batch_size: self.global.batch.gen_batch_prompts,
         };
         self.run.save(&self.out.join(checkpoints::DIR), step, &data)
@@ -304,8 +332,14 @@ impl Rank {
                 state: format!("{}: {why}", dir.display()),
             });
         }
+        let dynamic = self.global.algorithm.filter_groups.is_some();
+        let batch_size = self.global.batch.gen_batch_prompts;
+        let (at, note) = checkpoints::DataState::resume(&dir, step, batch_size, dynamic)?;
+        if let (Some(note), 0) = (note, self.rank) {
+            eprintln!("{note}");
+        }
         self.run.worker.load_checkpoint(&dir)?;
-        self.next_step = step;
+        (self.next_step, self.gen_batches) = (step, at);
         Ok(())
     }
 
@@ -393,6 +427,20 @@ mod tests {
             (8, 64, 8)
         );
         assert_eq!((b.mini_batch_prompts, b.mini_batch_samples), (4, 32));
+        // Dynamic sampling's generation batches are split too.
+        let mut dynamic = global.clone();
+        dynamic.algorithm.filter_groups = Some(crate::config::FilterGroups {
+            metric: crate::config::FilterMetric::Acc,
+            max_gen_batches: None,
+        });
+        dynamic.batch.gen_batch_prompts = 64;
+        assert_eq!(
+            rank_config(&dynamic, 4).unwrap().batch.gen_batch_prompts,
+            16
+        );
+        dynamic.batch.gen_batch_prompts = 66;
+        let e = rank_config(&dynamic, 4).unwrap_err().to_string();
+        assert!(e.contains("data.gen_batch_size = 66"), "{e}");
         let e = rank_config(&global, 3).unwrap_err().to_string();
         assert!(e.contains("data.train_batch_size = 32"), "{e}");
         assert_eq!([shard(10, 0, 3), shard(10, 2, 3)], [0..4, 7..10]);
