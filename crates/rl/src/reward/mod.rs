@@ -23,6 +23,7 @@ mod external;
 mod parallel;
 pub mod python;
 pub mod rules;
+pub mod search_r1;
 pub mod verl;
 mod weighted;
 

@@ -7,13 +7,15 @@
 //! | `openai/gsm8k` | the number after the last `####` ([`NumericMatch`], verl's strict GSM8K rule) |
 //! | `lighteval/MATH`, `DigitalLearningGmbH/MATH-lighteval`, `HuggingFaceH4/MATH-500` | the last `\boxed{…}` ([`BoxedMatch`]) |
 //! | `math_dapo`, `math`, `math_dapo_reasoning`, `aime…` | DAPO's: the last `Answer:`, Minerva-normalised, +1 or −1 ([`DapoMath`]) |
+//! | `searchR1_nq`, `searchR1_triviaqa`, … (Search-R1's seven sets) | the last `<answer>…</answer>`, SQuAD-normalised, against the ground truth's targets ([`SearchR1Em`]) |
 //!
 //! verl's other sources (PRIME's math and code, code sandboxes,
-//! geometry3k, Search-R1) have no colo rule: a sample from one is an error
-//! naming its source, which says to write the rule as an external reward.
+//! geometry3k) have no colo rule: a sample from one is an error naming its
+//! source, which says to write the rule as an external reward.
 
 use super::dapo::DapoMath;
 use super::rules::{BoxedMatch, NumericMatch};
+use super::search_r1::{self, SearchR1Em};
 use super::{Reward, RewardInput, Scored};
 use crate::Result;
 
@@ -32,6 +34,7 @@ pub fn rule_for(source: &str) -> Option<Box<dyn Reward>> {
         }
         "math_dapo" | "math" | "math_dapo_reasoning" => Some(Box::new(DapoMath)),
         s if s.starts_with("aime") => Some(Box::new(DapoMath)),
+        s if search_r1::SOURCES.contains(&s) => Some(Box::new(SearchR1Em)),
         _ => None,
     }
 }
@@ -82,8 +85,8 @@ fn rule_of(i: &RewardInput<'_>) -> Result<Box<dyn Reward>> {
             "verl",
             format!(
                 "data_source {source:?} has no rule in colo (it has openai/gsm8k, \
-                     lighteval/MATH and DAPO's math_dapo): write verl's rule as an external reward \
-                     (reward.kind = \"external\")"
+                     lighteval/MATH, DAPO's math_dapo and Search-R1's searchR1_*): write verl's \
+                     rule as an external reward (reward.kind = \"external\")"
             ),
         )),
     }
@@ -200,6 +203,18 @@ mod tests {
             .map(|s| (s.score, s.extra.get("acc").copied()))
             .collect();
         assert_eq!(got, [(1.0, Some(1.0)), (-1.0, Some(0.0)), (1.0, None)]);
+    }
+
+    /// Search-R1's sets: exact match of the last `<answer>`, with verl's
+    /// `{"target": [...]}` ground truth as colo reads it (JSON text).
+    #[test]
+    fn search_r1_rows_match_the_last_answer_against_the_targets() {
+        let truth = r#"{"target":["Barack Obama","Obama"]}"#;
+        for source in search_r1::SOURCES {
+            let s = Some(source);
+            assert_eq!(score(s, "<answer>obama</answer>", truth).unwrap(), 1.0);
+            assert_eq!(score(s, "<answer>Bush</answer>", truth).unwrap(), 0.0);
+        }
     }
 
     #[test]
