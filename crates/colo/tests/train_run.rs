@@ -329,6 +329,61 @@ fn an_interrupted_run_saves_its_steps_and_resumes() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Ctrl-C during a dynamic sampling step that is still drawing batches
+/// (none of its groups varies: the random model never answers right)
+/// ends the run there, with status 130 and a message saying that no
+/// checkpoint of that step was written.
+#[test]
+fn ctrl_c_ends_a_step_still_drawing_generation_batches() {
+    use std::io::BufRead;
+    let dir = tmp("interrupt-ds");
+    let config = write_config(&dir, "256MiB");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let filter = "[algorithm.filter_groups]\nenable = true\nmax_num_gen_batches = 0\n";
+    std::fs::write(&config, format!("{text}{filter}")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_colo"))
+        .args(["train", "--config", config.to_str().unwrap()])
+        .args(["--out", dir.join("out").to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            tx.send(line.unwrap()).unwrap();
+        }
+    });
+    let mut said = String::new();
+    while !said.contains("generating more") {
+        let line = rx.recv_timeout(std::time::Duration::from_secs(300));
+        said += &line.expect("no tenth generation batch in 300 s");
+        said.push('\n');
+    }
+    signal(&child, "-INT");
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed().as_secs() > 120 {
+            child.kill().unwrap();
+            panic!("still drawing batches 120 s after the interrupt: {said}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    reader.join().unwrap();
+    said.extend(rx.try_iter().map(|l| l + "\n"));
+    assert_eq!(status.code(), Some(130), "{said}");
+    assert!(
+        said.contains("stopped at your request before the step could finish")
+            && said.contains("no checkpoint of it was written"),
+        "{said}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// A second signal stops the run at once, with status 130 and without a
 /// panic or a crash (libtorch's threads are not torn down under it), and
 /// the checkpoints already written stay complete.

@@ -87,7 +87,12 @@ pub fn run(a: Args) -> Result<()> {
     }
     let stop = colo_rl::r#loop::Stop::new();
     stop_on_signals(&stop)?;
-    let s = colo_rl::r#loop::run_until(&config, &out, resume, &stop).context("colo train")?;
+    let s = match colo_rl::r#loop::run_until(&config, &out, resume, &stop) {
+        // A run that could not stop cleanly at the request (a dynamic
+        // sampling step still drawing batches) still ends as interrupted.
+        Err(e) if stop.requested() => return Err(Stopped(format!("colo train: {e}")).into()),
+        r => r.context("colo train")?,
+    };
     if s.steps < s.total_steps {
         let again = match &a.config {
             Some(path) => format!("--config {} ", path.display()),
