@@ -1,6 +1,7 @@
 //! Advantage estimators, chosen by [`AdvEstimator`], and the token-level ones:
 //! GAE, REINFORCE++ and ReMax. The group-baseline ones (GRPO, Dr. GRPO, RLOO,
-//! REINFORCE++-baseline) are in [`crate::group`].
+//! REINFORCE++-baseline) are in [`crate::group`]; OPO, GRPO for pass@k and
+//! GPG in [`crate::group_variants`].
 //!
 //! Representation: inputs and outputs are (batch, response_len) tensors on one
 //! device; the estimators are not differentiated (inputs are read as data and
@@ -26,8 +27,8 @@ use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 use crate::error::{Error, Result};
-use crate::group;
 use crate::masked::{check_all, masked_whiten, upcast, zero_padding};
+use crate::{group, group_variants};
 
 /// Which advantage estimator. Config names are verl's (`adv_estimator = "grpo"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,6 +48,14 @@ pub enum AdvEstimator {
     ReinforcePlusPlusBaseline,
     /// Score minus the greedy response's score: [`remax`].
     Remax,
+    /// Score minus the group's length-weighted mean: [`group_variants::opo`].
+    Opo,
+    /// Only each group's best response, by its lead over the second:
+    /// [`group_variants::grpo_passk`].
+    GrpoPassk,
+    /// Group-centred, rescaled by the batch's share of non-zero scores:
+    /// [`group_variants::gpg`].
+    Gpg,
 }
 
 impl AdvEstimator {
@@ -59,6 +68,9 @@ impl AdvEstimator {
             AdvEstimator::ReinforcePlusPlus => "reinforce_plus_plus",
             AdvEstimator::ReinforcePlusPlusBaseline => "reinforce_plus_plus_baseline",
             AdvEstimator::Remax => "remax",
+            AdvEstimator::Opo => "opo",
+            AdvEstimator::GrpoPassk => "grpo_passk",
+            AdvEstimator::Gpg => "gpg",
         }
     }
 }
@@ -173,6 +185,19 @@ pub fn compute_advantage(cfg: &AdvantageConfig, x: &AdvantageInputs) -> Result<A
         AdvEstimator::Remax => {
             need(x.reward_baselines.is_some(), "reward_baselines")?;
             remax(r, m, x.reward_baselines.unwrap_or_default())
+        }
+        AdvEstimator::Opo => {
+            need(x.index.is_some(), "index")?;
+            group_variants::opo(r, m, x.index.unwrap_or_default())
+        }
+        AdvEstimator::GrpoPassk => {
+            need(x.index.is_some(), "index")?;
+            let idx = x.index.unwrap_or_default();
+            group_variants::grpo_passk(r, m, idx, cfg.epsilon, cfg.norm_adv_by_std_in_grpo)
+        }
+        AdvEstimator::Gpg => {
+            need(x.index.is_some(), "index")?;
+            group_variants::gpg(r, m, x.index.unwrap_or_default())
         }
     }
 }

@@ -26,19 +26,23 @@ use crate::advantage::{clean_rewards, whiten_masked, Advantages};
 use crate::error::{Error, Result};
 
 /// Per-row scores and the statistics of each row's group, all (batch,).
-struct Scored {
+pub(crate) struct Scored {
     /// s_i, the summed reward of row i.
-    score: Tensor,
+    pub(crate) score: Tensor,
     /// The size n of row i's group.
-    n: Tensor,
+    pub(crate) n: Tensor,
     /// Its group's mean score (0 for a group of one).
-    mean: Tensor,
+    pub(crate) mean: Tensor,
     /// Its group's unbiased (n − 1) standard deviation, as `torch.std` (1 for a group of one).
-    std: Tensor,
+    pub(crate) std: Tensor,
+    /// The rows' groups: each row's group number (batch,), and the
+    /// (groups, batch) membership matrix, 1 where row j is in group g.
+    pub(crate) group: Tensor,
+    pub(crate) members: Tensor,
 }
 
 /// Scores of the (cleaned) rewards and their group statistics.
-fn scores_and_groups(rewards: &Tensor, index: &[u64]) -> Result<Scored> {
+pub(crate) fn scores_and_groups(rewards: &Tensor, index: &[u64]) -> Result<Scored> {
     let batch = rewards.size()[0] as usize;
     if index.len() != batch {
         return Err(Error::LengthMismatch {
@@ -76,17 +80,19 @@ fn scores_and_groups(rewards: &Tensor, index: &[u64]) -> Result<Scored> {
         mean: per_row(&mean),
         std: per_row(&std),
         score,
+        group,
+        members,
     })
 }
 
 /// One advantage per row (batch,), broadcast over that row's response tokens,
 /// in the rewards' kind.
-fn broadcast(per_row: &Tensor, mask: &Tensor, like: &Tensor) -> Tensor {
+pub(crate) fn broadcast(per_row: &Tensor, mask: &Tensor, like: &Tensor) -> Tensor {
     (per_row.unsqueeze(1) * mask).to_kind(like.kind())
 }
 
 /// Outcome advantages whose returns are the advantages (the same storage).
-fn outcome(advantages: Tensor) -> Advantages {
+pub(crate) fn outcome(advantages: Tensor) -> Advantages {
     Advantages {
         returns: advantages.shallow_clone(),
         advantages,

@@ -112,6 +112,7 @@ pub mod dynamic_sampling;
 pub mod entropy;
 pub mod error;
 pub mod group;
+pub mod group_variants;
 pub mod kl;
 pub mod masked;
 pub mod mismatch;

@@ -39,6 +39,8 @@ pub enum PolicyLossMode {
     Vanilla,
     /// Group Sequence Policy Optimization: [`gspo_loss`].
     Gspo,
+    /// GPG's plain policy gradient, no ratio and no clip: [`gpg_loss`].
+    Gpg,
 }
 
 /// The actor's policy-loss settings as written in the config (verl's names).
@@ -313,6 +315,26 @@ pub fn gspo_loss(x: &PolicyInputs, clip: &ClipRange, scale: AggScale) -> Result<
     Ok(PolicyLoss { loss, metrics })
 }
 
+/// GPG's policy gradient (Chu et al. 2025, "GPG: A Simple and Strong
+/// Reinforcement Learning Baseline for Model Reasoning", arXiv:2504.02546);
+/// verl's `compute_policy_loss_gpg`: l_t = −A_t·log π_θ(y_t), times the IS
+/// weight if given, aggregated with `agg`. No ratio, so no clip: the
+/// update is REINFORCE's with GPG's advantages
+/// ([`crate::group::gpg`]). `ppo_kl` is reported as for PPO (verl reports
+/// none); the clip fractions are 0.
+pub fn gpg_loss(x: &PolicyInputs, agg: LossAgg) -> Result<PolicyLoss> {
+    let p = prepare(x)?;
+    let pg = with_is_weights(-&p.advantages * &p.log_prob, &p.is_weights);
+    let loss = agg_loss(&pg, &p.mask, agg)?;
+    let kl = (&p.old_log_prob - p.log_prob.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
+    let m = host_means(&[(&kl, &p.mask)])?;
+    let metrics = PolicyLossMetrics {
+        ppo_kl: m[0],
+        ..PolicyLossMetrics::default()
+    };
+    Ok(PolicyLoss { loss, metrics })
+}
+
 /// The configured policy loss: validates the clip ranges and dispatches on
 /// `cfg.loss_mode`. `scale` carries global denominators for micro-batching.
 pub fn policy_loss(
@@ -331,6 +353,13 @@ pub fn policy_loss(
             },
         ),
         PolicyLossMode::Gspo => gspo_loss(x, &clip, scale),
+        PolicyLossMode::Gpg => gpg_loss(
+            x,
+            LossAgg {
+                mode: cfg.loss_agg_mode,
+                scale,
+            },
+        ),
     }
 }
 
@@ -401,6 +430,25 @@ mod tests {
         );
         assert_eq!(g[0][2], 0.0);
         assert_eq!(m, PolicyLossMetrics::default());
+    }
+
+    // GPG, token-mean over 3 tokens: l = −A·log π = −(2·(−1) + (−0.5)·(−2) + 1·(−0.5)) / 3
+    // = −(−2 + 1 − 0.5) / 3 = 0.5; d loss / d lp_t = −A_t / 3, whatever the ratio.
+    #[test]
+    fn gpg_is_the_plain_policy_gradient() {
+        let old = t2(&[&[0.0, 0.0, 0.0, 0.0]]);
+        let lp = t2(&[&[-1.0, -2.0, -0.5, 9.0]]);
+        let adv = t2(&[&[2.0, -0.5, 1.0, 4.0]]);
+        let mask = t2(&[&[1.0, 1.0, 1.0, 0.0]]);
+        let f = |x: &PolicyInputs| gpg_loss(x, LossAggMode::TokenMean.into());
+        let (loss, g, m) = run(f, &old, &lp, &adv, &mask);
+        assert!((loss - 0.5).abs() < 1e-6, "{loss}");
+        let want = [-2.0 / 3.0, 0.5 / 3.0, -1.0 / 3.0, 0.0];
+        for (x, w) in g[0].iter().zip(want) {
+            assert!((x - w).abs() < 1e-6, "{g:?}");
+        }
+        assert_eq!((m.pg_clipfrac, m.pg_clipfrac_lower), (0.0, 0.0));
+        assert!((m.ppo_kl - 3.5 / 3.0).abs() < 1e-6, "{m:?}");
     }
 
     // GSPO, one sequence of 2 tokens + padding, A = 1, ε = 0.2:

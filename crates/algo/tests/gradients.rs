@@ -9,7 +9,7 @@ mod common;
 use colo_algo::entropy::{entropy_bonus, entropy_from_logits};
 use colo_algo::kl::kl_loss;
 use colo_algo::masked::masked_whiten;
-use colo_algo::policy_loss::{gspo_loss, ppo_clip_loss};
+use colo_algo::policy_loss::{gpg_loss, gspo_loss, ppo_clip_loss};
 use colo_algo::{value_loss, AggScale, ClipRange, KlEstimator, LossAgg, LossAggMode, PolicyInputs};
 use common::*;
 use tch::Tensor;
@@ -126,6 +126,29 @@ fn ppo_clip_gradient_with_is_weights() {
         TOL,
         "ppo+is",
     );
+}
+
+#[test]
+fn gpg_gradient_all_modes_with_is_weights() {
+    let b = batch(4, 0.5, false);
+    let w = Lcg::new(5).matrix(4, 6, 0.5, 2.0);
+    let (old, adv, mask, w) = (t(&b.old), t(&b.adv), t(&b.mask), t(&w));
+    for mode in MODES {
+        let f = |lp: &Tensor| {
+            let x = PolicyInputs {
+                old_log_prob: &old,
+                log_prob: lp,
+                advantages: &adv,
+                response_mask: &mask,
+                is_weights: Some(&w),
+            };
+            gpg_loss(&x, mode.into()).unwrap().loss
+        };
+        let a = autograd(f, &b.lp);
+        let what = format!("gpg {mode:?}");
+        assert_close_nonzero(&a, &numeric_grad(f, &b.lp, H), TOL, &what);
+        assert_zero_on_padding(&a, &b.mask, "gpg");
+    }
 }
 
 #[test]

@@ -204,6 +204,9 @@ fn advantages_ignore_padding() {
         AdvEstimator::ReinforcePlusPlus,
         AdvEstimator::ReinforcePlusPlusBaseline,
         AdvEstimator::Remax,
+        // (Not GRPO for pass@k, which refuses the groups of one here, nor
+        // GPG, whose scale counts the batch's rows: the wide batch adds one.)
+        AdvEstimator::Opo,
     ] {
         let cfg = AdvantageConfig {
             adv_estimator: est,

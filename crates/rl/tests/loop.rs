@@ -187,16 +187,27 @@ fn every_colocation_mode_runs_a_step() {
 
 #[test]
 fn gae_trains_a_critic_and_remax_uses_greedy_baselines() {
-    for estimator in ["gae", "remax", "rloo", "reinforce_plus_plus"] {
+    let estimators = [
+        "gae",
+        "remax",
+        "rloo",
+        "reinforce_plus_plus",
+        "opo",
+        "grpo_passk",
+        "gpg",
+    ];
+    for estimator in estimators {
         let dir = tmp(estimator);
-        colo_rl::r#loop::run(
-            &config_with(&dir, 2, "staged", estimator),
-            &dir.join("run"),
-            false,
-        )
-        .unwrap();
+        let mut text = config_toml(&dir, 2, "staged", estimator);
+        if estimator == "gpg" {
+            // verl's GPG recipe pairs the estimator with its loss.
+            text = text.replace("[actor]\n", "[actor]\nloss_mode = \"gpg\"\n");
+        }
+        let config = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+        colo_rl::r#loop::run(&config, &dir.join("run"), false).unwrap();
         let steps = steps_of(&dir.join("run"));
         assert_eq!(steps.len(), 2, "{estimator}");
+        assert!(steps.iter().all(|s| s.pg_loss.is_finite()), "{estimator}");
         let critic = steps[1].vf_loss;
         if estimator == "gae" {
             assert!(

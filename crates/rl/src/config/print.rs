@@ -114,7 +114,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("actor.use_dynamic_bsz", "cut micro-batches by a token budget (ppo_max_token_len_per_gpu) instead of ppo_micro_batch_size: consecutive samples while samples × the longest stay within it; bounds activation memory as responses grow", "bool", "actor_rollout_ref.actor.use_dynamic_bsz"),
     d("actor.ppo_max_token_len_per_gpu", "the budget of use_dynamic_bsz: padded tokens per forward/backward (the reference's too; the old-policy pass: twice it); at least max_prompt_length + max_new_tokens", "tokens", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
     d("actor.ppo_epochs", "passes over each step's samples", "epochs", "actor_rollout_ref.actor.ppo_epochs"),
-    d("actor.loss_mode", "policy loss", "\"vanilla\" (PPO clip) or \"gspo\"", "actor_rollout_ref.actor.policy_loss.loss_mode"),
+    d("actor.loss_mode", "policy loss", "\"vanilla\" (PPO clip), \"gspo\" or \"gpg\" (no ratio, no clip)", "actor_rollout_ref.actor.policy_loss.loss_mode"),
     d("actor.clip_ratio", "PPO clip ε (both sides unless clip_ratio_low/high are set)", "ratio", "actor_rollout_ref.actor.clip_ratio"),
     opt("actor.clip_ratio_low", "ε_low: the ratio floor is 1 − ε_low", "ratio", "actor_rollout_ref.actor.clip_ratio_low", "clip_ratio"),
     opt("actor.clip_ratio_high", "ε_high: the ratio ceiling is 1 + ε_high (DAPO: 0.28)", "ratio", "actor_rollout_ref.actor.clip_ratio_high", "clip_ratio"),
@@ -132,7 +132,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("critic.cliprange_value", "the value loss's clip around the values the step started from", "> 0", "critic.cliprange_value"),
     opt("critic.loss_agg_mode", "how the value loss is averaged over tokens", "as actor.loss_agg_mode", "critic.loss_agg_mode", "actor.loss_agg_mode"),
     // [algorithm]
-    d("algorithm.adv_estimator", "advantage estimator", "\"grpo\", \"rloo\", \"reinforce_plus_plus\", \"reinforce_plus_plus_baseline\", \"remax\", \"gae\" (trains a critic)", "algorithm.adv_estimator"),
+    d("algorithm.adv_estimator", "advantage estimator", "\"grpo\", \"rloo\", \"reinforce_plus_plus\", \"reinforce_plus_plus_baseline\", \"remax\", \"opo\", \"grpo_passk\", \"gpg\", \"gae\" (trains a critic)", "algorithm.adv_estimator"),
     d("algorithm.gamma", "discount (GAE, REINFORCE++)", "[0, 1]", "algorithm.gamma"),
     d("algorithm.lam", "GAE λ", "[0, 1]", "algorithm.lam"),
     d("algorithm.norm_adv_by_std_in_grpo", "divide GRPO advantages by the group's std (false: Dr. GRPO)", "bool", "algorithm.norm_adv_by_std_in_grpo"),

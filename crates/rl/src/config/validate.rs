@@ -387,7 +387,12 @@ fn rollout_section(rollout: &RawRollout, estimator: AdvEstimator) -> Check<Rollo
     let n = positive("rollout.n", rollout.n)?;
     let group = matches!(
         estimator,
-        AdvEstimator::Grpo | AdvEstimator::Rloo | AdvEstimator::ReinforcePlusPlusBaseline
+        AdvEstimator::Grpo
+            | AdvEstimator::Rloo
+            | AdvEstimator::ReinforcePlusPlusBaseline
+            | AdvEstimator::Opo
+            | AdvEstimator::GrpoPassk
+            | AdvEstimator::Gpg
     );
     if group && n < 2 {
         return bad(
