@@ -19,7 +19,7 @@
 //! The metrics are read back to the host in one transfer per call.
 
 use serde::{Deserialize, Serialize};
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use crate::agg::{agg_loss, AggScale, LossAgg, LossAggMode};
 use crate::error::{Error, Result};
@@ -41,6 +41,11 @@ pub enum PolicyLossMode {
     Gspo,
     /// GPG's plain policy gradient, no ratio and no clip: [`gpg_loss`].
     Gpg,
+    /// MiniMax-M1's clipped IS-weight policy gradient: [`cispo_loss`].
+    Cispo,
+    /// The unclipped ratio, with a KL penalty on the tokens of largest
+    /// covariance: [`kl_cov_loss`].
+    KlCov,
 }
 
 /// The actor's policy-loss settings as written in the config (verl's names).
@@ -62,6 +67,10 @@ pub struct PolicyLossConfig {
     pub clip_ratio_c: f64,
     /// How per-token losses become a scalar (ignored by GSPO, see [`gspo_loss`]).
     pub loss_agg_mode: LossAggMode,
+    /// KL-Cov: the fraction of a micro-batch's tokens that get the penalty.
+    pub kl_cov_ratio: f64,
+    /// KL-Cov: the penalty's coefficient on |log π_θ − log π_old|.
+    pub ppo_kl_coef: f64,
 }
 
 impl Default for PolicyLossConfig {
@@ -74,6 +83,8 @@ impl Default for PolicyLossConfig {
             clip_ratio_high: None,
             clip_ratio_c: 3.0,
             loss_agg_mode: LossAggMode::TokenMean,
+            kl_cov_ratio: 0.0002,
+            ppo_kl_coef: 0.1,
         }
     }
 }
@@ -335,6 +346,86 @@ pub fn gpg_loss(x: &PolicyInputs, agg: LossAgg) -> Result<PolicyLoss> {
     Ok(PolicyLoss { loss, metrics })
 }
 
+/// CISPO (MiniMax 2025, "MiniMax-M1", arXiv:2506.13585); verl's
+/// `compute_policy_loss_cispo`: the importance weight is clipped and its
+/// gradient stopped, so every token keeps a gradient (PPO's clip drops
+/// those whose ratio left the range):
+///
+/// ```text
+/// l_t = −sg[clip(r_t, 1 − ε_low, 1 + ε_high)]·A_t·log π_θ(y_t)
+/// ```
+///
+/// with r = exp(clamp(log π_θ − log π_old, ±20)), times the IS weight if
+/// given, aggregated with `agg`. `pg_clipfrac` is the fraction of tokens
+/// whose ratio was clipped; `pg_clipfrac_lower` is 0.
+pub fn cispo_loss(x: &PolicyInputs, clip: &ClipRange, agg: LossAgg) -> Result<PolicyLoss> {
+    let p = prepare(x)?;
+    let neg_kl = (&p.log_prob - &p.old_log_prob).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
+    let ratio = neg_kl.detach().exp();
+    let clipped = ratio.clamp(1.0 - clip.low, 1.0 + clip.high);
+    let pg = with_is_weights(-(&clipped * &p.advantages) * &p.log_prob, &p.is_weights);
+    let loss = agg_loss(&pg, &p.mask, agg)?;
+    let kind = p.mask.kind();
+    let was_clipped = ratio.ne_tensor(&clipped).to_kind(kind);
+    let kl = -neg_kl.detach();
+    let m = host_means(&[(&was_clipped, &p.mask), (&kl, &p.mask)])?;
+    let metrics = PolicyLossMetrics {
+        pg_clipfrac: m[0],
+        pg_clipfrac_lower: 0.0,
+        ppo_kl: m[1],
+    };
+    Ok(PolicyLoss { loss, metrics })
+}
+
+/// KL-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement
+/// Learning for Reasoning Language Models", arXiv:2505.22617); verl's
+/// `compute_policy_loss_kl_cov`. The loss is the unclipped −A·r, except on
+/// the `ratio` fraction of the batch's response tokens (at least one) whose
+/// covariance (A_t − Ā)·(log π_θ(y_t) − mean log π_θ) is largest — the
+/// tokens that drive entropy down the most — which also pay
+/// `coef`·|log π_θ − log π_old|:
+///
+/// ```text
+/// l_t = −A_t·r_t + [t among the top tokens]·coef·|log r_t|
+/// ```
+///
+/// with r unclamped, as verl has it; times the IS weight if given,
+/// aggregated with `agg`. Means and covariances are over the response
+/// tokens of this call's batch (a micro-batch, as in verl). `ppo_kl`
+/// reports the mean |log r| (verl's metric for this mode); the clip
+/// fractions are 0. `ratio` is in (0, 1].
+pub fn kl_cov_loss(x: &PolicyInputs, ratio: f64, coef: f64, agg: LossAgg) -> Result<PolicyLoss> {
+    let p = prepare(x)?;
+    let neg_kl = &p.log_prob - &p.old_log_prob;
+    let abs_kl = neg_kl.abs();
+    let plain = -&p.advantages * neg_kl.exp();
+    let valid = p.mask.gt(0.0);
+    let n_valid = valid.sum(Kind::Int64).int64_value(&[]);
+    let penalised = match n_valid {
+        0 => p.mask.zeros_like(),
+        n => {
+            let k = ((n as f64 * ratio) as i64).max(1);
+            let mean = |t: &Tensor| t.masked_select(&valid).mean(t.kind());
+            let lp = p.log_prob.detach();
+            let cov = (&p.advantages - mean(&p.advantages)) * (&lp - mean(&lp));
+            let cov = cov
+                .where_scalarother(&valid, f64::NEG_INFINITY)
+                .flatten(0, -1);
+            let (_, top) = cov.topk(k, 0, true, true);
+            let flat = p.mask.zeros_like().flatten(0, -1);
+            flat.index_fill(0, &top, 1.0).view_as(&p.mask)
+        }
+    };
+    let pg = with_is_weights(plain + &penalised * coef * &abs_kl, &p.is_weights);
+    let loss = agg_loss(&pg, &p.mask, agg)?;
+    let m = host_means(&[(&abs_kl.detach(), &p.mask)])?;
+    let metrics = PolicyLossMetrics {
+        ppo_kl: m[0],
+        ..PolicyLossMetrics::default()
+    };
+    Ok(PolicyLoss { loss, metrics })
+}
+
 /// The configured policy loss: validates the clip ranges and dispatches on
 /// `cfg.loss_mode`. `scale` carries global denominators for micro-batching.
 pub fn policy_loss(
@@ -343,23 +434,16 @@ pub fn policy_loss(
     scale: AggScale,
 ) -> Result<PolicyLoss> {
     let clip = cfg.clip_range()?;
+    let agg = LossAgg {
+        mode: cfg.loss_agg_mode,
+        scale,
+    };
     match cfg.loss_mode {
-        PolicyLossMode::Vanilla => ppo_clip_loss(
-            x,
-            &clip,
-            LossAgg {
-                mode: cfg.loss_agg_mode,
-                scale,
-            },
-        ),
+        PolicyLossMode::Vanilla => ppo_clip_loss(x, &clip, agg),
         PolicyLossMode::Gspo => gspo_loss(x, &clip, scale),
-        PolicyLossMode::Gpg => gpg_loss(
-            x,
-            LossAgg {
-                mode: cfg.loss_agg_mode,
-                scale,
-            },
-        ),
+        PolicyLossMode::Gpg => gpg_loss(x, agg),
+        PolicyLossMode::Cispo => cispo_loss(x, &clip, agg),
+        PolicyLossMode::KlCov => kl_cov_loss(x, cfg.kl_cov_ratio, cfg.ppo_kl_coef, agg),
     }
 }
 
@@ -449,6 +533,51 @@ mod tests {
         }
         assert_eq!((m.pg_clipfrac, m.pg_clipfrac_lower), (0.0, 0.0));
         assert!((m.ppo_kl - 3.5 / 3.0).abs() < 1e-6, "{m:?}");
+    }
+
+    // CISPO, ε_low 0.2, ε_high 0.28, old log-prob 0, token-mean over 2:
+    //  t0: r = 1.5 → 1.28, A = +1: l = −1.28·ln 1.5 = −0.518995, grad −1.28/2 = −0.64
+    //  t1: r = 0.5 → 0.8,  A = −1: l = 0.8·ln 0.5 = −0.554518, grad +0.8/2 = 0.4
+    // loss −0.536757; both clipped; ppo_kl = −(ln 1.5 + ln 0.5)/2 = 0.143841.
+    #[test]
+    fn cispo_keeps_a_gradient_on_clipped_tokens() {
+        let old = t2(&[&[0.0, 0.0]]);
+        let lp = t2(&[&[1.5f32.ln(), 0.5f32.ln()]]);
+        let adv = t2(&[&[1.0, -1.0]]);
+        let mask = t2(&[&[1.0, 1.0]]);
+        let clip = ClipRange::new(0.2, 0.28, 3.0).unwrap();
+        let f = |x: &PolicyInputs| cispo_loss(x, &clip, LossAggMode::TokenMean.into());
+        let (loss, g, m) = run(f, &old, &lp, &adv, &mask);
+        assert!((loss + 0.536_757).abs() < 1e-5, "{loss}");
+        assert!(
+            (g[0][0] + 0.64).abs() < 1e-6 && (g[0][1] - 0.4).abs() < 1e-6,
+            "{g:?}"
+        );
+        assert!((m.pg_clipfrac - 1.0).abs() < 1e-6, "{m:?}");
+        assert!((m.ppo_kl - 0.143_841).abs() < 1e-5, "{m:?}");
+    }
+
+    // KL-Cov, ratio 0.25 of 4 tokens → k = 1, coef 0.1, old log-prob 0:
+    // A = [1, −1, 2, 0], lp = [−1, −2, −0.5, −3]; means 0.5 and −1.625;
+    // covariances 0.3125, 0.5625, 1.6875, 0.6875 → token 2 pays 0.1·|−0.5|.
+    // l = [−e⁻¹, e⁻², −2e^−0.5 + 0.05, 0], token-mean −0.348901;
+    // grad = [−e⁻¹, e⁻², −2e^−0.5 − 0.1, 0] / 4; ppo_kl = mean |lp| = 1.625.
+    #[test]
+    fn kl_cov_penalises_the_tokens_of_largest_covariance() {
+        let old = t2(&[&[0.0, 0.0, 0.0, 0.0, 0.0]]);
+        let lp = t2(&[&[-1.0, -2.0, -0.5, -3.0, 7.0]]);
+        let adv = t2(&[&[1.0, -1.0, 2.0, 0.0, 9.0]]);
+        let mask = t2(&[&[1.0, 1.0, 1.0, 1.0, 0.0]]);
+        let f = |x: &PolicyInputs| kl_cov_loss(x, 0.25, 0.1, LossAggMode::TokenMean.into());
+        let (loss, g, m) = run(f, &old, &lp, &adv, &mask);
+        assert!((loss + 0.348_901).abs() < 1e-5, "{loss}");
+        let e = |x: f64| x.exp();
+        let want = [-e(-1.0), e(-2.0), -2.0 * e(-0.5) - 0.1, 0.0, 0.0].map(|x| x / 4.0);
+        for (x, w) in g[0].iter().zip(want) {
+            assert!((*x as f64 - w).abs() < 1e-5, "{g:?}");
+        }
+        assert_eq!((m.pg_clipfrac, m.pg_clipfrac_lower), (0.0, 0.0));
+        assert!((m.ppo_kl - 1.625).abs() < 1e-6, "{m:?}");
     }
 
     // GSPO, one sequence of 2 tokens + padding, A = 1, ε = 0.2:

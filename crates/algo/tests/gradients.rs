@@ -9,7 +9,7 @@ mod common;
 use colo_algo::entropy::{entropy_bonus, entropy_from_logits};
 use colo_algo::kl::kl_loss;
 use colo_algo::masked::masked_whiten;
-use colo_algo::policy_loss::{gpg_loss, gspo_loss, ppo_clip_loss};
+use colo_algo::policy_loss::{gpg_loss, gspo_loss, kl_cov_loss, ppo_clip_loss};
 use colo_algo::{value_loss, AggScale, ClipRange, KlEstimator, LossAgg, LossAggMode, PolicyInputs};
 use common::*;
 use tch::Tensor;
@@ -148,6 +148,31 @@ fn gpg_gradient_all_modes_with_is_weights() {
         let what = format!("gpg {mode:?}");
         assert_close_nonzero(&a, &numeric_grad(f, &b.lp, H), TOL, &what);
         assert_zero_on_padding(&a, &b.mask, "gpg");
+    }
+}
+
+/// (CISPO is not here: its weight's gradient is stopped, so its gradient
+/// is not the loss value's; its unit test checks it in closed form.)
+#[test]
+fn kl_cov_gradient_all_modes() {
+    let b = batch(6, 0.5, false);
+    let (old, adv, mask) = (t(&b.old), t(&b.adv), t(&b.mask));
+    for mode in MODES {
+        // The penalised tokens do not change under a step of 1e-6.
+        let f = |lp: &Tensor| {
+            let x = PolicyInputs {
+                old_log_prob: &old,
+                log_prob: lp,
+                advantages: &adv,
+                response_mask: &mask,
+                is_weights: None,
+            };
+            kl_cov_loss(&x, 0.2, 0.5, mode.into()).unwrap().loss
+        };
+        let a = autograd(f, &b.lp);
+        let what = format!("kl_cov {mode:?}");
+        assert_close_nonzero(&a, &numeric_grad(f, &b.lp, H), TOL, &what);
+        assert_zero_on_padding(&a, &b.mask, "kl_cov");
     }
 }
 

@@ -933,6 +933,12 @@ fn settings_that_cannot_work_together_are_refused() {
             "two numbers",
         ),
         (
+            "[actor]\nloss_mode = \"kl_cov\"\nkl_cov_ratio = 0.0\n",
+            "actor.kl_cov_ratio",
+            "in (0, 1]",
+        ),
+        ("[actor]\nppo_kl_coef = -1.0\n", "actor.ppo_kl_coef", "≥ 0"),
+        (
             "[trainer]\nrollout_data_dir = \"d\"\nvalidation_data_dir = \"d\"\n",
             "trainer.validation_data_dir",
             "overwrite",

@@ -187,22 +187,21 @@ fn every_colocation_mode_runs_a_step() {
 
 #[test]
 fn gae_trains_a_critic_and_remax_uses_greedy_baselines() {
-    let estimators = [
-        "gae",
-        "remax",
-        "rloo",
-        "reinforce_plus_plus",
-        "opo",
-        "grpo_passk",
-        "gpg",
+    // (estimator, loss_mode): verl's GPG recipe pairs the estimator with
+    // its loss; CISPO and KL-Cov are losses for any estimator.
+    let runs = [
+        ("gae", "vanilla"),
+        ("remax", "vanilla"),
+        ("rloo", "cispo"),
+        ("reinforce_plus_plus", "kl_cov"),
+        ("opo", "vanilla"),
+        ("grpo_passk", "vanilla"),
+        ("gpg", "gpg"),
     ];
-    for estimator in estimators {
+    for (estimator, loss) in runs {
         let dir = tmp(estimator);
-        let mut text = config_toml(&dir, 2, "staged", estimator);
-        if estimator == "gpg" {
-            // verl's GPG recipe pairs the estimator with its loss.
-            text = text.replace("[actor]\n", "[actor]\nloss_mode = \"gpg\"\n");
-        }
+        let text = config_toml(&dir, 2, "staged", estimator)
+            .replace("[actor]\n", &format!("[actor]\nloss_mode = \"{loss}\"\n"));
         let config = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
         colo_rl::r#loop::run(&config, &dir.join("run"), false).unwrap();
         let steps = steps_of(&dir.join("run"));

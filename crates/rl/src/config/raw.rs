@@ -225,6 +225,10 @@ pub struct RawActor {
     pub clip_ratio_high: Option<f64>,
     pub clip_ratio_c: f64,
     pub loss_agg_mode: LossAggMode,
+    /// KL-Cov's share of tokens and its coefficient (verl's
+    /// `policy_loss.kl_cov_ratio`, `policy_loss.ppo_kl_coef`).
+    pub kl_cov_ratio: f64,
+    pub ppo_kl_coef: f64,
     pub entropy_coeff: f64,
     pub use_kl_loss: bool,
     pub kl_loss_coef: f64,
@@ -252,6 +256,8 @@ impl Default for RawActor {
             clip_ratio_high: None,
             clip_ratio_c: 3.0,
             loss_agg_mode: LossAggMode::TokenMean,
+            kl_cov_ratio: 0.0002,
+            ppo_kl_coef: 0.1,
             entropy_coeff: 0.0,
             use_kl_loss: true,
             kl_loss_coef: 0.001,

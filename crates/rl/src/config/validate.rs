@@ -564,7 +564,24 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
         clip_ratio_high: actor.clip_ratio_high,
         clip_ratio_c: actor.clip_ratio_c,
         loss_agg_mode: actor.loss_agg_mode,
+        kl_cov_ratio: actor.kl_cov_ratio,
+        ppo_kl_coef: actor.ppo_kl_coef,
     };
+    if !(actor.kl_cov_ratio > 0.0 && actor.kl_cov_ratio <= 1.0) {
+        return bad(
+            "actor.kl_cov_ratio",
+            format!(
+                "is the share of tokens KL-Cov penalises: in (0, 1], got {}",
+                actor.kl_cov_ratio
+            ),
+        );
+    }
+    if !(actor.ppo_kl_coef.is_finite() && actor.ppo_kl_coef >= 0.0) {
+        return bad(
+            "actor.ppo_kl_coef",
+            format!("must be a number ≥ 0, got {}", actor.ppo_kl_coef),
+        );
+    }
     if let Err(colo_algo::Error::InvalidConfig {
         field,
         value,
