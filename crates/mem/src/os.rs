@@ -93,17 +93,37 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// Sends SIGINT to the process `pid`: how `colo train` passes a Ctrl-C on
-/// to the distributed run's controller, which runs in its own process
-/// group so that the terminal's signal reaches only `colo`.
-pub fn interrupt(pid: u32) -> std::io::Result<()> {
+/// A signal [`signal`] sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// SIGINT, what Ctrl-C sends.
+    Interrupt,
+    /// SIGTERM, a request to end.
+    Terminate,
+}
+
+impl Signal {
+    /// Its number, as `ExitStatus::signal` reports it.
+    pub fn number(self) -> i32 {
+        match self {
+            Signal::Interrupt => libc::SIGINT,
+            Signal::Terminate => libc::SIGTERM,
+        }
+    }
+}
+
+/// Sends `sig` to the process `pid`: how `colo train` tells the
+/// distributed run's controller, which runs in its own process group (so
+/// that the terminal's Ctrl-C reaches only `colo`), to stop at once.
+pub fn signal(pid: u32, sig: Signal) -> std::io::Result<()> {
     let pid = libc::pid_t::try_from(pid)
         .ok()
         .filter(|&p| p > 0)
         .ok_or_else(|| std::io::Error::other(format!("{pid} is not a process id")))?;
+    let sig = sig.number();
     // SAFETY: `kill` reads only its two integer arguments; `pid` is
     // positive, so it names one process (never a group or every process).
-    match unsafe { libc::kill(pid, libc::SIGINT) } {
+    match unsafe { libc::kill(pid, sig) } {
         0 => Ok(()),
         _ => Err(std::io::Error::last_os_error()),
     }
@@ -123,16 +143,20 @@ mod tests {
     }
 
     #[test]
-    fn interrupt_reaches_a_child_and_refuses_non_processes() {
+    fn a_signal_reaches_a_child_and_non_processes_are_refused() {
         let mut child = std::process::Command::new("sleep")
             .arg("30")
             .spawn()
             .unwrap();
-        interrupt(child.id()).unwrap();
+        signal(child.id(), Signal::Terminate).unwrap();
         use std::os::unix::process::ExitStatusExt;
-        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGINT));
-        assert!(interrupt(0).is_err(), "0 would be the whole process group");
-        assert!(interrupt(u32::MAX).is_err(), "-1 would be every process");
+        assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGTERM));
+        let int = Signal::Interrupt;
+        assert!(
+            signal(0, int).is_err(),
+            "0 would be the whole process group"
+        );
+        assert!(signal(u32::MAX, int).is_err(), "-1 would be every process");
     }
 
     #[test]

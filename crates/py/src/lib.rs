@@ -134,6 +134,13 @@ impl Worker {
         })
     }
 
+    /// While `path` exists, a step still drawing generation batches
+    /// (dynamic sampling) stops, on every rank at once, with an error
+    /// saying it was stopped at the user's request.
+    fn set_stop_file(&self, path: String) -> PyResult<()> {
+        self.rank().map(|mut r| r.set_stop_file(path.into()))
+    }
+
     fn total_steps(&self) -> PyResult<usize> {
         self.rank().map(|r| r.total_steps())
     }
@@ -459,6 +466,21 @@ fn latest_checkpoint(
     Ok((found.latest.map(|(step, _)| step), skipped))
 }
 
+/// What a run resumed from the checkpoint of `step` in `out` says before
+/// it starts, as `colo train --resume` says it: the keys of `config` that
+/// differ from the run's `config.toml`, and the dtype `"auto"` continues
+/// in. Call it before the workers start (rank 0 then records `config`).
+#[pyfunction]
+#[pyo3(signature = (config, out, step))]
+fn resume_notes(config: Option<String>, out: String, step: usize) -> PyResult<Vec<String>> {
+    let cfg = load_config(config.as_deref())?;
+    let out = Path::new(&out);
+    let dir = colo_rl::checkpoints::step_dir(&out.join(colo_rl::checkpoints::DIR), step);
+    let (_, dtype) = colo_rl::checkpoints::resume_dtype(&cfg, &dir);
+    let changes = colo_rl::run_config::changes(out, &cfg).map_err(err)?;
+    Ok(dtype.into_iter().chain(changes).collect())
+}
+
 /// Raises if a run from scratch into `out` would overwrite an earlier
 /// run's checkpoints or steps (`resume`: `--resume` found no complete
 /// checkpoint), as `colo train` refuses it.
@@ -515,6 +537,7 @@ fn _colo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Worker>()?;
     m.add_function(wrap_pyfunction!(draw_workers, m)?)?;
     m.add_function(wrap_pyfunction!(latest_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(resume_notes, m)?)?;
     m.add_function(wrap_pyfunction!(check_fresh_start, m)?)?;
     m.add_function(wrap_pyfunction!(truncate_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(check_layout, m)?)?;

@@ -255,15 +255,21 @@ class Interrupt(unittest.TestCase):
     it: colo passes it on to its controller, whose process group keeps the
     terminal's from Ray's processes."""
 
-    def start(self, tmp, steps):
+    def launch(self, tmp, steps, extra="", reward="numeric"):
         cfg = write_config(os.path.join(tmp, "run.toml"), total_steps=steps, test_freq=0)
-        with open(cfg, "a") as f:
-            f.write('\n[cluster]\nlayout = "1-1-2"\n')
+        with open(cfg) as f:
+            text = f.read().replace('kind = "numeric"', f'kind = "{reward}"')
+        with open(cfg, "w") as f:
+            f.write(text + extra + '\n[cluster]\nlayout = "1-1-2"\n')
         out = os.path.join(tmp, "run")
         proc = subprocess.Popen(
             [colo_binary(), "train", "--config", cfg, "--out", out],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
+        return cfg, out, proc
+
+    def start(self, tmp, steps):
+        cfg, out, proc = self.launch(tmp, steps)
         metrics = os.path.join(out, "metrics.jsonl")
         deadline = time.monotonic() + 300
         while not (os.path.exists(metrics) and "pg_loss" in open(metrics).read()):
@@ -302,6 +308,44 @@ class Interrupt(unittest.TestCase):
             )
             self.assertEqual(r.returncode, 0, r.stderr[-3000:])
             self.assertEqual(self.steps(out), list(range(1, k + 2)))
+
+    def test_ctrl_c_while_starting_stops_cleanly_and_leaves_the_directory_reusable(self):
+        with tempfile.TemporaryDirectory(prefix="colo-dp-int0-") as tmp:
+            cfg, out, proc = self.launch(tmp, 1000)
+            time.sleep(1.0)  # the controller is still importing torch and Ray
+            proc.send_signal(2)
+            _, err = proc.communicate(timeout=180)
+            self.assertEqual(proc.returncode, 130, err[-3000:])
+            self.assertIn("stopped at your request before its first step; nothing was trained", err)
+            self.assertNotIn("Traceback", err)
+            self.assert_nothing_left(out)
+            write_config(cfg, total_steps=1, test_freq=0)
+            with open(cfg, "a") as f:
+                f.write('\n[cluster]\nlayout = "1-1-2"\n')
+            r = subprocess.run([colo_binary(), "train", "--config", cfg, "--out", out], capture_output=True, text=True, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+
+    def test_ctrl_c_ends_a_step_whose_dynamic_sampling_never_finishes(self):
+        """No group ever varies (exact match never scores on the random
+        model) and there is no batch limit: the workers stop drawing
+        together when asked."""
+        extra = '\n[algorithm.filter_groups]\nenable = true\n'
+        with tempfile.TemporaryDirectory(prefix="colo-dp-int-ds-") as tmp:
+            _, out, proc = self.launch(tmp, 5, extra, reward="exact_match")
+            # The controller opens metrics.jsonl once the workers are set
+            # up; the first step starts right after the first evaluation.
+            metrics = os.path.join(out, "metrics.jsonl")
+            deadline = time.monotonic() + 300
+            while not (os.path.exists(metrics) and "eval/accuracy" in open(metrics).read()):
+                self.assertIsNone(proc.poll(), "the run ended on its own")
+                self.assertLess(time.monotonic(), deadline, "no evaluation in 300 s")
+                time.sleep(0.1)
+            time.sleep(2)  # drawing batch after batch
+            proc.send_signal(2)
+            _, err = proc.communicate(timeout=120)
+            self.assertEqual(proc.returncode, 130, err[-3000:])
+            self.assertIn("during step 1, which could not finish", err)
+            self.assert_nothing_left(out)
 
     def test_a_second_ctrl_c_stops_at_once(self):
         with tempfile.TemporaryDirectory(prefix="colo-dp-int2-") as tmp:
@@ -376,7 +420,7 @@ class DynamicSampling(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.base, ignore_errors=True)
 
-    def train_run(self, name, steps, resume=False, dumps=None):
+    def train_run(self, name, steps, resume=False, dumps=None, log=quiet):
         reward = os.path.join(self.base, "reward.py")
         with open(reward, "w") as f:
             f.write(DS_REWARD)
@@ -391,7 +435,7 @@ class DynamicSampling(unittest.TestCase):
         with open(cfg, "w") as f:
             f.write(text)
         out = os.path.join(self.base, name)
-        train(cfg, out, 2, resume=resume, log=quiet)
+        train(cfg, out, 2, resume=resume, log=log)
         with open(os.path.join(out, "metrics.jsonl")) as f:
             return [json.loads(l) for l in f if "actor/pg_loss" in l]
 
@@ -420,7 +464,10 @@ class DynamicSampling(unittest.TestCase):
         self.assertGreater(sum(drawn), 4, f"some step drew more than one batch: {drawn}")
         self.assertEqual(self.data_state("whole", 4), sum(drawn))
         self.train_run("resumed", 2)
-        resumed = self.train_run("resumed", 4, resume=True)
+        said = []
+        resumed = self.train_run("resumed", 4, resume=True, log=said.append)
+        # The changed keys are named, as `colo train --resume` names them.
+        self.assertTrue(any("trainer.total_steps: 2 → 4" in line for line in said), said)
         self.assertEqual(self.data_state("resumed", 4), sum(drawn))
         for a, b in zip(self.whole, resumed):
             for key in ("train/num_gen_batches", "critic/score/mean", "actor/pg_loss"):

@@ -79,6 +79,10 @@ pub(crate) struct Run<'a> {
     /// generation batches asks whether every rank has its groups (all
     /// ranks draw the same batches, so their data stay in step).
     pub(crate) peers: Option<Box<dyn colo_train::Collective>>,
+    /// A file whose existence is a request to stop, as `stop_request` is:
+    /// a distributed run's controller writes it (a worker busy with a step
+    /// cannot be called, nor signalled, without its peers).
+    pub(crate) stop_file: Option<PathBuf>,
 }
 
 impl<'a> Run<'a> {
@@ -133,6 +137,7 @@ impl<'a> Run<'a> {
             accuracy_by_source: BTreeMap::new(),
             stop_request: crate::run::Stop::new(),
             peers: None,
+            stop_file: None,
         })
     }
 }
@@ -444,7 +449,8 @@ impl Run<'_> {
             let values = self.filter_values(&filter.metric, &sampled)?;
             let groups = colo_algo::groups_with_variance(&sampled.rollouts.batch_prompt, &values);
             kept.append(sampled.select(&groups));
-            if self.every_rank_has(kept.prompts.len() >= target)? {
+            let (enough, stop) = self.agree(kept.prompts.len() >= target, self.stop_requested())?;
+            if enough {
                 let first: Vec<usize> = (0..target).collect();
                 return Ok((kept.select(&first), drawn));
             }
@@ -469,7 +475,7 @@ impl Run<'_> {
                      it to 0 for no limit"
                 )));
             }
-            if self.stop_request.requested() {
+            if stop {
                 // The step cannot finish without its groups; the
                 // checkpoints written so far are complete.
                 return Err(Error::DynamicSampling(format!(
@@ -483,16 +489,23 @@ impl Run<'_> {
         }
     }
 
-    /// Whether `enough` holds on every rank of a data-parallel run (on
-    /// this one alone without peers). Every rank calls it after each
-    /// generation batch, so the ranks draw the same number of batches.
-    fn every_rank_has(&mut self, enough: bool) -> Result<bool> {
+    /// Whether `enough` holds on every rank of a data-parallel run, and
+    /// whether any rank was asked to `stop` (this rank's own answers
+    /// without peers). Every rank calls it after each generation batch, so
+    /// the ranks draw the same batches and stop together.
+    fn agree(&mut self, enough: bool, stop: bool) -> Result<(bool, bool)> {
         let Some(peers) = &mut self.peers else {
-            return Ok(enough);
+            return Ok((enough, stop));
         };
-        let mut short = [f64::from(u8::from(!enough))];
-        peers.all_reduce_values(&mut short, colo_train::ReduceOp::Max)?;
-        Ok(short[0] == 0.0)
+        let mut any = [f64::from(u8::from(!enough)), f64::from(u8::from(stop))];
+        peers.all_reduce_values(&mut any, colo_train::ReduceOp::Max)?;
+        Ok((any[0] == 0.0, any[1] > 0.0))
+    }
+
+    /// Whether the run was asked to stop: Ctrl-C in this process, or the
+    /// stop file.
+    fn stop_requested(&self) -> bool {
+        self.stop_request.requested() || self.stop_file.as_ref().is_some_and(|f| f.exists())
     }
 
     /// Generates `n` samples for each prompt of `batch` and scores them.

@@ -291,7 +291,17 @@ fn evaluate_only(config: &Config, out: &Path, resume: bool) -> Result<RunSummary
         let why = crate::config::VAL_ONLY_RESUME;
         return Err(Error::Resume(format!("trainer.val_only {why}")));
     }
-    checkpoints::check_fresh_start(out, false)?;
+    // `--resume`, which the refusal suggests, is no way on for val_only.
+    checkpoints::check_fresh_start(out, false).map_err(|e| match e {
+        Error::RunExists { dir, what, .. } => Error::RunExists {
+            dir,
+            what,
+            how: "trainer.val_only writes its evaluation into a directory of its own: name \
+                  another with --out (model.path = \"DIR/checkpoints/step-N\" evaluates a \
+                  checkpoint of it)",
+        },
+        e => e,
+    })?;
     let (model_dir, tokenizer) = open_model(config, &out.join("base"))?;
     let (train, val) = load_data(config, out, &tokenizer)?;
     run_config::write(out, config)?;

@@ -273,6 +273,16 @@ fn bad_enum_values_list_the_choices() {
     let (_, field, msg) = err("[trainer]\ndtype = 16\n");
     assert_eq!(field, "trainer.dtype");
     assert!(msg.contains("\"bf16\""), "{msg}");
+    // Under verl's other name too.
+    let (_, _, msg) = err("[actor]\nlr_scheduler_type = 3\n");
+    assert!(msg.contains("\"cosine\""), "{msg}");
+    // serde's Rust type names are said in words.
+    let (_, field, msg) = err("[data]\ngen_batch_size = -2\n");
+    assert_eq!(field, "data.gen_batch_size");
+    assert!(
+        msg.contains("a whole number ≥ 0") && !msg.contains("usize"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -898,10 +908,15 @@ fn val_only_needs_held_out_prompts_and_one_process() {
     let c = parse("[trainer]\nval_only = true\n").unwrap();
     assert!(c.trainer.val_only);
     // The summary says what runs: an evaluation, no steps, no checkpoints.
-    let run = c.summary().lines().last().unwrap().to_owned();
+    let summary = c.summary();
+    let run = summary.lines().last().unwrap().to_owned();
     assert!(
         run.contains("evaluation only") && !run.contains("steps") && !run.contains("checkpoint"),
         "{run}"
+    );
+    assert!(
+        !summary.contains("\nupdate ") && !summary.contains("\nalgorithm "),
+        "{summary}"
     );
     for (text, want) in [
         (

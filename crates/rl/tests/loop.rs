@@ -595,8 +595,11 @@ fn val_only_evaluates_a_checkpoint_and_trains_nothing() {
     assert!(!dir.join("eval/checkpoints/step-1").exists());
     // Its record is work too: a second evaluation into it is refused.
     let e = colo_rl::r#loop::run(&cfg, &dir.join("eval"), false).unwrap_err();
+    // (Naming a way on that val_only takes: not --resume.)
     assert!(
-        e.to_string().contains("(1 evaluation in metrics.jsonl)"),
+        e.to_string().contains("(1 evaluation in metrics.jsonl)")
+            && e.to_string().contains("name another with --out")
+            && !e.to_string().contains("--resume continues"),
         "{e}"
     );
     // --resume has nothing to continue: it is refused, naming what to do.

@@ -17,9 +17,9 @@ fn python() -> PathBuf {
     venv.join("bin/python")
 }
 
-/// The environment's Python running `module`, or an error saying how to
-/// set it up.
-fn python_command(module: &str) -> Result<Command> {
+/// The environment's Python, for `module`, or an error saying how to set
+/// it up.
+fn python_for(module: &str) -> Result<Command> {
     let py = python();
     if !py.is_file() {
         bail!(
@@ -29,7 +29,14 @@ fn python_command(module: &str) -> Result<Command> {
         );
     }
     let mut cmd = Command::new(py);
-    cmd.args(["-W", "ignore", "-m", module]);
+    cmd.args(["-W", "ignore"]);
+    Ok(cmd)
+}
+
+/// The environment's Python running `module`.
+fn python_command(module: &str) -> Result<Command> {
+    let mut cmd = python_for(module)?;
+    cmd.args(["-m", module]);
     Ok(cmd)
 }
 
@@ -48,26 +55,55 @@ pub fn python_module(module: &str, args: &[String]) -> Result<()> {
     wait(cmd, module)
 }
 
+/// The controller's start: `colo.controller` run as `__main__`, after a
+/// SIGINT handler that ends the process quietly with status 130 while it
+/// imports torch and Ray (a second Ctrl-C that early), until the
+/// controller installs its own.
+const CONTROLLER_MAIN: &str = "import runpy, signal, sys\n\
+def _early(*_):\n    \
+    sys.stderr.write('colo train: stopped now, before the run had started\\n')\n    \
+    sys.exit(130)\n\
+signal.signal(signal.SIGINT, _early)\n\
+runpy.run_module('colo.controller', run_name='__main__', alter_sys=True)\n";
+
+/// The file in the run directory whose existence asks the distributed run
+/// to stop after the step under way (the controller's `--stop-file`).
+const STOP_FILE: &str = ".colo-stop";
+
 /// Runs the controller for `config_path`'s run into `out` and waits;
 /// `Ok(true)` when the run stopped at the user's request (the controller
 /// has said after which step, and how to resume).
 ///
 /// Ctrl-C (and SIGTERM, SIGHUP) reach `colo` only: the controller runs in
 /// a process group of its own, so the terminal's SIGINT reaches neither it
-/// nor the Ray processes it starts, and `colo` passes each signal on to the
-/// controller as one SIGINT. The first stops the run after the step under
-/// way with a checkpoint; the second, at once (the controller kills its
-/// workers and shuts down the Ray it started).
+/// nor the Ray processes it starts. The first signal writes the stop file,
+/// which the controller reads between steps and the workers between
+/// generation batches, even while the controller is still starting; the
+/// run stops after the step under way, with a checkpoint. The second sends
+/// the controller SIGINT: it kills its workers and shuts down the Ray it
+/// started, ignoring further signals while it does (while it is still
+/// importing torch and Ray, [`CONTROLLER_MAIN`] makes it exit quietly).
 pub fn run(config_path: &Path, config: &Config, out: &Path, resume: bool) -> Result<bool> {
     use std::os::unix::process::CommandExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
 
-    let mut cmd = python_command("colo.controller")?;
-    cmd.arg("--config")
+    let stop_file = out.join(STOP_FILE);
+    std::fs::create_dir_all(out).with_context(|| format!("making {}", out.display()))?;
+    if stop_file.exists() {
+        std::fs::remove_file(&stop_file)
+            .with_context(|| format!("removing an earlier run's {}", stop_file.display()))?;
+    }
+    let mut cmd = python_for("colo.controller")?;
+    cmd.args(["-c", CONTROLLER_MAIN])
+        .arg("--config")
         .arg(config_path)
         .arg("--out")
         .arg(out)
         .arg("--workers")
-        .arg(config.cluster.workers.to_string());
+        .arg(config.cluster.workers.to_string())
+        .arg("--stop-file")
+        .arg(&stop_file);
     if let Some(a) = &config.cluster.address {
         cmd.args(["--address", a]);
     }
@@ -78,15 +114,29 @@ pub fn run(config_path: &Path, config: &Config, out: &Path, resume: bool) -> Res
     let what = "the distributed run";
     let mut child = cmd.spawn().with_context(|| format!("starting {what}"))?;
     let pid = child.id();
-    ctrlc::set_handler(move || {
-        if let Err(e) = colo_mem::os::interrupt(pid) {
-            eprintln!("colo train: could not pass the interrupt on to the controller (process {pid}): {e}");
+    let signals = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&signals);
+    let file = stop_file.clone();
+    ctrlc::set_handler(move || match seen.fetch_add(1, Ordering::SeqCst) {
+        0 => match std::fs::write(&file, b"") {
+            Ok(()) => eprintln!(
+                "\ncolo train: stopping after the step under way, with a checkpoint \
+                 (interrupt again to stop at once)"
+            ),
+            Err(e) => eprintln!("\ncolo train: could not write {}: {e}", file.display()),
+        },
+        1 => {
+            if let Err(e) = colo_mem::os::signal(pid, colo_mem::os::Signal::Interrupt) {
+                eprintln!("colo train: could not stop the controller (process {pid}): {e}");
+            }
         }
+        _ => eprintln!("colo train: already stopping (shutting the run's processes down)"),
     })
     .context("colo train: installing the Ctrl-C handler")?;
     let status = child
         .wait()
         .with_context(|| format!("waiting for {what}"))?;
+    let _ = std::fs::remove_file(&stop_file);
     match status.code() {
         Some(0) => Ok(false),
         Some(130) => Ok(true),

@@ -19,9 +19,10 @@ this process driving the dataflow:
         the end: each digest copies every weight to the host), evaluate and
         checkpoint (rank 0 writes; the weights are the same on all)
 
-Ctrl-C (SIGINT; `colo train` passes its own on, and keeps the terminal's
-from Ray's processes) stops the run after the step under way, with a
-checkpoint of it, as on one device; a second stops it at once.
+Ctrl-C stops the run after the step under way, with a checkpoint of it,
+as on one device; a second stops it at once (`Interrupts`: the request
+is a file, which `colo train` writes on the terminal's Ctrl-C, keeping the
+signal from this process and Ray's).
 
 A worker that dies or raises stops the run within `step_timeout` seconds
 with an error naming the worker and the step; a checkpoint is only ever
@@ -55,7 +56,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from colo._colo import check_fresh_start, check_layout, draw_workers, eval_record, latest_checkpoint, truncate_metrics
+from colo._colo import check_fresh_start, check_layout, draw_workers, eval_record, latest_checkpoint, resume_notes, truncate_metrics
 
 
 class RunError(RuntimeError):
@@ -63,33 +64,59 @@ class RunError(RuntimeError):
 
 
 class Interrupts:
-    """SIGINT while a run is under way, as `colo train` on one device takes
-    it: the first asks the run to stop after the step under way, with a
-    checkpoint of it (`requested`); the second raises KeyboardInterrupt, so
-    the run stops at once (the workers are killed, the step under way is
-    lost). Installed only from the main thread, where Python runs signal
-    handlers; the previous handler comes back on exit."""
+    """How a run is asked to stop, as `colo train` on one device takes it.
 
-    def __init__(self):
-        self.requested = False
-        self._previous = None
+    The request is a file, `path`: written by the first SIGINT here, or by
+    `colo train`, which keeps the terminal's Ctrl-C to itself and writes
+    it (also while this process is still starting). The controller reads
+    it between steps, and the workers between generation batches (a worker
+    busy with a step can read a file, not answer a call): the run stops
+    after the step under way, with a checkpoint. The second SIGINT (the
+    first, once the file exists: `colo train` sends its second Ctrl-C so)
+    raises KeyboardInterrupt, so the run stops at once: the actors are
+    killed and the Ray this process started is shut down, further SIGINTs
+    ignored meanwhile. (Not SIGTERM: Ray's core sets its own handler for
+    it in the driver, which ends the process without that clean-up.) The
+    handler is installed only from the main thread, where Python runs it,
+    and restored on exit; `checkpoint` is the newest complete checkpoint's
+    step, for the closing message."""
+
+    def __init__(self, path):
+        self.path = path
+        self.checkpoint = None
+        self._previous = {}
+
+    @property
+    def requested(self):
+        return os.path.exists(self.path)
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
         return self
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
     def _handle(self, signum, frame):
-        if self.requested:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        self.requested = True
-        # os.write: print() may be the call the signal interrupted.
-        os.write(2, b"\ncolo train: stopping after the step under way, with a checkpoint (interrupt again to stop at once)\n")
+        if not self.requested:
+            open(self.path, "w").close()
+            # os.write: print() may be the call the signal interrupted.
+            os.write(2, b"\ncolo train: stopping after the step under way, with a checkpoint (interrupt again to stop at once)\n")
+            return
+        for sig in self._previous:
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+
+class StoppedNow(KeyboardInterrupt):
+    """The run stopped at once (a second Ctrl-C); `checkpoint`
+    is the newest complete checkpoint's step, or None."""
+
+    def __init__(self, checkpoint):
+        super().__init__(checkpoint)
+        self.checkpoint = checkpoint
 
 
 @ray.remote
@@ -150,6 +177,9 @@ class WorkerActor:
 
     def evaluate(self):
         return self.worker.evaluate()
+
+    def set_stop_file(self, path):
+        self.worker.set_stop_file(path)
 
     def save(self, step):
         self.worker.save(step)
@@ -224,16 +254,24 @@ def _gather(refs, actors, what, timeout_s, grace_s=5.0):
         try:
             results[rank] = ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            failures.append((0, rank, f"worker {rank} died ({type(e).__name__})"))
+            failures.append((0, rank, f"died ({type(e).__name__})"))
         except ray.exceptions.RayTaskError as e:
             cause = (str(e.cause) if e.cause is not None else str(e)).strip()
             echo = "collective" in cause or "gloo" in cause
-            failures.append((2 if echo else 1, rank, f"worker {rank} failed: {cause}"))
+            failures.append((2 if echo else 1, rank, f"failed: {cause}"))
         if failures:
             deadline = min(deadline, time.monotonic() + grace_s)
     if failures:
+        # Workers that failed alike are named together, once.
         failures.sort()
-        raise RunError(f"{what}: " + "; then ".join(text for _, _, text in failures))
+        said = {}
+        for priority, rank, text in failures:
+            said.setdefault((priority, text), []).append(rank)
+        parts = [
+            (f"worker {ranks[0]}" if len(ranks) == 1 else "workers " + ", ".join(map(str, ranks))) + f" {text}"
+            for (_, text), ranks in sorted(said.items(), key=lambda kv: (kv[0][0], kv[1][0]))
+        ]
+        raise RunError(f"{what}: " + "; then ".join(parts))
     return results
 
 
@@ -318,14 +356,18 @@ def train(
     fault=None,
     keep_parameters=False,
     log=print,
+    stop_file=None,
 ):
     """Runs `config` (a TOML path, or None for the built-in job) on
     `workers` devices into `out`. Returns a summary dict. `fault`
     ({"rank", "step", "how": "exit"|"raise"|"drift"}) injects a failure
     (drift: that worker's weights are nudged, so the ranks disagree), and
-    `keep_parameters` returns rank 0's final weights, for tests. A run
-    stopped by Ctrl-C returns with `stopped` set to the steps done (its
-    last checkpoint's step); a second Ctrl-C raises KeyboardInterrupt."""
+    `keep_parameters` returns rank 0's final weights, for tests.
+    `stop_file`: the file whose existence asks the run to stop (see
+    `Interrupts`; `colo train` names one and writes it on Ctrl-C); without
+    it, one in `out` named for this process. A run asked to stop returns
+    with `stopped` set to the steps done and `checkpoint` to its newest
+    checkpoint's step; one stopped at once raises `StoppedNow`."""
     if workers < 1:
         raise RunError(f"cluster.workers = {workers}: at least 1")
     out = os.path.abspath(out)
@@ -347,8 +389,19 @@ def train(
             raise RunError(str(e)) from None
         if resume:
             log(f"--resume: no complete checkpoint in {out}/checkpoints; starting from scratch")
-    with Interrupts() as stop:
-        return _run(config, out, workers, address, latest, device, digest_every, step_timeout, fault, keep_parameters, log, stop)
+    else:
+        for note in resume_notes(config, out, latest):
+            log(note)
+    if stop_file is None:
+        stop_file = os.path.join(out, f".colo-stop-{os.getpid()}")
+        if os.path.exists(stop_file):
+            os.remove(stop_file)  # an earlier process's, with this one's id
+    with Interrupts(stop_file) as stop:
+        stop.checkpoint = latest
+        try:
+            return _run(config, out, workers, address, latest, device, digest_every, step_timeout, fault, keep_parameters, log, stop)
+        except KeyboardInterrupt:
+            raise StoppedNow(stop.checkpoint) from None
 
 
 def _run(config, out, workers, address, latest, device, digest_every, step_timeout, fault, keep_parameters, log, stop):
@@ -382,6 +435,7 @@ def _run(config, out, workers, address, latest, device, digest_every, step_timeo
             "setup",
             step_timeout,
         )
+        _gather([a.set_stop_file.remote(stop.path) for a in actors], actors, "setup", step_timeout)
         summary = _steps(actors, out, schedules[0], latest, digest_every, step_timeout, log, stop)
         summary["nodes"] = ray.get([a.node.remote() for a in actors])
         if keep_parameters:
@@ -430,15 +484,25 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
         return json.loads(record)["eval/accuracy"]
 
     history = []
-    first_accuracy = evaluate(0) if first == 0 and val_before_train else None
+    # (Asked to stop during the start-up: nothing is written, so the
+    # directory can hold a new run.)
+    first_accuracy = evaluate(0) if first == 0 and val_before_train and not stop.requested else None
     last_accuracy = first_accuracy
-    stopped = None
+    stopped, unfinished = None, False
     for step in range(first, total):
         if stop.requested:  # during the start-up: nothing new to save
             stopped = step
             break
         t = time.perf_counter()
-        results = _gather([a.step.remote(step) for a in actors], actors, f"step {step + 1}", timeout)
+        try:
+            results = _gather([a.step.remote(step) for a in actors], actors, f"step {step + 1}", timeout)
+        except RunError as e:
+            # Dynamic sampling still drawing batches when asked: every
+            # worker ended the step together, nothing of it trained.
+            if stop.requested and "stopped at your request" in str(e):
+                stopped, unfinished = step, True
+                break
+            raise
         wall = time.perf_counter() - t
         record = aggregate([r[0] for r in results])
         record["timing_s/controller"] = max(wall - max(r[1] for r in results), 0.0)
@@ -459,6 +523,7 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
         saved = bool(save_freq) and done % save_freq == 0 and done < total
         if saved:
             _gather([actors[0].save.remote(done)], actors[:1], f"checkpoint at step {done}", timeout)
+            stop.checkpoint = done
         if test_freq and done % test_freq == 0 and done < total:
             last_accuracy = evaluate(done)
         log(
@@ -468,11 +533,13 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
         if stop.requested and done < total:
             if not saved:  # (the end of the run saves anyway)
                 _gather([actors[0].save.remote(done)], actors[:1], f"checkpoint at step {done}", timeout)
+                stop.checkpoint = done
             stopped = done  # no end-of-run evaluation
             break
     if first < total and stopped is None:
         last_accuracy = evaluate(total)
         _gather([actors[0].save.remote(total)], actors[:1], f"checkpoint at step {total}", timeout)
+        stop.checkpoint = total
     finished = _gather([a.finish.remote() for a in actors], actors, "timelines", timeout)
     dirs = [d for d, _ in finished]
     capacity = finished[0][1]
@@ -483,6 +550,8 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
         "steps": total if stopped is None else stopped,
         "total_steps": total,
         "stopped": stopped,
+        "unfinished_step": unfinished,
+        "checkpoint": stop.checkpoint,
         "resumed_from": first or None,
         "first_accuracy": first_accuracy,
         "last_accuracy": last_accuracy,
@@ -500,25 +569,37 @@ def main(argv=None):
     p.add_argument("--address", help='a Ray cluster ("auto" or host:port); a local one without it')
     p.add_argument("--resume", action="store_true")
     p.add_argument("--digest-every", type=int, default=10, help="compare the workers' weights every this many steps (and at the end)")
+    p.add_argument("--stop-file", help="a file whose existence asks the run to stop after the step under way (colo train writes it on Ctrl-C)")
     args = p.parse_args(argv)
+    config = f"--config {args.config} " if args.config else ""
+    resume = f"`colo train {config}--out {os.path.abspath(args.out)} --resume` continues from it"
     try:
-        s = train(args.config, args.out, args.workers, args.address, args.resume, args.digest_every)
+        s = train(args.config, args.out, args.workers, args.address, args.resume, args.digest_every, stop_file=args.stop_file)
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("colo train: stopped now; the step under way is lost", file=sys.stderr)
+    except StoppedNow as e:
+        kept = "" if e.checkpoint is None else f"; the checkpoint of step {e.checkpoint} is complete, and {resume}"
+        print(f"colo train: stopped now; the step under way is lost{kept}", file=sys.stderr)
         return 130
     if s["stopped"] is not None:
         # Status 130, as a shell reports an interrupted command.
-        config = f"--config {args.config} " if args.config else ""
-        if s["stopped"] == 0:
-            said = "before its first step; nothing was trained"
-        else:
+        done, ckpt = s["stopped"], s["checkpoint"]
+        if s["unfinished_step"]:
             said = (
-                f"after step {s['stopped']} of {s['total_steps']}; the run directory {s['out']} has a "
-                f"checkpoint of that step, and `colo train {config}--out {s['out']} --resume` continues from it"
+                f"during step {done + 1}, which could not finish (dynamic sampling was still "
+                "drawing generation batches)"
             )
+        elif done == 0:
+            said = "before its first step"
+        else:
+            said = f"after step {done} of {s['total_steps']}"
+        if ckpt is not None:
+            said += f"; the run directory {s['out']} has a checkpoint of step {ckpt}, and {resume}"
+        elif done == 0:
+            said += "; nothing was trained"
+        else:
+            said += f"; the {done} steps done have no checkpoint"
         print(f"colo train: stopped at your request {said}", file=sys.stderr)
         return 130
     acc = s["last_accuracy"]

@@ -29,11 +29,25 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
         message.push_str(&where_colo_keeps(&field));
     }
     // `toml`'s word for a choice written as a number or a list: say the
-    // choices.
+    // choices (of the key an alias, like `lr_scheduler_type`, stands for).
     if message == "wanted string or table" {
-        if let Some(doc) = print::DOCS.iter().find(|d| d.key == field) {
+        let name = field.rsplit('.').next().unwrap_or(&field);
+        let alias = format!("alias: {name})");
+        let doc = (print::DOCS.iter()).find(|d| d.key == field || d.verl.contains(&alias));
+        if let Some(doc) = doc {
             message = format!("wanted a string: {}", doc.unit);
         }
+    }
+    // serde names Rust's types: say what they mean.
+    for (rust, plain) in [
+        ("expected usize", "expected a whole number ≥ 0"),
+        ("expected u64", "expected a whole number ≥ 0"),
+        ("expected u32", "expected a whole number ≥ 0"),
+        ("expected i64", "expected a whole number"),
+        ("expected f64", "expected a number"),
+        ("expected f32", "expected a number"),
+    ] {
+        message = message.replace(rust, plain);
     }
     Error::Config {
         path: path.to_owned(),

@@ -1021,8 +1021,8 @@ pub(crate) fn summary(c: &Config) -> String {
         ),
         match c.trainer.val_only {
             true => format!(
-                "run        evaluation only (trainer.val_only: the model is not trained) \
-                 ({}), seed {}, out {}",
+                "run        evaluation only (trainer.val_only: nothing is trained), {}, seed {}, \
+                 out {}",
                 sampling_text(&c.rollout.val_sampling),
                 c.trainer.seed,
                 c.trainer.out_dir.display()
@@ -1043,5 +1043,14 @@ pub(crate) fn summary(c: &Config) -> String {
             ),
         },
     ]
+    .into_iter()
+    // An evaluation has no step, update or algorithm of its own.
+    .filter(|line| {
+        let training = ["step ", "update ", "algorithm "]
+            .iter()
+            .any(|t| line.starts_with(t));
+        !(c.trainer.val_only && training)
+    })
+    .collect::<Vec<_>>()
     .join("\n")
 }

@@ -150,11 +150,8 @@ impl Rank {
                         saved.display()
                     )));
                 }
-                let (config, note) = checkpoints::resume_dtype(&config, &saved);
-                if let (Some(note), 0) = (note, rank) {
-                    eprintln!("{note}");
-                }
-                config
+                // (The controller says its note: `resume_notes`.)
+                checkpoints::resume_dtype(&config, &saved).0
             }
             None => config,
         };
@@ -174,11 +171,6 @@ impl Rank {
             let ckpts = out.join(checkpoints::DIR);
             for note in checkpoints::prepare_dir(&ckpts, crate::setup::uses_critic(&config))? {
                 eprintln!("{note}");
-            }
-            if resume_from.is_some() {
-                if let Some(note) = crate::run_config::changes(out, &asked)? {
-                    eprintln!("{note}");
-                }
             }
             crate::run_config::write(out, &asked)?;
         }
@@ -250,6 +242,14 @@ impl Rank {
             dir,
             timeline,
         })
+    }
+
+    /// Makes `path` this rank's stop file: while it exists, a step still
+    /// drawing generation batches (dynamic sampling) stops with an error
+    /// saying so, on every rank at once. The controller writes it on
+    /// Ctrl-C; a worker busy with a step cannot be called.
+    pub fn set_stop_file(&mut self, path: PathBuf) {
+        self.run.stop_file = Some(path);
     }
 
     /// The run's total steps (every rank computes the same).

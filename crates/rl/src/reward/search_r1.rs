@@ -13,8 +13,9 @@
 //!
 //! **The ground truth** is verl's `{"target": [...]}` (Search-R1's
 //! preprocessing stores `reward_model.ground_truth` so), which colo reads
-//! as its JSON text; a `target` that is one string, or a ground truth that
-//! is plain text, is one target.
+//! as its JSON text; a bare list of answers is taken as the targets, and a
+//! `target` that is one string, or a ground truth that is plain text, is
+//! one target. Answers must be strings, and there must be one at least.
 
 use std::sync::LazyLock;
 
@@ -68,21 +69,33 @@ impl Reward for SearchR1Em {
 
 /// The ground truth's targets (see the module).
 fn targets(ground_truth: &str) -> std::result::Result<Vec<String>, String> {
-    let Ok(Value::Object(row)) = serde_json::from_str::<Value>(ground_truth) else {
-        return Ok(vec![ground_truth.to_owned()]);
+    let target = match serde_json::from_str::<Value>(ground_truth) {
+        Ok(Value::Object(row)) => row.get("target").cloned().ok_or_else(|| {
+            format!(
+                "the ground truth {ground_truth} has no \"target\" (Search-R1's layout: \
+                 {{\"target\": [answers]}})"
+            )
+        })?,
+        // A list of answers as it stands.
+        Ok(list @ Value::Array(_)) => list,
+        _ => return Ok(vec![ground_truth.to_owned()]),
     };
-    let target = row.get("target").ok_or_else(|| {
-        format!("the ground truth {ground_truth} has no \"target\" (Search-R1's layout: {{\"target\": [answers]}})")
-    })?;
     let one = |v: &Value| match v {
         Value::String(s) => Ok(s.clone()),
         other => Err(format!(
-            "the ground truth's \"target\" holds {other}, where answers are strings"
+            "the ground truth's answers are strings, and {ground_truth} holds {other}"
         )),
     };
-    match target {
-        Value::Array(all) => all.iter().map(one).collect(),
-        single => Ok(vec![one(single)?]),
+    let all = match &target {
+        Value::Array(all) => all
+            .iter()
+            .map(one)
+            .collect::<std::result::Result<Vec<_>, _>>()?,
+        single => vec![one(single)?],
+    };
+    match all.is_empty() {
+        true => Err(format!("the ground truth {ground_truth} lists no answer")),
+        false => Ok(all),
     }
 }
 
@@ -145,6 +158,11 @@ mod tests {
             1.0,
             "plain text"
         );
+        assert_eq!(
+            score("<answer>lyon</answer>", r#"["Paris", "Lyon"]"#).unwrap(),
+            1.0,
+            "a bare list of answers"
+        );
         let flood = "<answer>x</answer>".repeat(11) + "<answer>Paris</answer>";
         assert_eq!(score(&flood, paris).unwrap(), 0.25);
     }
@@ -155,5 +173,9 @@ mod tests {
         assert!(e.to_string().contains("no \"target\""), "{e}");
         let e = score("<answer>a</answer>", r#"{"target": [1]}"#).unwrap_err();
         assert!(e.to_string().contains("answers are strings"), "{e}");
+        let e = score("<answer>a</answer>", r#"{"target": []}"#).unwrap_err();
+        assert!(e.to_string().contains("lists no answer"), "{e}");
+        let e = score("<answer>a</answer>", "[]").unwrap_err();
+        assert!(e.to_string().contains("lists no answer"), "{e}");
     }
 }
