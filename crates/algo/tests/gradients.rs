@@ -63,32 +63,40 @@ fn assert_zero_on_padding(g: &[Vec<f64>], mask: &[Vec<f64>], what: &str) {
     }
 }
 
+/// Checks the gradient in log π of the policy loss `loss` on batch `b`
+/// (with IS weights `w`, if given): autograd's against finite
+/// differences, and exactly zero on padding.
+fn check_policy_gradient(
+    b: &Batch,
+    w: Option<&Tensor>,
+    what: &str,
+    loss: impl Fn(&PolicyInputs) -> Tensor,
+) {
+    let (old, adv, mask) = (t(&b.old), t(&b.adv), t(&b.mask));
+    let f = |lp: &Tensor| {
+        loss(&PolicyInputs {
+            old_log_prob: &old,
+            log_prob: lp,
+            advantages: &adv,
+            response_mask: &mask,
+            is_weights: w,
+        })
+    };
+    let a = autograd(f, &b.lp);
+    assert_close_nonzero(&a, &numeric_grad(f, &b.lp, H), TOL, what);
+    assert_zero_on_padding(&a, &b.mask, what);
+}
+
 #[test]
 fn ppo_clip_gradient_all_modes() {
     let b = batch(1, 0.5, false);
-    let (old, adv, mask) = (t(&b.old), t(&b.adv), t(&b.mask));
     let clip = ClipRange::new(0.2, 0.28, 1.5).unwrap();
     for mode in MODES {
-        let f = |lp: &Tensor| {
-            let x = PolicyInputs {
-                old_log_prob: &old,
-                log_prob: lp,
-                advantages: &adv,
-                response_mask: &mask,
-                is_weights: None,
-            };
-            ppo_clip_loss(&x, &clip, mode.into()).unwrap().loss
-        };
-        let a = autograd(f, &b.lp);
-        assert_close_nonzero(
-            &a,
-            &numeric_grad(f, &b.lp, H),
-            TOL,
-            &format!("ppo {mode:?}"),
-        );
-        assert_zero_on_padding(&a, &b.mask, "ppo");
+        let loss = |x: &PolicyInputs| ppo_clip_loss(x, &clip, mode.into()).unwrap().loss;
+        check_policy_gradient(&b, None, &format!("ppo {mode:?}"), loss);
     }
     // The random case must exercise clipping, or the check above says little.
+    let (old, adv, mask) = (t(&b.old), t(&b.adv), t(&b.mask));
     let x = PolicyInputs {
         old_log_prob: &old,
         log_prob: &t(&b.lp),
@@ -105,49 +113,23 @@ fn ppo_clip_gradient_all_modes() {
 #[test]
 fn ppo_clip_gradient_with_is_weights() {
     let b = batch(2, 0.3, false);
-    let w = Lcg::new(3).matrix(4, 6, 0.5, 2.0);
-    let (old, adv, mask, w) = (t(&b.old), t(&b.adv), t(&b.mask), t(&w));
+    let w = t(&Lcg::new(3).matrix(4, 6, 0.5, 2.0));
     let clip = ClipRange::new(0.2, 0.2, 3.0).unwrap();
-    let f = |lp: &Tensor| {
-        let x = PolicyInputs {
-            old_log_prob: &old,
-            log_prob: lp,
-            advantages: &adv,
-            response_mask: &mask,
-            is_weights: Some(&w),
-        };
-        ppo_clip_loss(&x, &clip, LossAggMode::TokenMean.into())
+    let loss = |x: &PolicyInputs| {
+        ppo_clip_loss(x, &clip, LossAggMode::TokenMean.into())
             .unwrap()
             .loss
     };
-    assert_close_nonzero(
-        &autograd(f, &b.lp),
-        &numeric_grad(f, &b.lp, H),
-        TOL,
-        "ppo+is",
-    );
+    check_policy_gradient(&b, Some(&w), "ppo+is", loss);
 }
 
 #[test]
 fn gpg_gradient_all_modes_with_is_weights() {
     let b = batch(4, 0.5, false);
-    let w = Lcg::new(5).matrix(4, 6, 0.5, 2.0);
-    let (old, adv, mask, w) = (t(&b.old), t(&b.adv), t(&b.mask), t(&w));
+    let w = t(&Lcg::new(5).matrix(4, 6, 0.5, 2.0));
     for mode in MODES {
-        let f = |lp: &Tensor| {
-            let x = PolicyInputs {
-                old_log_prob: &old,
-                log_prob: lp,
-                advantages: &adv,
-                response_mask: &mask,
-                is_weights: Some(&w),
-            };
-            gpg_loss(&x, mode.into()).unwrap().loss
-        };
-        let a = autograd(f, &b.lp);
-        let what = format!("gpg {mode:?}");
-        assert_close_nonzero(&a, &numeric_grad(f, &b.lp, H), TOL, &what);
-        assert_zero_on_padding(&a, &b.mask, "gpg");
+        let loss = |x: &PolicyInputs| gpg_loss(x, mode.into()).unwrap().loss;
+        check_policy_gradient(&b, Some(&w), &format!("gpg {mode:?}"), loss);
     }
 }
 
@@ -156,23 +138,10 @@ fn gpg_gradient_all_modes_with_is_weights() {
 #[test]
 fn kl_cov_gradient_all_modes() {
     let b = batch(6, 0.5, false);
-    let (old, adv, mask) = (t(&b.old), t(&b.adv), t(&b.mask));
     for mode in MODES {
         // The penalised tokens do not change under a step of 1e-6.
-        let f = |lp: &Tensor| {
-            let x = PolicyInputs {
-                old_log_prob: &old,
-                log_prob: lp,
-                advantages: &adv,
-                response_mask: &mask,
-                is_weights: None,
-            };
-            kl_cov_loss(&x, 0.2, 0.5, mode.into()).unwrap().loss
-        };
-        let a = autograd(f, &b.lp);
-        let what = format!("kl_cov {mode:?}");
-        assert_close_nonzero(&a, &numeric_grad(f, &b.lp, H), TOL, &what);
-        assert_zero_on_padding(&a, &b.mask, "kl_cov");
+        let loss = |x: &PolicyInputs| kl_cov_loss(x, 0.2, 0.5, mode.into()).unwrap().loss;
+        check_policy_gradient(&b, None, &format!("kl_cov {mode:?}"), loss);
     }
 }
 
@@ -181,21 +150,9 @@ fn gspo_token_gradient_equals_sequence_objective_gradient() {
     // With one advantage per sequence, GSPO-token's stop-gradient gradient is
     // the true gradient of the sequence objective, so finite differences agree.
     let b = batch(4, 0.15, true);
-    let (old, adv, mask) = (t(&b.old), t(&b.adv), t(&b.mask));
     let clip = ClipRange::new(0.05, 0.05, 3.0).unwrap();
-    let f = |lp: &Tensor| {
-        let x = PolicyInputs {
-            old_log_prob: &old,
-            log_prob: lp,
-            advantages: &adv,
-            response_mask: &mask,
-            is_weights: None,
-        };
-        gspo_loss(&x, &clip, AggScale::default()).unwrap().loss
-    };
-    let a = autograd(f, &b.lp);
-    assert_close_nonzero(&a, &numeric_grad(f, &b.lp, H), TOL, "gspo");
-    assert_zero_on_padding(&a, &b.mask, "gspo");
+    let loss = |x: &PolicyInputs| gspo_loss(x, &clip, AggScale::default()).unwrap().loss;
+    check_policy_gradient(&b, None, "gspo", loss);
 }
 
 #[test]
