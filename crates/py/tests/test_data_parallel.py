@@ -11,9 +11,11 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -360,6 +362,36 @@ class Interrupt(unittest.TestCase):
             self.assertTrue("stopped now" in err or "stopped at your request" in err, err[-3000:])
             self.assertNotIn("Traceback", err)
             self.assert_nothing_left(out)
+
+
+class InterruptApi(unittest.TestCase):
+    def test_sigint_stops_a_run_of_the_python_api_after_the_step(self):
+        """`train` called from Python (its main thread): SIGINT writes a
+        stop file of the process's own, the run stops after the step under
+        way with a checkpoint, and the file is gone afterwards."""
+        with tempfile.TemporaryDirectory(prefix="colo-dp-api-int-") as tmp:
+            cfg = write_config(os.path.join(tmp, "run.toml"), total_steps=1000, test_freq=0)
+            out = os.path.join(tmp, "run")
+            metrics = os.path.join(out, "metrics.jsonl")
+
+            def interrupt_after_a_step():
+                deadline = time.monotonic() + 300
+                while time.monotonic() < deadline:
+                    if os.path.exists(metrics) and "pg_loss" in open(metrics).read():
+                        break
+                    time.sleep(0.1)
+                os.kill(os.getpid(), signal.SIGINT)
+
+            thread = threading.Thread(target=interrupt_after_a_step)
+            thread.start()
+            s = train(cfg, out, 2, log=quiet)
+            thread.join()
+            k = s["stopped"]
+            self.assertIsNotNone(k)
+            self.assertGreater(k, 0)
+            self.assertEqual(s["checkpoint"], k)
+            self.assertTrue(os.path.isdir(os.path.join(out, "checkpoints", f"step-{k}")))
+            self.assertEqual([f for f in os.listdir(out) if f.startswith(".colo-stop")], [])
 
 
 MULTI_NODE = """

@@ -392,7 +392,8 @@ def train(
     else:
         for note in resume_notes(config, out, latest):
             log(note)
-    if stop_file is None:
+    own = stop_file is None
+    if own:
         stop_file = os.path.join(out, f".colo-stop-{os.getpid()}")
         if os.path.exists(stop_file):
             os.remove(stop_file)  # an earlier process's, with this one's id
@@ -402,6 +403,9 @@ def train(
             return _run(config, out, workers, address, latest, device, digest_every, step_timeout, fault, keep_parameters, log, stop)
         except KeyboardInterrupt:
             raise StoppedNow(stop.checkpoint) from None
+        finally:
+            if own and os.path.exists(stop_file):
+                os.remove(stop_file)
 
 
 def _run(config, out, workers, address, latest, device, digest_every, step_timeout, fault, keep_parameters, log, stop):
