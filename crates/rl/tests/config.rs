@@ -276,6 +276,14 @@ fn bad_enum_values_list_the_choices() {
     // Under verl's other name too.
     let (_, _, msg) = err("[actor]\nlr_scheduler_type = 3\n");
     assert!(msg.contains("\"cosine\""), "{msg}");
+    // Both names at once: said, with the other name.
+    let (_, _, msg) = err("[actor]\nwarmup_style = \"cosine\"\nlr_scheduler_type = \"cosine\"\n");
+    assert!(msg.contains("also as `lr_scheduler_type`"), "{msg}");
+    let (_, _, msg) = err("[rollout]\nmax_new_tokens = 4\nresponse_length = 4\n");
+    assert!(
+        msg.contains("`response_length` or `max_response_length`"),
+        "{msg}"
+    );
     // serde's Rust type names are said in words.
     let (_, field, msg) = err("[data]\ngen_batch_size = -2\n");
     assert_eq!(field, "data.gen_batch_size");

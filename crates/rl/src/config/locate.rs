@@ -32,10 +32,21 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
     // choices (of the key an alias, like `lr_scheduler_type`, stands for).
     if message == "wanted string or table" {
         let name = field.rsplit('.').next().unwrap_or(&field);
-        let alias = format!("alias: {name})");
-        let doc = (print::DOCS.iter()).find(|d| d.key == field || d.verl.contains(&alias));
+        let doc = (print::DOCS.iter()).find(|d| d.key == field || aliases(d).contains(&name));
         if let Some(doc) = doc {
             message = format!("wanted a string: {}", doc.unit);
+        }
+    }
+    // A key written under both its names.
+    if let Some(name) = duplicate_field(e.message()) {
+        let key = join(&field, name);
+        if let Some(doc) = print::DOCS.iter().find(|d| d.key == key) {
+            let other = aliases(doc).join("` or `");
+            if !other.is_empty() {
+                message.push_str(&format!(
+                    ": the file sets it twice, also as `{other}` (another name for it); keep one"
+                ));
+            }
         }
     }
     // serde names Rust's types: say what they mean.
@@ -119,6 +130,24 @@ fn keys_of(e: &toml::de::Error) -> Option<String> {
         .strip_prefix("in `")?
         .strip_suffix('`')?;
     Some(keys.to_owned())
+}
+
+/// The other names a key is read under (its doc's "(alias: a, b)").
+fn aliases(doc: &print::Doc) -> Vec<&str> {
+    let Some((_, rest)) = doc.verl.split_once("alias: ") else {
+        return Vec::new();
+    };
+    let list = rest.split(')').next().unwrap_or_default();
+    list.split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect()
+}
+
+/// `X` of serde's "duplicate field `X`".
+fn duplicate_field(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("duplicate field `")?;
+    Some(&rest[..rest.find('`')?])
 }
 
 /// `X` of serde's "unknown field `X`, expected …".
