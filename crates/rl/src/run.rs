@@ -399,16 +399,7 @@ fn train_steps(
         run.worker.load_checkpoint(&dir)?;
     }
 
-    let batches = Batches::new(
-        &train,
-        config.batch.gen_batch_prompts,
-        config.data.seed,
-        config.data.shuffle,
-        match config.algorithm.filter_groups {
-            Some(_) => "data.gen_batch_size",
-            None => "data.train_batch_size",
-        },
-    )?;
+    let batches = Batches::of_run(&train, config)?;
     let mut next_batch = start.first_batch;
     let data_state = |next_batch| DataState {
         gen_batches: next_batch,

@@ -85,8 +85,6 @@ const STOP_FILE: &str = ".colo-stop";
 /// importing torch and Ray, [`CONTROLLER_MAIN`] makes it exit quietly).
 pub fn run(config_path: &Path, config: &Config, out: &Path, resume: bool) -> Result<bool> {
     use std::os::unix::process::CommandExt;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
 
     let stop_file = out.join(STOP_FILE);
     std::fs::create_dir_all(out).with_context(|| format!("making {}", out.display()))?;
@@ -114,23 +112,25 @@ pub fn run(config_path: &Path, config: &Config, out: &Path, resume: bool) -> Res
     let what = "the distributed run";
     let mut child = cmd.spawn().with_context(|| format!("starting {what}"))?;
     let pid = child.id();
-    let signals = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::clone(&signals);
     let file = stop_file.clone();
-    ctrlc::set_handler(move || match seen.fetch_add(1, Ordering::SeqCst) {
-        0 => match std::fs::write(&file, b"") {
-            Ok(()) => eprintln!(
-                "\ncolo train: stopping after the step under way, with a checkpoint \
+    let mut seen = 0usize;
+    ctrlc::set_handler(move || {
+        seen += 1;
+        match seen {
+            1 => match std::fs::write(&file, b"") {
+                Ok(()) => eprintln!(
+                    "\ncolo train: stopping after the step under way, with a checkpoint \
                  (interrupt again to stop at once)"
-            ),
-            Err(e) => eprintln!("\ncolo train: could not write {}: {e}", file.display()),
-        },
-        1 => {
-            if let Err(e) = colo_mem::os::signal(pid, colo_mem::os::Signal::Interrupt) {
-                eprintln!("colo train: could not stop the controller (process {pid}): {e}");
+                ),
+                Err(e) => eprintln!("\ncolo train: could not write {}: {e}", file.display()),
+            },
+            2 => {
+                if let Err(e) = colo_mem::os::signal(pid, colo_mem::os::Signal::Interrupt) {
+                    eprintln!("colo train: could not stop the controller (process {pid}): {e}");
+                }
             }
+            _ => eprintln!("colo train: already stopping (shutting the run's processes down)"),
         }
-        _ => eprintln!("colo train: already stopping (shutting the run's processes down)"),
     })
     .context("colo train: installing the Ctrl-C handler")?;
     let status = child

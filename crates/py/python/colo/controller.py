@@ -140,7 +140,7 @@ class WorkerActor:
         """The Ray node this worker runs on."""
         return ray.get_runtime_context().get_node_id()
 
-    def setup(self, config, out, master, backend, timeout_s, resume_from=None, fault=None):
+    def setup(self, config, out, master, backend, timeout_s, resume_from=None, fault=None, stop_file=None):
         import torch.distributed as dist
 
         from colo import Worker
@@ -156,6 +156,8 @@ class WorkerActor:
         )
         self.comm = TorchComm()
         self.worker = Worker(config, out, self.rank, self.world, self.comm, resume_from)
+        if stop_file is not None:
+            self.worker.set_stop_file(stop_file)
         self.fault = fault if fault and fault.get("rank") == self.rank else None
         return self.worker.schedule()
 
@@ -177,9 +179,6 @@ class WorkerActor:
 
     def evaluate(self):
         return self.worker.evaluate()
-
-    def set_stop_file(self, path):
-        self.worker.set_stop_file(path)
 
     def save(self, step):
         self.worker.save(step)
@@ -434,12 +433,11 @@ def _run(config, out, workers, address, latest, device, digest_every, step_timeo
         ]
         master = ray.get(actors[0].address.remote())
         schedules = _gather(
-            [a.setup.remote(config, out, master, backend, step_timeout, latest, fault) for a in actors],
+            [a.setup.remote(config, out, master, backend, step_timeout, latest, fault, stop.path) for a in actors],
             actors,
             "setup",
             step_timeout,
         )
-        _gather([a.set_stop_file.remote(stop.path) for a in actors], actors, "setup", step_timeout)
         summary = _steps(actors, out, schedules[0], latest, digest_every, step_timeout, log, stop)
         summary["nodes"] = ray.get([a.node.remote() for a in actors])
         if keep_parameters:

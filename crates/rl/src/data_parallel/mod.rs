@@ -218,16 +218,7 @@ impl Rank {
         if global.algorithm.filter_groups.is_some() {
             run.peers = Some(collective());
         }
-        let batches = Batches::new(
-            train,
-            global.batch.gen_batch_prompts,
-            global.data.seed,
-            global.data.shuffle,
-            match global.algorithm.filter_groups {
-                Some(_) => "data.gen_batch_size",
-                None => "data.train_batch_size",
-            },
-        )?;
+        let batches = Batches::of_run(train, global)?;
         Ok(Rank {
             run,
             global,
