@@ -9,7 +9,7 @@
 //! | what | functions | chosen by |
 //! |---|---|---|
 //! | advantages | [`advantage::gae`], [`group::grpo`] (and Dr. GRPO), [`group::rloo`], [`advantage::reinforce_plus_plus`], [`group::reinforce_plus_plus_baseline`], [`advantage::remax`] | [`AdvEstimator`] via [`compute_advantage`] |
-//! | policy loss | [`policy_loss::ppo_clip_loss`] (clip-higher, dual clip), [`policy_loss::gspo_loss`] | [`PolicyLossMode`] via [`policy_loss()`] |
+//! | policy loss | [`policy_loss::ppo_clip_loss`] (clip-higher, dual clip), [`policy_loss::gspo_loss`], [`policy_loss::gpg_loss`], [`policy_loss::cispo_loss`], [`policy_variants::kl_cov_loss`], [`policy_variants::clip_cov_loss`], [`policy_variants::geo_mean_loss`], [`policy_variants::sapo_loss`] | [`PolicyLossMode`] via [`policy_loss()`] |
 //! | value loss | [`value_loss()`] (clipped) | — |
 //! | entropy | [`entropy::entropy_from_logits`], [`entropy::entropy_bonus`] | — |
 //! | KL | [`kl::kl_estimate`], [`kl::kl_loss`], [`kl::apply_kl_penalty`], [`KlController`] | [`KlEstimator`] |
@@ -57,6 +57,7 @@
 //!         is_weights: None,
 //!     },
 //!     AggScale::default(),
+//!     0, // the seed of Clip-Cov's draw (unused by PPO)
 //! )?;
 //! out.loss.backward();
 //! // On-policy, d loss / d log_prob = −A / (number of tokens): the right answer is pushed up.
@@ -118,6 +119,8 @@ pub mod masked;
 pub mod mismatch;
 pub mod overlong;
 pub mod policy_loss;
+pub mod policy_variants;
+pub mod rng;
 pub mod value_loss;
 
 pub use advantage::{
@@ -133,4 +136,5 @@ pub use policy_loss::{
     policy_loss, ClipRange, PolicyInputs, PolicyLoss, PolicyLossConfig, PolicyLossMetrics,
     PolicyLossMode,
 };
+pub use policy_variants::{ClipCov, SapoTemperatures};
 pub use value_loss::{value_loss, ValueLoss, ValueLossMetrics};

@@ -1,5 +1,6 @@
 //! Policy-gradient losses: PPO's clipped surrogate (with DAPO's decoupled clip
-//! ranges and dual clip) and GSPO's sequence-level variant.
+//! ranges and dual clip), GSPO's sequence-level variant, GPG's and CISPO's,
+//! and the dispatch to the others ([`crate::policy_variants`]).
 //!
 //! All inputs are (batch, response_len) tensors of one float kind on one device:
 //! `log_prob` (the current policy, the one differentiated), `old_log_prob` (the
@@ -19,11 +20,14 @@
 //! The metrics are read back to the host in one transfer per call.
 
 use serde::{Deserialize, Serialize};
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use crate::agg::{agg_loss, AggScale, LossAgg, LossAggMode};
 use crate::error::{Error, Result};
 use crate::masked::{check_all, host_means, masked_sum_rows, upcast, zero_padding};
+use crate::policy_variants::{
+    clip_cov_loss, geo_mean_loss, kl_cov_loss, sapo_loss, ClipCov, SapoTemperatures,
+};
 
 /// Bound on log(π/π_old) before the exponential in PPO (verl's value).
 pub const LOG_RATIO_CLAMP: f64 = 20.0;
@@ -46,6 +50,13 @@ pub enum PolicyLossMode {
     /// The unclipped ratio, with a KL penalty on the tokens of largest
     /// covariance: [`kl_cov_loss`].
     KlCov,
+    /// PPO's clip, with the gradient dropped on a few tokens drawn among
+    /// those of large covariance: [`clip_cov_loss`].
+    ClipCov,
+    /// GMPO's geometric mean of the token ratios: [`geo_mean_loss`].
+    GeoMean,
+    /// SAPO's soft gate of the ratio in place of the clip: [`sapo_loss`].
+    Sapo,
 }
 
 /// The actor's policy-loss settings as written in the config (verl's names).
@@ -71,6 +82,15 @@ pub struct PolicyLossConfig {
     pub kl_cov_ratio: f64,
     /// KL-Cov: the penalty's coefficient on |log π_θ − log π_old|.
     pub ppo_kl_coef: f64,
+    /// Clip-Cov: the fraction of a micro-batch's tokens that lose their gradient.
+    pub clip_cov_ratio: f64,
+    /// Clip-Cov: the covariance range (lb, ub) those tokens are drawn from.
+    pub clip_cov_lb: f64,
+    pub clip_cov_ub: f64,
+    /// SAPO: the gate's temperature for positive advantages.
+    pub tau_pos: f64,
+    /// SAPO: the gate's temperature for the others.
+    pub tau_neg: f64,
 }
 
 impl Default for PolicyLossConfig {
@@ -85,6 +105,11 @@ impl Default for PolicyLossConfig {
             loss_agg_mode: LossAggMode::TokenMean,
             kl_cov_ratio: 0.0002,
             ppo_kl_coef: 0.1,
+            clip_cov_ratio: 0.0002,
+            clip_cov_lb: 1.0,
+            clip_cov_ub: 5.0,
+            tau_pos: 1.0,
+            tau_neg: 1.05,
         }
     }
 }
@@ -189,15 +214,15 @@ impl Clone for PolicyLoss {
 
 /// The checked, padding-sanitised, detached-where-needed inputs, in the
 /// accumulation kind.
-struct Prepared {
-    log_prob: Tensor,
-    old_log_prob: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    is_weights: Option<Tensor>,
+pub(crate) struct Prepared {
+    pub(crate) log_prob: Tensor,
+    pub(crate) old_log_prob: Tensor,
+    pub(crate) advantages: Tensor,
+    pub(crate) mask: Tensor,
+    pub(crate) is_weights: Option<Tensor>,
 }
 
-fn prepare(x: &PolicyInputs) -> Result<Prepared> {
+pub(crate) fn prepare(x: &PolicyInputs) -> Result<Prepared> {
     let mut others = vec![
         ("old_log_prob", x.old_log_prob),
         ("advantages", x.advantages),
@@ -220,7 +245,7 @@ fn prepare(x: &PolicyInputs) -> Result<Prepared> {
 
 /// Per-token losses times the IS weights, if any. (Not `*=`: an in-place
 /// product would overwrite a tensor that autograd may have saved.)
-fn with_is_weights(pg: Tensor, is_weights: &Option<Tensor>) -> Tensor {
+pub(crate) fn with_is_weights(pg: Tensor, is_weights: &Option<Tensor>) -> Tensor {
     match is_weights {
         Some(w) => pg * w,
         None => pg,
@@ -377,61 +402,15 @@ pub fn cispo_loss(x: &PolicyInputs, clip: &ClipRange, agg: LossAgg) -> Result<Po
     Ok(PolicyLoss { loss, metrics })
 }
 
-/// KL-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement
-/// Learning for Reasoning Language Models", arXiv:2505.22617); verl's
-/// `compute_policy_loss_kl_cov`. The loss is the unclipped −A·r, except on
-/// the `ratio` fraction of the batch's response tokens (at least one) whose
-/// covariance (A_t − Ā)·(log π_θ(y_t) − mean log π_θ) is largest — the
-/// tokens that drive entropy down the most — which also pay
-/// `coef`·|log π_θ − log π_old|:
-///
-/// ```text
-/// l_t = −A_t·r_t + [t among the top tokens]·coef·|log r_t|
-/// ```
-///
-/// with r unclamped, as verl has it; times the IS weight if given,
-/// aggregated with `agg`. Means and covariances are over the response
-/// tokens of this call's batch (a micro-batch, as in verl). `ppo_kl`
-/// reports the mean |log r| (verl's metric for this mode); the clip
-/// fractions are 0. `ratio` is in (0, 1].
-pub fn kl_cov_loss(x: &PolicyInputs, ratio: f64, coef: f64, agg: LossAgg) -> Result<PolicyLoss> {
-    let p = prepare(x)?;
-    let neg_kl = &p.log_prob - &p.old_log_prob;
-    let abs_kl = neg_kl.abs();
-    let plain = -&p.advantages * neg_kl.exp();
-    let valid = p.mask.gt(0.0);
-    let n_valid = valid.sum(Kind::Int64).int64_value(&[]);
-    let penalised = match n_valid {
-        0 => p.mask.zeros_like(),
-        n => {
-            let k = ((n as f64 * ratio) as i64).max(1);
-            let mean = |t: &Tensor| t.masked_select(&valid).mean(t.kind());
-            let lp = p.log_prob.detach();
-            let cov = (&p.advantages - mean(&p.advantages)) * (&lp - mean(&lp));
-            let cov = cov
-                .where_scalarother(&valid, f64::NEG_INFINITY)
-                .flatten(0, -1);
-            let (_, top) = cov.topk(k, 0, true, true);
-            let flat = p.mask.zeros_like().flatten(0, -1);
-            flat.index_fill(0, &top, 1.0).view_as(&p.mask)
-        }
-    };
-    let pg = with_is_weights(plain + &penalised * coef * &abs_kl, &p.is_weights);
-    let loss = agg_loss(&pg, &p.mask, agg)?;
-    let m = host_means(&[(&abs_kl.detach(), &p.mask)])?;
-    let metrics = PolicyLossMetrics {
-        ppo_kl: m[0],
-        ..PolicyLossMetrics::default()
-    };
-    Ok(PolicyLoss { loss, metrics })
-}
-
 /// The configured policy loss: validates the clip ranges and dispatches on
-/// `cfg.loss_mode`. `scale` carries global denominators for micro-batching.
+/// `cfg.loss_mode`. `scale` carries global denominators for micro-batching;
+/// `seed` picks Clip-Cov's tokens (the other losses draw nothing), so give
+/// each micro-batch of a run its own, reproducible one.
 pub fn policy_loss(
     cfg: &PolicyLossConfig,
     x: &PolicyInputs,
     scale: AggScale,
+    seed: u64,
 ) -> Result<PolicyLoss> {
     let clip = cfg.clip_range()?;
     let agg = LossAgg {
@@ -444,6 +423,22 @@ pub fn policy_loss(
         PolicyLossMode::Gpg => gpg_loss(x, agg),
         PolicyLossMode::Cispo => cispo_loss(x, &clip, agg),
         PolicyLossMode::KlCov => kl_cov_loss(x, cfg.kl_cov_ratio, cfg.ppo_kl_coef, agg),
+        PolicyLossMode::ClipCov => {
+            let cc = ClipCov {
+                ratio: cfg.clip_cov_ratio,
+                lb: cfg.clip_cov_lb,
+                ub: cfg.clip_cov_ub,
+            };
+            clip_cov_loss(x, &clip, &cc, seed, agg)
+        }
+        PolicyLossMode::GeoMean => geo_mean_loss(x, &clip, scale),
+        PolicyLossMode::Sapo => {
+            let tau = SapoTemperatures {
+                pos: cfg.tau_pos,
+                neg: cfg.tau_neg,
+            };
+            sapo_loss(x, &tau, scale)
+        }
     }
 }
 
@@ -555,29 +550,6 @@ mod tests {
         );
         assert!((m.pg_clipfrac - 1.0).abs() < 1e-6, "{m:?}");
         assert!((m.ppo_kl - 0.143_841).abs() < 1e-5, "{m:?}");
-    }
-
-    // KL-Cov, ratio 0.25 of 4 tokens → k = 1, coef 0.1, old log-prob 0:
-    // A = [1, −1, 2, 0], lp = [−1, −2, −0.5, −3]; means 0.5 and −1.625;
-    // covariances 0.3125, 0.5625, 1.6875, 0.6875 → token 2 pays 0.1·|−0.5|.
-    // l = [−e⁻¹, e⁻², −2e^−0.5 + 0.05, 0], token-mean −0.348901;
-    // grad = [−e⁻¹, e⁻², −2e^−0.5 − 0.1, 0] / 4; ppo_kl = mean |lp| = 1.625.
-    #[test]
-    fn kl_cov_penalises_the_tokens_of_largest_covariance() {
-        let old = t2(&[&[0.0, 0.0, 0.0, 0.0, 0.0]]);
-        let lp = t2(&[&[-1.0, -2.0, -0.5, -3.0, 7.0]]);
-        let adv = t2(&[&[1.0, -1.0, 2.0, 0.0, 9.0]]);
-        let mask = t2(&[&[1.0, 1.0, 1.0, 1.0, 0.0]]);
-        let f = |x: &PolicyInputs| kl_cov_loss(x, 0.25, 0.1, LossAggMode::TokenMean.into());
-        let (loss, g, m) = run(f, &old, &lp, &adv, &mask);
-        assert!((loss + 0.348_901).abs() < 1e-5, "{loss}");
-        let e = |x: f64| x.exp();
-        let want = [-e(-1.0), e(-2.0), -2.0 * e(-0.5) - 0.1, 0.0, 0.0].map(|x| x / 4.0);
-        for (x, w) in g[0].iter().zip(want) {
-            assert!((*x as f64 - w).abs() < 1e-5, "{g:?}");
-        }
-        assert_eq!((m.pg_clipfrac, m.pg_clipfrac_lower), (0.0, 0.0));
-        assert!((m.ppo_kl - 1.625).abs() < 1e-6, "{m:?}");
     }
 
     // GSPO, one sequence of 2 tokens + padding, A = 1, ε = 0.2:

@@ -9,8 +9,12 @@ mod common;
 use colo_algo::entropy::{entropy_bonus, entropy_from_logits};
 use colo_algo::kl::kl_loss;
 use colo_algo::masked::masked_whiten;
-use colo_algo::policy_loss::{gpg_loss, gspo_loss, kl_cov_loss, ppo_clip_loss};
-use colo_algo::{value_loss, AggScale, ClipRange, KlEstimator, LossAgg, LossAggMode, PolicyInputs};
+use colo_algo::policy_loss::{gpg_loss, gspo_loss, ppo_clip_loss};
+use colo_algo::policy_variants::{clip_cov_loss, geo_mean_loss, kl_cov_loss, sapo_loss};
+use colo_algo::{
+    value_loss, AggScale, ClipCov, ClipRange, KlEstimator, LossAgg, LossAggMode, PolicyInputs,
+    SapoTemperatures,
+};
 use common::*;
 use tch::Tensor;
 
@@ -143,6 +147,58 @@ fn kl_cov_gradient_all_modes() {
         let loss = |x: &PolicyInputs| kl_cov_loss(x, 0.2, 0.5, mode.into()).unwrap().loss;
         check_policy_gradient(&b, None, &format!("kl_cov {mode:?}"), loss);
     }
+}
+
+#[test]
+fn clip_cov_gradient_all_modes() {
+    let b = batch(7, 0.5, false);
+    let clip = ClipRange::new(0.2, 0.28, 3.0).unwrap();
+    // Two of the ten tokens drawn from those of covariance in (0.05, 5);
+    // neither the draw nor the candidates change under a step of 1e-6.
+    let cc = ClipCov {
+        ratio: 0.2,
+        lb: 0.05,
+        ub: 5.0,
+    };
+    let (old, lp, adv, mask) = (t(&b.old), t(&b.lp), t(&b.adv), t(&b.mask));
+    let x = PolicyInputs {
+        old_log_prob: &old,
+        log_prob: &lp,
+        advantages: &adv,
+        response_mask: &mask,
+        is_weights: None,
+    };
+    let drawn = clip_cov_loss(&x, &clip, &cc, 3, LossAggMode::TokenMean.into()).unwrap();
+    let share = drawn.metrics.pg_clipfrac;
+    assert!(
+        (share - 0.2).abs() < 1e-6,
+        "two of ten tokens drawn, not {share}"
+    );
+    for mode in MODES {
+        let loss = |x: &PolicyInputs| clip_cov_loss(x, &clip, &cc, 3, mode.into()).unwrap().loss;
+        check_policy_gradient(&b, None, &format!("clip_cov {mode:?}"), loss);
+    }
+}
+
+#[test]
+fn geo_mean_gradient_with_is_weights() {
+    let b = batch(8, 0.5, true);
+    let w = t(&Lcg::new(9).matrix(4, 6, 0.5, 2.0));
+    let clip = ClipRange::new(0.4, 0.4, 3.0).unwrap();
+    let loss = |x: &PolicyInputs| geo_mean_loss(x, &clip, AggScale::default()).unwrap().loss;
+    check_policy_gradient(&b, Some(&w), "geo_mean", loss);
+}
+
+#[test]
+fn sapo_gradient_with_is_weights() {
+    let b = batch(10, 0.5, false);
+    let w = t(&Lcg::new(11).matrix(4, 6, 0.5, 2.0));
+    let tau = SapoTemperatures {
+        pos: 1.0,
+        neg: 1.05,
+    };
+    let loss = |x: &PolicyInputs| sapo_loss(x, &tau, AggScale::default()).unwrap().loss;
+    check_policy_gradient(&b, Some(&w), "sapo", loss);
 }
 
 #[test]

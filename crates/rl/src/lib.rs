@@ -81,7 +81,7 @@ pub mod plot;
 pub mod progress;
 pub mod reference;
 pub mod reward;
-pub mod rng;
+pub use colo_algo::rng;
 pub mod rollouts;
 mod run;
 pub mod run_config;

@@ -962,6 +962,17 @@ fn settings_that_cannot_work_together_are_refused() {
         ),
         ("[actor]\nppo_kl_coef = -1.0\n", "actor.ppo_kl_coef", "≥ 0"),
         (
+            "[actor]\nloss_mode = \"clip_cov\"\nclip_cov_ratio = 1.5\n",
+            "actor.clip_cov_ratio",
+            "in (0, 1]",
+        ),
+        (
+            "[actor]\nclip_cov_lb = 5.0\nclip_cov_ub = 1.0\n",
+            "actor.clip_cov_lb",
+            "lb < ub; got 5 and 1",
+        ),
+        ("[actor]\ntau_neg = 0.0\n", "actor.tau_neg", "> 0"),
+        (
             "[trainer]\nrollout_data_dir = \"d\"\nvalidation_data_dir = \"d\"\n",
             "trainer.validation_data_dir",
             "overwrite",

@@ -12,6 +12,7 @@
 use colo_algo::entropy::entropy_bonus;
 use colo_algo::kl::kl_loss;
 use colo_algo::mismatch::truncated_is_weights;
+use colo_algo::rng::SplitMix64;
 use colo_algo::{
     agg_loss, policy_loss, value_loss, AggScale, KlEstimator, LossAgg, LossAggMode, PolicyInputs,
     PolicyLossConfig, RolloutCorrectionConfig,
@@ -131,6 +132,7 @@ impl Lane {
         mb: &Micro,
         cfg: &LossConfig,
         scale: AggScale,
+        step: u64,
     ) -> Result<Option<(Tensor, PolicySums)>> {
         let ent_mode = match cfg.entropy_coeff != 0.0 {
             true => Entropy::Differentiable,
@@ -179,6 +181,9 @@ impl Lane {
                 is_weights: is_weights.as_ref(),
             },
             scale,
+            // Clip-Cov's draw: its own for each optimizer step and
+            // micro-batch, and the same again in a resumed run.
+            SplitMix64::derive(step, mb.start as u64).next_u64(),
         )?;
         let agg = LossAgg {
             mode: cfg.policy.loss_agg_mode,
@@ -221,9 +226,10 @@ impl ColoTrainer {
             return Err(Error::batch("ref_log_probs", "is required by use_kl_loss"));
         }
         let scale = self.batch_scale(&batch.seqs, cfg.loss_scale_factor)?;
+        let step = self.opt.t;
         let (parts, stats) = self.train_step("update the policy", &batch.seqs, || {
             let (batch, cfg) = (batch.clone(), cfg.clone());
-            move |lane: &Lane, mb: &Micro| lane.policy_micro_loss(&batch, mb, &cfg, scale)
+            move |lane: &Lane, mb: &Micro| lane.policy_micro_loss(&batch, mb, &cfg, scale, step)
         })?;
         let sum = |f: fn(&PolicySums) -> f64| parts.iter().map(f).sum::<f64>();
         let [pg_loss, clipfrac, clipfrac_lower, ppo_kl, entropy, kl_loss, n] =

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use colo_algo::rng::SplitMix64;
 use colo_mem::{tags, Pool};
 use tch::{Device, Kind, Tensor};
 
@@ -60,17 +61,10 @@ impl ValueHead {
     }
 }
 
-/// `n` samples of N(0, std²): splitmix64 feeding Box–Muller.
+/// `n` samples of N(0, std²): SplitMix64 feeding Box–Muller.
 fn normal(n: usize, std: f64, seed: u64) -> Vec<f32> {
-    let mut state = seed;
-    let mut uniform = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64 // in (0, 1)
-    };
+    let mut g = SplitMix64::new(seed);
+    let mut uniform = move || ((g.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64; // in (0, 1)
     (0..n)
         .map(|_| {
             let (u1, u2) = (uniform(), uniform());

@@ -229,6 +229,14 @@ pub struct RawActor {
     /// `policy_loss.kl_cov_ratio`, `policy_loss.ppo_kl_coef`).
     pub kl_cov_ratio: f64,
     pub ppo_kl_coef: f64,
+    /// Clip-Cov's share of tokens and covariance range (verl's
+    /// `policy_loss.clip_cov_{ratio,lb,ub}`).
+    pub clip_cov_ratio: f64,
+    pub clip_cov_lb: f64,
+    pub clip_cov_ub: f64,
+    /// SAPO's gate temperatures (verl's `actor.tau_pos`, `actor.tau_neg`).
+    pub tau_pos: f64,
+    pub tau_neg: f64,
     pub entropy_coeff: f64,
     pub use_kl_loss: bool,
     pub kl_loss_coef: f64,
@@ -258,6 +266,11 @@ impl Default for RawActor {
             loss_agg_mode: LossAggMode::TokenMean,
             kl_cov_ratio: 0.0002,
             ppo_kl_coef: 0.1,
+            clip_cov_ratio: 0.0002,
+            clip_cov_lb: 1.0,
+            clip_cov_ub: 5.0,
+            tau_pos: 1.0,
+            tau_neg: 1.05,
             entropy_coeff: 0.0,
             use_kl_loss: true,
             kl_loss_coef: 0.001,

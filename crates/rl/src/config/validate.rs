@@ -566,7 +566,30 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
         loss_agg_mode: actor.loss_agg_mode,
         kl_cov_ratio: actor.kl_cov_ratio,
         ppo_kl_coef: actor.ppo_kl_coef,
+        clip_cov_ratio: actor.clip_cov_ratio,
+        clip_cov_lb: actor.clip_cov_lb,
+        clip_cov_ub: actor.clip_cov_ub,
+        tau_pos: above_zero("actor.tau_pos", actor.tau_pos)?,
+        tau_neg: above_zero("actor.tau_neg", actor.tau_neg)?,
     };
+    if !(actor.clip_cov_ratio > 0.0 && actor.clip_cov_ratio <= 1.0) {
+        return bad(
+            "actor.clip_cov_ratio",
+            format!(
+                "is the share of tokens Clip-Cov drops: in (0, 1], got {}",
+                actor.clip_cov_ratio
+            ),
+        );
+    }
+    let (lb, ub) = (actor.clip_cov_lb, actor.clip_cov_ub);
+    if !(lb.is_finite() && ub.is_finite() && lb < ub) {
+        return bad(
+            "actor.clip_cov_lb",
+            format!(
+                "and actor.clip_cov_ub bound the covariances Clip-Cov draws from: two finite numbers, lb < ub; got {lb} and {ub}"
+            ),
+        );
+    }
     if !(actor.kl_cov_ratio > 0.0 && actor.kl_cov_ratio <= 1.0) {
         return bad(
             "actor.kl_cov_ratio",

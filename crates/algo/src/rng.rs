@@ -1,4 +1,5 @@
-//! A small seeded generator (SplitMix64) for shuffling and task generation.
+//! A small seeded generator (SplitMix64): colo-rl's shuffles and task
+//! generation, Clip-Cov's choice of tokens, the critic head's initial weights.
 //!
 //! Hand-rolled rather than `rand` so that a seed names the same data and the
 //! same prompt order forever: a dependency upgrade must not silently change
