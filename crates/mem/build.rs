@@ -9,6 +9,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-changed=csrc/cpu_alloc.cpp");
     println!("cargo:rerun-if-changed=csrc/sdp_backend.cpp");
+    println!("cargo:rerun-if-changed=csrc/fused_adamw.cpp");
     cc::Build::new()
         .cpp(true)
         .std("c++17")
@@ -18,6 +19,7 @@ fn main() {
         .warnings(false)
         .file("csrc/cpu_alloc.cpp")
         .file("csrc/sdp_backend.cpp")
+        .file("csrc/fused_adamw.cpp")
         .compile("colo_torch_shim");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         build_cuda_shim(&torch, &abi);

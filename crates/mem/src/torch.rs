@@ -1,16 +1,144 @@
-//! The link to libtorch's allocator: install the shim, read its counters.
+//! The link to libtorch: install the allocator shim, read its counters;
+//! the attention switch; the fused AdamW update tch does not expose.
 //!
-//! Raw calls (`sys`), then safe functions; the shim's contract is at the top
-//! of `csrc/cpu_alloc.cpp`.
+//! Raw calls (`sys`), then safe functions; each shim's contract is at the
+//! top of its file in `csrc/`.
+
+use std::ffi::{c_char, c_void, CStr};
+
+use tch::Tensor;
+
+use crate::{Error, Result};
 
 mod sys {
+    use std::ffi::{c_char, c_void};
+
     extern "C" {
         pub fn colo_torch_install() -> bool;
         pub fn colo_torch_untagged(live: *mut i64, peak: *mut i64, allocs: *mut u64);
         pub fn colo_torch_reset_untagged_peak();
         pub fn colo_torch_set_cudnn_sdp(on: bool);
         pub fn colo_torch_cudnn_sdp() -> bool;
+        pub fn colo_torch_fused_adamw(
+            params: *const *const c_void,
+            grads: *const *const c_void,
+            exp_avgs: *const *const c_void,
+            exp_avg_sqs: *const *const c_void,
+            n: usize,
+            step: f64,
+            lr: f64,
+            beta1: f64,
+            beta2: f64,
+            weight_decay: f64,
+            eps: f64,
+            grad_scale: f64,
+            err: *mut c_char,
+            len: usize,
+        ) -> i32;
     }
+}
+
+/// Runs a shim call that reports failure as nonzero with a message written
+/// into the buffer it is given, and turns its status into a `Result`.
+pub(crate) fn shim_call(
+    backend: &'static str,
+    what: &'static str,
+    f: impl FnOnce(*mut c_char, usize) -> i32,
+) -> Result<()> {
+    let mut err = [0 as c_char; 512];
+    if f(err.as_mut_ptr(), err.len()) == 0 {
+        return Ok(());
+    }
+    // SAFETY: NUL-terminated by the shim on failure.
+    let msg = unsafe { CStr::from_ptr(err.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    Err(Error::Backend {
+        backend,
+        call: what,
+        msg,
+    })
+}
+
+/// One AdamW update's numbers (PyTorch's `AdamW` hyper-parameters).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWStep {
+    /// The update's number, 1 for the first (bias correction).
+    pub step: u64,
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    /// Decoupled: each parameter is first scaled by 1 − lr·weight_decay.
+    pub weight_decay: f64,
+    pub eps: f64,
+    /// Multiplies the gradients first (the clipping coefficient); 1.0 for none.
+    pub grad_coef: f64,
+}
+
+/// AdamW on `params` in place, with their gradients and moments, in one
+/// fused pass per tensor (libtorch's `_fused_adamw_`, `csrc/fused_adamw.cpp`):
+/// index i of each slice belongs together (same shape, kind and device;
+/// libtorch checks, and a mismatch is an error, not a crash). The
+/// gradients may be overwritten. Runs on the calling thread's libtorch
+/// intra-op threads.
+pub fn fused_adamw(
+    params: &[Tensor],
+    grads: &[Tensor],
+    exp_avgs: &[Tensor],
+    exp_avg_sqs: &[Tensor],
+    s: &AdamWStep,
+) -> Result<()> {
+    let n = params.len();
+    if [grads.len(), exp_avgs.len(), exp_avg_sqs.len()] != [n; 3] {
+        return Err(Error::Backend {
+            backend: "libtorch",
+            call: "fused AdamW",
+            msg: format!(
+                "{n} parameters but {} gradients, {} first and {} second moments",
+                grads.len(),
+                exp_avgs.len(),
+                exp_avg_sqs.len()
+            ),
+        });
+    }
+    if !(s.grad_coef.is_finite() && s.grad_coef > 0.0) {
+        return Err(Error::Backend {
+            backend: "libtorch",
+            call: "fused AdamW",
+            msg: format!(
+                "gradient coefficient {} is not a finite number > 0",
+                s.grad_coef
+            ),
+        });
+    }
+    let ptrs = |ts: &[Tensor]| -> Vec<*const c_void> {
+        ts.iter().map(|t| t.as_ptr().cast::<c_void>()).collect()
+    };
+    let (p, g, m, v) = (ptrs(params), ptrs(grads), ptrs(exp_avgs), ptrs(exp_avg_sqs));
+    shim_call("libtorch", "fused AdamW", |err, len| {
+        // SAFETY: four arrays of `n` pointers to live at::Tensor objects
+        // (tch's tensors, borrowed for the call); the shim only reads the
+        // arrays, catches every C++ exception, and writes at most `len`
+        // bytes to `err`.
+        unsafe {
+            sys::colo_torch_fused_adamw(
+                p.as_ptr(),
+                g.as_ptr(),
+                m.as_ptr(),
+                v.as_ptr(),
+                n,
+                s.step as f64,
+                s.lr,
+                s.beta1,
+                s.beta2,
+                s.weight_decay,
+                s.eps,
+                1.0 / s.grad_coef,
+                err,
+                len,
+            )
+        }
+    })
 }
 
 /// Makes colo-mem libtorch's CPU allocator (idempotent; it is done when the

@@ -13,10 +13,8 @@
 //! θ ← θ − (lr / (1 − β₁ᵗ)) · m / (√v / √(1 − β₂ᵗ) + ε)
 //! ```
 //!
-//! `g` is the accumulated gradient times the clipping coefficient (a
-//! temporary, so the accumulators keep the pre-clip gradient for
-//! inspection). Weight decay applies to every parameter, as in verl's
-//! actor optimizer.
+//! `g` is the accumulated gradient times the clipping coefficient. Weight
+//! decay applies to every parameter, as in verl's actor optimizer.
 //!
 //! **State in float32 whatever the parameters' kind.** Both moments are
 //! float32. For bfloat16 parameters the optimizer also keeps a float32
@@ -25,22 +23,29 @@
 //! rounding. Without it, updates smaller than a bfloat16 ulp of the weight
 //! (lr = 1e-6 against weights ≈ 1e-2: every update) would round away.
 //!
-//! **In place.** Every write is an in-place libtorch op under
-//! `tch::no_grad` (`lerp_`, `mul_`, `addcdiv_`, `copy_`), so the moments,
-//! masters and parameters keep their storage (their `colo-mem`
-//! allocation). tch 0.24 does not expose libtorch's fused
-//! `_fused_adamw_` / `_foreach_*` kernels (ops on tensor lists), so the
-//! update is eight element-wise passes per tensor, with two
-//! parameter-sized temporaries (`g²` and the denominator; `g` too when
-//! clipping is active) that the caller allocates in its activations region.
+//! **In place.** Every write is in place under `tch::no_grad`, so the
+//! moments, masters and parameters keep their storage (their `colo-mem`
+//! allocation). On the CPU the update is libtorch's fused AdamW kernel
+//! (`_fused_adamw_`, what `torch.optim.AdamW(fused=True)` runs; tch does
+//! not expose it, so colo-mem's shim calls it): one vectorised pass per
+//! tensor, the parameters split over the lanes, where the element-wise
+//! ops below take eight passes and two temporaries on one thread (48 ms
+//! against 14 ms for 12.6 M parameters on one thread, BENCHMARKS.md,
+//! twentieth session). Like `clip_grad_norm_` in PyTorch, the fused
+//! kernel leaves the clipped gradient in the accumulator (the GPU path
+//! clips in place too). On a GPU, where the fused kernel has not been run
+//! yet, the update is those element-wise ops (`lerp_`, `mul_`, `addcdiv_`,
+//! `copy_`), with two parameter-sized temporaries (`g²` and the
+//! denominator) that the caller allocates in its activations region.
 
 use std::sync::Arc;
 
+use colo_mem::torch::{fused_adamw, AdamWStep};
 use colo_mem::{tags, Pool};
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::buffers::{copy_in, done, zeros_in};
-use crate::Result;
+use crate::{param_lanes, Result};
 
 /// Validated AdamW hyper-parameters (see [`crate::OptimConfig`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -107,24 +112,33 @@ impl AdamW {
     /// One update of every parameter in place. `grads[i]` is parameter
     /// `i`'s accumulated gradient; the gradient used is
     /// `grad_scale · grads[i]` (the clipping coefficient).
+    ///
+    /// On the CPU: libtorch's fused AdamW, the parameters split over
+    /// `lanes` threads ([`crate::param_lanes`]). Elsewhere: tensor ops on
+    /// the calling thread (the fused kernel has not run on a GPU yet).
     pub(crate) fn step(
         &mut self,
         params: &[Tensor],
         grads: &[Tensor],
         lr: f64,
         grad_scale: f64,
+        lanes: usize,
     ) -> Result<()> {
         self.t += 1;
+        if params.first().is_some_and(|p| p.device() == Device::Cpu) {
+            return self.fused_step(params, grads, lr, grad_scale, lanes);
+        }
         let hp = self.hp;
         let t = self.t as i32;
         let step_size = lr / (1.0 - hp.beta1.powi(t));
         let bc2_sqrt = (1.0 - hp.beta2.powi(t)).sqrt();
         let _no_grad = tch::no_grad_guard();
         for ((p, g), mo) in params.iter().zip(grads).zip(&self.moments) {
-            let g = match grad_scale {
-                1.0 => g.shallow_clone(),
-                s => g.f_mul_scalar(s)?,
-            };
+            // Clipped in place, as on the CPU (and as PyTorch's clip_grad_norm_).
+            let g = g.shallow_clone();
+            if grad_scale != 1.0 {
+                done(g.shallow_clone().f_mul_scalar_(grad_scale))?;
+            }
             let mut w = mo.master.as_ref().unwrap_or(p).shallow_clone();
             done(w.f_mul_scalar_(1.0 - lr * hp.weight_decay))?;
             done(mo.exp_avg.shallow_clone().f_lerp_(&g, 1.0 - hp.beta1))?;
@@ -140,6 +154,50 @@ impl AdamW {
                 p.shallow_clone().f_copy_(&w)?;
             }
         }
+        Ok(())
+    }
+
+    /// [`AdamW::step`] on the CPU: each lane updates its parameters' f32
+    /// copies (the masters, or the parameters themselves) in one fused
+    /// pass, then copies masters into their bf16 parameters.
+    fn fused_step(
+        &self,
+        params: &[Tensor],
+        grads: &[Tensor],
+        lr: f64,
+        grad_coef: f64,
+        lanes: usize,
+    ) -> Result<()> {
+        let s = AdamWStep {
+            step: self.t,
+            lr,
+            beta1: self.hp.beta1,
+            beta2: self.hp.beta2,
+            weight_decay: self.hp.weight_decay,
+            eps: self.hp.eps,
+            grad_coef,
+        };
+        param_lanes::run(params, lanes, |idx| {
+            let take = |ts: &mut Vec<Tensor>, t: &Tensor| ts.push(t.shallow_clone());
+            let (mut w, mut g, mut m, mut v, mut copies) = (vec![], vec![], vec![], vec![], vec![]);
+            for &i in idx {
+                let mo = &self.moments[i];
+                take(&mut w, mo.master.as_ref().unwrap_or(&params[i]));
+                take(&mut g, &grads[i]);
+                take(&mut m, &mo.exp_avg);
+                take(&mut v, &mo.exp_avg_sq);
+                if let Some(master) = &mo.master {
+                    copies.push((params[i].shallow_clone(), master.shallow_clone()));
+                }
+            }
+            Box::new(move || {
+                fused_adamw(&w, &g, &m, &v, &s)?;
+                for (mut p, master) in copies {
+                    p.f_copy_(&master)?;
+                }
+                Ok(())
+            })
+        })?;
         Ok(())
     }
 }
@@ -186,6 +244,7 @@ mod tests {
                     std::slice::from_ref(&g),
                     0.01,
                     coef,
+                    2,
                 )
                 .unwrap();
                 for i in 0..2 {

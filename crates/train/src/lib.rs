@@ -107,6 +107,7 @@ mod lanes;
 pub mod losses;
 pub mod offload;
 pub mod ops;
+mod param_lanes;
 pub mod schedule;
 mod scorer;
 pub mod trainer;

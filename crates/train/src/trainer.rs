@@ -36,6 +36,7 @@ use crate::config::{
 use crate::engine::{Scores, StepStats};
 use crate::lanes::{self, Lane};
 use crate::offload::{self, require_resident, Offload, Part, GRADS, OPTIMIZER, PARAMS};
+use crate::param_lanes;
 use crate::scorer::{self, lane_parts, per_token_out, to_host};
 use crate::value_head::{ValueHead, VALUE_HEAD_WEIGHT};
 use crate::{Error, Result};
@@ -272,8 +273,9 @@ impl ColoTrainer {
             .collect()
     }
 
-    /// The float32 gradient accumulators of the last step (before
-    /// clipping), by parameter name. Valid until the next step starts or
+    /// The float32 gradient accumulators of the last step, clipped in
+    /// place by the update (as PyTorch's `clip_grad_norm_` leaves them),
+    /// by parameter name. Valid until the next step starts or
     /// the next offload of the gradients, which keeps no copy of them.
     pub fn gradients(&self) -> Vec<(String, Tensor)> {
         self.names
@@ -420,20 +422,12 @@ impl ColoTrainer {
                     Ok((Some(grads), m))
                 }
             })?;
-            let _no_grad = tch::no_grad_guard();
+            let mut parts = Vec::with_capacity(done_parts.len());
             for (grads, m) in done_parts {
                 metrics.push(m);
-                let Some(grads) = grads else { continue };
-                for ((g, acc), fresh) in grads.iter().zip(&self.grads).zip(&mut fresh) {
-                    if g.defined() {
-                        let mut acc = acc.shallow_clone();
-                        match std::mem::take(fresh) {
-                            true => acc.f_copy_(g)?,
-                            false => done(acc.f_add_(g))?,
-                        }
-                    }
-                }
+                parts.extend(grads);
             }
+            param_lanes::accumulate(&self.grads, &parts, &mut fresh, self.lanes)?;
             micro_count += 1;
         }
         tch::no_grad(|| -> Result<()> {
@@ -456,13 +450,17 @@ impl ColoTrainer {
 
     /// Clipping and the AdamW update from the accumulated gradients.
     fn apply_update(&mut self, micro_batches: usize) -> Result<StepStats> {
-        // The global norm in float64 (one host read per step).
-        let norms = self
-            .grads
-            .iter()
-            .map(|g| g.f_norm_scalaropt_dtype(2, Kind::Double))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        let grad_norm = Tensor::f_stack(&norms, 0)?.f_norm()?.f_double_value(&[])?;
+        let grad_norm = match self.device {
+            // Each tensor's norm on the lanes, combined in float64.
+            Device::Cpu => param_lanes::global_norm(&self.grads, self.lanes)?,
+            // In float64 on the device, one host read per step.
+            _ => {
+                let norms = (self.grads.iter())
+                    .map(|g| g.f_norm_scalaropt_dtype(2, Kind::Double))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                Tensor::f_stack(&norms, 0)?.f_norm()?.f_double_value(&[])?
+            }
+        };
         let lr = self.next_lr();
         let mut stats = StepStats {
             grad_norm,
@@ -478,7 +476,8 @@ impl ColoTrainer {
             Some(max) => (max / (grad_norm + 1e-6)).min(1.0),
             None => 1.0,
         };
-        self.opt.step(&self.params, &self.grads, lr, coef)?;
+        self.opt
+            .step(&self.params, &self.grads, lr, coef, self.lanes)?;
         stats.updated = true;
         Ok(stats)
     }
