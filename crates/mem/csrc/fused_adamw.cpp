@@ -8,7 +8,9 @@
 // Contract
 // - `params`, `grads`, `exp_avgs`, `exp_avg_sqs` each point to `n` valid
 //   at::Tensor objects (tch's tensors are at::Tensor*), index i of each
-//   belonging together: same shape, dtype and device, as libtorch checks.
+//   belonging together: same shape, dtype and device, contiguous. The Rust
+//   side checks this before the call: libtorch's CPU kernel does not, and
+//   walks every parameter's elements through the other tensors' pointers.
 // - `step` is the update's number (1 for the first), the same for every
 //   tensor; `grad_scale` divides the gradients first (libtorch's meaning;
 //   colo passes 1 / the clipping coefficient), 1.0 for none.

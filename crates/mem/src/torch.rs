@@ -77,8 +77,9 @@ pub struct AdamWStep {
 
 /// AdamW on `params` in place, with their gradients and moments, in one
 /// fused pass per tensor (libtorch's `_fused_adamw_`, `csrc/fused_adamw.cpp`):
-/// index i of each slice belongs together (same shape, kind and device;
-/// libtorch checks, and a mismatch is an error, not a crash). The
+/// index i of each slice belongs together (same shape, kind and device,
+/// contiguous: checked here, since libtorch's CPU kernel does not check
+/// them; a mismatch is an error, not a crash). The
 /// gradients may be overwritten. Runs on the calling thread's libtorch
 /// intra-op threads.
 pub fn fused_adamw(
@@ -100,6 +101,29 @@ pub fn fused_adamw(
                 exp_avg_sqs.len()
             ),
         });
+    }
+    // libtorch's CPU kernel checks none of this: it walks each parameter's
+    // elements through the other three tensors' data pointers, so a
+    // smaller or strided gradient would be read and written out of bounds.
+    for (i, p) in params.iter().enumerate() {
+        for (what, t) in [
+            ("gradient", &grads[i]),
+            ("first moment", &exp_avgs[i]),
+            ("second moment", &exp_avg_sqs[i]),
+        ] {
+            let same = t.size() == p.size() && t.kind() == p.kind() && t.device() == p.device();
+            if !same || !t.is_contiguous() || !p.is_contiguous() {
+                return Err(Error::Backend {
+                    backend: "libtorch",
+                    call: "fused AdamW",
+                    msg: format!(
+                        "parameter {i} is {:?} {:?} on {:?}{}, its {what} {:?} {:?} on {:?}{}: expected the same shape, kind and device, both contiguous",
+                        p.size(), p.kind(), p.device(), if p.is_contiguous() { "" } else { " (strided)" },
+                        t.size(), t.kind(), t.device(), if t.is_contiguous() { "" } else { " (strided)" },
+                    ),
+                });
+            }
+        }
     }
     if !(s.grad_coef.is_finite() && s.grad_coef > 0.0) {
         return Err(Error::Backend {
@@ -197,6 +221,68 @@ pub fn cudnn_attention() -> bool {
 
 #[cfg(test)]
 mod tests {
+    use tch::{Kind, Tensor};
+
+    use super::{fused_adamw, AdamWStep};
+
+    fn step(grad_coef: f64) -> AdamWStep {
+        AdamWStep {
+            step: 1,
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            weight_decay: 0.0,
+            eps: 1e-8,
+            grad_coef,
+        }
+    }
+
+    /// The first step of Adam moves each weight by lr against its
+    /// gradient's sign (m̂ = g, v̂ = g²), whatever the clipping coefficient.
+    #[test]
+    fn fused_adamw_takes_adams_first_step() {
+        let p = Tensor::from_slice(&[1.0f32, -2.0]);
+        let g = Tensor::from_slice(&[0.5f32, -4.0]);
+        let (m, v) = (p.zeros_like(), p.zeros_like());
+        let ts = |t: &Tensor| [t.shallow_clone()];
+        fused_adamw(&ts(&p), &ts(&g), &ts(&m), &ts(&v), &step(0.5)).unwrap();
+        let got = Vec::<f32>::try_from(&p).unwrap();
+        assert!(
+            (got[0] - 0.9).abs() < 1e-6 && (got[1] + 1.9).abs() < 1e-6,
+            "{got:?}"
+        );
+        // The first moment saw the clipped gradient.
+        let m = Vec::<f32>::try_from(&m).unwrap();
+        assert!(
+            (m[0] - 0.025).abs() < 1e-7 && (m[1] + 0.2).abs() < 1e-7,
+            "{m:?}"
+        );
+    }
+
+    /// Mismatched inputs are errors naming what was wrong, not crashes.
+    #[test]
+    fn fused_adamw_refuses_mismatched_inputs() {
+        let p = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
+        let g3 = Tensor::zeros([3], (Kind::Float, tch::Device::Cpu));
+        let one = |t: &Tensor| vec![t.shallow_clone()];
+        let err = fused_adamw(&one(&p), &[], &one(&p), &one(&p), &step(1.0)).unwrap_err();
+        assert!(
+            err.to_string().contains("1 parameters but 0 gradients"),
+            "{err}"
+        );
+        let err = fused_adamw(&one(&p), &one(&g3), &one(&p), &one(&p), &step(1.0)).unwrap_err();
+        assert!(err.to_string().contains("its gradient [3]"), "{err}");
+        let strided = Tensor::zeros([4], (Kind::Float, tch::Device::Cpu)).slice(0, 0, 4, 2);
+        let err =
+            fused_adamw(&one(&p), &one(&p), &one(&strided), &one(&p), &step(1.0)).unwrap_err();
+        assert!(err.to_string().contains("(strided)"), "{err}");
+        let err = fused_adamw(&one(&p), &one(&p), &one(&p), &one(&p), &step(0.0)).unwrap_err();
+        assert!(err.to_string().contains("coefficient 0"), "{err}");
+        let half = p.to_kind(Kind::BFloat16);
+        let err = fused_adamw(&one(&half), &one(&p), &one(&p), &one(&p), &step(1.0)).unwrap_err();
+        assert!(err.to_string().contains("BFloat16"), "{err}");
+    }
+
     #[test]
     fn the_cudnn_attention_switch_reaches_libtorch() {
         let before = super::cudnn_attention();

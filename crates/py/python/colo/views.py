@@ -20,8 +20,8 @@ from colo.comm import holder, tensor_of
 @contextlib.contextmanager
 def views(worker, what="weights"):
     """{name: tensor} over the actor's "weights", "grads" (the last
-    update's, summed over the ranks; a switch to generation discards
-    them) or "optimizer" (`<name>.exp_avg`, `<name>.exp_avg_sq`); train
+    update's, summed over the ranks and clipped as the update used them;
+    a switch to generation discards them) or "optimizer" (`<name>.exp_avg`, `<name>.exp_avg_sq`); train
     phase only."""
     items = worker.open_views(what)
     names = [(name, shape, dtype) for name, shape, dtype, _ in items]
