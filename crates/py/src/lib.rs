@@ -40,6 +40,24 @@ fn err(e: impl std::fmt::Display) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
 }
 
+// Named `colo._colo.StepInterrupted`, so that Ray can unpickle it in the
+// controller from a worker's failure.
+pyo3::create_exception!(
+    colo._colo,
+    StepInterrupted,
+    PyRuntimeError,
+    "A step that could not finish because the run was asked to stop (dynamic sampling still \
+     drawing batches): nothing of it trained, the checkpoints written before it are complete."
+);
+
+/// [`err`], with a step the run's stop request cut short as [`StepInterrupted`].
+fn step_err(e: colo_rl::Error) -> PyErr {
+    match e {
+        colo_rl::Error::StoppedMidStep(_) => StepInterrupted::new_err(e.to_string()),
+        e => err(e),
+    }
+}
+
 /// A completion as Python sees it: (token ids, log-probabilities, finish
 /// reason).
 type Sample = (Vec<u32>, Vec<f32>, String);
@@ -148,7 +166,7 @@ impl Worker {
     /// Runs step `step` (0-based); returns this rank's metrics as JSON
     /// (verl's names).
     fn step(&self, py: Python<'_>, step: usize) -> PyResult<String> {
-        let m = py.detach(|| self.rank_unviewed("step")?.step(step).map_err(err))?;
+        let m = py.detach(|| self.rank_unviewed("step")?.step(step).map_err(step_err))?;
         serde_json::to_string(&m).map_err(err)
     }
 
@@ -535,6 +553,7 @@ fn eval_record(step: usize, parts: Vec<String>, timing: f64) -> PyResult<Option<
 #[pymodule]
 fn _colo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Worker>()?;
+    m.add("StepInterrupted", m.py().get_type::<StepInterrupted>())?;
     m.add_function(wrap_pyfunction!(draw_workers, m)?)?;
     m.add_function(wrap_pyfunction!(latest_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(resume_notes, m)?)?;

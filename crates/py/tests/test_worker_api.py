@@ -260,6 +260,19 @@ class WorkerLifecycle(unittest.TestCase):
             Worker(self.cfg, self.out, 0, 1, Alone(), resume_from=2)
         self.assertFalse(os.path.exists(os.path.join(self.out, "checkpoints")), "refused before writing")
 
+    def test_an_interrupted_step_is_its_own_exception_and_crosses_processes(self):
+        # The controller tells a step cut short by the stop request from a
+        # failure by this class, after Ray pickled it in a worker.
+        import pickle
+
+        from colo._colo import StepInterrupted
+
+        self.assertEqual(StepInterrupted.__module__, "colo._colo")
+        self.assertTrue(issubclass(StepInterrupted, RuntimeError))
+        back = pickle.loads(pickle.dumps(StepInterrupted("stopped at your request")))
+        self.assertIsInstance(back, StepInterrupted)
+        self.assertEqual(str(back), "stopped at your request")
+
     def test_a_finished_worker_refuses_to_go_on(self):
         w = Worker(self.cfg, self.out, 0, 1, Alone())
         json.loads(w.step(0))

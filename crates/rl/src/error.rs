@@ -72,6 +72,11 @@ pub enum Error {
     #[error("dynamic sampling (algorithm.filter_groups): {0}")]
     DynamicSampling(String),
 
+    /// A step that could not finish because the run was asked to stop
+    /// (dynamic sampling still drawing batches): nothing of it trained.
+    #[error("dynamic sampling (algorithm.filter_groups): {0}")]
+    StoppedMidStep(String),
+
     /// Training whose loss stopped being a number.
     #[error("{0}")]
     Diverged(String),

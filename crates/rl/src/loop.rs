@@ -478,7 +478,7 @@ impl Run<'_> {
             if stop {
                 // The step cannot finish without its groups; the
                 // checkpoints written so far are complete.
-                return Err(Error::DynamicSampling(format!(
+                return Err(Error::StoppedMidStep(format!(
                     "{have}; stopped at your request before the step could finish, so no \
                      checkpoint of it was written (--resume continues from the last one)"
                 )));

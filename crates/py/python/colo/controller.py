@@ -56,11 +56,25 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from colo._colo import check_fresh_start, check_layout, draw_workers, eval_record, latest_checkpoint, resume_notes, truncate_metrics
+from colo._colo import (
+    StepInterrupted,
+    check_fresh_start,
+    check_layout,
+    draw_workers,
+    eval_record,
+    latest_checkpoint,
+    resume_notes,
+    truncate_metrics,
+)
 
 
 class RunError(RuntimeError):
     """A run that cannot start or could not finish; the message says why."""
+
+
+class StepCutShort(RunError):
+    """Every worker ended the step unfinished at the run's stop request
+    (`colo._colo.StepInterrupted`): nothing of the step trained."""
 
 
 class Interrupts:
@@ -235,7 +249,7 @@ def _gather(refs, actors, what, timeout_s, grace_s=5.0):
     all-reduce fail too ("connection reset"), which is listed after it."""
     pending = {ref: rank for rank, ref in enumerate(refs)}
     results = [None] * len(refs)
-    failures = []  # (priority, rank, text): 0 died, 1 raised, 2 collective echo
+    failures = []  # (priority, rank, text): 0 died, 1 raised, 2 collective echo, 3 stop request
     deadline = time.monotonic() + timeout_s
     while pending:
         left = deadline - time.monotonic()
@@ -257,7 +271,8 @@ def _gather(refs, actors, what, timeout_s, grace_s=5.0):
         except ray.exceptions.RayTaskError as e:
             cause = (str(e.cause) if e.cause is not None else str(e)).strip()
             echo = "collective" in cause or "gloo" in cause
-            failures.append((2 if echo else 1, rank, f"failed: {cause}"))
+            priority = 3 if isinstance(e.cause, StepInterrupted) else 2 if echo else 1
+            failures.append((priority, rank, f"failed: {cause}"))
         if failures:
             deadline = min(deadline, time.monotonic() + grace_s)
     if failures:
@@ -270,7 +285,8 @@ def _gather(refs, actors, what, timeout_s, grace_s=5.0):
             (f"worker {ranks[0]}" if len(ranks) == 1 else "workers " + ", ".join(map(str, ranks))) + f" {text}"
             for (_, text), ranks in sorted(said.items(), key=lambda kv: (kv[0][0], kv[1][0]))
         ]
-        raise RunError(f"{what}: " + "; then ".join(parts))
+        cut_short = all(priority == 3 for priority, _, _ in failures)
+        raise (StepCutShort if cut_short else RunError)(f"{what}: " + "; then ".join(parts))
     return results
 
 
@@ -498,13 +514,11 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
         t = time.perf_counter()
         try:
             results = _gather([a.step.remote(step) for a in actors], actors, f"step {step + 1}", timeout)
-        except RunError as e:
+        except StepCutShort:
             # Dynamic sampling still drawing batches when asked: every
             # worker ended the step together, nothing of it trained.
-            if stop.requested and "stopped at your request" in str(e):
-                stopped, unfinished = step, True
-                break
-            raise
+            stopped, unfinished = step, True
+            break
         wall = time.perf_counter() - t
         record = aggregate([r[0] for r in results])
         record["timing_s/controller"] = max(wall - max(r[1] for r in results), 0.0)
