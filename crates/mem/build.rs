@@ -10,6 +10,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/cpu_alloc.cpp");
     println!("cargo:rerun-if-changed=csrc/sdp_backend.cpp");
     println!("cargo:rerun-if-changed=csrc/fused_adamw.cpp");
+    println!("cargo:rerun-if-changed=csrc/shim_error.h");
     cc::Build::new()
         .cpp(true)
         .std("c++17")

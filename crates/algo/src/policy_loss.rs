@@ -443,12 +443,12 @@ pub fn policy_loss(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::masked::test_util::*;
 
-    /// Loss value and d loss / d log_prob.
-    fn run(
+    /// Loss value, d loss / d log_prob, metrics.
+    pub(crate) fn run(
         f: impl Fn(&PolicyInputs) -> Result<PolicyLoss>,
         old: &Tensor,
         lp: &Tensor,

@@ -269,30 +269,10 @@ pub fn sapo_loss(x: &PolicyInputs, tau: &SapoTemperatures, scale: AggScale) -> R
 mod tests {
     use super::*;
     use crate::masked::test_util::*;
+    use crate::policy_loss::tests::run;
 
     // The hand cases' values below (losses, gradients, metrics) are also
     // what verl's own functions give on the same inputs (torch 2.11, f64).
-
-    /// Loss value, d loss / d log_prob, metrics.
-    fn run(
-        f: impl Fn(&PolicyInputs) -> Result<PolicyLoss>,
-        old: &Tensor,
-        lp: &Tensor,
-        adv: &Tensor,
-        mask: &Tensor,
-    ) -> (f64, Vec<Vec<f32>>, PolicyLossMetrics) {
-        let v = var(lp);
-        let out = f(&PolicyInputs {
-            old_log_prob: old,
-            log_prob: &v,
-            advantages: adv,
-            response_mask: mask,
-            is_weights: None,
-        })
-        .unwrap();
-        out.loss.backward();
-        (scalar(&out.loss), rows(&v.grad()), out.metrics)
-    }
 
     fn close(got: &[f32], want: &[f64]) {
         for (x, w) in got.iter().zip(want) {

@@ -25,6 +25,7 @@
 //   kept. The next region makes a fresh MemPool.
 // - Errors are returned as nonzero with a message in `err`; nothing throws
 //   into Rust.
+#include "shim_error.h"
 #include <ATen/Context.h>
 #include <ATen/cuda/MemPool.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -59,13 +60,7 @@ std::mutex g_mu;
 // Rust) after the CUDA runtime has been torn down.
 auto& g_pools = *new std::map<std::pair<uint32_t, uint32_t>, TagPool>();
 
-int fail(const char* what, char* err, size_t len) {
-  if (err != nullptr && len > 0) {
-    std::strncpy(err, what, len - 1);
-    err[len - 1] = '\0';
-  }
-  return 1;
-}
+using colo_shim::fail;
 
 // The tag's MemPool (made if there is none) with `open` added to its count
 // of open regions, in one step under the lock, so that an empty on another

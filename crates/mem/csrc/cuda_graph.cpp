@@ -24,6 +24,7 @@
 //   tag, as torch_memory_saver's "cuda_graph" tag does for SGLang.
 // - Errors are returned as nonzero with a message in `err`; nothing throws
 //   into Rust.
+#include "shim_error.h"
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
@@ -36,13 +37,7 @@
 
 namespace {
 
-int fail(const char* what, char* err, size_t len) {
-  if (err != nullptr && len > 0) {
-    std::strncpy(err, what, len - 1);
-    err[len - 1] = '\0';
-  }
-  return 1;
-}
+using colo_shim::fail;
 
 std::mutex g_mu;
 // Leaked on purpose, like libtorch's own stream pools.

@@ -17,6 +17,7 @@
 // - The grads may be overwritten (with the unscaled values).
 // - Errors (libtorch's checks) come back as a nonzero status and a message
 //   in `err`; nothing throws into Rust.
+#include "shim_error.h"
 #include <ATen/ATen.h>
 
 #include <cstring>
@@ -25,13 +26,7 @@
 
 namespace {
 
-int fail(const char* what, char* err, size_t len) {
-  if (err != nullptr && len > 0) {
-    std::strncpy(err, what, len - 1);
-    err[len - 1] = '\0';
-  }
-  return 1;
-}
+using colo_shim::fail;
 
 std::vector<at::Tensor> list(const at::Tensor* const* ts, size_t n) {
   std::vector<at::Tensor> out;
