@@ -968,9 +968,11 @@ fn settings_that_cannot_work_together_are_refused() {
         ),
         (
             "[actor]\nclip_cov_lb = 5.0\nclip_cov_ub = 1.0\n",
-            "actor.clip_cov_lb",
-            "lb < ub; got 5 and 1",
+            "actor.clip_cov_ub",
+            "above actor.clip_cov_lb = 5 (Clip-Cov draws tokens whose covariance lies between them), got 1",
         ),
+        ("[actor]\nclip_cov_ub = inf\n", "actor.clip_cov_ub", "got inf"),
+        ("[actor]\nclip_cov_lb = nan\n", "actor.clip_cov_lb", "finite number, got NaN"),
         ("[actor]\ntau_neg = 0.0\n", "actor.tau_neg", "> 0"),
         (
             "[trainer]\nrollout_data_dir = \"d\"\nvalidation_data_dir = \"d\"\n",

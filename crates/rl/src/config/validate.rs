@@ -582,11 +582,18 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
         );
     }
     let (lb, ub) = (actor.clip_cov_lb, actor.clip_cov_ub);
-    if !(lb.is_finite() && ub.is_finite() && lb < ub) {
+    if !lb.is_finite() {
         return bad(
             "actor.clip_cov_lb",
+            format!("must be a finite number, got {lb}"),
+        );
+    }
+    if !(ub.is_finite() && ub > lb) {
+        return bad(
+            "actor.clip_cov_ub",
             format!(
-                "and actor.clip_cov_ub bound the covariances Clip-Cov draws from: two finite numbers, lb < ub; got {lb} and {ub}"
+                "must be a finite number above actor.clip_cov_lb = {lb} (Clip-Cov draws tokens \
+                 whose covariance lies between them), got {ub}"
             ),
         );
     }
