@@ -441,7 +441,8 @@ impl ColoTrainer {
         if let Some(c) = &mut self.collective {
             c.all_reduce_tensors(&self.grads)?;
         }
-        // The optimizer's temporaries reuse the activations' cached blocks.
+        // The optimizer's temporaries (on a GPU; the CPU's fused update
+        // makes none) reuse the activations' cached blocks.
         let guard = self.pool.region(tags::ACTIVATIONS)?;
         let stats = self.apply_update(micro_count);
         guard.finish()?;
