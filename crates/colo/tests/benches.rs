@@ -155,6 +155,24 @@ fn a_bench_model_without_whole_heads_is_refused() {
     );
 }
 
+/// Shapes the bench's model or batch cannot take are refused by flag; one
+/// too large for the machine is an error naming the flags (the baseline's
+/// product panicked before).
+#[test]
+fn bench_train_shapes_are_refused_by_flag() {
+    for (args, expected) in [
+        (&["train", "--seq", "1"][..], "--seq 1: at least 2 tokens"),
+        (&["train", "--seq", "8192"], "--seq 8192: the benchmark model has 4096 positions"),
+        (&["train", "--batch", "2", "--micro-batch", "8"], "--micro-batch 8 is more rows than --batch 2 has"),
+        (
+            &["train", "--hidden", "64", "--layers", "1", "--batch", "65536", "--seq", "4096", "--dtype", "f32"],
+            "the f32 run (--hidden 64 --layers 1, --batch 65536 × --seq 4096 = 268435456 tokens a step)",
+        ),
+    ] {
+        refused(args, expected);
+    }
+}
+
 /// Counts are refused by name outside their bounds: zero, and sizes that
 /// aborted an allocation, panicked in an overflow or spawned 100,000
 /// threads before they were bounded.

@@ -973,7 +973,10 @@ fn settings_that_cannot_work_together_are_refused() {
         ),
         ("[actor]\nclip_cov_ub = inf\n", "actor.clip_cov_ub", "got inf"),
         ("[actor]\nclip_cov_lb = nan\n", "actor.clip_cov_lb", "finite number, got NaN"),
-        ("[actor]\ntau_neg = 0.0\n", "actor.tau_neg", "> 0"),
+        ("[actor]\ntau_neg = 0.0\n", "actor.tau_neg", "in [1e-6, 1e6]"),
+        ("[actor]\ntau_pos = 1e39\n", "actor.tau_pos", "in [1e-6, 1e6]"),
+        ("[actor]\nclip_ratio = 1.5\n", "actor.clip_ratio", "in [0, 1), got 1.5"),
+        ("[actor]\nclip_cov_lb = 6.0\n", "actor.clip_cov_lb", "below actor.clip_cov_ub = 5"),
         (
             "[trainer]\nrollout_data_dir = \"d\"\nvalidation_data_dir = \"d\"\n",
             "trainer.validation_data_dir",

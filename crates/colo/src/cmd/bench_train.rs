@@ -29,7 +29,7 @@
 
 use std::time::Instant;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use colo_mem::tags;
 use colo_model::{Arch, ModelConfig, Weights};
 use colo_train::{
@@ -109,6 +109,9 @@ struct DtypeRun {
     peak_resident_bytes: u64,
 }
 
+/// Positions of the benchmark model (and so the longest `--seq`).
+const MAX_SEQ: usize = 4096;
+
 /// The benchmark model: Qwen2-shaped, tied embeddings; at the defaults
 /// (hidden 384, 6 layers) ~12.6 M parameters. Heads of 64 dims; KV heads
 /// the largest divisor of the heads up to a third of them (at least one);
@@ -131,7 +134,7 @@ fn model_config(hidden: usize, layers: usize) -> ModelConfig {
         rms_norm_eps: 1e-6,
         rope_theta: 1e4,
         rope_llama3: None,
-        max_position_embeddings: 4096,
+        max_position_embeddings: MAX_SEQ,
         tie_word_embeddings: true,
         qkv_bias: true,
         o_bias: false,
@@ -176,18 +179,19 @@ struct Matmul {
 }
 
 impl Matmul {
-    fn new(m: usize, k: usize, n: usize, kind: Kind, device: Device) -> Self {
-        let a = Tensor::randn([m as i64, k as i64], (kind, device));
-        let b = Tensor::randn([k as i64, n as i64], (kind, device));
-        let _ = a.matmul(&b);
-        Matmul {
+    /// Fails (out of memory, say) as an error, not a panic.
+    fn new(m: usize, k: usize, n: usize, kind: Kind, device: Device) -> Result<Self> {
+        let a = Tensor::f_randn([m as i64, k as i64], (kind, device))?;
+        let b = Tensor::f_randn([k as i64, n as i64], (kind, device))?;
+        let _ = a.f_matmul(&b)?;
+        Ok(Matmul {
             a,
             b,
             flop: 2.0 * (m * k * n) as f64,
             times: vec![],
             threads: baseline_threads(),
             device,
-        }
+        })
     }
 
     /// The baseline at libtorch's default thread count (all cores, its
@@ -249,7 +253,13 @@ fn measure(a: &Args, cfg: &ModelConfig, name: &str, kind: Kind) -> Result<(Dtype
     let data = batch(cfg, a.batch, a.seq)?;
 
     let tokens = a.batch * a.seq;
-    let mut mm = Matmul::new(tokens, cfg.hidden_size, cfg.intermediate_size, kind, device);
+    let mut mm = Matmul::new(tokens, cfg.hidden_size, cfg.intermediate_size, kind, device)
+        .with_context(|| {
+            format!(
+                "the baseline's ({tokens} × {}) · ({0} × {}) {name} product",
+                cfg.hidden_size, cfg.intermediate_size
+            )
+        })?;
     // Warm-up: first-touch pages, oneDNN primitives; on CUDA, the caching
     // allocator's segments and cuBLAS's algorithm choices.
     engine.sft_step(&data)?;
@@ -290,8 +300,20 @@ fn measure(a: &Args, cfg: &ModelConfig, name: &str, kind: Kind) -> Result<(Dtype
 
 pub fn run(a: Args) -> Result<()> {
     ensure!(
-        a.batch > 0 && a.seq >= 2 && a.steps > 0,
-        "batch, seq ≥ 2 and steps must be positive"
+        a.seq >= 2,
+        "--seq {}: at least 2 tokens (the loss predicts each token after the first)",
+        a.seq
+    );
+    ensure!(
+        a.seq <= MAX_SEQ,
+        "--seq {}: the benchmark model has {MAX_SEQ} positions",
+        a.seq
+    );
+    ensure!(
+        a.micro_batch <= a.batch,
+        "--micro-batch {} is more rows than --batch {} has",
+        a.micro_batch,
+        a.batch
     );
     ensure!(
         a.hidden >= 64 && a.hidden.is_multiple_of(64) && a.layers > 0,
@@ -309,7 +331,17 @@ pub fn run(a: Args) -> Result<()> {
     let mut runs = vec![];
     let mut params = 0;
     for (name, kind) in &kinds {
-        let (run, p) = measure(&a, &cfg, name, *kind)?;
+        let (run, p) = measure(&a, &cfg, name, *kind).with_context(|| {
+            format!(
+                "colo bench train: the {name} run (--hidden {} --layers {}, --batch {} × --seq {} \
+                 = {} tokens a step)",
+                a.hidden,
+                a.layers,
+                a.batch,
+                a.seq,
+                a.batch * a.seq
+            )
+        })?;
         params = p;
         runs.push(run);
     }

@@ -31,6 +31,21 @@ fn above_zero(field: &str, v: f64) -> Check<f64> {
     Ok(v)
 }
 
+/// SAPO's gate temperature: within [1e-6, 1e6], so that the gate
+/// σ(τ(r − 1))·4/τ, computed in float32, stays finite and nonzero.
+fn gate_temperature(field: &str, v: f64) -> Check<f64> {
+    if !(v.is_finite() && (1e-6..=1e6).contains(&v)) {
+        return bad(
+            field,
+            format!(
+                "must be a number in [1e-6, 1e6] (SAPO's gate temperature; verl's are 1.0 \
+                 and 1.05), got {v}"
+            ),
+        );
+    }
+    Ok(v)
+}
+
 /// A finite `v ≥ 0`.
 fn at_least_zero(field: &str, v: f64) -> Check<f64> {
     if !(v.is_finite() && v >= 0.0) {
@@ -569,8 +584,8 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
         clip_cov_ratio: actor.clip_cov_ratio,
         clip_cov_lb: actor.clip_cov_lb,
         clip_cov_ub: actor.clip_cov_ub,
-        tau_pos: above_zero("actor.tau_pos", actor.tau_pos)?,
-        tau_neg: above_zero("actor.tau_neg", actor.tau_neg)?,
+        tau_pos: gate_temperature("actor.tau_pos", actor.tau_pos)?,
+        tau_neg: gate_temperature("actor.tau_neg", actor.tau_neg)?,
     };
     if !(actor.clip_cov_ratio > 0.0 && actor.clip_cov_ratio <= 1.0) {
         return bad(
@@ -586,6 +601,16 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
         return bad(
             "actor.clip_cov_lb",
             format!("must be a finite number, got {lb}"),
+        );
+    }
+    if ub.is_finite() && ub <= lb && ub == RawActor::default().clip_cov_ub {
+        // The file moved the lower bound past the default upper one.
+        return bad(
+            "actor.clip_cov_lb",
+            format!(
+                "must be below actor.clip_cov_ub = {ub} (Clip-Cov draws tokens whose \
+                 covariance lies between them; set clip_cov_ub too), got {lb}"
+            ),
         );
     }
     if !(ub.is_finite() && ub > lb) {
@@ -618,6 +643,12 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
         reason,
     }) = policy_loss.clip_range()
     {
+        // An unset bound takes clip_ratio's value: name the key written.
+        let field = match field {
+            "clip_ratio_low" if actor.clip_ratio_low.is_none() => "clip_ratio",
+            "clip_ratio_high" if actor.clip_ratio_high.is_none() => "clip_ratio",
+            f => f,
+        };
         return bad(&format!("actor.{field}"), format!("{reason}, got {value}"));
     }
     let actor_cfg = ActorConfig {
@@ -864,6 +895,36 @@ fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
     Ok(trainer_cfg)
 }
 
+/// What the summary says of the policy loss: the settings it uses.
+fn loss_settings(p: &colo_algo::PolicyLossConfig) -> String {
+    use colo_algo::PolicyLossMode as M;
+    let clip = format!(
+        "clip {}/{}",
+        p.clip_ratio_low.unwrap_or(p.clip_ratio),
+        p.clip_ratio_high.unwrap_or(p.clip_ratio)
+    );
+    let agg = name(&p.loss_agg_mode);
+    match p.loss_mode {
+        M::Vanilla => format!("{clip}, dual clip {}, {agg}", p.clip_ratio_c),
+        M::Gspo => format!("{clip} on the sequence ratio, seq-mean-token-mean"),
+        M::Gpg => format!("no ratio, no clip, {agg}"),
+        M::Cispo => format!("IS weight {clip}, {agg}"),
+        M::KlCov => format!(
+            "KL penalty on {} of the tokens, × {}, {agg}",
+            p.kl_cov_ratio, p.ppo_kl_coef
+        ),
+        M::ClipCov => format!(
+            "{clip}, {} of the tokens of covariance in ({}, {}) dropped, {agg}",
+            p.clip_cov_ratio, p.clip_cov_lb, p.clip_cov_ub
+        ),
+        M::GeoMean => format!("{clip} in log space, mean over sequences"),
+        M::Sapo => format!(
+            "soft gate τ {}/{}, seq-mean-token-mean",
+            p.tau_pos, p.tau_neg
+        ),
+    }
+}
+
 /// The algorithm line's tail: a cosine schedule, and PPO's critic.
 fn schedule_text(c: &Config) -> String {
     let o = &c.actor.optim;
@@ -1011,18 +1072,10 @@ pub(crate) fn summary(c: &Config) -> String {
             }
         ),
         format!(
-            "algorithm  {} advantages, {} policy loss (clip {}/{}, {}), {kl}, lr {} (warmup {})",
+            "algorithm  {} advantages, {} policy loss ({}), {kl}, lr {} (warmup {})",
             c.algorithm.advantage.adv_estimator.name(),
             name(&c.actor.policy_loss.loss_mode),
-            c.actor
-                .policy_loss
-                .clip_ratio_low
-                .unwrap_or(c.actor.policy_loss.clip_ratio),
-            c.actor
-                .policy_loss
-                .clip_ratio_high
-                .unwrap_or(c.actor.policy_loss.clip_ratio),
-            name(&c.actor.policy_loss.loss_agg_mode),
+            loss_settings(&c.actor.policy_loss),
             c.actor.optim.lr,
             c.actor.optim.warmup_steps
         ) + &schedule_text(c),
