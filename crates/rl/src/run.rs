@@ -19,6 +19,7 @@ use crate::r#loop::Run;
 use crate::run_config;
 use crate::setup::{draw, load_data, open_model, uses_critic};
 use crate::timeline_file::TimelineWriter;
+use crate::worker::Phase;
 use crate::{Error, Result};
 
 /// What a finished run reports.
@@ -434,14 +435,32 @@ fn train_steps(
     // ---- the steps ---------------------------------------------------------
     let mut last = total;
     for step in first_step..total {
+        let batch_at_start = next_batch;
         let mut draw = || {
             let b = batches.batch(next_batch);
             next_batch = next_batch.saturating_add(1);
             b
         };
-        let m = run
-            .step(step, &mut draw)
-            .map_err(|e| e.explained_by(pool))?;
+        let m = match run.step(step, &mut draw) {
+            // Dynamic sampling still drawing batches when asked to stop:
+            // the step under way is dropped, but the steps finished since
+            // the last checkpoint are kept, as without dynamic sampling.
+            Err(Error::StoppedMidStep(why)) => {
+                let finished =
+                    step > first_step && !checkpoints::step_dir(&ckpt_dir, step).exists();
+                if !finished {
+                    return Err(Error::StoppedMidStep(why));
+                }
+                if run.worker.phase() == Phase::Rollout {
+                    run.worker.to_train()?;
+                }
+                run.save(&ckpt_dir, step, &data_state(batch_at_start))?;
+                return Err(Error::StoppedMidStep(format!(
+                    "{why}; a checkpoint of step {step}, the last one finished, was written"
+                )));
+            }
+            r => r.map_err(|e| e.explained_by(pool))?,
+        };
         if let Some((at, accuracy)) = run.evaluated.take() {
             if at == 0 {
                 first_accuracy = Some(accuracy);

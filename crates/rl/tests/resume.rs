@@ -615,3 +615,78 @@ fn auto_resumes_in_the_checkpoints_dtype() {
     assert_eq!(config["torch_dtype"], "float32", "{config}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A reward that scores the samples 0, 1, 0, 1, … (every group varies)
+/// for its first `varied` lines and 0 after (no group varies).
+fn write_fading_reward(dir: &Path, varied: usize) -> PathBuf {
+    let script = dir.join(format!("fading-{varied}.py"));
+    std::fs::write(
+        &script,
+        format!(
+            "import json, sys\nfor i, line in enumerate(sys.stdin):\n    r = json.loads(line)\n    \
+             s = float(i % 2) if i < {varied} else 0.0\n    \
+             print(json.dumps({{'id': r['id'], 'score': s}}), flush=True)\n"
+        ),
+    )
+    .unwrap();
+    script
+}
+
+/// Asked to stop while dynamic sampling still draws batches for step 3
+/// (its reward stopped varying), the run drops that step but writes a
+/// checkpoint of step 2, the last one finished (the configured save_freq
+/// would not have), and `--resume` continues from it.
+#[test]
+fn a_stop_during_dynamic_sampling_keeps_the_finished_steps() {
+    let dir = tmp("ds-stop");
+    let run = dir.join("run");
+    let text = |steps: usize, script: &Path| {
+        format!(
+            "[data]\ntrain_files = [\"{data}\"]\ntrain_batch_size = 2\nseed = 3\n{sections}\n\
+             [reward]\nkind = \"external\"\ncommand = [\"python3\", \"{script}\"]\n\
+             [memory]\ncapacity = \"256MiB\"\n\
+             [algorithm.filter_groups]\nenable = true\nmax_num_gen_batches = 0\n\
+             [trainer]\ntotal_steps = {steps}\nsave_freq = 100\nseed = 11\n",
+            data = common::write_arith_data(&dir, 8).display(),
+            sections = common::fixture_sections(4),
+            script = script.display(),
+        )
+    };
+    // Two steps of one generation batch each (2 prompts × 4 samples).
+    let fading = write_fading_reward(&dir, 16);
+    let config = Config::from_toml(&text(10, &fading), &dir.join("run.toml")).unwrap();
+    let stop = colo_rl::r#loop::Stop::new();
+    let asker = {
+        let (stop, run) = (stop.clone(), run.clone());
+        std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            while start.elapsed().as_secs() < 120 {
+                let two = run.join("metrics.jsonl").is_file() && steps_of(&run).len() >= 2;
+                if two {
+                    // Let step 3 draw a few batches first.
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            stop.request();
+        })
+    };
+    let err = colo_rl::r#loop::run_until(&config, &run, false, &stop).unwrap_err();
+    asker.join().unwrap();
+    let said = err.to_string();
+    assert!(
+        matches!(err, colo_rl::Error::StoppedMidStep(_))
+            && said.contains("a checkpoint of step 2, the last one finished, was written"),
+        "{said}"
+    );
+    assert!(run.join("checkpoints/step-2/model.safetensors").is_file());
+    assert_eq!(steps_of(&run).len(), 2);
+    // Resumed with a reward that varies again, the run goes on from step 2.
+    let varied = write_fading_reward(&dir, 1_000_000);
+    let config = Config::from_toml(&text(3, &varied), &dir.join("run.toml")).unwrap();
+    let s = colo_rl::r#loop::run(&config, &run, true).unwrap();
+    assert_eq!((s.resumed_from, s.steps), (Some(2), 3));
+    assert_eq!(steps_of(&run).len(), 3);
+    std::fs::remove_dir_all(dir).unwrap();
+}
