@@ -31,7 +31,22 @@ pub fn lock(out: &Path) -> Result<RunLock> {
         .write(true)
         .open(&path)
         .map_err(|e| Error::io(&path, e))?;
-    match file.try_lock() {
+    // A lock just released may still be held for a moment: a process
+    // another thread of this one is starting holds a copy of every open
+    // file until it executes its program (seen once in CI: a test's second
+    // run into a directory, right after its first, was refused). So a
+    // busy lock is tried again for half a second before it counts.
+    let mut tries = 0;
+    let busy = loop {
+        match file.try_lock() {
+            Err(TryLockError::WouldBlock) if tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => break other,
+        }
+    };
+    match busy {
         Ok(()) => Ok(RunLock { _file: Some(file) }),
         Err(TryLockError::WouldBlock) => Err(Error::RunInUse {
             dir: out.to_owned(),
