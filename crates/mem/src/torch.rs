@@ -89,18 +89,21 @@ pub fn fused_adamw(
     exp_avg_sqs: &[Tensor],
     s: &AdamWStep,
 ) -> Result<()> {
-    let n = params.len();
-    if [grads.len(), exp_avgs.len(), exp_avg_sqs.len()] != [n; 3] {
-        return Err(Error::Backend {
+    let refuse = |msg: String| {
+        Err(Error::Backend {
             backend: "libtorch",
             call: "fused AdamW",
-            msg: format!(
-                "{n} parameters but {} gradients, {} first and {} second moments",
-                grads.len(),
-                exp_avgs.len(),
-                exp_avg_sqs.len()
-            ),
-        });
+            msg,
+        })
+    };
+    let n = params.len();
+    if [grads.len(), exp_avgs.len(), exp_avg_sqs.len()] != [n; 3] {
+        return refuse(format!(
+            "{n} parameters but {} gradients, {} first and {} second moments",
+            grads.len(),
+            exp_avgs.len(),
+            exp_avg_sqs.len()
+        ));
     }
     // libtorch's CPU kernel checks none of this: it walks each parameter's
     // elements through the other three tensors' data pointers, so a
@@ -113,27 +116,30 @@ pub fn fused_adamw(
         ] {
             let same = t.size() == p.size() && t.kind() == p.kind() && t.device() == p.device();
             if !same || !t.is_contiguous() || !p.is_contiguous() {
-                return Err(Error::Backend {
-                    backend: "libtorch",
-                    call: "fused AdamW",
-                    msg: format!(
-                        "parameter {i} is {:?} {:?} on {:?}{}, its {what} {:?} {:?} on {:?}{}: expected the same shape, kind and device, both contiguous",
-                        p.size(), p.kind(), p.device(), if p.is_contiguous() { "" } else { " (strided)" },
-                        t.size(), t.kind(), t.device(), if t.is_contiguous() { "" } else { " (strided)" },
-                    ),
-                });
+                let strided = |t: &Tensor| match t.is_contiguous() {
+                    true => "",
+                    false => " (strided)",
+                };
+                return refuse(format!(
+                    "parameter {i} is {:?} {:?} on {:?}{}, its {what} {:?} {:?} on {:?}{}: \
+                     expected the same shape, kind and device, both contiguous",
+                    p.size(),
+                    p.kind(),
+                    p.device(),
+                    strided(p),
+                    t.size(),
+                    t.kind(),
+                    t.device(),
+                    strided(t),
+                ));
             }
         }
     }
     if !(s.grad_coef.is_finite() && s.grad_coef > 0.0) {
-        return Err(Error::Backend {
-            backend: "libtorch",
-            call: "fused AdamW",
-            msg: format!(
-                "gradient coefficient {} is not a finite number > 0",
-                s.grad_coef
-            ),
-        });
+        return refuse(format!(
+            "gradient coefficient {} is not a finite number > 0",
+            s.grad_coef
+        ));
     }
     let ptrs = |ts: &[Tensor]| -> Vec<*const c_void> {
         ts.iter().map(|t| t.as_ptr().cast::<c_void>()).collect()

@@ -446,9 +446,8 @@ fn train_steps(
             // the step under way is dropped, but the steps finished since
             // the last checkpoint are kept, as without dynamic sampling.
             Err(Error::StoppedMidStep(why)) => {
-                let finished =
-                    step > first_step && !checkpoints::step_dir(&ckpt_dir, step).exists();
-                if !finished {
+                let unsaved = step > first_step && !checkpoints::step_dir(&ckpt_dir, step).exists();
+                if !unsaved {
                     return Err(Error::StoppedMidStep(why));
                 }
                 if run.worker.phase() == Phase::Rollout {
