@@ -241,8 +241,11 @@ impl RopeTables {
     /// copy); `heads_major` makes it contiguous (batch, heads, seq,
     /// head_dim), a copy only when seq > 1.
     pub(crate) fn apply(&self, x: &Tensor, heads_major: bool) -> Tensor {
+        // `split`, not two `narrow`s: its backward is one `cat`, where a
+        // narrow's fills a zero tensor of x's size and copies into it.
         let half = x.size()[3] / 2;
-        let swapped = Tensor::cat(&[x.narrow(-1, half, half), x.narrow(-1, 0, half)], -1);
+        let halves = x.split(half, -1);
+        let swapped = Tensor::cat(&[&halves[1], &halves[0]], -1);
         let out = x * self.cos.unsqueeze(2) + swapped * self.sin.unsqueeze(2);
         let out = out.transpose(1, 2);
         match heads_major {

@@ -95,6 +95,7 @@ pub mod lanes;
 pub mod layers;
 pub mod loss;
 pub mod model;
+mod product_attention;
 mod shared_prompt;
 mod stages;
 pub mod tokenizer;

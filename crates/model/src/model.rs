@@ -201,12 +201,22 @@ impl Attention {
             self.k_proj.forward(x)?,
             self.v_proj.forward(x)?,
         );
-        let mut at = 0;
+        // `split`, not `narrow`: the backward of a split is one `cat`,
+        // where each narrow's fills a zero tensor of the whole and adds.
+        let rows: Vec<i64> = parts.iter().map(|&(b, s, _)| b * s).collect();
+        let (q, k, v) = (
+            q.f_split_with_sizes(&rows, 0)?,
+            k.f_split_with_sizes(&rows, 0)?,
+            v.f_split_with_sizes(&rows, 0)?,
+        );
         let mut out = Vec::with_capacity(parts.len());
-        for &(b, s, rope) in parts {
-            let part = |t: &Tensor| t.f_narrow(0, at, b * s);
-            out.push(self.heads_of(part(&q)?, part(&k)?, part(&v)?, (b, s), rope, false)?);
-            at += b * s;
+        for (i, &(b, s, rope)) in parts.iter().enumerate() {
+            let (q, k, v) = (
+                q[i].shallow_clone(),
+                k[i].shallow_clone(),
+                v[i].shallow_clone(),
+            );
+            out.push(self.heads_of(q, k, v, (b, s), rope, false)?);
         }
         Ok(out)
     }
@@ -349,6 +359,11 @@ impl Attention {
             }
             _ => None,
         };
+        if crate::product_attention::fits(q, t) {
+            let causal = matches!(vis, Visible::Causal);
+            let out = crate::product_attention::attention(q, k, v, mask.as_ref(), causal)?;
+            return Ok(out.transpose(1, 2).reshape([b, s, h * d]));
+        }
         // libtorch's fused attention (flash kernel on CPU and CUDA) with
         // grouped-query support: K/V are not repeated per query head. Its
         // output has q's memory layout, so when q is a view of (batch, s,
