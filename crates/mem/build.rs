@@ -10,6 +10,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/cpu_alloc.cpp");
     println!("cargo:rerun-if-changed=csrc/sdp_backend.cpp");
     println!("cargo:rerun-if-changed=csrc/fused_adamw.cpp");
+    println!("cargo:rerun-if-changed=csrc/rms_norm.cpp");
     println!("cargo:rerun-if-changed=csrc/shim_error.h");
     cc::Build::new()
         .cpp(true)
@@ -18,9 +19,13 @@ fn main() {
         .include(torch.join("include"))
         .include(torch.join("include/torch/csrc/api/include"))
         .warnings(false)
+        // `#pragma omp simd` in the kernels (vectorisation only, no OpenMP
+        // runtime).
+        .flag("-fopenmp-simd")
         .file("csrc/cpu_alloc.cpp")
         .file("csrc/sdp_backend.cpp")
         .file("csrc/fused_adamw.cpp")
+        .file("csrc/rms_norm.cpp")
         .compile("colo_torch_shim");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         build_cuda_shim(&torch, &abi);

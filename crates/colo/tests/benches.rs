@@ -164,6 +164,7 @@ fn bench_train_shapes_are_refused_by_flag() {
         (&["train", "--seq", "1"][..], "--seq 1: at least 2 tokens"),
         (&["train", "--seq", "8192"], "--seq 8192: the benchmark model has 4096 positions"),
         (&["train", "--batch", "2", "--micro-batch", "8"], "--micro-batch 8 is more rows than --batch 2 has"),
+        (&["train", "--dtype", "f32,float32"], "--dtype: `f32` and `float32` are the same dtype"),
         (
             &["train", "--hidden", "64", "--layers", "1", "--batch", "65536", "--seq", "4096", "--dtype", "f32"],
             "the f32 run (--hidden 64 --layers 1, --batch 65536 × --seq 4096 = 268435456 tokens a step)",

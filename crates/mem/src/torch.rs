@@ -1,5 +1,6 @@
 //! The link to libtorch: install the allocator shim, read its counters;
-//! the attention switch; the fused AdamW update tch does not expose.
+//! the attention switch; the fused AdamW update tch does not expose; and
+//! fused CPU kernels for the model ([`kernels`]).
 //!
 //! Raw calls (`sys`), then safe functions; each shim's contract is at the
 //! top of its file in `csrc/`.
@@ -9,6 +10,8 @@ use std::ffi::{c_char, c_void, CStr};
 use tch::Tensor;
 
 use crate::{Error, Result};
+
+pub mod kernels;
 
 mod sys {
     use std::ffi::{c_char, c_void};

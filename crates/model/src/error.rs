@@ -104,6 +104,10 @@ pub enum Error {
     /// An error from libtorch (through tch).
     #[error(transparent)]
     Torch(#[from] tch::TchError),
+
+    /// An error from one of colo-mem's fused kernels.
+    #[error(transparent)]
+    Kernel(#[from] colo_mem::Error),
 }
 
 /// `Result` with this crate's [`Error`].

@@ -22,6 +22,9 @@
 //! And `bf16_speedup` = f32 step time / bf16 step time (target ≥ 2): bf16 on
 //! the CPU runs oneDNN's bf16 kernels (AMX or AVX-512 BF16).
 //!
+//! The dtypes' steps are interleaved (one of each in turn, each trainer in
+//! its own pool), so that both see the same machine.
+//!
 //! `--device cuda` runs the same on the GPU, with the pool on colo-mem's CUDA
 //! backend and the timers read after the device has finished its queued
 //! kernels. The default batch (1,024 tokens) leaves a GPU launch-bound: a
@@ -229,73 +232,104 @@ fn parse_dtype(s: &str) -> Result<Kind> {
     }
 }
 
-/// One dtype's measurement: a fresh pool and trainer, one warm-up step,
-/// then `steps` timed steps with matmul samples in between.
-fn measure(a: &Args, cfg: &ModelConfig, name: &str, kind: Kind) -> Result<(DtypeRun, usize)> {
-    let (pool, device) = super::bench::pool_on(a.device)?;
-    tch::manual_seed(0);
-    let weights = Weights::random(cfg, 0.02, kind, device)?;
-    let trainer_cfg = TrainerConfig {
-        optim: OptimConfig {
-            lr: 1e-3,
-            ..Default::default()
-        },
-        micro_batch: MicroBatchConfig {
-            micro_batch_size: a.micro_batch,
-            ..Default::default()
-        },
-        kind,
-        device,
-        ..Default::default()
-    };
-    let mut engine = ColoTrainer::new(pool.clone(), cfg, &weights, &trainer_cfg)?;
-    drop(weights);
-    let data = batch(cfg, a.batch, a.seq)?;
+/// One dtype's measurement: its own pool, trainer, batch and matmul
+/// baseline. [`run`] interleaves the dtypes' steps, so that a machine whose
+/// speed drifts (other processes come and go on a shared one) weighs on
+/// every dtype alike, and the speed-up compares steps taken side by side.
+struct Measure {
+    name: String,
+    pool: std::sync::Arc<colo_mem::Pool>,
+    device: Device,
+    engine: ColoTrainer,
+    data: SeqBatch,
+    mm: Matmul,
+    times: Vec<f64>,
+    losses: Vec<f64>,
+    tokens: usize,
+}
 
-    let tokens = a.batch * a.seq;
-    let mut mm = Matmul::new(tokens, cfg.hidden_size, cfg.intermediate_size, kind, device)
-        .with_context(|| {
-            format!(
-                "the baseline's ({tokens} × {}) · ({0} × {}) {name} product",
-                cfg.hidden_size, cfg.intermediate_size
-            )
-        })?;
-    // Warm-up: first-touch pages, oneDNN primitives; on CUDA, the caching
-    // allocator's segments and cuBLAS's algorithm choices.
-    engine.sft_step(&data)?;
-    let mut times = vec![];
-    let mut losses = vec![];
-    for _ in 0..a.steps {
-        mm.sample(4);
-        let t = Instant::now();
-        let m = engine.sft_step(&data)?;
-        super::bench::sync(device);
-        times.push(t.elapsed().as_secs_f64());
-        losses.push(m.loss);
+impl Measure {
+    /// A fresh pool and trainer, and one warm-up step.
+    fn new(a: &Args, cfg: &ModelConfig, name: &str, kind: Kind) -> Result<Self> {
+        let (pool, device) = super::bench::pool_on(a.device)?;
+        tch::manual_seed(0);
+        let weights = Weights::random(cfg, 0.02, kind, device)?;
+        let trainer_cfg = TrainerConfig {
+            optim: OptimConfig {
+                lr: 1e-3,
+                ..Default::default()
+            },
+            micro_batch: MicroBatchConfig {
+                micro_batch_size: a.micro_batch,
+                ..Default::default()
+            },
+            kind,
+            device,
+            ..Default::default()
+        };
+        let mut engine = ColoTrainer::new(pool.clone(), cfg, &weights, &trainer_cfg)?;
+        drop(weights);
+        let data = batch(cfg, a.batch, a.seq)?;
+        let tokens = a.batch * a.seq;
+        let mm = Matmul::new(tokens, cfg.hidden_size, cfg.intermediate_size, kind, device)
+            .with_context(|| {
+                format!(
+                    "the baseline's ({tokens} × {}) · ({0} × {}) {name} product",
+                    cfg.hidden_size, cfg.intermediate_size
+                )
+            })?;
+        // Warm-up: first-touch pages, oneDNN primitives; on CUDA, the
+        // caching allocator's segments and cuBLAS's algorithm choices.
+        engine.sft_step(&data)?;
+        Ok(Measure {
+            name: name.to_string(),
+            pool,
+            device,
+            engine,
+            data,
+            mm,
+            times: vec![],
+            losses: vec![],
+            tokens,
+        })
     }
-    mm.sample(4);
-    let step_s = median(times);
-    let params = engine.num_parameters();
-    let model = 6.0 * params as f64 * tokens as f64 / step_s / 1e9;
-    let matmul = mm.gflop_s();
-    let stats = pool.stats();
-    let resident = |tag: &str| stats.tag(tag).map_or(0, |t| t.resident_bytes);
-    let run = DtypeRun {
-        dtype: name.to_string(),
-        step_s,
-        tokens_per_s: tokens as f64 / step_s,
-        model_gflop_s: model,
-        matmul_gflop_s: matmul,
-        ratio: model / matmul,
-        loss_first: losses[0],
-        loss_last: losses[losses.len() - 1],
-        train_params_bytes: resident(tags::TRAIN_PARAMS),
-        train_grads_bytes: resident(tags::TRAIN_GRADS),
-        optimizer_bytes: resident(tags::OPTIMIZER),
-        activations_cached_bytes: resident(tags::ACTIVATIONS),
-        peak_resident_bytes: stats.peak_resident_bytes,
-    };
-    Ok((run, params))
+
+    /// One timed optimizer step, after a few baseline samples.
+    fn step(&mut self) -> Result<()> {
+        self.mm.sample(4);
+        let t = Instant::now();
+        let m = self.engine.sft_step(&self.data)?;
+        super::bench::sync(self.device);
+        self.times.push(t.elapsed().as_secs_f64());
+        self.losses.push(m.loss);
+        Ok(())
+    }
+
+    fn finish(mut self) -> (DtypeRun, usize) {
+        self.mm.sample(4);
+        let step_s = median(self.times);
+        let params = self.engine.num_parameters();
+        let model = 6.0 * params as f64 * self.tokens as f64 / step_s / 1e9;
+        let matmul = self.mm.gflop_s();
+        let stats = self.pool.stats();
+        let resident = |tag: &str| stats.tag(tag).map_or(0, |t| t.resident_bytes);
+        let run = DtypeRun {
+            dtype: self.name,
+            step_s,
+            tokens_per_s: self.tokens as f64 / step_s,
+            model_gflop_s: model,
+            matmul_gflop_s: matmul,
+            ratio: model / matmul,
+            loss_first: self.losses[0],
+            loss_last: self.losses[self.losses.len() - 1],
+            train_params_bytes: resident(tags::TRAIN_PARAMS),
+            train_grads_bytes: resident(tags::TRAIN_GRADS),
+            optimizer_bytes: resident(tags::OPTIMIZER),
+            activations_cached_bytes: resident(tags::ACTIVATIONS),
+            peak_resident_bytes: stats.peak_resident_bytes,
+        };
+        (run, params)
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -328,23 +362,33 @@ pub fn run(a: Args) -> Result<()> {
         .iter()
         .map(|d| Ok((d.clone(), parse_dtype(d)?)))
         .collect::<Result<Vec<_>>>()?;
-    let mut runs = vec![];
-    let mut params = 0;
-    for (name, kind) in &kinds {
-        let (run, p) = measure(&a, &cfg, name, *kind).with_context(|| {
-            format!(
-                "colo bench train: the {name} run (--hidden {} --layers {}, --batch {} × --seq {} \
-                 = {} tokens a step)",
-                a.hidden,
-                a.layers,
-                a.batch,
-                a.seq,
-                a.batch * a.seq
-            )
-        })?;
-        params = p;
-        runs.push(run);
+    for (i, (name, kind)) in kinds.iter().enumerate() {
+        if let Some((again, _)) = kinds[..i].iter().find(|(_, k)| k == kind) {
+            anyhow::bail!("--dtype: `{again}` and `{name}` are the same dtype; name each once");
+        }
     }
+    let context = |name: &str| {
+        format!(
+            "colo bench train: the {name} run (--hidden {} --layers {}, --batch {} × --seq {} \
+             = {} tokens a step)",
+            a.hidden,
+            a.layers,
+            a.batch,
+            a.seq,
+            a.batch * a.seq
+        )
+    };
+    let mut measures = kinds
+        .iter()
+        .map(|(name, kind)| Measure::new(&a, &cfg, name, *kind).with_context(|| context(name)))
+        .collect::<Result<Vec<_>>>()?;
+    for _ in 0..a.steps {
+        for m in &mut measures {
+            m.step().with_context(|| context(&m.name))?;
+        }
+    }
+    let (runs, params): (Vec<_>, Vec<_>) = measures.into_iter().map(Measure::finish).unzip();
+    let params = params.last().copied().unwrap_or(0);
     let step = |d: &str| runs.iter().find(|r| r.dtype == d).map(|r| r.step_s);
     let r = Report {
         device: a.device,
