@@ -196,15 +196,16 @@ fn eager_activations(
     // whatever the parameters' dtype.
     let b = plan.param_dtype.bytes();
     let f = DType::F32.bytes();
-    // In a reduced precision some of what is kept stays float32 (measured
-    // on colo-train's bf16, plan_vs_run; bf16 activations are 65-79% of
-    // f32's, not half): per token and layer ~2.5 hidden-sized float32
-    // tensors (the RMSNorms compute in float32), and per LM-head window
-    // token ~2.5 vocabulary-sized ones (the head's casts to and from the
-    // float32 log-softmax), 10 bytes each per element.
-    let (upcast_h, upcast_vocab) = match b < f {
-        true => (10 * m.hidden, 10 * m.vocab),
-        false => (0, 0),
+    // In a reduced precision the LM head's window keeps ~2.5 vocabulary-
+    // sized float32 tensors per token (its casts to and from the float32
+    // log-softmax), 10 bytes per element (measured on colo-train's bf16,
+    // plan_vs_run). The layers keep nothing in float32 since colo-mem's
+    // fused RMSNorm (it saves its bf16 input and one float32 per row); the
+    // bf16 product attention on the CPU keeps its probabilities, which
+    // `eager_elems_per_token_layer` counts.
+    let upcast_vocab = match b < f {
+        true => 10 * m.vocab,
+        false => 0,
     };
     let per_layer = m.eager_elems_per_token_layer(seq);
     // Tokens through the layers, the LM-head window, and the elements each
@@ -231,7 +232,6 @@ fn eager_activations(
     s.train_activations = match plan.activation_checkpointing {
         false => {
             (tokens * (m.layers * per_layer + 2 * m.hidden) + m.layers * gathered) * b
-                + tokens * m.layers * upcast_h
                 + window * (3 * m.vocab * f + upcast_vocab)
         }
         // colo-train's checkpointing keeps every layer's input and the last
@@ -247,7 +247,6 @@ fn eager_activations(
                 + gathered
                 + m.params())
                 * b
-                + tokens * upcast_h
                 + window * (3 * m.vocab * f + upcast_vocab)
         }
     };
