@@ -20,8 +20,8 @@ use crate::Result;
 pub type DevicePtr = u64;
 
 /// An opaque handle to physical memory between `create` and `map`: a
-/// `CUmemGenericAllocationHandle`, or on the host backend the memfds of its
-/// segments.
+/// `CUmemGenericAllocationHandle`; empty on the host backend, whose
+/// anonymous memory comes into being when it is mapped.
 #[derive(Debug, PartialEq, Eq)]
 pub struct PhysHandle(pub(crate) Vec<u64>);
 
@@ -62,14 +62,16 @@ pub trait Backend: Send + Sync {
     /// backend, with nothing mapped in it that anyone still uses.
     unsafe fn free_reserved(&self, addr: DevicePtr, size: usize) -> Result<()>;
 
-    /// Creates `size` bytes of physical memory (`cuMemCreate`; a memfd).
+    /// Creates `size` bytes of physical memory (`cuMemCreate`; nothing on the
+    /// host, where `map` makes anonymous memory).
     fn create(&self, size: usize) -> Result<PhysHandle>;
 
-    /// Releases a handle that was never mapped (`cuMemRelease`; `close`).
+    /// Releases a handle that was never mapped (`cuMemRelease`; nothing on
+    /// the host).
     fn release(&self, handle: PhysHandle) -> Result<()>;
 
     /// Maps `handle` read-write at `addr` (`cuMemMap` + `cuMemSetAccess`;
-    /// `mmap(MAP_FIXED|MAP_SHARED)`) and releases the handle: from then on
+    /// `mmap(MAP_FIXED|MAP_ANONYMOUS)`) and releases the handle: from then on
     /// the mapping alone keeps the memory alive, as CUDA allows
     /// (`cuMemRelease` after `cuMemMap`). On error the handle is released
     /// and nothing stays mapped.
@@ -98,8 +100,8 @@ pub trait Backend: Send + Sync {
     }
 
     /// Gives the pages behind `addr..addr+len` of a mapping back now, ahead
-    /// of `unmap` (`MADV_REMOVE` on the host, which punches a hole in the
-    /// memfd). The contents of that part are lost.
+    /// of `unmap` (`MADV_DONTNEED` on the host's anonymous memory). The
+    /// contents of that part are lost.
     ///
     /// # Safety
     /// The range must lie inside a mapping made by `map` of this backend,

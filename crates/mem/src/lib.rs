@@ -50,9 +50,10 @@
 //! ## Backends
 //!
 //! A pool drives a [`Backend`], a trait shaped like CUDA's virtual-memory
-//! API. [`HostBackend`] (the default) maps memfds into a `PROT_NONE`
-//! reservation, so pausing really lowers the process's resident set size and
-//! touching paused memory faults; every claim can be checked on a CPU-only
+//! API. [`HostBackend`] (the default) maps anonymous memory (huge pages
+//! where the kernel allows) into a `PROT_NONE` reservation, so pausing
+//! really lowers the process's resident set size and touching paused
+//! memory faults; every claim can be checked on a CPU-only
 //! machine with [`os`]. The CUDA backend (feature `cuda`) drives
 //! `cuMemCreate`/`cuMemMap` through a dynamically loaded driver.
 //!

@@ -73,6 +73,7 @@ impl Pool {
             if let Some(b) = &mut j.backup {
                 if b.len() as u64 != j.requested {
                     *b = vec![0u8; j.requested as usize];
+                    crate::host::advise_huge_pages(b);
                 }
             }
         }

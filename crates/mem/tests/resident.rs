@@ -135,10 +135,11 @@ fn touching_paused_memory_faults() {
     );
 }
 
-/// Host physical memory above 64 MiB is made of several memfds; a block
-/// spanning three of them must behave as one.
+/// A block larger than the 64 MiB chunks a transition's threads split
+/// their work into (and not a multiple of the page size) pauses and
+/// restores as one.
 #[test]
-fn a_block_spanning_several_segments_pauses_and_restores_as_one() {
+fn a_block_spanning_several_chunks_pauses_and_restores_as_one() {
     let p = Pool::host(PoolConfig::default()).unwrap();
     p.set_policy("w", Policy::Backup).unwrap();
     let n = 2 * (64 << 20) + 4096 + 5;
@@ -151,6 +152,6 @@ fn a_block_spanning_several_segments_pauses_and_restores_as_one() {
     p.resume(&["w"]).unwrap();
     let mut out = vec![0u8; n];
     p.read(a, 0, &mut out).unwrap();
-    assert!(out == data, "contents across segment boundaries restored");
+    assert!(out == data, "contents across chunk boundaries restored");
     assert!(os_resident(&p) >= n as u64);
 }

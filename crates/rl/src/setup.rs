@@ -211,7 +211,7 @@ fn engine_for(
     }
 }
 
-/// The run's device memory: a host pool (memfd "device" memory) on the CPU,
+/// The run's device memory: a host pool (anonymous "device" memory) on the CPU,
 /// colo-mem's CUDA backend on a GPU, with the run's capacity.
 pub fn make_pool(config: &Config) -> Result<std::sync::Arc<colo_mem::Pool>> {
     device_pool(config.trainer.device, device_capacity(config)?)
