@@ -38,7 +38,11 @@
 //!   `logsumexp`. The hand-written float32 kernels and custom backwards
 //!   candle needed (its fused ops had none) are gone; autograd
 //!   differentiates everything. Parity tests check every parameter's
-//!   gradient against PyTorch's.
+//!   gradient against PyTorch's. Two exceptions on the CPU, where
+//!   libtorch is slow: RMSNorm is colo-mem's fused kernel (libtorch's is a
+//!   composite there), and bfloat16 attention is two batched products
+//!   around a softmax (`product_attention`; the flash kernel does not use
+//!   AMX). See the crate's README.
 //! - **Kind and device are parameters.** float32 is the reference path;
 //!   bfloat16 (`Kind::BFloat16`) and float64 work wherever a kind is taken,
 //!   and nothing assumes the CPU. Asking for `Device::Cuda(_)` without a

@@ -494,7 +494,7 @@ fn resume_notes(config: Option<String>, out: String, step: usize) -> PyResult<Ve
     let cfg = load_config(config.as_deref())?;
     let out = Path::new(&out);
     let dir = colo_rl::checkpoints::step_dir(&out.join(colo_rl::checkpoints::DIR), step);
-    let (_, dtype) = colo_rl::checkpoints::resume_dtype(&cfg, &dir);
+    let (_, dtype) = colo_rl::checkpoints::resume_dtype(&cfg, &dir).map_err(err)?;
     let changes = colo_rl::run_config::changes(out, &cfg).map_err(err)?;
     Ok(dtype.into_iter().chain(changes).collect())
 }

@@ -212,9 +212,24 @@ pub fn incomplete(dir: &Path, step: usize, critic: bool) -> Option<String> {
 
 /// The newest complete checkpoint in `dir` (see [`incomplete`]), and the
 /// newer directories skipped on the way.
+///
+/// A checkpoint complete but for a `critic/` it never had was written by a
+/// run without a critic (each checkpoint, critic included, is renamed into
+/// place at once): resuming it with a critic is refused, naming the
+/// mismatch, rather than skipped for an older checkpoint of the other
+/// estimator, which would rewind the run and drop the steps after it.
 pub fn latest_complete(dir: &Path, critic: bool) -> Result<Found> {
     let mut found = Found::default();
     for (step, path) in step_dirs(dir)? {
+        if critic && incomplete(&path, step, false).is_none() && !path.join(CRITIC_DIR).exists() {
+            return Err(Error::Resume(format!(
+                "{} holds no critic (`{CRITIC_DIR}/`): the run that wrote it had \
+                 none, and this config's `algorithm.adv_estimator = \"gae\"` needs one. \
+                 Resume with the estimator the run used, or start the GAE run in another \
+                 directory (--out)",
+                path.display()
+            )));
+        }
         match incomplete(&path, step, critic) {
             Some(why) => found.skipped.push((path, why)),
             None => {
@@ -384,15 +399,14 @@ pub fn write_model_files(source: &Path, dst: &Path) -> Result<()> {
 /// saved in when its config says `trainer.dtype = "auto"` (which another
 /// machine may decide otherwise: an f32 run resumed in bf16, or a bf16 run
 /// continued in f32 from its rounded weights, would not be the run that
-/// was checkpointed). An explicit dtype is kept. Returns the config to run
+/// was checkpointed). An explicit dtype is kept, except f32 for a bf16
+/// checkpoint, which is refused naming both (an f32 trainer cannot load its
+/// master weights). Returns the config to run
 /// and, when `auto` was settled by the checkpoint against this device's
 /// choice, what to tell the user.
-pub fn resume_dtype(config: &crate::Config, dir: &Path) -> (crate::Config, Option<String>) {
+pub fn resume_dtype(config: &crate::Config, dir: &Path) -> Result<(crate::Config, Option<String>)> {
     use crate::config::Dtype;
     let mut config = config.clone();
-    if config.trainer.dtype != Dtype::Auto {
-        return (config, None);
-    }
     let saved = std::fs::read_to_string(dir.join("config.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<Value>(&t).ok())
@@ -402,8 +416,24 @@ pub fn resume_dtype(config: &crate::Config, dir: &Path) -> (crate::Config, Optio
             _ => None,
         });
     let Some(saved) = saved else {
-        return (config, None);
+        return Ok((config, None));
     };
+    if config.trainer.dtype != Dtype::Auto {
+        if (saved, config.trainer.dtype) == (Dtype::Bf16, Dtype::F32) {
+            // Refused before anything is written: an f32 trainer has no
+            // place for a bf16 checkpoint's float32 master weights, and its
+            // load failed on a tensor's name. (A bf16 trainer takes an f32
+            // checkpoint: its masters come from the parameters.)
+            return Err(Error::Resume(format!(
+                "{} was saved in bf16, and this config's trainer.dtype = \"f32\" cannot \
+                 continue it (its optimizer state holds bf16's float32 master weights). \
+                 Set trainer.dtype = \"bf16\" (or \"auto\") to resume, or start the f32 run \
+                 in another directory (--out)",
+                dir.display()
+            )));
+        }
+        return Ok((config, None));
+    }
     let here = Dtype::Auto.resolve(config.trainer.device);
     config.trainer.dtype = saved;
     let note = (saved != here).then(|| {
@@ -415,7 +445,7 @@ pub fn resume_dtype(config: &crate::Config, dir: &Path) -> (crate::Config, Optio
             here.name()
         )
     });
-    (config, note)
+    Ok((config, note))
 }
 
 #[cfg(test)]

@@ -182,7 +182,7 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
                 )))
             }
             Some((step, dir)) => {
-                let (c, note) = checkpoints::resume_dtype(config, &dir);
+                let (c, note) = checkpoints::resume_dtype(config, &dir)?;
                 resumed_config = Some(c);
                 if let Some(note) = note {
                     start.say(note);

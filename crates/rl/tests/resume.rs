@@ -551,9 +551,34 @@ fn a_gae_checkpoint_holds_the_critic() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Resuming a GRPO run's directory with `adv_estimator = "gae"` is refused
+/// naming the mismatch, and nothing changes: the newest checkpoint has no
+/// critic, and skipping it for an older one would rewind the run and drop
+/// the steps after that one from metrics.jsonl (it did).
+#[test]
+fn resuming_a_run_without_a_critic_as_gae_is_refused() {
+    let dir = tmp("estimator-switch");
+    let run = dir.join("run");
+    colo_rl::r#loop::run(&config(&dir, 2), &run, false).unwrap();
+    let before = snapshot(&run);
+    let mut gae = config(&dir, 3);
+    gae.algorithm.advantage.adv_estimator = colo_algo::AdvEstimator::Gae;
+    let err = colo_rl::r#loop::run(&gae, &run, true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("step-2 holds no critic (`critic/`)")
+            && err.contains("`algorithm.adv_estimator = \"gae\"` needs one"),
+        "{err}"
+    );
+    assert!(snapshot(&run) == before, "a refused resume changed files");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// A run checkpointed in f32 and resumed with `trainer.dtype = "auto"`
 /// continues in f32 whatever this machine's `auto` would be (bf16 here on
-/// a CPU with AVX512_BF16); an explicit dtype is the user's choice.
+/// a CPU with AVX512_BF16); an explicit dtype is the user's choice, but
+/// f32 for a bf16 checkpoint is refused.
 #[test]
 fn auto_resumes_in_the_checkpoints_dtype() {
     let dir = tmp("dtype");
@@ -573,10 +598,29 @@ fn auto_resumes_in_the_checkpoints_dtype() {
     colo_rl::r#loop::run(&parse(2, "dtype = \"f32\""), &run, false).unwrap();
     let saved = run.join("checkpoints/step-2");
 
-    let (kept, _) = colo_rl::checkpoints::resume_dtype(&parse(4, "dtype = \"bf16\""), &saved);
+    let (kept, _) =
+        colo_rl::checkpoints::resume_dtype(&parse(4, "dtype = \"bf16\""), &saved).unwrap();
     assert_eq!(kept.trainer.dtype, colo_rl::config::Dtype::Bf16);
-    let (settled, _) = colo_rl::checkpoints::resume_dtype(&parse(4, ""), &saved);
+    let (settled, _) = colo_rl::checkpoints::resume_dtype(&parse(4, ""), &saved).unwrap();
     assert_eq!(settled.trainer.dtype, colo_rl::config::Dtype::F32);
+
+    // A bf16 run resumed with an explicit f32 is refused, naming both,
+    // before anything is written (it failed on a tensor's name, after
+    // config.toml had been rewritten).
+    let bf16_run = dir.join("bf16");
+    colo_rl::r#loop::run(&parse(2, "dtype = \"bf16\""), &bf16_run, false).unwrap();
+    let before = snapshot(&bf16_run);
+    let err = colo_rl::r#loop::run(&parse(4, "dtype = \"f32\""), &bf16_run, true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("step-2 was saved in bf16, and this config's trainer.dtype = \"f32\" cannot continue it"),
+        "{err}"
+    );
+    assert!(
+        snapshot(&bf16_run) == before,
+        "a refused resume changed files"
+    );
 
     // The run directory records the resolved configuration it ran with.
     let first = parse(2, "dtype = \"f32\"");

@@ -151,7 +151,7 @@ impl Rank {
                     )));
                 }
                 // (The controller says its note: `resume_notes`.)
-                checkpoints::resume_dtype(&config, &saved).0
+                checkpoints::resume_dtype(&config, &saved)?.0
             }
             None => config,
         };
