@@ -266,8 +266,9 @@ impl Stages<'_> {
             return Ok(x);
         };
         let hidden = self.model.config().hidden_size as i64;
-        let last = x.f_index_select(0, &s.last)?.f_unsqueeze(1)?; // (b, 1, hidden)
-                                                                  // The responses' rows by `split` (its backward is one `cat`).
+        // (b, 1, hidden): each row's prompt's last token.
+        let last = x.f_index_select(0, &s.last)?.f_unsqueeze(1)?;
+        // The responses' rows by `split` (its backward is one `cat`).
         let resp = x.f_split_with_sizes([s.u * s.p, s.b * s.r], 0)?[1]
             .f_view([s.b, s.r, hidden])?
             .f_mul(&s.real)?;
