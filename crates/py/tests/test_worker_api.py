@@ -141,6 +141,29 @@ class WorkerApi(unittest.TestCase):
         w.to_rollout()
         w.to_train()
 
+        # The block's own exception goes up unchanged: the views close when
+        # nothing holds a tensor from them...
+        with self.assertRaisesRegex(ValueError, "the block's own error"):
+            with colo.views(w, "weights") as ws:
+                ws[name].add_(0.0)
+                raise ValueError("the block's own error")
+        w.to_rollout()
+        w.to_train()
+        # ... and stay open, said in a note, while something does (it was
+        # replaced by "still referenced").
+        with self.assertRaises(ValueError) as caught:
+            with colo.views(w, "weights") as ws:
+                held = ws[name]
+                raise ValueError("again")
+        notes = "\n".join(getattr(caught.exception, "__notes__", []))
+        self.assertIn("a tensor from the block is still referenced", notes)
+        with self.assertRaisesRegex(RuntimeError, "view"):
+            w.to_rollout()
+        del held, ws, caught  # the exception's traceback holds the block's frame
+        w.close_views()
+        w.to_rollout()
+        w.to_train()
+
         # The raw API: the views close only once nothing references them
         # (a tensor made from one, or the list itself), so none can read
         # memory a phase switch released.

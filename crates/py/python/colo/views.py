@@ -33,17 +33,33 @@ def views(worker, what="weights"):
     }
     try:
         yield tensors
-    finally:
+    except BaseException as e:
+        # The block's own exception goes up unchanged (it was replaced by
+        # "still referenced": its traceback holds the block's frames, and
+        # with them any tensor a local variable names). The views close if
+        # nothing holds a tensor from them; otherwise they stay open, the
+        # worker locked, and the exception says so in a note.
         tensors.clear()
-        after = [sys.getrefcount(h) for h in holders]  # counted as `before` was
-        if after != before:
-            raise RuntimeError(
-                f"a tensor from colo.views(worker, {what!r}) is still referenced after the block; "
-                "the worker stays locked (no phase switch) until it is dropped and "
-                "worker.close_views() is called"
+        if [sys.getrefcount(h) for h in holders] == before:
+            _release(holders)
+            worker.close_views()
+        elif hasattr(e, "add_note"):  # Python 3.11+
+            e.add_note(
+                f"colo.views(worker, {what!r}): a tensor from the block is still referenced "
+                "(by a variable, or this exception's traceback); the views stay open and the "
+                "worker locked until it is dropped and worker.close_views() is called"
             )
-        _release(holders)
-        worker.close_views()
+        raise
+    tensors.clear()
+    after = [sys.getrefcount(h) for h in holders]  # counted as `before` was
+    if after != before:
+        raise RuntimeError(
+            f"a tensor from colo.views(worker, {what!r}) is still referenced after the block; "
+            "the worker stays locked (no phase switch) until it is dropped and "
+            "worker.close_views() is called"
+        )
+    _release(holders)
+    worker.close_views()
 
 
 def _release(holders):
