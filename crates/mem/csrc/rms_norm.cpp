@@ -38,21 +38,19 @@ using torch::autograd::variable_list;
 // Rows of the weight gradient's partial sums: fixed, not per thread.
 constexpr int64_t kRowBlock = 64;
 
-// bfloat16 <-> float32 on raw bits, branch-free so that loops vectorise:
+// bfloat16 <-> float32 on raw bits, branch-free and without memcpy so that
+// loops vectorise:
 // rounding to nearest even, NaN kept a (quiet) NaN, as c10::BFloat16.
 inline float widen(float v) { return v; }
 inline float widen(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+  return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16);
 }
 inline void narrow(float v, float* out) { *out = v; }
 inline void narrow(float v, uint16_t* out) {
-  uint32_t u;
-  std::memcpy(&u, &v, sizeof u);
+  uint32_t u = __builtin_bit_cast(uint32_t, v);
   uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  *out = static_cast<uint16_t>(v != v ? 0x7FC0u : rounded);
+  bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;  // compared as integers: vectorises
+  *out = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
 }
 // The value after a round trip through the storage kind.
 template <typename S>

@@ -206,6 +206,11 @@ pub struct PlanInput {
     /// the CPU); each lane holds its part's parameter gradients until they
     /// are added up. `None`: 1.
     pub train_lanes: Option<u64>,
+    /// `eager`: the LM head is colo-mem's fused log-probability kernel
+    /// (colo-train on the CPU), which keeps only the logits, rather than
+    /// a float32 log-softmax (libtorch's composition, colo-train on
+    /// CUDA). `None`: fused.
+    pub fused_loss_head: Option<bool>,
     pub mode: String,
     pub offload: Offload,
     pub weight_sync: WeightSync,
@@ -256,6 +261,7 @@ impl Default for PlanInput {
             response_len: None,
             shared_prompt_rows: None,
             train_lanes: None,
+            fused_loss_head: None,
             mode: "staged".into(),
             offload: Offload::default(),
             weight_sync: WeightSync::Full,
@@ -308,6 +314,8 @@ pub enum ActivationModel {
         prompt_rows: u64,
         /// Lanes a micro-batch is split over.
         lanes: u64,
+        /// The LM head is the fused kernel ([`PlanInput::fused_loss_head`]).
+        fused_head: bool,
     },
 }
 
@@ -504,6 +512,7 @@ impl PlanInput {
                     response_len,
                     prompt_rows: self.shared_prompt_rows.unwrap_or(1).max(1),
                     lanes: self.train_lanes.unwrap_or(1).max(1),
+                    fused_head: self.fused_loss_head.unwrap_or(true),
                 })
             }
             other => Err(PlanError::UnknownKeyword {

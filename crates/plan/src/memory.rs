@@ -150,9 +150,17 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
         response_len,
         prompt_rows,
         lanes,
+        fused_head,
     } = plan.activations
     {
-        eager_activations(plan, &mut sizes, seq_len, response_len, prompt_rows);
+        eager_activations(
+            plan,
+            &mut sizes,
+            seq_len,
+            response_len,
+            prompt_rows,
+            fused_head,
+        );
         // Every lane but the last holds its part's gradients (in the
         // parameters' kind) while the others finish.
         let grads = m.params() * plan.param_dtype.bytes();
@@ -165,11 +173,15 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
 /// micro-batch — every layer's saved op outputs
 /// ([`crate::model::ModelSpec::eager_elems_per_token_layer`]), the
 /// embedding and final norm (`2h`), and over the response window the
-/// float32 log-softmax (`vocab`; the logits are dropped once it exists) —
-/// lives until backward ends; backward starts at the head, where the
+/// LM head's — lives until backward ends. With the fused head (colo-mem's
+/// kernel, on the CPU) the head keeps the logits and its backward writes
+/// their gradient (8 bytes per vocabulary entry and window token,
+/// measured in both kinds).
+/// Otherwise it keeps the float32 log-softmax (`vocab`; the logits are
+/// dropped once it exists), and backward starts at the head, where the
 /// gathered log-probs' gradient is scattered into a (window, vocab) tensor
 /// and the log-softmax's backward makes another, both beside the whole
-/// graph (`3 · vocab` per window token). Backward frees each saved tensor as it
+/// graph (`3 · vocab` float32 per window token). Backward frees each saved tensor as it
 /// passes it and the parameters' gradients reuse those blocks from the
 /// tag's cache (as does the update of the scoring passes' cached blocks),
 /// so the tag's high-water mark is the graph.
@@ -190,22 +202,35 @@ fn eager_activations(
     seq: u64,
     response: u64,
     prompt_rows: u64,
+    fused_head: bool,
 ) {
     let m = &plan.model;
     // The log-softmax over the vocabulary and its gradients are float32
     // whatever the parameters' dtype.
     let b = plan.param_dtype.bytes();
     let f = DType::F32.bytes();
-    // In a reduced precision the LM head's window keeps ~2.5 vocabulary-
-    // sized float32 tensors per token (its casts to and from the float32
-    // log-softmax), 10 bytes per element (measured on colo-train's bf16,
-    // plan_vs_run). The layers keep nothing in float32 since colo-mem's
-    // fused RMSNorm (it saves its bf16 input and one float32 per row); the
-    // bf16 product attention on the CPU keeps its probabilities, which
+    // The LM head's window, per token. Fused (colo-mem's kernel, the CPU):
+    // the logits, kept for the backward, and their gradient in it: 8 bytes
+    // per vocabulary entry in float32 and, measured (plan_vs_run), in
+    // bf16 as well (the head's bf16 product has a float32 result on the
+    // way). Otherwise the float32 log-softmax is kept, and the backward
+    // makes the gather's and the log-softmax's gradients (`3 · vocab`
+    // float32); in a reduced precision also ~2.5 vocabulary-sized float32
+    // tensors of the casts to and from it, 10 bytes per element (measured
+    // likewise). The layers keep nothing in float32 since colo-mem's fused
+    // RMSNorm (it saves its bf16 input and one float32 per row); the bf16
+    // product attention on the CPU keeps its probabilities, which
     // `eager_elems_per_token_layer` counts.
-    let upcast_vocab = match b < f {
-        true => 10 * m.vocab,
-        false => 0,
+    let head = match (fused_head, b < f) {
+        (true, _) => 2 * m.vocab * f,
+        (false, true) => 3 * m.vocab * f + 10 * m.vocab,
+        (false, false) => 3 * m.vocab * f,
+    };
+    // A forward-only pass holds the logits (fused; a float32 result on the
+    // way in bf16), or the logits and their float32 log-softmax.
+    let head_forward = match fused_head {
+        true => m.vocab * f,
+        false => 2 * m.vocab * f,
     };
     let per_layer = m.eager_elems_per_token_layer(seq);
     // Tokens through the layers, the LM-head window, and the elements each
@@ -232,7 +257,7 @@ fn eager_activations(
     s.train_activations = match plan.activation_checkpointing {
         false => {
             (tokens * (m.layers * per_layer + 2 * m.hidden) + m.layers * gathered) * b
-                + window * (3 * m.vocab * f + upcast_vocab)
+                + window * head
         }
         // colo-train's checkpointing keeps every layer's input and the last
         // output (`L + 1` boundaries of `h`), and holds one layer's graph
@@ -247,13 +272,13 @@ fn eager_activations(
                 + gathered
                 + m.params())
                 * b
-                + window * (3 * m.vocab * f + upcast_vocab)
+                + window * head
         }
     };
     s.train_logits = 0;
     let (lp, lp_window, lp_gathered) = run(plan.logprob_tokens_per_micro_batch);
     s.forward_activations =
-        (lp * (per_layer + 2 * m.hidden) + lp_gathered) * b + lp_window * 2 * m.vocab * f;
+        (lp * (per_layer + 2 * m.hidden) + lp_gathered) * b + lp_window * head_forward;
     s.forward_logits = 0;
 }
 

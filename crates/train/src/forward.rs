@@ -14,6 +14,8 @@ use tch::{Kind, Tensor};
 
 use crate::batch::Micro;
 use crate::lanes::Lane;
+use colo_mem::torch::kernels;
+
 use crate::ops::{entropy_from_log_softmax, log_softmax_f32, pick};
 use crate::{Error, Result};
 
@@ -101,9 +103,28 @@ impl Lane {
             .seqs
             .input_ids()
             .f_narrow(1, t0 as i64, (t1 - t0) as i64)?;
+        let logits = self.model.lm_head(&hidden)?;
+        // On the CPU, colo-mem's fused loss head: the log-probabilities
+        // and the entropy in float32 from the logits, which are all it
+        // keeps for the backward (libtorch's composition keeps a float32
+        // log-softmax and makes two more (rows, window, vocab) tensors in
+        // the backward).
+        if kernels::token_logprobs_fits(&logits) {
+            let (lp, h) = kernels::token_logprobs(&logits, &targets)?;
+            let ent = match entropy {
+                Entropy::None => None,
+                Entropy::Detached => Some(h.detach()),
+                Entropy::Differentiable => Some(h),
+            };
+            return Ok(Some((
+                lp.f_mul(mask)?,
+                ent.map(|e| e.f_mul(mask)).transpose()?,
+            )));
+        }
         // The logits are dropped as soon as their log-softmax exists: only
         // one (rows, window, vocab) tensor is kept for the backward.
-        let lsm = log_softmax_f32(&self.model.lm_head(&hidden)?)?;
+        let lsm = log_softmax_f32(&logits)?;
+        drop(logits);
         let lp = pick(&lsm, &targets)?.f_mul(mask)?;
         let ent = match entropy {
             Entropy::None => None,

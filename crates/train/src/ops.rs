@@ -1,11 +1,14 @@
 //! Log-probabilities and entropy from logits, differentiable by autograd.
 //!
-//! colo used to carry a fused log-probability op with a hand-written
-//! backward here; on libtorch the composition below is what PyTorch
-//! trainers run (verl's `logprobs_from_logits`): `log_softmax` in float32,
-//! then a `gather`. Under autograd it keeps one (batch, len, vocab) tensor
-//! for the backward — the log-softmax's output, which the gather and the
-//! entropy reuse — and the logits can be freed as soon as it exists.
+//! The composition below is what PyTorch trainers run (verl's
+//! `logprobs_from_logits`): `log_softmax` in float32, then a `gather`.
+//! Under autograd it keeps one (batch, len, vocab) tensor for the backward
+//! — the log-softmax's output, which the gather and the entropy reuse —
+//! and the logits can be freed as soon as it exists. It is the CUDA path
+//! and the reference: on the CPU the trainer's loss head is colo-mem's
+//! fused `token_logprobs` (`forward.rs`; 8.5 against 22 ms in float32,
+//! 5.8 against 40 in bfloat16 at 512 tokens × 8,192, forward and
+//! backward), which keeps only the logits.
 
 use tch::{Kind, Tensor};
 
