@@ -13,6 +13,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/rms_norm.cpp");
     println!("cargo:rerun-if-changed=csrc/token_logprobs.cpp");
     println!("cargo:rerun-if-changed=csrc/shim_error.h");
+    println!("cargo:rerun-if-changed=csrc/bf16_bits.h");
     cc::Build::new()
         .cpp(true)
         .std("c++17")

@@ -17,41 +17,28 @@
 // - Errors come back as a nonzero status and a message in `err`; nothing
 //   throws into Rust. Errors in the backward are raised by libtorch's
 //   autograd engine, which tch reports as an error of `backward`.
+#include "bf16_bits.h"
 #include "shim_error.h"
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <vector>
 
 namespace {
 
 using colo_shim::fail;
+using colo_shim::narrow;
+using colo_shim::widen;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Rows of the weight gradient's partial sums: fixed, not per thread.
 constexpr int64_t kRowBlock = 64;
 
-// bfloat16 <-> float32 on raw bits, branch-free and without memcpy so that
-// loops vectorise:
-// rounding to nearest even, NaN kept a (quiet) NaN, as c10::BFloat16.
-inline float widen(float v) { return v; }
-inline float widen(uint16_t b) {
-  return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16);
-}
-inline void narrow(float v, float* out) { *out = v; }
-inline void narrow(float v, uint16_t* out) {
-  uint32_t u = __builtin_bit_cast(uint32_t, v);
-  uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;  // compared as integers: vectorises
-  *out = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
-}
 // The value after a round trip through the storage kind.
 template <typename S>
 inline float rounded(float v) {

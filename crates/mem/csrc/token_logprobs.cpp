@@ -19,6 +19,7 @@
 // - The results are two new at::Tensors (lp, H), each shaped like
 //   `targets`, float32, owned by the caller (freed by tch's `at_free`).
 // - Errors come back as a nonzero status and a message in `err`.
+#include "bf16_bits.h"
 #include "shim_error.h"
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -26,29 +27,17 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <limits>
 
 namespace {
 
 using colo_shim::fail;
+using colo_shim::narrow;
+using colo_shim::widen;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-inline float widen(float v) { return v; }
-// (__builtin_bit_cast, not memcpy: a memcpy into a local stops GCC from
-// vectorising the loops below.)
-inline float widen(uint16_t b) {
-  return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16);
-}
-inline void narrow(float v, float* out) { *out = v; }
-inline void narrow(float v, uint16_t* out) {
-  uint32_t u = __builtin_bit_cast(uint32_t, v);
-  uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;  // compared as integers: vectorises
-  *out = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
-}
 
 // exp(x) for x ≤ 0 (every argument here is a logit minus its row's
 // maximum or log-sum-exp), branch-free so that loops vectorise: Cephes'
