@@ -221,16 +221,21 @@ pub fn incomplete(dir: &Path, step: usize, critic: bool) -> Option<String> {
 pub fn latest_complete(dir: &Path, critic: bool) -> Result<Found> {
     let mut found = Found::default();
     for (step, path) in step_dirs(dir)? {
-        if critic && incomplete(&path, step, false).is_none() && !path.join(CRITIC_DIR).exists() {
-            return Err(Error::Resume(format!(
-                "{} holds no critic (`{CRITIC_DIR}/`): the run that wrote it had \
-                 none, and this config's `algorithm.adv_estimator = \"gae\"` needs one. \
-                 Resume with the estimator the run used, or start the GAE run in another \
-                 directory (--out)",
-                path.display()
-            )));
-        }
-        match incomplete(&path, step, critic) {
+        // The actor's part is read once; the critic's only when it counts.
+        let why = match incomplete(&path, step, false) {
+            None if critic && !path.join(CRITIC_DIR).exists() => {
+                return Err(Error::Resume(format!(
+                    "{} holds no critic (`{CRITIC_DIR}/`): the run that wrote it had \
+                     none, and this config's `algorithm.adv_estimator = \"gae\"` needs one. \
+                     Resume with the estimator the run used, or start the GAE run in another \
+                     directory (--out)",
+                    path.display()
+                )))
+            }
+            None if critic => incomplete(&path.join(CRITIC_DIR), step, false),
+            why => why,
+        };
+        match why {
             Some(why) => found.skipped.push((path, why)),
             None => {
                 found.latest = Some((step, path));

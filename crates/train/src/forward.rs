@@ -109,29 +109,32 @@ impl Lane {
         // keeps for the backward (libtorch's composition keeps a float32
         // log-softmax and makes two more (rows, window, vocab) tensors in
         // the backward).
-        if kernels::token_logprobs_fits(&logits) {
+        let (lp, ent) = if kernels::token_logprobs_fits(&logits) {
             let (lp, h) = kernels::token_logprobs(&logits, &targets)?;
             let ent = match entropy {
                 Entropy::None => None,
                 Entropy::Detached => Some(h.detach()),
                 Entropy::Differentiable => Some(h),
             };
-            return Ok(Some((
-                lp.f_mul(mask)?,
-                ent.map(|e| e.f_mul(mask)).transpose()?,
-            )));
-        }
-        // The logits are dropped as soon as their log-softmax exists: only
-        // one (rows, window, vocab) tensor is kept for the backward.
-        let lsm = log_softmax_f32(&logits)?;
-        drop(logits);
-        let lp = pick(&lsm, &targets)?.f_mul(mask)?;
-        let ent = match entropy {
-            Entropy::None => None,
-            Entropy::Detached => Some(tch::no_grad(|| entropy_from_log_softmax(&lsm.detach()))?),
-            Entropy::Differentiable => Some(entropy_from_log_softmax(&lsm)?),
+            (lp, ent)
+        } else {
+            // The logits are dropped as soon as their log-softmax exists:
+            // only one (rows, window, vocab) tensor is kept for the backward.
+            let lsm = log_softmax_f32(&logits)?;
+            drop(logits);
+            let ent = match entropy {
+                Entropy::None => None,
+                Entropy::Detached => {
+                    Some(tch::no_grad(|| entropy_from_log_softmax(&lsm.detach()))?)
+                }
+                Entropy::Differentiable => Some(entropy_from_log_softmax(&lsm)?),
+            };
+            (pick(&lsm, &targets)?, ent)
         };
-        Ok(Some((lp, ent.map(|e| e.f_mul(mask)).transpose()?)))
+        Ok(Some((
+            lp.f_mul(mask)?,
+            ent.map(|e| e.f_mul(mask)).transpose()?,
+        )))
     }
 
     /// Values (rows, t1 − t0) of the window's tokens from the value head
