@@ -46,7 +46,7 @@ fn empty_file_is_the_builtin_run() {
             b.mini_batches_per_step,
             b.micro_batches_per_mini_batch
         ),
-        (256, 128, 2, 2)
+        (256, 128, 2, 1)
     );
     assert_eq!(c.total_steps(8000), 100);
     let s = c.summary();
@@ -327,18 +327,32 @@ fn batch_sizes_are_checked_against_each_other() {
     assert!(parse("[rollout]\nn = 1\n[algorithm]\nadv_estimator = \"reinforce_plus_plus\"\n[actor]\nppo_micro_batch_size = 16\n").is_ok());
 }
 
-/// Unset mini- and micro-batch sizes follow their defaults (16 prompts, 64
-/// samples) down to the largest size that divides the batch they cut: a
-/// user's first small config runs instead of failing on values it never
-/// wrote; `--print-config` writes what was chosen.
+/// Unset mini- and micro-batch sizes follow their defaults (16 prompts; as
+/// many samples of the longest allowed length as the token budget
+/// `ppo_max_token_len_per_gpu` holds) down to the largest size that
+/// divides the batch they cut: a user's first small config runs instead of
+/// failing on values it never wrote; `--print-config` writes what was
+/// chosen.
 #[test]
 fn unset_batch_sizes_fit_the_batch_they_cut() {
     let cases = [
         // (file, mini-batch prompts, micro-batch samples)
-        ("", 16, 64),
+        // 16,384 tokens hold 234 samples of 64 + 6 tokens: the whole
+        // mini-batch of 128.
+        ("", 16, 128),
         ("[data]\ntrain_batch_size = 4\n[rollout]\nn = 4\n", 4, 16),
-        ("[data]\ntrain_batch_size = 30\n", 15, 60),
+        ("[data]\ntrain_batch_size = 30\n", 15, 120),
         ("[rollout]\nn = 3\n", 16, 48),
+        // 1,024 + 1,024 tokens: 8 samples in the budget.
+        (
+            "[data]\nmax_prompt_length = 1024\n[rollout]\nmax_new_tokens = 1024\n",
+            16,
+            8,
+        ),
+        // 4,480 tokens: 64 samples of 70.
+        ("[actor]\nppo_max_token_len_per_gpu = 4480\n", 16, 64),
+        // A budget shorter than one sample still cuts one at a time.
+        ("[actor]\nppo_max_token_len_per_gpu = 10\n", 16, 1),
         (
             "[data]\ntrain_batch_size = 7\n[rollout]\nn = 2\n[actor]\nppo_micro_batch_size = 7\n",
             7,
@@ -399,7 +413,7 @@ fn a_token_budget_replaces_the_micro_batch_size() {
         c.summary()
     );
     let rows = parse("").unwrap();
-    assert_eq!(rows.batch.micro_split(), colo_train::Split::Rows(64));
+    assert_eq!(rows.batch.micro_split(), colo_train::Split::Rows(128));
 
     let (line, field, msg) = err("[data]\nmax_prompt_length = 100\n[rollout]\nmax_new_tokens = 50\n[actor]\nuse_dynamic_bsz = true\nppo_max_token_len_per_gpu = 120\n");
     assert_eq!(

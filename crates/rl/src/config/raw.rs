@@ -187,8 +187,20 @@ impl Default for RawValKwargs {
 /// (and it divides the step's prompts).
 pub const DEFAULT_MINI_BATCH_PROMPTS: usize = 16;
 /// Samples per forward/backward when `actor.ppo_micro_batch_size` is
-/// unset (and it divides a mini-batch).
-pub const DEFAULT_MICRO_BATCH_SAMPLES: usize = 64;
+/// unset: as many samples of the longest length the run allows
+/// (`data.max_prompt_length + rollout.max_new_tokens`) as the token
+/// budget `actor.ppo_max_token_len_per_gpu` holds — verl's budget, 16,384
+/// tokens by default — at least one, then down to what divides a
+/// mini-batch.
+///
+/// A micro-batch's memory and its op count go with its tokens, not its
+/// samples: a fixed count (64 samples, until the 22nd session) was
+/// 98,304 tokens for a 1,536-token job and ~1,000 for the built-in one,
+/// whose passes are then too small to keep two cores busy between ops
+/// (64 → 128 samples: 125 → 103 ms a step, BENCHMARKS.md).
+pub fn default_micro_batch_samples(longest: usize, token_budget: usize) -> usize {
+    (token_budget / longest.max(1)).max(1)
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -210,7 +222,7 @@ pub struct RawActor {
     /// `data.train_batch_size` below it.
     pub ppo_mini_batch_size: Option<usize>,
     /// Samples per forward/backward pass; unset:
-    /// [`DEFAULT_MICRO_BATCH_SAMPLES`], or the largest divisor of a
+    /// [`default_micro_batch_samples`], or the largest divisor of a
     /// mini-batch's samples below it.
     #[serde(alias = "ppo_micro_batch_size_per_gpu")]
     pub ppo_micro_batch_size: Option<usize>,

@@ -5,8 +5,8 @@
 use colo_algo::{AdvEstimator, AdvantageConfig, PolicyLossConfig, RolloutCorrectionConfig};
 
 use super::raw::{
-    Loggers, RawActor, RawAlgorithm, RawCapacity, RawCluster, RawConfig, RawCritic, RawData,
-    RawMemory, RawRollout, RawTrainer, DEFAULT_MICRO_BATCH_SAMPLES, DEFAULT_MINI_BATCH_PROMPTS,
+    default_micro_batch_samples, Loggers, RawActor, RawAlgorithm, RawCapacity, RawCluster,
+    RawConfig, RawCritic, RawData, RawMemory, RawRollout, RawTrainer, DEFAULT_MINI_BATCH_PROMPTS,
 };
 use super::*;
 
@@ -483,7 +483,10 @@ fn batch_plan(prompts: usize, n: usize, longest: usize, actor: &RawActor) -> Che
     }
     let micro = match actor.ppo_micro_batch_size {
         Some(m) => positive("actor.ppo_micro_batch_size", m)?,
-        None => fitting(DEFAULT_MICRO_BATCH_SAMPLES, mini * n),
+        None => fitting(
+            default_micro_batch_samples(longest, actor.ppo_max_token_len_per_gpu),
+            mini * n,
+        ),
     };
     let max_tokens = match actor.use_dynamic_bsz {
         false => None,
