@@ -12,6 +12,8 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/fused_adamw.cpp");
     println!("cargo:rerun-if-changed=csrc/rms_norm.cpp");
     println!("cargo:rerun-if-changed=csrc/token_logprobs.cpp");
+    println!("cargo:rerun-if-changed=csrc/rope.cpp");
+    println!("cargo:rerun-if-changed=csrc/vec_math.h");
     println!("cargo:rerun-if-changed=csrc/shim_error.h");
     println!("cargo:rerun-if-changed=csrc/bf16_bits.h");
     cc::Build::new()
@@ -24,14 +26,19 @@ fn main() {
         // `#pragma omp simd` in the kernels (vectorisation only, no OpenMP
         // runtime); floating-point operations do not trap (colo enables no
         // FP exceptions), without which GCC vectorises no loop with a float
-        // comparison for AVX2. Neither changes a result.
+        // comparison for AVX2. Neither changes a result. No contraction
+        // of a product and a sum into one fused multiply-add: the kernels
+        // round where libtorch's separate ops round (RoPE in float32 is
+        // then bit-identical to transformers' formula).
         .flag("-fopenmp-simd")
         .flag("-fno-trapping-math")
+        .flag("-ffp-contract=off")
         .file("csrc/cpu_alloc.cpp")
         .file("csrc/sdp_backend.cpp")
         .file("csrc/fused_adamw.cpp")
         .file("csrc/rms_norm.cpp")
         .file("csrc/token_logprobs.cpp")
+        .file("csrc/rope.cpp")
         .compile("colo_torch_shim");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         build_cuda_shim(&torch, &abi);

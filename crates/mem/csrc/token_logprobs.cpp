@@ -20,6 +20,7 @@
 //   `targets`, float32, owned by the caller (freed by tch's `at_free`).
 // - Errors come back as a nonzero status and a message in `err`.
 #include "bf16_bits.h"
+#include "vec_math.h"
 #include "shim_error.h"
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -32,49 +33,21 @@
 
 namespace {
 
+using colo_shim::exp_nonpositive;
 using colo_shim::fail;
+using colo_shim::load;
 using colo_shim::narrow;
+using colo_shim::store;
 using colo_shim::widen;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-
-// exp(x) for x ≤ 0 (every argument here is a logit minus its row's
-// maximum or log-sum-exp), branch-free so that loops vectorise: Cephes'
-// expf, 2^n · p(r) with |r| ≤ ln2/2, within ~1 ulp of expf; 0 below −87.
-inline float exp_nonpositive(float x) {
-  float xc = x < -87.0f ? -87.0f : x;
-  // Round to nearest by the 1.5 · 2^23 trick (|xc · log2 e| < 126).
-  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  float scale = __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
-  return x < -87.0f ? 0.0f : p * scale;
-}
 
 // Rows are worked through in blocks of float32 buffers: every loop below
 // is then either a conversion or float32-only arithmetic, which GCC
 // vectorises for AVX-512 and AVX2 alike (loops mixing bfloat16 loads or
 // stores with the exponential it does not).
 constexpr int64_t kBlock = 512;
-
-template <typename S>
-__attribute__((always_inline)) inline void load(const S* src, float* dst, int64_t n) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) dst[j] = widen(src[j]);
-}
-
-template <typename S>
-__attribute__((always_inline)) inline void store(const float* src, S* dst, int64_t n) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) narrow(src[j], &dst[j]);
-}
 
 template <typename S>
 __attribute__((always_inline)) inline void forward_row(const S* x, int64_t v, int64_t t,

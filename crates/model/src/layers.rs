@@ -247,18 +247,26 @@ impl RopeTables {
     /// attention kernel reads as well (its output then needs no transpose
     /// copy); `heads_major` makes it contiguous (batch, heads, seq,
     /// head_dim), a copy only when seq > 1.
-    pub(crate) fn apply(&self, x: &Tensor, heads_major: bool) -> Tensor {
+    ///
+    /// On the CPU in float32 or bfloat16, colo-mem's fused kernel (the same
+    /// arithmetic, one pass each way, written straight into either layout);
+    /// otherwise libtorch's ops.
+    pub(crate) fn apply(&self, x: &Tensor, heads_major: bool) -> Result<Tensor> {
+        use colo_mem::torch::kernels;
+        if kernels::rope_fits(x, &self.cos, &self.sin) {
+            return Ok(kernels::rope(x, &self.cos, &self.sin, heads_major)?);
+        }
         // `split`, not two `narrow`s: its backward is one `cat`, where a
         // narrow's fills a zero tensor of x's size and copies into it.
         let half = x.size()[3] / 2;
-        let halves = x.split(half, -1);
-        let swapped = Tensor::cat(&[&halves[1], &halves[0]], -1);
-        let out = x * self.cos.unsqueeze(2) + swapped * self.sin.unsqueeze(2);
-        let out = out.transpose(1, 2);
-        match heads_major {
-            true => out.contiguous(),
+        let halves = x.f_split(half, -1)?;
+        let swapped = Tensor::f_cat(&[&halves[1], &halves[0]], -1)?;
+        let out = (x * self.cos.unsqueeze(2)).f_add(&(swapped * self.sin.unsqueeze(2)))?;
+        let out = out.f_transpose(1, 2)?;
+        Ok(match heads_major {
+            true => out.f_contiguous()?,
             false => out,
-        }
+        })
     }
 }
 
@@ -388,10 +396,10 @@ mod tests {
             .tables_for_range(3, s as usize, Kind::Float)
             .unwrap();
         let x = Tensor::randn([b, s, h, d], (Kind::Float, Device::Cpu));
-        let got = rope.apply(&x, true);
+        let got = rope.apply(&x, true).unwrap();
         assert_eq!(got.size(), [b, h, s, d]);
         assert!(got.is_contiguous());
-        let seq_major = rope.apply(&x, false);
+        let seq_major = rope.apply(&x, false).unwrap();
         assert!(seq_major.transpose(1, 2).is_contiguous());
         assert!(seq_major.equal(&got));
         let xt = x.transpose(1, 2);

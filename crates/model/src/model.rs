@@ -239,8 +239,8 @@ impl Attention {
         if let Some((q_norm, k_norm)) = &self.qk_norm {
             (q, k) = (q_norm.forward(&q)?, k_norm.forward(&k)?);
         }
-        let q = rope.apply(&q, heads_major);
-        let k = rope.apply(&k, heads_major);
+        let q = rope.apply(&q, heads_major)?;
+        let k = rope.apply(&k, heads_major)?;
         let v = heads(v, self.num_kv_heads).transpose(1, 2);
         let v = if heads_major { v.contiguous() } else { v };
         Ok((q, k, v))
@@ -271,12 +271,12 @@ impl Attention {
             .f_transpose(1, 2)?;
         let (q, k) = match &self.qk_norm {
             None => {
-                let r = rope.apply(&qk, false); // (b, h + kvh, s, d)
+                let r = rope.apply(&qk, false)?; // (b, h + kvh, s, d)
                 (r.f_narrow(1, 0, h)?, r.f_narrow(1, h, kvh)?)
             }
             Some((q_norm, k_norm)) => (
-                rope.apply(&q_norm.forward(&qk.f_narrow(2, 0, h)?)?, false),
-                rope.apply(&k_norm.forward(&qk.f_narrow(2, h, kvh)?)?, false),
+                rope.apply(&q_norm.forward(&qk.f_narrow(2, 0, h)?)?, false)?,
+                rope.apply(&k_norm.forward(&qk.f_narrow(2, h, kvh)?)?, false)?,
             ),
         };
         Ok((q, k, v))
