@@ -10,11 +10,18 @@
 //! the built-in job (BENCHMARKS.md): two intra-op threads under the
 //! passive policy made the actor update *slower* than one (0.31 against
 //! 0.24 s per step), and spinning was 2–6× slower than sleeping as soon as
-//! another process was busy. Splitting rows instead costs one thread
-//! start and one join per pass, and each lane runs its ops back to back
-//! (the update 0.15 s per step on two lanes). With every pass in lanes no
+//! another process was busy. Splitting rows instead costs one hand-off
+//! and one join per pass, and each lane runs its ops back to back (the
+//! update 0.15 s per step on two lanes). With every pass in lanes no
 //! OpenMP team is ever formed, so libgomp's wait policy no longer matters
 //! to colo's own work, and colo leaves it at its default.
+//!
+//! The other lanes run on threads that live as long as the process (a
+//! rayon pool of their own), not on threads started per pass: libtorch's
+//! CPU matrix products keep their oneDNN primitive descriptors in a
+//! per-thread cache (ideep's), which a thread started per pass built
+//! anew for every product of every pass and dropped at its exit — with
+//! its malloc arena's caches. The first lane runs on the calling thread.
 //!
 //! A lane owns shallow clones of the weights (`tch::Tensor` is `Send`,
 //! not `Sync`): the same storage — and for training the same autograd
@@ -56,9 +63,9 @@ pub fn split(start: usize, len: usize, lanes: usize) -> Vec<(usize, usize)> {
 }
 
 /// Runs every piece of work, the first on the calling thread and each
-/// other one on a thread of its own, all with one libtorch intra-op
-/// thread; returns the results in order. A panic in a lane is resumed
-/// here.
+/// other one on a lane thread of its own (see the module's note), all
+/// with one libtorch intra-op thread; returns the results in order. A
+/// panic in a lane is resumed here, after every lane has finished.
 ///
 /// libtorch's intra-op count is process-wide: it is set to 1 here and
 /// left so, never flipped back and forth — a pass on another thread that
@@ -70,26 +77,46 @@ pub fn run<T: Send, W: FnOnce() -> T + Send>(work: Vec<W>) -> Vec<T> {
     if work.len() <= 1 {
         return work.into_iter().map(|w| w()).collect();
     }
-    std::thread::scope(|s| {
-        let mut work = work.into_iter();
-        let first = work.next();
-        let others: Vec<_> = work
-            .map(|w| {
-                s.spawn(move || {
-                    // OpenMP's and MKL's thread counts are per thread: a
-                    // new thread would start at all cores.
-                    one_intra_op_thread();
-                    w()
-                })
-            })
-            .collect();
-        let mut out = Vec::with_capacity(others.len() + 1);
-        out.extend(first.map(|w| w()));
-        for h in others {
-            out.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+    let mut out: Vec<Option<T>> = std::iter::repeat_with(|| None).take(work.len()).collect();
+    let mut work = work.into_iter();
+    let first = work.next();
+    let (head, rest) = out.split_at_mut(1);
+    lane_threads(rest.len()).in_place_scope(|s| {
+        for (slot, w) in rest.iter_mut().zip(work) {
+            s.spawn(move |_| {
+                // OpenMP's and MKL's thread counts are per thread: a new
+                // thread would start at all cores.
+                one_intra_op_thread();
+                *slot = Some(w());
+            });
         }
-        out
-    })
+        head[0] = first.map(|w| w());
+    });
+    out.into_iter()
+        .map(|r| r.expect("every lane ran (a panic would have been resumed)"))
+        .collect()
+}
+
+/// The process's lane threads, at least `n` of them: one pool, replaced by
+/// a larger one (the old one left to its threads, idle) only when a run
+/// asks for more lanes than any before it.
+fn lane_threads(n: usize) -> &'static rayon::ThreadPool {
+    static POOL: std::sync::Mutex<Option<(usize, &'static rayon::ThreadPool)>> =
+        std::sync::Mutex::new(None);
+    let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+    match *pool {
+        Some((size, p)) if size >= n => p,
+        _ => {
+            let built = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .thread_name(|i| format!("colo-lane-{}", i + 1))
+                .build()
+                .unwrap_or_else(|e| panic!("starting {n} lane threads: {e}"));
+            let p: &'static rayon::ThreadPool = Box::leak(Box::new(built));
+            *pool = Some((n, p));
+            p
+        }
+    }
 }
 
 /// One libtorch intra-op thread for the calling thread (and as libtorch's
@@ -122,5 +149,27 @@ mod tests {
             .collect();
         assert_eq!(run(work), [(0, 1), (1, 1), (2, 1)]);
         assert_eq!(tch::get_num_threads(), 1);
+    }
+
+    /// The other lanes run on threads that outlive the pass (what keeps
+    /// libtorch's per-thread caches), and the first on the caller's.
+    #[test]
+    fn lanes_after_the_first_reuse_their_threads() {
+        let ids = || {
+            let work: Vec<_> = (0..2).map(|_| || std::thread::current().id()).collect();
+            run(work)
+        };
+        let (a, b) = (ids(), ids());
+        assert_eq!(a[0], std::thread::current().id());
+        assert_ne!(a[1], a[0]);
+        assert_eq!(a[1], b[1]);
+    }
+
+    #[test]
+    fn a_panic_in_a_lane_reaches_the_caller() {
+        let work: Vec<Box<dyn FnOnce() -> u8 + Send>> =
+            vec![Box::new(|| 1), Box::new(|| panic!("lane two failed"))];
+        let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(work))).unwrap_err();
+        assert_eq!(e.downcast_ref::<&str>(), Some(&"lane two failed"));
     }
 }
