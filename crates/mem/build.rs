@@ -13,6 +13,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/rms_norm.cpp");
     println!("cargo:rerun-if-changed=csrc/token_logprobs.cpp");
     println!("cargo:rerun-if-changed=csrc/rope.cpp");
+    println!("cargo:rerun-if-changed=csrc/paged_attention.cpp");
     println!("cargo:rerun-if-changed=csrc/vec_math.h");
     println!("cargo:rerun-if-changed=csrc/shim_error.h");
     println!("cargo:rerun-if-changed=csrc/bf16_bits.h");
@@ -39,6 +40,7 @@ fn main() {
         .file("csrc/rms_norm.cpp")
         .file("csrc/token_logprobs.cpp")
         .file("csrc/rope.cpp")
+        .file("csrc/paged_attention.cpp")
         .compile("colo_torch_shim");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         build_cuda_shim(&torch, &abi);

@@ -19,11 +19,16 @@
 //! step, not once per sample. On CUDA only where that saves enough reads to
 //! pay for its extra kernels ([`CUDA_MIN_SHARED_BYTES`]).
 //!
-//! Why not read the blocks in place, as the candle engine did with a
-//! hand-written kernel: libtorch has no paged-attention kernel, the rules
-//! are "no hand-written kernels", and the gather is one memory pass over
-//! the keys and values the attention reads anyway — the same cost as the
-//! contiguous cache's per-step concatenation.
+//! On the CPU, in float32 and bfloat16, a lane's attention is colo-mem's
+//! paged kernel instead (`colo_mem::torch::kernels::paged_attention`): it
+//! reads the keys and values in place through the slot table, one pass
+//! over each, rounding where the products and the softmax round — no
+//! gather, no mask, and none of the six calls a layer into oneDNN and
+//! TensorIterator for matrices of a few rows, about a third of a small
+//! model's decode step (22nd session: the 3 M job's generation 109 → 90
+//! ms a step, BENCHMARKS.md). The shared-prefix split and its merge are
+//! unchanged. CUDA keeps the gather and products (libtorch has no paged
+//! kernel there, and a CUDA graph captures them).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -44,6 +49,10 @@ struct Lanes {
     /// Additive mask (1, lanes, 1, keys) in the model's kind: 0 for real
     /// positions, the kind's most negative value for padding.
     mask: Tensor,
+    /// (lanes,) Int64 on the CPU: each lane's real keys, for colo-mem's
+    /// paged kernel (which reads the pages in place instead of gathering
+    /// and masking); `None` where the kernel does not run (CUDA).
+    lens: Option<Tensor>,
 }
 
 impl Lanes {
@@ -69,11 +78,13 @@ impl Lanes {
             .to_device(device);
         let mask = Tensor::zeros([1, lanes, 1, keys], (kind, device))
             .masked_fill(&padding, colo_model::mask::masked_value(kind));
+        let lens: Vec<i64> = runs.iter().map(|(_, r)| r.len() as i64).collect();
         Lanes {
             slots: Tensor::from_slice(&slots).to_device(device),
             lanes,
             keys,
             mask,
+            lens: (device == Device::Cpu).then(|| Tensor::from_slice(&lens)),
         }
     }
 
@@ -109,6 +120,20 @@ impl Lanes {
         scratch: &mut Scratch,
         lse: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        if let Some(lens) = self.lens.as_ref().filter(|_| {
+            colo_mem::torch::kernels::paged_attention_fits(q, k_cache, v_cache)
+                && k_cache.is_contiguous()
+                && v_cache.is_contiguous()
+        }) {
+            return Ok(colo_mem::torch::kernels::paged_attention(
+                q,
+                k_cache,
+                v_cache,
+                &self.slots,
+                lens,
+                lse,
+            )?);
+        }
         let (k, v) = self.gather(k_cache, v_cache, scratch)?;
         let (kvh, m) = (k_cache.size3()?.0, q.size3()?.1);
         let scores = q.f_bmm(&k.f_transpose(1, 2)?)?; // (kvh · lanes, m, keys)
@@ -311,6 +336,7 @@ impl PagedBatch {
                 lanes: rows,
                 keys,
                 mask,
+                lens: None,
             },
             prefix: None,
         }
