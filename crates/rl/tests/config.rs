@@ -1022,3 +1022,20 @@ fn settings_that_cannot_work_together_are_refused() {
         assert!(msg.contains(want), "{text}: {msg}");
     }
 }
+
+/// Floats far from 1 are written in exponent form, in `--print-config`
+/// (which still reads back to the same config) and in error messages:
+/// Rust's `{}` wrote `1e300` as a 1 and 300 zeros.
+#[test]
+fn extreme_floats_print_short() {
+    let c = parse("[actor]\nlr = 1e-300\nkl_loss_coef = 1e200\n").unwrap();
+    let printed = c.to_toml().unwrap();
+    assert!(printed.contains("\nlr = 1e-300\n"), "{printed}");
+    assert!(printed.contains("\nkl_loss_coef = 1e200\n"), "{printed}");
+    let digits = printed.lines().find(|l| l.contains("0000000000"));
+    assert!(digits.is_none(), "a line of digits: {digits:?}");
+    assert_eq!(parse(&printed).unwrap(), c);
+    let (_, field, msg) = err("[actor]\nclip_ratio = 1e300\n");
+    assert_eq!(field, "actor.clip_ratio");
+    assert!(msg.ends_with("got 1e300"), "{msg}");
+}

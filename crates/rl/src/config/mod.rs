@@ -38,6 +38,7 @@
 //! ([`Error::Config`](crate::Error::Config)).
 
 mod locate;
+mod num;
 mod print;
 pub mod raw;
 mod validate;

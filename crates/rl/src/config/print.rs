@@ -452,14 +452,14 @@ fn write_table(
         }
         let full = format!("{prefix}{k}");
         if free_form(path) {
-            rows.push((usize::MAX, Some(format!("{k} = {v}"))));
+            rows.push((usize::MAX, Some(format!("{k} = {}", value_text(v)))));
             continue;
         }
         let i = DOCS
             .iter()
             .position(|d| d.key == full)
             .ok_or_else(|| format!("`{full}` has no documentation in config/print.rs"))?;
-        rows.push((i, Some(format!("{k} = {v}"))));
+        rows.push((i, Some(format!("{k} = {}", value_text(v)))));
     }
     // Optional keys that are unset, at their place in DOCS order.
     rows.extend(
@@ -480,7 +480,7 @@ fn write_table(
             let _ = writeln!(out, "{}", line.unwrap_or_default());
             continue;
         };
-        let default = lookup(defaults, d.key).map(|v| v.to_string());
+        let default = lookup(defaults, d.key).map(value_text);
         let _ = writeln!(out, "# {}", comment(d, default.as_deref()));
         match line {
             Some(line) => {
@@ -498,6 +498,18 @@ fn write_table(
         }
     }
     Ok(())
+}
+
+/// A value as TOML, a float far from 1 in exponent form (`1e300`, not a
+/// 1 and 300 zeros; see [`super::num::Num`]); the rest as the toml crate
+/// writes it (`0.0` stays a float).
+fn value_text(v: &Value) -> String {
+    match v {
+        Value::Float(f) if f.is_finite() && *f != 0.0 && !(1e-5..1e16).contains(&f.abs()) => {
+            super::num::Num(*f).to_string()
+        }
+        _ => v.to_string(),
+    }
 }
 
 /// A table whose keys are the user's (the python reward's `kwargs`),

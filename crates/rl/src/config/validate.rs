@@ -4,6 +4,7 @@
 
 use colo_algo::{AdvEstimator, AdvantageConfig, PolicyLossConfig, RolloutCorrectionConfig};
 
+use super::num::Num;
 use super::raw::{
     default_micro_batch_samples, Loggers, RawActor, RawAlgorithm, RawCapacity, RawCluster,
     RawConfig, RawCritic, RawData, RawMemory, RawRollout, RawTrainer, DEFAULT_MINI_BATCH_PROMPTS,
@@ -26,7 +27,10 @@ fn positive(field: &str, v: usize) -> Check<usize> {
 /// A finite `v > 0`.
 fn above_zero(field: &str, v: f64) -> Check<f64> {
     if !(v.is_finite() && v > 0.0) {
-        return bad(field, format!("must be a finite number > 0, got {v}"));
+        return bad(
+            field,
+            format!("must be a finite number > 0, got {}", Num(v)),
+        );
     }
     Ok(v)
 }
@@ -39,7 +43,8 @@ fn gate_temperature(field: &str, v: f64) -> Check<f64> {
             field,
             format!(
                 "must be a number in [1e-6, 1e6] (SAPO's gate temperature; verl's are 1.0 \
-                 and 1.05), got {v}"
+                 and 1.05), got {}",
+                Num(v)
             ),
         );
     }
@@ -49,14 +54,20 @@ fn gate_temperature(field: &str, v: f64) -> Check<f64> {
 /// A finite `v ≥ 0`.
 fn at_least_zero(field: &str, v: f64) -> Check<f64> {
     if !(v.is_finite() && v >= 0.0) {
-        return bad(field, format!("must be a finite number ≥ 0, got {v}"));
+        return bad(
+            field,
+            format!("must be a finite number ≥ 0, got {}", Num(v)),
+        );
     }
     Ok(v)
 }
 
 fn in_range(field: &str, v: f64, lo: f64, hi: f64) -> Check<f64> {
     if !(v.is_finite() && v >= lo && v <= hi) {
-        return bad(field, format!("must be in [{lo}, {hi}], got {v}"));
+        return bad(
+            field,
+            format!("must be in [{}, {}], got {}", Num(lo), Num(hi), Num(v)),
+        );
     }
     Ok(v)
 }
@@ -536,7 +547,7 @@ fn batch_plan(prompts: usize, n: usize, longest: usize, actor: &RawActor) -> Che
 fn beta(field: &str, b: f64) -> Check<f64> {
     match (0.0..1.0).contains(&b) {
         true => Ok(b),
-        false => bad(field, format!("each must be in [0, 1), got {b}")),
+        false => bad(field, format!("each must be in [0, 1), got {}", Num(b))),
     }
 }
 
@@ -603,7 +614,7 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
     if !lb.is_finite() {
         return bad(
             "actor.clip_cov_lb",
-            format!("must be a finite number, got {lb}"),
+            format!("must be a finite number, got {}", Num(lb)),
         );
     }
     if ub.is_finite() && ub <= lb && ub == RawActor::default().clip_cov_ub {
@@ -611,8 +622,10 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
         return bad(
             "actor.clip_cov_lb",
             format!(
-                "must be below actor.clip_cov_ub = {ub} (Clip-Cov draws tokens whose \
-                 covariance lies between them; set clip_cov_ub too), got {lb}"
+                "must be below actor.clip_cov_ub = {} (Clip-Cov draws tokens whose \
+                 covariance lies between them; set clip_cov_ub too), got {}",
+                Num(ub),
+                Num(lb)
             ),
         );
     }
@@ -620,8 +633,10 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
         return bad(
             "actor.clip_cov_ub",
             format!(
-                "must be a finite number above actor.clip_cov_lb = {lb} (Clip-Cov draws tokens \
-                 whose covariance lies between them), got {ub}"
+                "must be a finite number above actor.clip_cov_lb = {} (Clip-Cov draws tokens \
+                 whose covariance lies between them), got {}",
+                Num(lb),
+                Num(ub)
             ),
         );
     }
@@ -637,7 +652,7 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
     if !(actor.ppo_kl_coef.is_finite() && actor.ppo_kl_coef >= 0.0) {
         return bad(
             "actor.ppo_kl_coef",
-            format!("must be a number ≥ 0, got {}", actor.ppo_kl_coef),
+            format!("must be a number ≥ 0, got {}", Num(actor.ppo_kl_coef)),
         );
     }
     if let Err(colo_algo::Error::InvalidConfig {
@@ -652,6 +667,8 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
             "clip_ratio_high" if actor.clip_ratio_high.is_none() => "clip_ratio",
             f => f,
         };
+        // colo-algo writes the value with `{}`: every digit of 1e300.
+        let value = value.parse().map_or(value, |v: f64| Num(v).to_string());
         return bad(&format!("actor.{field}"), format!("{reason}, got {value}"));
     }
     let actor_cfg = ActorConfig {
@@ -903,27 +920,31 @@ fn loss_settings(p: &colo_algo::PolicyLossConfig) -> String {
     use colo_algo::PolicyLossMode as M;
     let clip = format!(
         "clip {}/{}",
-        p.clip_ratio_low.unwrap_or(p.clip_ratio),
-        p.clip_ratio_high.unwrap_or(p.clip_ratio)
+        Num(p.clip_ratio_low.unwrap_or(p.clip_ratio)),
+        Num(p.clip_ratio_high.unwrap_or(p.clip_ratio))
     );
     let agg = name(&p.loss_agg_mode);
     match p.loss_mode {
-        M::Vanilla => format!("{clip}, dual clip {}, {agg}", p.clip_ratio_c),
+        M::Vanilla => format!("{clip}, dual clip {}, {agg}", Num(p.clip_ratio_c)),
         M::Gspo => format!("{clip} on the sequence ratio, seq-mean-token-mean"),
         M::Gpg => format!("no ratio, no clip, {agg}"),
         M::Cispo => format!("IS weight {clip}, {agg}"),
         M::KlCov => format!(
             "KL penalty on {} of the tokens, × {}, {agg}",
-            p.kl_cov_ratio, p.ppo_kl_coef
+            Num(p.kl_cov_ratio),
+            Num(p.ppo_kl_coef)
         ),
         M::ClipCov => format!(
             "{clip}, {} of the tokens of covariance in ({}, {}) dropped, {agg}",
-            p.clip_cov_ratio, p.clip_cov_lb, p.clip_cov_ub
+            Num(p.clip_cov_ratio),
+            Num(p.clip_cov_lb),
+            Num(p.clip_cov_ub)
         ),
         M::GeoMean => format!("{clip} in log space, mean over sequences"),
         M::Sapo => format!(
             "soft gate τ {}/{}, seq-mean-token-mean",
-            p.tau_pos, p.tau_neg
+            Num(p.tau_pos),
+            Num(p.tau_neg)
         ),
     }
 }
@@ -932,11 +953,13 @@ fn loss_settings(p: &colo_algo::PolicyLossConfig) -> String {
 fn schedule_text(c: &Config) -> String {
     let o = &c.actor.optim;
     let mut text = match o.schedule {
-        colo_train::ScheduleKind::Cosine => format!(", then cosine to {} × lr", o.min_lr_ratio),
+        colo_train::ScheduleKind::Cosine => {
+            format!(", then cosine to {} × lr", Num(o.min_lr_ratio))
+        }
         colo_train::ScheduleKind::Constant => String::new(),
     };
     if c.algorithm.advantage.adv_estimator == AdvEstimator::Gae {
-        text += &format!(", critic lr {}", c.critic.optim.lr);
+        text += &format!(", critic lr {}", Num(c.critic.optim.lr));
         if c.trainer.critic_warmup > 0 {
             text += &format!(" (alone for the first {} steps)", c.trainer.critic_warmup);
         }
@@ -1009,8 +1032,12 @@ pub(crate) fn summary(c: &Config) -> String {
         RunLength::Epochs(e) => format!("{e} epochs"),
     };
     let kl = match (&c.actor.kl_loss, &c.algorithm.kl_in_reward) {
-        (Some(k), _) => format!("KL loss {} × {}", name(&k.estimator), k.coef),
-        (None, Some(k)) => format!("KL in reward {}, β {}", name(&k.estimator), k.ctrl.kl_coef),
+        (Some(k), _) => format!("KL loss {} × {}", name(&k.estimator), Num(k.coef)),
+        (None, Some(k)) => format!(
+            "KL in reward {}, β {}",
+            name(&k.estimator),
+            Num(k.ctrl.kl_coef)
+        ),
         (None, None) => "no KL (no reference model)".into(),
     };
     let freq = |f: Option<usize>| f.map_or("end only".to_owned(), |f| format!("every {f} steps"));
@@ -1079,7 +1106,7 @@ pub(crate) fn summary(c: &Config) -> String {
             c.algorithm.advantage.adv_estimator.name(),
             name(&c.actor.policy_loss.loss_mode),
             loss_settings(&c.actor.policy_loss),
-            c.actor.optim.lr,
+            Num(c.actor.optim.lr),
             c.actor.optim.warmup_steps
         ) + &schedule_text(c),
         format!("reward     {}", name(&c.reward)),
