@@ -1039,3 +1039,27 @@ fn extreme_floats_print_short() {
     assert_eq!(field, "actor.clip_ratio");
     assert!(msg.ends_with("got 1e300"), "{msg}");
 }
+
+/// An unknown table under a header of several parts is named as written,
+/// not with its first part appended again (`foo.bar.foo`).
+#[test]
+fn an_unknown_dotted_header_names_the_unknown_part() {
+    for (text, want) in [
+        ("[foo.bar]\nx = 1\n", "foo"),
+        (
+            "[actor_rollout_ref.actor]\nlr = 1e-6\n",
+            "actor_rollout_ref",
+        ),
+        ("[actor.optim]\nlr = 1e-6\n", "actor.optim"),
+        ("[actor]\nbogus = 1\n", "actor.bogus"),
+    ] {
+        let (line, field, msg) = err(text);
+        assert_eq!(field, want, "{text:?}: {msg}");
+        assert_eq!(
+            line,
+            Some(1 + usize::from(want == "actor.bogus")),
+            "{text:?}"
+        );
+        assert!(msg.contains("unknown field"), "{msg}");
+    }
+}

@@ -22,8 +22,13 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
     // find its line (a buffered table, like `[reward]`, reports its header).
     let mut message = e.message().trim().to_owned();
     if let Some(unknown) = unknown_field(e.message()) {
-        if !field.ends_with(unknown) {
-            field = join(&field, unknown);
+        // The field may be a header's path that holds the unknown key as
+        // one of its parts (`[foo.bar]`: unknown top-level `foo`): cut it
+        // there, rather than append the key again (`foo.bar.foo`).
+        let parts: Vec<&str> = field.split('.').collect();
+        match parts.iter().position(|p| *p == unknown) {
+            Some(i) => field = parts[..=i].join("."),
+            None => field = join(&field, unknown),
         }
         line = key_line(text, &field).or(line);
         message.push_str(&where_colo_keeps(&field));
