@@ -41,17 +41,11 @@ using colo_shim::exp_nonpositive;
 using colo_shim::fail;
 using colo_shim::load;
 using colo_shim::narrow;
+using colo_shim::rounded;
 using colo_shim::store;
 using colo_shim::widen;
 
 constexpr int64_t kMaxHead = 1024;
-
-template <typename S>
-inline float rounded(float v) {
-  S s;
-  narrow(v, &s);
-  return widen(s);
-}
 
 struct Shape {
   int64_t kvh, lanes, m, d, keys;

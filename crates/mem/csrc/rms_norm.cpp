@@ -32,20 +32,13 @@ namespace {
 
 using colo_shim::fail;
 using colo_shim::narrow;
+using colo_shim::rounded;
 using colo_shim::widen;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Rows of the weight gradient's partial sums: fixed, not per thread.
 constexpr int64_t kRowBlock = 64;
-
-// The value after a round trip through the storage kind.
-template <typename S>
-inline float rounded(float v) {
-  S s;
-  narrow(v, &s);
-  return widen(s);
-}
 
 template <typename S>
 __attribute__((always_inline)) inline void forward_row(const S* x, const float* w, S* y,

@@ -34,19 +34,13 @@ namespace {
 using colo_shim::fail;
 using colo_shim::load;
 using colo_shim::narrow;
+using colo_shim::rounded;
 using colo_shim::store;
 using colo_shim::widen;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr int64_t kMaxHead = 1024;
-
-template <typename S>
-inline float rounded(float v) {
-  S s;
-  narrow(v, &s);
-  return widen(s);
-}
 
 // Element strides of a (b, s, n, d) tensor (d's is 1), and of a (B, s, d)
 // table (B's 0 when it is shared by every row).

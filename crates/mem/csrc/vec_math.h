@@ -1,5 +1,5 @@
 // Float32 helpers for colo's CPU kernels (`token_logprobs.cpp`,
-// `rope.cpp`): an exponential GCC vectorises, and the conversions of a
+// `rope.cpp`, `paged_attention.cpp`): an exponential GCC vectorises, and the conversions of a
 // run of bfloat16 (or float32) values to and from a float32 buffer. A
 // kernel works through its rows in float32 blocks so that each loop is
 // either a conversion or float32-only arithmetic, which GCC vectorises
