@@ -1,11 +1,10 @@
 // Float32 helpers for colo's CPU kernels (`token_logprobs.cpp`,
 // `rope.cpp`, `paged_attention.cpp`): an exponential GCC vectorises, and
 // the conversions of a run of bfloat16 (or float32) values to and from a
-// float32 buffer. A
-// kernel works through its rows in float32 blocks so that each loop is
-// either a conversion or float32-only arithmetic, which GCC vectorises
-// for AVX-512 and AVX2 alike (a loop mixing bfloat16 loads or stores with
-// the exponential it does not).
+// float32 buffer. A kernel works through its rows in float32 blocks so
+// that each loop is either a conversion or float32-only arithmetic, which
+// GCC vectorises for AVX-512 and AVX2 alike (a loop mixing bfloat16 loads
+// or stores with the exponential it does not).
 #pragma once
 
 #include "bf16_bits.h"
