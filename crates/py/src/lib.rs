@@ -27,6 +27,7 @@ use colo_rollout::SamplingParams;
 use colo_train::Collective;
 
 mod collective;
+mod rows;
 use collective::PyCollective;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -245,7 +246,7 @@ impl Worker {
     fn generate(
         &self,
         py: Python<'_>,
-        prompts: Vec<Vec<u32>>,
+        prompts: Bound<'_, PyAny>,
         n: usize,
         max_new_tokens: usize,
         temperature: f64,
@@ -262,6 +263,7 @@ impl Worker {
             seed,
             ..Default::default()
         };
+        let prompts = rows::token_rows(&prompts, "prompts")?;
         let out = py.detach(|| {
             self.live("generate")?
                 .generate(prompts, params)
@@ -287,9 +289,11 @@ impl Worker {
     fn log_probs(
         &self,
         py: Python<'_>,
-        prompts: Vec<Vec<u32>>,
-        responses: Vec<Vec<u32>>,
+        prompts: Bound<'_, PyAny>,
+        responses: Bound<'_, PyAny>,
     ) -> PyResult<Vec<Vec<f32>>> {
+        let prompts = rows::token_rows(&prompts, "prompts")?;
+        let responses = rows::token_rows(&responses, "responses")?;
         py.detach(|| {
             self.live("log_probs")?
                 .log_probs(prompts, responses)
@@ -301,9 +305,11 @@ impl Worker {
     fn ref_log_probs(
         &self,
         py: Python<'_>,
-        prompts: Vec<Vec<u32>>,
-        responses: Vec<Vec<u32>>,
+        prompts: Bound<'_, PyAny>,
+        responses: Bound<'_, PyAny>,
     ) -> PyResult<Option<Vec<Vec<f32>>>> {
+        let prompts = rows::token_rows(&prompts, "prompts")?;
+        let responses = rows::token_rows(&responses, "responses")?;
         py.detach(|| {
             (self.live("ref_log_probs")?)
                 .ref_log_probs(prompts, responses)
@@ -317,12 +323,20 @@ impl Worker {
     fn update_policy(
         &self,
         py: Python<'_>,
-        prompts: Vec<Vec<u32>>,
-        responses: Vec<Vec<u32>>,
-        advantages: Vec<Vec<f32>>,
-        old_log_probs: Vec<Vec<f32>>,
-        ref_log_probs: Option<Vec<Vec<f32>>>,
+        prompts: Bound<'_, PyAny>,
+        responses: Bound<'_, PyAny>,
+        advantages: Bound<'_, PyAny>,
+        old_log_probs: Bound<'_, PyAny>,
+        ref_log_probs: Option<Bound<'_, PyAny>>,
     ) -> PyResult<String> {
+        let prompts = rows::token_rows(&prompts, "prompts")?;
+        let responses = rows::token_rows(&responses, "responses")?;
+        let advantages = rows::number_rows(&advantages, "advantages")?;
+        let old_log_probs = rows::number_rows(&old_log_probs, "old_log_probs")?;
+        let ref_log_probs = match ref_log_probs.filter(|r| !r.is_none()) {
+            Some(r) => Some(rows::number_rows(&r, "ref_log_probs")?),
+            None => None,
+        };
         let m = py.detach(|| {
             self.live("update_policy")?
                 .update_policy(prompts, responses, advantages, old_log_probs, ref_log_probs)

@@ -197,6 +197,18 @@ class WorkerApi(unittest.TestCase):
             w.load_weights([(name, values[:1])])
         with self.assertRaisesRegex(ValueError, "item 0 is str; expected \\(name, values\\)"):
             w.load_weights(["weights"])
+        # Rows of token ids and of numbers: the argument, the place, what it
+        # was and what was expected, in Python's words (not Rust's types).
+        for call, message in (
+            (lambda: w.log_probs("5 6", [[7]]), r"prompts: expected a list of token-id lists \(ints ≥ 0\); got '5 6' \(a str\)"),
+            (lambda: w.log_probs([[5, 6]], [[7, -1]]), r"responses: .*; row 0, item 1 is -1 \(an int\)"),
+            (lambda: w.ref_log_probs([[5], "6"], [[7], [8]]), r"prompts: .*; row 1 is '6' \(a str\)"),
+            (lambda: w.update_policy([[5, 6]], [[7]], [["high"]], [[-1.0]]), r"advantages: expected a list of lists of numbers; row 0, item 0 is 'high' \(a str\)"),
+            (lambda: w.update_policy([[5, 6]], [[7]], [[0.5]], [[-1.0]], 3), r"ref_log_probs: .*; got 3 \(an int\)"),
+            (lambda: w.generate([[5, 6.5]]), r"prompts: .*; row 0, item 1 is 6.5 \(a float\)"),
+        ):
+            with self.assertRaisesRegex(ValueError, message):
+                call()
         w.to_rollout()
         try:
             with self.assertRaisesRegex(RuntimeError, "rollout phase"):
