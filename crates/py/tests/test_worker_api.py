@@ -308,6 +308,32 @@ class WorkerLifecycle(unittest.TestCase):
         self.assertIsInstance(back, StepInterrupted)
         self.assertEqual(str(back), "stopped at your request")
 
+    def test_an_interrupted_step_leaves_the_worker_where_the_step_began(self):
+        # Dynamic sampling that never finishes (exact match never scores on
+        # the random model), asked to stop: the step is cut short, and the
+        # worker is back in the training phase with the step's first
+        # generation batch next, so the controller can save the last
+        # finished step and a resumed run draws this step's batches again.
+        from colo._colo import StepInterrupted
+
+        with tempfile.TemporaryDirectory(prefix="colo-worker-int-") as tmp:
+            cfg = write_config(os.path.join(tmp, "run.toml"))
+            with open(cfg) as f:
+                text = f.read().replace('kind = "numeric"', 'kind = "exact_match"')
+            with open(cfg, "w") as f:
+                f.write(text + "\n[algorithm.filter_groups]\nenable = true\n")
+            out = os.path.join(tmp, "run")
+            w = Worker(cfg, out, 0, 1, Alone())
+            stop = os.path.join(tmp, "stop")
+            open(stop, "w").close()
+            w.set_stop_file(stop)
+            with self.assertRaisesRegex(StepInterrupted, "stopped at your request"):
+                w.step(0)
+            self.assertEqual(w.phase(), "train")
+            w.save(1)
+            with open(os.path.join(out, "checkpoints", "step-1", "data_state.json")) as f:
+                self.assertEqual(json.load(f)["gen_batches"], 0)
+
     def test_a_finished_worker_refuses_to_go_on(self):
         w = Worker(self.cfg, self.out, 0, 1, Alone())
         json.loads(w.step(0))

@@ -516,8 +516,14 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
             results = _gather([a.step.remote(step) for a in actors], actors, f"step {step + 1}", timeout)
         except StepCutShort:
             # Dynamic sampling still drawing batches when asked: every
-            # worker ended the step together, nothing of it trained.
+            # worker ended the step together, nothing of it trained, and
+            # went back to where it began (the training phase, the step's
+            # first generation batch). The steps finished since the last
+            # checkpoint are kept, as `colo train` on one device keeps them.
             stopped, unfinished = step, True
+            if step > first and stop.checkpoint != step:
+                _gather([actors[0].save.remote(step)], actors[:1], f"checkpoint at step {step}", timeout)
+                stop.checkpoint = step
             break
         wall = time.perf_counter() - t
         record = aggregate([r[0] for r in results])

@@ -49,6 +49,7 @@ use crate::metrics::{EvalTallies, MetricsWriter, StepMetrics};
 use crate::r#loop::Run;
 use crate::setup::{draw, load_data, make_pool, open_model};
 use crate::timeline_file::TimelineWriter;
+use crate::worker::Phase;
 use crate::{checkpoints, Error, Result};
 
 /// This rank's share of `0..len` when split into `world` contiguous parts
@@ -270,6 +271,7 @@ impl Rank {
                 state: format!("step {step}: {why}"),
             });
         }
+        let at_start = self.gen_batches;
         let (batches, next) = (&self.batches, &mut self.gen_batches);
         let (rank, world) = (self.rank, self.world);
         let mut draw = || {
@@ -282,10 +284,22 @@ impl Rank {
                 prompts: global.prompts[mine].to_vec(),
             }
         };
-        let m = self
-            .run
-            .step(step, &mut draw)
-            .map_err(|e| e.explained_by(self.run.worker.pool()))?;
+        let m = match self.run.step(step, &mut draw) {
+            // Cut short by the stop request (dynamic sampling still
+            // drawing): nothing of it trained. The rank goes back to where
+            // the step began — the training phase, the step's first
+            // generation batch — so that the last finished step can be
+            // saved and a resumed run draws this step's batches again, as
+            // `colo train` on one device does.
+            Err(e @ Error::StoppedMidStep(_)) => {
+                self.gen_batches = at_start;
+                if self.run.worker.phase() == Phase::Rollout {
+                    self.run.worker.to_train()?;
+                }
+                return Err(e);
+            }
+            r => r.map_err(|e| e.explained_by(self.run.worker.pool()))?,
+        };
         self.run.metrics.step(&m)?;
         self.timeline.append_new(self.run.worker.pool())?;
         self.next_step = step + 1;
