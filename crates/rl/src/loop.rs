@@ -170,7 +170,16 @@ impl Run<'_> {
             None => 0.0,
         };
         let mut cost = RewardCost::default();
-        let (sampled, drawn) = self.sample(step, draw, &mut cost)?;
+        let (sampled, drawn) = match self.sample(step, draw, &mut cost) {
+            // Cut short by the stop request: back to the training phase,
+            // where the step began, so that the caller can save the last
+            // finished step.
+            Err(e @ Error::StoppedMidStep(_)) => {
+                self.worker.to_train()?;
+                return Err(e);
+            }
+            r => r?,
+        };
         let back = self.worker.to_train()?;
         let timing_gen = t.elapsed().as_secs_f64() - eval_s - cost.seconds;
         let Sampled {

@@ -19,7 +19,6 @@ use crate::r#loop::Run;
 use crate::run_config;
 use crate::setup::{draw, load_data, open_model, uses_critic};
 use crate::timeline_file::TimelineWriter;
-use crate::worker::Phase;
 use crate::{Error, Result};
 
 /// What a finished run reports.
@@ -449,9 +448,6 @@ fn train_steps(
                 let unsaved = step > first_step && !checkpoints::step_dir(&ckpt_dir, step).exists();
                 if !unsaved {
                     return Err(Error::StoppedMidStep(why));
-                }
-                if run.worker.phase() == Phase::Rollout {
-                    run.worker.to_train()?;
                 }
                 run.save(&ckpt_dir, step, &data_state(batch_at_start))?;
                 return Err(Error::StoppedMidStep(format!(

@@ -120,11 +120,9 @@ impl Lanes {
         scratch: &mut Scratch,
         lse: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        if let Some(lens) = self.lens.as_ref().filter(|_| {
-            colo_mem::torch::kernels::paged_attention_fits(q, k_cache, v_cache)
-                && k_cache.is_contiguous()
-                && v_cache.is_contiguous()
-        }) {
+        if let Some(lens) = (self.lens.as_ref())
+            .filter(|_| colo_mem::torch::kernels::paged_attention_fits(q, k_cache, v_cache))
+        {
             return Ok(colo_mem::torch::kernels::paged_attention(
                 q,
                 k_cache,

@@ -137,13 +137,15 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, heads_major: bool) -> Result
 }
 
 /// Whether [`paged_attention`] runs these: `q` and the caches all
-/// float32 or all bfloat16 on the CPU. Anything else is the caller's
-/// composite.
+/// float32 or all bfloat16 on the CPU, the caches contiguous. Anything
+/// else is the caller's composite.
 pub fn paged_attention_fits(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> bool {
     [q, k_cache, v_cache]
         .iter()
         .all(|t| t.device() == Device::Cpu && t.kind() == q.kind())
         && matches!(q.kind(), Kind::Float | Kind::BFloat16)
+        && k_cache.is_contiguous()
+        && v_cache.is_contiguous()
 }
 
 /// Decode attention over a paged cache, reading keys and values in place:

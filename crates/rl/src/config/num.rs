@@ -10,12 +10,19 @@ use std::fmt;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Num(pub f64);
 
+impl Num {
+    /// Whether `v` is written in exponent form.
+    pub(crate) fn far_from_one(v: f64) -> bool {
+        let a = v.abs();
+        a != 0.0 && a.is_finite() && !(1e-5..1e16).contains(&a)
+    }
+}
+
 impl fmt::Display for Num {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let a = self.0.abs();
-        match a == 0.0 || !a.is_finite() || (1e-5..1e16).contains(&a) {
-            true => write!(f, "{}", self.0),
-            false => write!(f, "{:e}", self.0),
+        match Num::far_from_one(self.0) {
+            true => write!(f, "{:e}", self.0),
+            false => write!(f, "{}", self.0),
         }
     }
 }

@@ -505,9 +505,7 @@ fn write_table(
 /// writes it (`0.0` stays a float).
 fn value_text(v: &Value) -> String {
     match v {
-        Value::Float(f) if f.is_finite() && *f != 0.0 && !(1e-5..1e16).contains(&f.abs()) => {
-            super::num::Num(*f).to_string()
-        }
+        Value::Float(f) if super::num::Num::far_from_one(*f) => super::num::Num(*f).to_string(),
         _ => v.to_string(),
     }
 }

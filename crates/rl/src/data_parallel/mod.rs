@@ -49,7 +49,6 @@ use crate::metrics::{EvalTallies, MetricsWriter, StepMetrics};
 use crate::r#loop::Run;
 use crate::setup::{draw, load_data, make_pool, open_model};
 use crate::timeline_file::TimelineWriter;
-use crate::worker::Phase;
 use crate::{checkpoints, Error, Result};
 
 /// This rank's share of `0..len` when split into `world` contiguous parts
@@ -286,16 +285,13 @@ impl Rank {
         };
         let m = match self.run.step(step, &mut draw) {
             // Cut short by the stop request (dynamic sampling still
-            // drawing): nothing of it trained. The rank goes back to where
-            // the step began — the training phase, the step's first
-            // generation batch — so that the last finished step can be
-            // saved and a resumed run draws this step's batches again, as
-            // `colo train` on one device does.
+            // drawing): nothing of it trained, and the worker is back in
+            // the training phase (`Run::step`). The rank's next batch goes
+            // back to the step's first too, so that a checkpoint of the
+            // last finished step resumes by drawing this step's batches
+            // again, as `colo train` on one device does.
             Err(e @ Error::StoppedMidStep(_)) => {
                 self.gen_batches = at_start;
-                if self.run.worker.phase() == Phase::Rollout {
-                    self.run.worker.to_train()?;
-                }
                 return Err(e);
             }
             r => r.map_err(|e| e.explained_by(self.run.worker.pool()))?,
