@@ -95,7 +95,7 @@ mod va;
 pub use backend::{Backend, DevicePtr, PhysHandle};
 pub use error::{Error, Result, TagBytes, TagState};
 pub use host::HostBackend;
-pub use pool::{Policy, Pool, PoolConfig};
+pub use pool::{Allocation, Policy, Pool, PoolConfig};
 pub use region::{RegionGuard, MAX_REGION_POOLS};
 pub use stats::{PoolStats, TagStats};
 pub use timeline::{read_jsonl as read_timeline, write_jsonl as timeline_jsonl, Event, EventKind};

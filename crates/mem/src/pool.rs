@@ -93,13 +93,26 @@ pub struct Pool {
 
 pub(crate) type TagId = usize;
 
+/// One live allocation, as [`Pool::allocation`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    pub tag: String,
+    /// Bytes asked for.
+    pub requested: u64,
+    /// Bytes mapped (a multiple of the granularity).
+    pub mapped: u64,
+}
+
 pub(crate) struct State {
     pub(crate) tags: Vec<Tag>,
     /// Live allocations by address.
     pub(crate) allocs: BTreeMap<u64, Alloc>,
     pub(crate) va: AddressSpace,
-    /// Bytes mapped over all tags (including mappings a resume is making).
+    /// Bytes mapped: the tags' resident bytes plus `releasing` (including
+    /// mappings a resume is making). The capacity is checked against it.
     pub(crate) resident: u64,
+    /// Bytes no tag holds any more that a call is unmapping right now.
+    pub(crate) releasing: u64,
     pub(crate) peak: u64,
     /// Highest mapped bytes outside the tags' caches (`resident` less the
     /// cached blocks): what was allocated, not what was held for reuse.
@@ -118,10 +131,10 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// Mapped bytes outside the tags' caches.
+    /// Mapped bytes of live allocations: neither cached nor being released.
     pub(crate) fn allocated(&self) -> u64 {
         let cached: u64 = self.tags.iter().map(|t| t.cached_bytes).sum();
-        self.resident.saturating_sub(cached)
+        self.resident.saturating_sub(cached + self.releasing)
     }
 
     /// Raises `peak_allocated` to the bytes allocated now.
@@ -196,6 +209,7 @@ impl Pool {
             allocs: BTreeMap::new(),
             va: AddressSpace::new(base, span),
             resident: 0,
+            releasing: 0,
             peak: 0,
             peak_allocated: 0,
             phase: "init".into(),
@@ -563,6 +577,12 @@ impl Pool {
                     taken.push((id, size, addr));
                 }
             }
+            // Out of their tags' books at once, into the pool's releasing
+            // bytes until unmapped: a snapshot taken meanwhile shows no tag
+            // holding them, and the capacity still counts them.
+            for &(id, size, _) in &taken {
+                st.start_release(id, size);
+            }
             taken
         };
         let blocks: Vec<Block> = taken
@@ -595,9 +615,9 @@ impl Pool {
         }
         let mut st = self.lock();
         let mut released = 0;
-        for (id, size, addr) in taken {
+        for (_, size, addr) in taken {
             st.va.give(addr, size);
-            st.uncharge(id, size);
+            st.released(size);
             released += size;
         }
         self.record(&mut st, EventKind::EmptyCache, Vec::new(), start.elapsed());
@@ -634,6 +654,19 @@ impl Pool {
     pub fn tag_state(&self, tag: &str) -> Option<TagState> {
         let st = self.lock();
         st.tag_id(tag).map(|id| st.tags[id].state)
+    }
+
+    /// The live allocation that starts at `addr`: its tag, the bytes asked
+    /// for and the bytes mapped for it (the request rounded up to the
+    /// granularity, or a reused cached block of up to twice that).
+    pub fn allocation(&self, addr: DevicePtr) -> Option<Allocation> {
+        let st = self.lock();
+        let a = st.allocs.get(&addr)?;
+        Some(Allocation {
+            tag: st.tags[a.tag].name.clone(),
+            requested: a.requested,
+            mapped: a.size,
+        })
     }
 
     /// The tag of the live allocation that contains `addr`. On the host
@@ -694,6 +727,25 @@ impl State {
     pub(crate) fn uncharge(&mut self, id: TagId, size: u64) {
         self.resident -= size;
         self.tags[id].resident -= size;
+    }
+
+    /// Moves `size` mapped bytes out of tag `id` into the bytes being
+    /// released: a call is about to unmap them without the lock.
+    pub(crate) fn start_release(&mut self, id: TagId, size: u64) {
+        self.tags[id].resident -= size;
+        self.releasing += size;
+    }
+
+    /// Undoes [`State::start_release`]: the bytes stay mapped in tag `id`.
+    pub(crate) fn cancel_release(&mut self, id: TagId, size: u64) {
+        self.releasing -= size;
+        self.tags[id].resident += size;
+    }
+
+    /// `size` bytes being released are unmapped now.
+    pub(crate) fn released(&mut self, size: u64) {
+        self.releasing -= size;
+        self.resident -= size;
     }
 
     pub(crate) fn per_tag_bytes(&self) -> Vec<TagBytes> {

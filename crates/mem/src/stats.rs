@@ -42,8 +42,13 @@ pub struct PoolStats {
     pub backend: &'static str,
     /// The device capacity enforced on every map (`u64::MAX`: none).
     pub capacity_bytes: u64,
-    /// Bytes mapped over all tags.
+    /// Bytes mapped: the tags' resident bytes plus `releasing_bytes`.
+    /// The capacity is checked against this.
     pub resident_bytes: u64,
+    /// Bytes that have left their tags (cached blocks being returned by
+    /// `empty_cache`, allocations of tags being paused) and are being
+    /// unmapped by a call under way: still mapped, no tag's any more.
+    pub releasing_bytes: u64,
     /// Highest `resident_bytes` since the pool was made or `reset_peak`.
     pub peak_resident_bytes: u64,
     /// Highest mapped bytes outside the tags' caches since the same moment:
@@ -100,6 +105,7 @@ impl Pool {
             backend: self.backend.name(),
             capacity_bytes: self.cfg.capacity,
             resident_bytes: st.resident,
+            releasing_bytes: st.releasing,
             peak_resident_bytes: st.peak,
             peak_allocated_bytes: st.peak_allocated,
             untagged: crate::untagged(),

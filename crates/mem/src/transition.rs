@@ -50,7 +50,9 @@ impl Pool {
             let ids = begin(&mut st, "pause", tags, TagState::Active, TagState::Pausing)?;
             let mut jobs = take_jobs(&mut st, &ids);
             for &id in &ids {
-                for (size, addr) in std::mem::take(&mut st.tags[id].cache) {
+                let t = &mut st.tags[id];
+                t.cached_bytes = 0;
+                for (size, addr) in std::mem::take(&mut t.cache) {
                     jobs.push(Job {
                         addr,
                         size,
@@ -62,8 +64,12 @@ impl Pool {
                     });
                 }
             }
+            // Every block leaves its tag's books now: a snapshot taken while
+            // the copies run shows the tags holding nothing and the pool
+            // releasing the blocks, which the capacity still counts.
             for j in jobs.iter_mut() {
                 j.mapped = true;
+                st.start_release(j.tag, j.size);
             }
             (ids, jobs)
         };
@@ -83,8 +89,11 @@ impl Pool {
             // copy stops the work): the tags stay active.
             let mut st = self.lock();
             for j in jobs.iter() {
+                st.cancel_release(j.tag, j.size);
                 if j.cached {
-                    st.tags[j.tag].cache.insert((j.size, j.addr));
+                    let t = &mut st.tags[j.tag];
+                    t.cache.insert((j.size, j.addr));
+                    t.cached_bytes += j.size;
                 }
             }
             finish(&mut st, &ids, jobs, TagState::Active);
@@ -100,9 +109,8 @@ impl Pool {
 
         let mut st = self.lock();
         for j in &jobs {
-            st.uncharge(j.tag, j.size);
+            st.released(j.size);
             if j.cached {
-                st.tags[j.tag].cached_bytes -= j.size;
                 st.va.give(j.addr, j.size);
             }
         }
@@ -158,19 +166,24 @@ impl Pool {
             failure = self.bulk(&mut jobs, Work::Resume).err();
         }
         if let Some(e) = failure {
-            let mut undone = Vec::new();
+            // What this call mapped leaves the tags' books before it is
+            // unmapped (as in a pause), so the tags hold nothing meanwhile.
+            let mut st = self.lock();
+            let mut undone = 0;
+            for j in jobs.iter().filter(|j| j.mapped) {
+                st.start_release(j.tag, j.size);
+                undone += j.size;
+            }
+            drop(st);
             for j in jobs.iter_mut() {
                 if std::mem::take(&mut j.mapped) {
                     // SAFETY: mapped by this call; the tag is `Resuming`, so
                     // nobody else has used it.
                     unsafe { self.unmap_block(j.addr, j.size) };
-                    undone.push((j.tag, j.size));
                 }
             }
             let mut st = self.lock();
-            for (tag, size) in undone {
-                st.uncharge(tag, size);
-            }
+            st.released(undone);
             finish(&mut st, &ids, jobs, TagState::Paused);
             let tags = names(&st, &ids);
             self.record(&mut st, EventKind::ResumeFailed, tags, start.elapsed());
