@@ -21,7 +21,7 @@ import unittest
 
 import ray
 
-from colo.controller import RunError, train
+from colo.controller import RunError, on_this_machine, start_local_ray, train
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
@@ -51,8 +51,9 @@ def write_config(path, **overrides):
 
 
 def setUpModule():
-    # Logical CPUs: four one-CPU workers fit on this 2-core machine.
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    # Logical CPUs: four one-CPU workers fit on this 2-core machine. On
+    # 127.0.0.1 alone, as a run without cluster.address starts it.
+    start_local_ray(4)
 
 
 def tearDownModule():
@@ -398,11 +399,12 @@ MULTI_NODE = """
 import json, sys
 import ray
 from ray.cluster_utils import Cluster
-from colo.controller import train
+from colo.controller import on_this_machine, train
 
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-cluster.add_node(num_cpus=1)
-ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+with on_this_machine():  # both nodes on 127.0.0.1
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
 try:
     s = train(sys.argv[1], sys.argv[2], 2, log=lambda *_: None)
     print(json.dumps({"nodes": s["nodes"], "steps": s["steps"]}))

@@ -6,7 +6,8 @@ bundle per device, one `STRICT_PACK` group per node (the colocated roles
 of a device are fused into one worker process), one worker actor per
 bundle holding actor, rollout engine and reference (`colo._colo.Worker`),
 torch.distributed for the data plane (gloo on CPUs, NCCL on GPUs — run
-with one GPU so far; rank 0's address published through Ray), and
+with one GPU so far; the ranks meet through a file on this machine alone,
+through rank 0's address, published through Ray, on a cluster), and
 this process driving the dataflow:
 
     for each step:
@@ -40,19 +41,30 @@ time beyond the slowest worker), `timing_s/all_reduce` (the time inside
 gradient all-reduces: the transfer, as the worker that
 arrived last saw it), `timing_s/all_reduce_wait` (how long the first
 waited for the slowest), `perf/all_reduce_bytes`.
+
+Without `cluster.address` the run starts Ray on this machine alone
+(`start_local_ray`): every socket of the run, Ray's and the workers',
+is on 127.0.0.1, and nothing is sent anywhere. With an address, the
+cluster decides (see the README).
 """
 
 import argparse
+import contextlib
+import ipaddress
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from datetime import timedelta
 
 import ray
+from ray._private import ray_constants
+from ray._private.node import Node
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -143,12 +155,15 @@ class WorkerActor:
         self.comm = None
         self.fault = None
 
-    def address(self):
-        """This node's address and a free port, for rank 0's rendezvous."""
+    def host(self):
+        """This node's address: 127.0.0.1 on a Ray started here."""
+        return ray.util.get_node_ip_address()
+
+    def free_port(self):
+        """A free port on this node, for rank 0's rendezvous on a cluster."""
         with socket.socket() as s:
             s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+            return s.getsockname()[1]
 
     def node(self):
         """The Ray node this worker runs on."""
@@ -160,14 +175,22 @@ class WorkerActor:
         from colo import Worker
         from colo.comm import TorchComm
 
-        addr, port = master
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://{addr}:{port}",
-            rank=self.rank,
-            world_size=self.world,
-            timeout=timedelta(seconds=timeout_s),
-        )
+        timeout = timedelta(seconds=timeout_s)
+        if master[0] == "file":
+            # Every rank is on this machine: gloo's and NCCL's own sockets
+            # go on the loopback interface too (by default gloo binds the
+            # address the host name resolves to, NCCL its first interface
+            # other than loopback), unless the environment names another.
+            for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                os.environ.setdefault(var, "lo")
+            store = dist.FileStore(master[1], self.world)
+            store.set_timeout(timeout)
+            dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout)
+        else:
+            _, addr, port = master
+            dist.init_process_group(
+                backend, init_method=f"tcp://{addr}:{port}", rank=self.rank, world_size=self.world, timeout=timeout
+            )
         self.comm = TorchComm()
         self.worker = Worker(config, out, self.rank, self.world, self.comm, resume_from)
         if stop_file is not None:
@@ -236,6 +259,71 @@ def aggregate(per_worker):
         else:
             out[key] = sum(values) / len(values)
     return out
+
+
+# ---- Ray on this machine alone -----------------------------------------------
+
+# The environment of a Ray started here; its processes and the workers they
+# start inherit it. The first is Ray's switch for a machine outside any
+# cluster (on by default on macOS and Windows): Ray then binds and
+# publishes 127.0.0.1, and does not look for the machine's outward address
+# (`ray._private.services.get_node_ip_address`).
+LOCAL_RAY_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+def _loopback(host):
+    """Whether `host` (an address as Ray gives it) is this machine's
+    loopback."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@contextlib.contextmanager
+def on_this_machine():
+    """Ray started inside this block (`ray.init` without an address, or
+    `ray.cluster_utils.Cluster`) is on this machine alone: every socket of
+    its processes, and of the workers they start, is on 127.0.0.1, and it
+    sends nothing anywhere. For its processes, `LOCAL_RAY_ENV`; for this
+    one, the same switch (Ray read the variable when it was imported).
+
+    And no dashboard head. Ray 2.60 starts that process even with
+    `include_dashboard=False`, for its usage statistics module alone,
+    which asks the cloud metadata address (169.254.169.254, and
+    metadata.google.internal) which cloud it runs on whether the
+    statistics are on or off (`UsageStatsHead.run`). Ray carries on
+    without it, as it does when the dashboard fails to start; colo uses
+    none of what it serves (the dashboard, jobs, the state API).
+
+    All three are undone on leaving: a Ray started later joins a cluster
+    as usual, and the processes started here keep their environment."""
+    saved_env = {k: os.environ.get(k) for k in LOCAL_RAY_ENV}
+    saved_cluster, saved_api = ray_constants.ENABLE_RAY_CLUSTER, Node.start_api_server
+    os.environ.update(LOCAL_RAY_ENV)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    Node.start_api_server = lambda self, **_: None
+    try:
+        yield
+    finally:
+        Node.start_api_server = saved_api
+        ray_constants.ENABLE_RAY_CLUSTER = saved_cluster
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def start_local_ray(num_cpus):
+    """Ray on this machine alone (`on_this_machine`) with `num_cpus` CPU
+    slots, as a run without `cluster.address` starts it; `ray.shutdown()`
+    stops it."""
+    with on_this_machine():
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
 
 
 # ---- the run -----------------------------------------------------------------
@@ -343,6 +431,22 @@ def _placement_groups(workers, bundle, timeout_s=60):
     return groups
 
 
+def _rendezvous(rank0):
+    """Where the workers' torch.distributed meets: ("file", path) when
+    rank 0's node is 127.0.0.1 (Ray on this machine alone: every worker is
+    here), else ("tcp", rank 0's node address, a free port there).
+
+    A file, torch's FileStore, and not a TCP store on 127.0.0.1: the TCP
+    store's clients connect through the IPv4-mapped IPv6 address
+    (::ffff:127.0.0.1) and name it with `getnameinfo` first (c10d's
+    socket.cpp, even with its logs off), which /etc/hosts rarely answers:
+    each worker would ask the machine's name server who 127.0.0.1 is."""
+    host = ray.get(rank0.host.remote())
+    if _loopback(host):
+        return ("file", os.path.join(tempfile.mkdtemp(prefix="colo-rendezvous-"), "store"))
+    return ("tcp", host, ray.get(rank0.free_port.remote()))
+
+
 def _connect(address, workers):
     """Ray: the given cluster, or a local one started here (stopped at the
     end). Returns whether this call started it."""
@@ -351,7 +455,7 @@ def _connect(address, workers):
     if address not in (None, "auto") and not _reachable(address):
         raise RunError(f"cluster.address = {address!r}: no Ray cluster reachable (connection refused or timed out)")
     if address is None:
-        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        start_local_ray(workers)
         return True
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
@@ -428,6 +532,7 @@ def _run(config, out, workers, address, latest, device, digest_every, step_timeo
     started = _connect(address, workers)
     groups = []
     actors = []
+    master = None
     try:
         # One bundle per device: a CPU slot, and a GPU for a CUDA run (Ray
         # then shows each worker its own GPU as cuda:0). gloo on CPUs,
@@ -447,7 +552,7 @@ def _run(config, out, workers, address, latest, device, digest_every, step_timeo
             ).remote(rank, workers)
             for rank, (pg, i) in enumerate(slots)
         ]
-        master = ray.get(actors[0].address.remote())
+        master = _rendezvous(actors[0])
         schedules = _gather(
             [a.setup.remote(config, out, master, backend, step_timeout, latest, fault, stop.path) for a in actors],
             actors,
@@ -466,6 +571,8 @@ def _run(config, out, workers, address, latest, device, digest_every, step_timeo
             remove_placement_group(pg)
         if started:
             ray.shutdown()
+        if master is not None and master[0] == "file":
+            shutil.rmtree(os.path.dirname(master[1]), ignore_errors=True)
 
 
 def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
