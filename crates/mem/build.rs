@@ -1,22 +1,15 @@
-//! Compiles colo-mem's C++ shim against the project's libtorch headers with
-//! libtorch's C++ ABI flag (a mismatch would link and then fail at run time
-//! the first time a std::string crosses into libtorch), and links the
-//! crate's own tests and benches against libtorch.
+//! Compiles colo-mem's C++ shims (libtorch's CPU allocator; with the
+//! `cuda` feature, the CUDA allocator and graphs) against the project's
+//! libtorch headers with libtorch's C++ ABI flag (a mismatch would link and
+//! then fail at run time the first time a std::string crosses into
+//! libtorch), and links the crate's own tests and benches against libtorch.
 
 fn main() {
     let torch = colo_build::libtorch_dir();
     let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-changed=csrc/cpu_alloc.cpp");
-    println!("cargo:rerun-if-changed=csrc/sdp_backend.cpp");
-    println!("cargo:rerun-if-changed=csrc/fused_adamw.cpp");
-    println!("cargo:rerun-if-changed=csrc/rms_norm.cpp");
-    println!("cargo:rerun-if-changed=csrc/token_logprobs.cpp");
-    println!("cargo:rerun-if-changed=csrc/rope.cpp");
-    println!("cargo:rerun-if-changed=csrc/paged_attention.cpp");
-    println!("cargo:rerun-if-changed=csrc/vec_math.h");
     println!("cargo:rerun-if-changed=csrc/shim_error.h");
-    println!("cargo:rerun-if-changed=csrc/bf16_bits.h");
     cc::Build::new()
         .cpp(true)
         .std("c++17")
@@ -24,31 +17,14 @@ fn main() {
         .include(torch.join("include"))
         .include(torch.join("include/torch/csrc/api/include"))
         .warnings(false)
-        // `#pragma omp simd` in the kernels (vectorisation only, no OpenMP
-        // runtime); floating-point operations do not trap (colo enables no
-        // FP exceptions), without which GCC vectorises no loop with a float
-        // comparison for AVX2. Neither changes a result. No contraction
-        // of a product and a sum into one fused multiply-add: the kernels
-        // round where libtorch's separate ops round (RoPE in float32 is
-        // then bit-identical to transformers' formula).
-        .flag("-fopenmp-simd")
-        .flag("-fno-trapping-math")
-        .flag("-ffp-contract=off")
         .file("csrc/cpu_alloc.cpp")
-        .file("csrc/sdp_backend.cpp")
-        .file("csrc/fused_adamw.cpp")
-        .file("csrc/rms_norm.cpp")
-        .file("csrc/token_logprobs.cpp")
-        .file("csrc/rope.cpp")
-        .file("csrc/paged_attention.cpp")
         .compile("colo_torch_shim");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         build_cuda_shim(&torch, &abi);
     }
     colo_build::link_libtorch();
+    // The allocator is a c10 one.
     println!("cargo:rustc-link-lib=c10");
-    // `sdp_backend.cpp`'s switch lives in ATen's global context.
-    println!("cargo:rustc-link-lib=torch_cpu");
 }
 
 /// The CUDA side (feature `cuda`): compiled against the CUDA headers of the

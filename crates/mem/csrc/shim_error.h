@@ -1,6 +1,8 @@
-// How colo-mem's C++ shim reports a failure to Rust (`torch::shim_call`):
-// a nonzero status, and the message copied, NUL-terminated, into the
-// caller's buffer of `len` bytes. Nothing throws across the boundary.
+// How colo-mem's CUDA shims (`cuda_alloc.cpp`, `cuda_graph.cpp`) report a
+// failure to Rust (`cuda_region::shim_call`): a nonzero status, and the
+// message copied, NUL-terminated, into the caller's buffer of `len` bytes.
+// Nothing throws across the boundary. colo-kernels has a file of the same
+// name that also tells refused arguments apart: each crate keeps its own.
 #pragma once
 
 #include <cstddef>

@@ -12,10 +12,10 @@
 //!   (`emptyCache` of its MemPool), so only live tensors' segments are
 //!   paused and come back at the same addresses.
 
-use std::ffi::{c_char, c_void};
+use std::ffi::{c_char, c_void, CStr};
 
 use crate::pool::Pool;
-use crate::Result;
+use crate::{Error, Result};
 
 mod sys {
     use std::ffi::c_char;
@@ -55,12 +55,26 @@ fn call(what: &'static str, f: ShimCall, slot: usize, tag: usize, device: i32) -
     })
 }
 
-/// [`crate::torch::shim_call`] for the CUDA shim (`csrc/cuda_*.cpp`).
+/// Runs a call of the CUDA shim (`csrc/cuda_*.cpp`) that reports failure
+/// as nonzero with a message written into the buffer it is given
+/// (`csrc/shim_error.h`), and turns its status into a `Result`.
 pub(crate) fn shim_call(
     what: &'static str,
     f: impl FnOnce(*mut c_char, usize) -> i32,
 ) -> Result<()> {
-    crate::torch::shim_call("cuda", what, f)
+    let mut err = [0 as c_char; 512];
+    if f(err.as_mut_ptr(), err.len()) == 0 {
+        return Ok(());
+    }
+    // SAFETY: NUL-terminated by the shim on failure.
+    let msg = unsafe { CStr::from_ptr(err.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    Err(Error::Backend {
+        backend: "cuda",
+        call: what,
+        msg,
+    })
 }
 
 pub(crate) fn begin(slot: usize, tag: usize, device: i32) -> Result<()> {

@@ -71,7 +71,8 @@
 //!   `Pausing`/`Resuming` states, which other threads see as errors.
 //! - Misuse is an [`Error`] naming the tag and its state, never a panic or
 //!   an exit.
-//! - `unsafe` lives in this crate only, each block with a `// SAFETY:` note.
+//! - `unsafe` lives in this crate and colo-kernels (the compute kernels),
+//!   the workspace's two FFI crates, each block with a `// SAFETY:` note.
 
 mod backend;
 mod chunks;

@@ -105,9 +105,10 @@ pub enum Error {
     #[error(transparent)]
     Torch(#[from] tch::TchError),
 
-    /// An error from one of colo-mem's fused kernels.
+    /// An error from one of colo-kernels' fused kernels (RMSNorm, RoPE):
+    /// names the kernel and the shapes or kinds that do not fit.
     #[error(transparent)]
-    Kernel(#[from] colo_mem::Error),
+    Kernel(#[from] colo_kernels::Error),
 }
 
 /// `Result` with this crate's [`Error`].

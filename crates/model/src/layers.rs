@@ -107,13 +107,12 @@ impl RmsNorm {
     }
 
     /// `x`: (..., dim) → same shape. On the CPU in float32 or bfloat16,
-    /// colo-mem's fused kernel (the same formula, one pass each way where
+    /// colo-kernels' fused kernel (the same formula, one pass each way where
     /// libtorch's composite takes ~8 forward and ~16 backward); otherwise
     /// libtorch's `rms_norm`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        use colo_mem::torch::kernels;
-        if kernels::rms_norm_fits(x, &self.weight) {
-            return Ok(kernels::rms_norm(x, &self.weight, self.eps)?);
+        if colo_kernels::rms_norm_fits(x, &self.weight) {
+            return Ok(colo_kernels::rms_norm(x, &self.weight, self.eps)?);
         }
         let dim = self.weight.size()[0];
         Ok(x.f_rms_norm([dim], Some(&self.weight), self.eps)?)
@@ -248,13 +247,12 @@ impl RopeTables {
     /// copy); `heads_major` makes it contiguous (batch, heads, seq,
     /// head_dim), a copy only when seq > 1.
     ///
-    /// On the CPU in float32 or bfloat16, colo-mem's fused kernel (the same
+    /// On the CPU in float32 or bfloat16, colo-kernels' fused kernel (the same
     /// arithmetic, one pass each way, written straight into either layout);
     /// otherwise libtorch's ops.
     pub(crate) fn apply(&self, x: &Tensor, heads_major: bool) -> Result<Tensor> {
-        use colo_mem::torch::kernels;
-        if kernels::rope_fits(x, &self.cos, &self.sin) {
-            return Ok(kernels::rope(x, &self.cos, &self.sin, heads_major)?);
+        if colo_kernels::rope_fits(x, &self.cos, &self.sin) {
+            return Ok(colo_kernels::rope(x, &self.cos, &self.sin, heads_major)?);
         }
         // `split`, not two `narrow`s: its backward is one `cat`, where a
         // narrow's fills a zero tensor of x's size and copies into it.
@@ -414,6 +412,28 @@ mod tests {
         assert!(
             got.equal(&want),
             "the same ops in the same order round alike"
+        );
+    }
+
+    /// Tables for another length than x's: colo-kernels' error, naming
+    /// the kernel and both shapes.
+    #[test]
+    fn rope_tables_that_do_not_fit_are_a_kernel_error() {
+        let rope = RotaryEmbedding::new(8, 1e4, None, Device::Cpu)
+            .tables_for_range(0, 4, Kind::Float)
+            .unwrap();
+        let x = Tensor::zeros([2, 5, 3, 8], (Kind::Float, Device::Cpu));
+        let err = rope.apply(&x, true).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                Error::Kernel(colo_kernels::Error::Refused { kernel: "rope", .. })
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "rope kernel: tables [1, 4, 8] and [1, 4, 8] do not fit x [2, 5, 3, 8]"
         );
     }
 

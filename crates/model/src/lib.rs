@@ -39,7 +39,7 @@
 //!   candle needed (its fused ops had none) are gone; autograd
 //!   differentiates everything. Parity tests check every parameter's
 //!   gradient against PyTorch's. Two exceptions on the CPU, where
-//!   libtorch is slow: RMSNorm is colo-mem's fused kernel (libtorch's is a
+//!   libtorch is slow: RMSNorm is colo-kernels' fused kernel (libtorch's is a
 //!   composite there), and bfloat16 attention is two batched products
 //!   around a softmax (`product_attention`; the flash kernel does not use
 //!   AMX). See the crate's README.

@@ -209,7 +209,7 @@ fn eager_activations(
     // whatever the parameters' dtype.
     let b = plan.param_dtype.bytes();
     let f = DType::F32.bytes();
-    // The LM head's window, per token. Fused (colo-mem's kernel, the CPU):
+    // The LM head's window, per token. Fused (colo-kernels' loss head, the CPU):
     // the logits, kept for the backward, and their gradient in it: 8 bytes
     // per vocabulary entry in float32 and, measured (plan_vs_run), in
     // bf16 as well (the head's bf16 product has a float32 result on the

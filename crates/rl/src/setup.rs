@@ -236,7 +236,7 @@ pub fn device_pool(
             // shape at run time (1.1–1.8 s each in bf16 on an H200); a run's
             // passes meet new sequence lengths all along. The flash and
             // memory-efficient kernels take a millisecond.
-            colo_mem::torch::set_cudnn_attention(false);
+            colo_kernels::set_cudnn_attention(false);
             Ok(pool)
         }
         #[cfg(not(feature = "cuda"))]

@@ -20,7 +20,7 @@
 //! pay for its extra kernels ([`CUDA_MIN_SHARED_BYTES`]).
 //!
 //! On the CPU, in float32 and bfloat16, a lane's attention is colo-mem's
-//! paged kernel instead (`colo_mem::torch::kernels::paged_attention`): it
+//! paged kernel instead (`colo_kernels::paged_attention`): it
 //! reads the keys and values in place through the slot table, one pass
 //! over each, rounding where the products and the softmax round — no
 //! gather, no mask, and none of the six calls a layer into oneDNN and
@@ -120,10 +120,10 @@ impl Lanes {
         scratch: &mut Scratch,
         lse: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        if let Some(lens) = (self.lens.as_ref())
-            .filter(|_| colo_mem::torch::kernels::paged_attention_fits(q, k_cache, v_cache))
+        if let Some(lens) =
+            (self.lens.as_ref()).filter(|_| colo_kernels::paged_attention_fits(q, k_cache, v_cache))
         {
-            return Ok(colo_mem::torch::kernels::paged_attention(
+            return Ok(colo_kernels::paged_attention(
                 q,
                 k_cache,
                 v_cache,

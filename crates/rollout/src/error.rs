@@ -52,6 +52,11 @@ pub enum Error {
     #[error(transparent)]
     Mem(#[from] colo_mem::Error),
 
+    /// From colo-kernels' paged attention (its messages name the kernel
+    /// and the lane, slot or shape that does not fit).
+    #[error(transparent)]
+    Kernel(#[from] colo_kernels::Error),
+
     /// From the model.
     #[error(transparent)]
     Model(#[from] colo_model::Error),

@@ -27,7 +27,7 @@
 //! moments, masters and parameters keep their storage (their `colo-mem`
 //! allocation). On the CPU the update is libtorch's fused AdamW kernel
 //! (`_fused_adamw_`, what `torch.optim.AdamW(fused=True)` runs; tch does
-//! not expose it, so colo-mem's shim calls it): one vectorised pass per
+//! not expose it, so colo-kernels' shim calls it): one vectorised pass per
 //! tensor, the parameters split over the lanes, where the element-wise
 //! ops below take eight passes and two temporaries on one thread (48 ms
 //! against 14 ms for 12.6 M parameters on one thread, BENCHMARKS.md,
@@ -40,7 +40,7 @@
 
 use std::sync::Arc;
 
-use colo_mem::torch::{fused_adamw, AdamWStep};
+use colo_kernels::{fused_adamw, AdamWStep};
 use colo_mem::{tags, Pool};
 use tch::{Device, Kind, Tensor};
 

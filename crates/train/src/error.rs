@@ -80,6 +80,11 @@ pub enum Error {
     #[error(transparent)]
     Mem(#[from] colo_mem::Error),
 
+    /// One of colo-kernels' fused kernels (the loss head, AdamW): names
+    /// the kernel and what did not fit.
+    #[error(transparent)]
+    Kernel(#[from] colo_kernels::Error),
+
     /// libtorch (through tch): shapes, kinds, devices of user data.
     #[error(transparent)]
     Torch(#[from] tch::TchError),

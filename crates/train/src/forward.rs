@@ -14,7 +14,6 @@ use tch::{Kind, Tensor};
 
 use crate::batch::Micro;
 use crate::lanes::Lane;
-use colo_mem::torch::kernels;
 
 use crate::ops::{entropy_from_log_softmax, log_softmax_f32, pick};
 use crate::{Error, Result};
@@ -104,13 +103,13 @@ impl Lane {
             .input_ids()
             .f_narrow(1, t0 as i64, (t1 - t0) as i64)?;
         let logits = self.model.lm_head(&hidden)?;
-        // On the CPU, colo-mem's fused loss head: the log-probabilities
+        // On the CPU, colo-kernels' fused loss head: the log-probabilities
         // and the entropy in float32 from the logits, which are all it
         // keeps for the backward (libtorch's composition keeps a float32
         // log-softmax and makes two more (rows, window, vocab) tensors in
         // the backward).
-        let (lp, ent) = if kernels::token_logprobs_fits(&logits) {
-            let (lp, h) = kernels::token_logprobs(&logits, &targets)?;
+        let (lp, ent) = if colo_kernels::token_logprobs_fits(&logits) {
+            let (lp, h) = colo_kernels::token_logprobs(&logits, &targets)?;
             let ent = match entropy {
                 Entropy::None => None,
                 Entropy::Detached => Some(h.detach()),

@@ -34,7 +34,6 @@
 namespace {
 
 using colo_shim::exp_nonpositive;
-using colo_shim::fail;
 using colo_shim::load;
 using colo_shim::narrow;
 using colo_shim::store;
@@ -170,30 +169,23 @@ struct TokenLogprobsFn : public torch::autograd::Function<TokenLogprobsFn> {
 extern "C" int colo_torch_token_logprobs(const at::Tensor* logits, const at::Tensor* targets,
                                          at::Tensor** lp, at::Tensor** entropy, char* err,
                                          size_t len) {
-  try {
-    TORCH_CHECK(logits->device().is_cpu() && targets->device().is_cpu(),
-                "token_logprobs: CPU tensors only");
-    TORCH_CHECK(logits->scalar_type() == at::kFloat || logits->scalar_type() == at::kBFloat16,
-                "token_logprobs: logits must be float32 or bfloat16, got ",
-                logits->scalar_type());
-    TORCH_CHECK(!at::isFloatingType(targets->scalar_type()) && targets->scalar_type() != at::kBool,
-                "token_logprobs: targets must be integers, got ", targets->scalar_type());
-    TORCH_CHECK(logits->dim() >= 1 && logits->size(-1) > 0 &&
-                    targets->numel() * logits->size(-1) == logits->numel(),
-                "token_logprobs: logits ", logits->sizes(), " do not hold one row per target of ",
-                targets->sizes());
+  return colo_shim::guarded(err, len, [&] {
+    COLO_CHECK(logits->device().is_cpu() && targets->device().is_cpu(), "CPU tensors only");
+    COLO_CHECK(logits->scalar_type() == at::kFloat || logits->scalar_type() == at::kBFloat16,
+               "logits must be float32 or bfloat16, got ", logits->scalar_type());
+    COLO_CHECK(!at::isFloatingType(targets->scalar_type()) && targets->scalar_type() != at::kBool,
+               "targets must be integers, got ", targets->scalar_type());
+    COLO_CHECK(logits->dim() >= 1 && logits->size(-1) > 0 &&
+                   targets->numel() * logits->size(-1) == logits->numel(),
+               "logits ", logits->sizes(), " do not hold one row per target of ",
+               targets->sizes());
     if (targets->numel() > 0) {
       int64_t lo = targets->min().item<int64_t>(), hi = targets->max().item<int64_t>();
-      TORCH_CHECK(lo >= 0 && hi < logits->size(-1), "token_logprobs: targets in [", lo, ", ",
-                  hi, "], outside the vocabulary of ", logits->size(-1));
+      COLO_CHECK(lo >= 0 && hi < logits->size(-1), "targets in [", lo, ", ", hi,
+                 "], outside the vocabulary of ", logits->size(-1));
     }
     auto out = TokenLogprobsFn::apply(*logits, *targets);
     *lp = new at::Tensor(out[0]);
     *entropy = new at::Tensor(out[1]);
-    return 0;
-  } catch (const std::exception& e) {
-    return fail(e.what(), err, len);
-  } catch (...) {
-    return fail("an unknown C++ exception", err, len);
-  }
+  });
 }

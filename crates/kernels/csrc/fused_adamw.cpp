@@ -26,7 +26,6 @@
 
 namespace {
 
-using colo_shim::fail;
 
 std::vector<at::Tensor> list(const at::Tensor* const* ts, size_t n) {
   std::vector<at::Tensor> out;
@@ -44,8 +43,8 @@ extern "C" int colo_torch_fused_adamw(const at::Tensor* const* params,
                                       double step, double lr, double beta1, double beta2,
                                       double weight_decay, double eps, double grad_scale,
                                       char* err, size_t len) {
-  try {
-    if (n == 0) return 0;
+  return colo_shim::guarded(err, len, [&] {
+    if (n == 0) return;
     auto p = list(params, n), g = list(grads, n), m = list(exp_avgs, n), v = list(exp_avg_sqs, n);
     auto options = at::TensorOptions().dtype(at::kFloat).device(p[0].device());
     std::vector<at::Tensor> steps(n, at::scalar_tensor(step, options));
@@ -53,10 +52,5 @@ extern "C" int colo_torch_fused_adamw(const at::Tensor* const* params,
     if (grad_scale != 1.0) scale = at::scalar_tensor(grad_scale, options);
     at::_fused_adamw_(p, g, m, v, {}, steps, lr, beta1, beta2, weight_decay, eps,
                       /*amsgrad=*/false, /*maximize=*/false, scale, std::nullopt);
-    return 0;
-  } catch (const std::exception& e) {
-    return fail(e.what(), err, len);
-  } catch (...) {
-    return fail("an unknown C++ exception", err, len);
-  }
+  });
 }

@@ -11,11 +11,11 @@
 //
 // Contract
 // - `x` is (..., h), `w` is (h), both float32 or both bfloat16, on the
-//   CPU; the Rust side checks this and libtorch's TORCH_CHECKs repeat it.
+//   CPU; the Rust side checks this and the shim's checks repeat it.
 // - The result is a new at::Tensor (owned by the caller, freed by tch's
 //   `at_free`), with a grad_fn when x or w requires grad.
-// - Errors come back as a nonzero status and a message in `err`; nothing
-//   throws into Rust. Errors in the backward are raised by libtorch's
+// - Errors come back as a nonzero status and a message in `err`
+//   (`shim_error.h`); nothing throws into Rust. Errors in the backward are raised by libtorch's
 //   autograd engine, which tch reports as an error of `backward`.
 #include "bf16_bits.h"
 #include "shim_error.h"
@@ -30,7 +30,6 @@
 
 namespace {
 
-using colo_shim::fail;
 using colo_shim::narrow;
 using colo_shim::rounded;
 using colo_shim::widen;
@@ -157,19 +156,14 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
 
 extern "C" int colo_torch_rms_norm(const at::Tensor* x, const at::Tensor* w, double eps,
                                    at::Tensor** out, char* err, size_t len) {
-  try {
-    TORCH_CHECK(x->device().is_cpu() && w->device().is_cpu(), "rms_norm: CPU tensors only");
-    TORCH_CHECK(x->scalar_type() == w->scalar_type() &&
-                    (x->scalar_type() == at::kFloat || x->scalar_type() == at::kBFloat16),
-                "rms_norm: x and w both float32 or both bfloat16, got ", x->scalar_type(),
-                " and ", w->scalar_type());
-    TORCH_CHECK(w->dim() == 1 && x->dim() >= 1 && x->size(-1) == w->size(0) && w->numel() > 0,
-                "rms_norm: x ", x->sizes(), " does not end in w's size ", w->sizes());
+  return colo_shim::guarded(err, len, [&] {
+    COLO_CHECK(x->device().is_cpu() && w->device().is_cpu(), "CPU tensors only");
+    COLO_CHECK(x->scalar_type() == w->scalar_type() &&
+                   (x->scalar_type() == at::kFloat || x->scalar_type() == at::kBFloat16),
+               "x and w both float32 or both bfloat16, got ", x->scalar_type(), " and ",
+               w->scalar_type());
+    COLO_CHECK(w->dim() == 1 && x->dim() >= 1 && x->size(-1) == w->size(0) && w->numel() > 0,
+               "x ", x->sizes(), " does not end in w's size ", w->sizes());
     *out = new at::Tensor(RmsNormFn::apply(*x, *w, eps));
-    return 0;
-  } catch (const std::exception& e) {
-    return fail(e.what(), err, len);
-  } catch (...) {
-    return fail("an unknown C++ exception", err, len);
-  }
+  });
 }

@@ -38,7 +38,6 @@
 namespace {
 
 using colo_shim::exp_nonpositive;
-using colo_shim::fail;
 using colo_shim::load;
 using colo_shim::narrow;
 using colo_shim::rounded;
@@ -135,38 +134,38 @@ extern "C" int colo_torch_paged_attention(const at::Tensor* q, const at::Tensor*
                                           const at::Tensor* v_cache, const at::Tensor* slots,
                                           const at::Tensor* lens, int with_lse, at::Tensor** out,
                                           at::Tensor** lse, char* err, size_t len) {
-  try {
-    TORCH_CHECK(q->device().is_cpu() && k_cache->device().is_cpu() && v_cache->device().is_cpu(),
-                "paged_attention: CPU tensors only");
+  return colo_shim::guarded(err, len, [&] {
+    COLO_CHECK(q->device().is_cpu() && k_cache->device().is_cpu() && v_cache->device().is_cpu(),
+               "CPU tensors only");
     auto kind = q->scalar_type();
-    TORCH_CHECK((kind == at::kFloat || kind == at::kBFloat16) &&
-                    k_cache->scalar_type() == kind && v_cache->scalar_type() == kind,
-                "paged_attention: q and the caches all float32 or all bfloat16, got ", kind, ", ",
-                k_cache->scalar_type(), " and ", v_cache->scalar_type());
-    TORCH_CHECK(k_cache->dim() == 3 && k_cache->sizes() == v_cache->sizes() &&
-                    k_cache->is_contiguous() && v_cache->is_contiguous(),
-                "paged_attention: the caches must be contiguous (kv_heads, slots, head_dim), got ",
-                k_cache->sizes(), " and ", v_cache->sizes());
-    TORCH_CHECK(slots->scalar_type() == at::kLong && lens->scalar_type() == at::kLong &&
-                    slots->dim() == 1 && lens->dim() == 1 && lens->numel() > 0 &&
-                    slots->numel() % lens->numel() == 0,
-                "paged_attention: slots (lanes · keys) and lens (lanes) must be int64, got ",
-                slots->sizes(), " and ", lens->sizes());
+    COLO_CHECK((kind == at::kFloat || kind == at::kBFloat16) &&
+                   k_cache->scalar_type() == kind && v_cache->scalar_type() == kind,
+               "q and the caches all float32 or all bfloat16, got ", kind, ", ",
+               k_cache->scalar_type(), " and ", v_cache->scalar_type());
+    COLO_CHECK(k_cache->dim() == 3 && k_cache->sizes() == v_cache->sizes() &&
+                   k_cache->is_contiguous() && v_cache->is_contiguous(),
+               "the caches must be contiguous (kv_heads, slots, head_dim), got ",
+               k_cache->sizes(), " and ", v_cache->sizes());
+    COLO_CHECK(slots->scalar_type() == at::kLong && lens->scalar_type() == at::kLong &&
+                   slots->dim() == 1 && lens->dim() == 1 && lens->numel() > 0 &&
+                   slots->numel() % lens->numel() == 0,
+               "slots (lanes · keys) and lens (lanes) must be int64, got ",
+               slots->sizes(), " and ", lens->sizes());
     Shape sh{k_cache->size(0), lens->numel(), 0, k_cache->size(2), slots->numel() / lens->numel()};
-    TORCH_CHECK(q->dim() == 3 && q->size(0) == sh.kvh * sh.lanes && q->size(2) == sh.d &&
-                    sh.d <= kMaxHead,
-                "paged_attention: q ", q->sizes(), " must be (kv_heads · lanes, queries, ",
-                sh.d, ") for ", sh.kvh, " KV heads and ", sh.lanes, " lanes");
+    COLO_CHECK(q->dim() == 3 && q->size(0) == sh.kvh * sh.lanes && q->size(2) == sh.d &&
+                   sh.d <= kMaxHead,
+               "q ", q->sizes(), " must be (kv_heads · lanes, queries, ",
+               sh.d, ") for ", sh.kvh, " KV heads and ", sh.lanes, " lanes");
     sh.m = q->size(1);
     at::Tensor sl = slots->contiguous(), ln = lens->contiguous();
     const int64_t *sp = sl.data_ptr<int64_t>(), *lp = ln.data_ptr<int64_t>();
     for (int64_t l = 0; l < sh.lanes; ++l) {
-      TORCH_CHECK(lp[l] >= 1 && lp[l] <= sh.keys, "paged_attention: lane ", l, " has ", lp[l],
-                  " keys, outside [1, ", sh.keys, "]");
+      COLO_CHECK(lp[l] >= 1 && lp[l] <= sh.keys, "lane ", l, " has ", lp[l],
+                 " keys, outside [1, ", sh.keys, "]");
       for (int64_t j = 0; j < lp[l]; ++j) {
         int64_t s = sp[l * sh.keys + j];
-        TORCH_CHECK(s >= 0 && s < k_cache->size(1), "paged_attention: slot ", s, " of lane ", l,
-                    " is outside the cache's ", k_cache->size(1), " slots");
+        COLO_CHECK(s >= 0 && s < k_cache->size(1), "slot ", s, " of lane ", l,
+                   " is outside the cache's ", k_cache->size(1), " slots");
       }
     }
     at::Tensor qc = q->contiguous();
@@ -180,10 +179,5 @@ extern "C" int colo_torch_paged_attention(const at::Tensor* q, const at::Tensor*
       run<uint16_t>(qc, *k_cache, *v_cache, sp, lp, sh, o, lse_p);
     *out = new at::Tensor(o);
     if (with_lse) *lse = new at::Tensor(l);
-    return 0;
-  } catch (const std::exception& e) {
-    return fail(e.what(), err, len);
-  } catch (...) {
-    return fail("an unknown C++ exception", err, len);
-  }
+  });
 }

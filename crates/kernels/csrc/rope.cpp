@@ -31,7 +31,6 @@
 
 namespace {
 
-using colo_shim::fail;
 using colo_shim::load;
 using colo_shim::narrow;
 using colo_shim::rounded;
@@ -161,28 +160,22 @@ struct RopeFn : public torch::autograd::Function<RopeFn> {
 
 extern "C" int colo_torch_rope(const at::Tensor* x, const at::Tensor* cos, const at::Tensor* sin,
                                int heads_major, at::Tensor** out, char* err, size_t len) {
-  try {
-    TORCH_CHECK(x->device().is_cpu() && cos->device().is_cpu() && sin->device().is_cpu(),
-                "rope: CPU tensors only");
-    TORCH_CHECK((x->scalar_type() == at::kFloat || x->scalar_type() == at::kBFloat16) &&
-                    cos->scalar_type() == x->scalar_type() &&
-                    sin->scalar_type() == x->scalar_type(),
-                "rope: x and the tables all float32 or all bfloat16, got ", x->scalar_type(),
-                ", ", cos->scalar_type(), " and ", sin->scalar_type());
-    TORCH_CHECK(x->dim() == 4 && x->size(3) % 2 == 0 && x->size(3) <= kMaxHead,
-                "rope: x must be (batch, seq, heads, head_dim) with an even head_dim of at most ",
-                kMaxHead, ", got ", x->sizes());
-    TORCH_CHECK(cos->dim() == 3 && cos->sizes() == sin->sizes() &&
-                    (cos->size(0) == 1 || cos->size(0) == x->size(0)) &&
-                    cos->size(1) == x->size(1) && cos->size(2) == x->size(3),
-                "rope: tables ", cos->sizes(), " and ", sin->sizes(), " do not fit x ", x->sizes());
-    TORCH_CHECK(!cos->requires_grad() && !sin->requires_grad(),
-                "rope: the tables take no gradient");
+  return colo_shim::guarded(err, len, [&] {
+    COLO_CHECK(x->device().is_cpu() && cos->device().is_cpu() && sin->device().is_cpu(),
+               "CPU tensors only");
+    COLO_CHECK((x->scalar_type() == at::kFloat || x->scalar_type() == at::kBFloat16) &&
+                   cos->scalar_type() == x->scalar_type() &&
+                   sin->scalar_type() == x->scalar_type(),
+               "x and the tables all float32 or all bfloat16, got ", x->scalar_type(), ", ",
+               cos->scalar_type(), " and ", sin->scalar_type());
+    COLO_CHECK(x->dim() == 4 && x->size(3) % 2 == 0 && x->size(3) <= kMaxHead,
+               "x must be (batch, seq, heads, head_dim) with an even head_dim of at most ",
+               kMaxHead, ", got ", x->sizes());
+    COLO_CHECK(cos->dim() == 3 && cos->sizes() == sin->sizes() &&
+                   (cos->size(0) == 1 || cos->size(0) == x->size(0)) &&
+                   cos->size(1) == x->size(1) && cos->size(2) == x->size(3),
+               "tables ", cos->sizes(), " and ", sin->sizes(), " do not fit x ", x->sizes());
+    COLO_CHECK(!cos->requires_grad() && !sin->requires_grad(), "the tables take no gradient");
     *out = new at::Tensor(RopeFn::apply(*x, *cos, *sin, heads_major != 0));
-    return 0;
-  } catch (const std::exception& e) {
-    return fail(e.what(), err, len);
-  } catch (...) {
-    return fail("an unknown C++ exception", err, len);
-  }
+  });
 }

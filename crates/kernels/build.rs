@@ -1,0 +1,49 @@
+//! Compiles colo-kernels' C++ against the project's libtorch headers with
+//! libtorch's C++ ABI flag (a mismatch would link and then fail at run time
+//! the first time a std::string crosses into libtorch), and links the
+//! crate's own tests against libtorch.
+
+const SOURCES: [&str; 6] = [
+    "csrc/sdp_backend.cpp",
+    "csrc/fused_adamw.cpp",
+    "csrc/rms_norm.cpp",
+    "csrc/token_logprobs.cpp",
+    "csrc/rope.cpp",
+    "csrc/paged_attention.cpp",
+];
+const HEADERS: [&str; 3] = ["csrc/shim_error.h", "csrc/vec_math.h", "csrc/bf16_bits.h"];
+
+fn main() {
+    let torch = colo_build::libtorch_dir();
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    for f in SOURCES.iter().chain(&HEADERS) {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
+        .include(torch.join("include"))
+        .include(torch.join("include/torch/csrc/api/include"))
+        .warnings(false)
+        // `#pragma omp simd` in the kernels (vectorisation only, no OpenMP
+        // runtime); floating-point operations do not trap (colo enables no
+        // FP exceptions), without which GCC vectorises no loop with a float
+        // comparison for AVX2. Neither changes a result. No contraction
+        // of a product and a sum into one fused multiply-add: the kernels
+        // round where libtorch's separate ops round (RoPE in float32 is
+        // then bit-identical to transformers' formula). The kernels'
+        // `target_clones` (AVX-512, AVX2, baseline x86-64) are attributes
+        // in the sources.
+        .flag("-fopenmp-simd")
+        .flag("-fno-trapping-math")
+        .flag("-ffp-contract=off")
+        .files(SOURCES)
+        .compile("colo_kernels_shim");
+    colo_build::link_libtorch();
+    // The autograd functions, ATen's ops and its global context (the
+    // attention switch) are libtorch_cpu's; c10 holds the tensor core.
+    println!("cargo:rustc-link-lib=torch_cpu");
+    println!("cargo:rustc-link-lib=c10");
+}
