@@ -34,29 +34,37 @@ pub struct StepMetrics {
     )]
     pub num_gen_batches: Option<usize>,
 
-    #[serde(rename = "timing_s/step")]
+    #[serde(rename = "timing_s/step", deserialize_with = "null_is_nan")]
     pub timing_step: f64,
     /// Generation, including the memory transitions into and out of it.
-    #[serde(rename = "timing_s/gen")]
+    #[serde(rename = "timing_s/gen", deserialize_with = "null_is_nan")]
     pub timing_gen: f64,
     /// Trainer → rollout weight sync.
-    #[serde(rename = "timing_s/update_weights")]
+    #[serde(rename = "timing_s/update_weights", deserialize_with = "null_is_nan")]
     pub timing_update_weights: f64,
     /// The memory switch train → rollout (wake-ups, sync, offloads).
-    #[serde(rename = "timing_s/switch_to_rollout", default)]
+    #[serde(
+        rename = "timing_s/switch_to_rollout",
+        default,
+        deserialize_with = "null_is_nan"
+    )]
     pub timing_switch_to_rollout: f64,
     /// The memory switch rollout → train (releases, reloads).
-    #[serde(rename = "timing_s/switch_to_train", default)]
+    #[serde(
+        rename = "timing_s/switch_to_train",
+        default,
+        deserialize_with = "null_is_nan"
+    )]
     pub timing_switch_to_train: f64,
-    #[serde(rename = "timing_s/reward")]
+    #[serde(rename = "timing_s/reward", deserialize_with = "null_is_nan")]
     pub timing_reward: f64,
-    #[serde(rename = "timing_s/old_log_prob")]
+    #[serde(rename = "timing_s/old_log_prob", deserialize_with = "null_is_nan")]
     pub timing_old_log_prob: f64,
-    #[serde(rename = "timing_s/ref")]
+    #[serde(rename = "timing_s/ref", deserialize_with = "null_is_nan")]
     pub timing_ref: f64,
-    #[serde(rename = "timing_s/adv")]
+    #[serde(rename = "timing_s/adv", deserialize_with = "null_is_nan")]
     pub timing_adv: f64,
-    #[serde(rename = "timing_s/update_actor")]
+    #[serde(rename = "timing_s/update_actor", deserialize_with = "null_is_nan")]
     pub timing_update_actor: f64,
 
     #[serde(rename = "actor/pg_loss", deserialize_with = "null_is_nan")]
@@ -69,13 +77,14 @@ pub struct StepMetrics {
     pub entropy: f64,
     #[serde(rename = "actor/grad_norm", deserialize_with = "null_is_nan")]
     pub grad_norm: f64,
-    #[serde(rename = "actor/lr")]
+    #[serde(rename = "actor/lr", deserialize_with = "null_is_nan")]
     pub lr: f64,
     /// The KL loss term, when `use_kl_loss`.
     #[serde(
         rename = "actor/kl_loss",
         default,
-        skip_serializing_if = "Option::is_none"
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "null_is_nan_some"
     )]
     pub kl_loss: Option<f64>,
 
@@ -94,32 +103,38 @@ pub struct StepMetrics {
     #[serde(
         rename = "critic/vf_loss",
         default,
-        skip_serializing_if = "Option::is_none"
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "null_is_nan_some"
     )]
     pub vf_loss: Option<f64>,
     #[serde(
         rename = "critic/vf_clipfrac",
         default,
-        skip_serializing_if = "Option::is_none"
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "null_is_nan_some"
     )]
     pub vf_clipfrac: Option<f64>,
     #[serde(
         rename = "critic/vpred_mean",
         default,
-        skip_serializing_if = "Option::is_none"
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "null_is_nan_some"
     )]
     pub vpred_mean: Option<f64>,
 
-    #[serde(rename = "response_length/mean")]
+    #[serde(rename = "response_length/mean", deserialize_with = "null_is_nan")]
     pub response_length_mean: f64,
-    #[serde(rename = "response_length/max")]
+    #[serde(rename = "response_length/max", deserialize_with = "null_is_nan")]
     pub response_length_max: f64,
     /// The share of responses cut at `max_new_tokens`.
-    #[serde(rename = "response_length/clip_ratio")]
+    #[serde(
+        rename = "response_length/clip_ratio",
+        deserialize_with = "null_is_nan"
+    )]
     pub response_length_clip_ratio: f64,
 
     /// Tokens (prompt and response) processed per second of the step.
-    #[serde(rename = "perf/throughput")]
+    #[serde(rename = "perf/throughput", deserialize_with = "null_is_nan")]
     pub throughput: f64,
     /// The step's peak of mapped device bytes, cached blocks included
     /// (PyTorch's `max_memory_reserved`).
@@ -139,7 +154,8 @@ pub struct StepMetrics {
     #[serde(
         rename = "reward/extra",
         default,
-        skip_serializing_if = "BTreeMap::is_empty"
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "null_is_nan_map"
     )]
     pub reward_extra: BTreeMap<String, f64>,
 
@@ -149,10 +165,30 @@ pub struct StepMetrics {
 }
 
 /// A float that may be `null`: what serde_json writes for NaN and the
-/// infinities (a diverged step's loss), read back as NaN, so that a run's
-/// own `metrics.jsonl` always reads (`--resume` truncates it).
+/// infinities (a skipped update's gradient norm, the actor's metrics in the
+/// critic's warmup, a sum that overflowed), read back as NaN, so that a
+/// run's own `metrics.jsonl` always reads (`--resume` truncates it). Every
+/// float of a record reads this way; finite values read back as written.
 fn null_is_nan<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// [`null_is_nan`] for a float that may be absent: a key written as `null`
+/// is there, and reads back as `Some(NaN)`.
+fn null_is_nan_some<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<f64>, D::Error> {
+    null_is_nan(d).map(Some)
+}
+
+/// [`null_is_nan`] for each value of a map of named floats.
+fn null_is_nan_map<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<BTreeMap<String, f64>, D::Error> {
+    Ok(BTreeMap::<String, Option<f64>>::deserialize(d)?
+        .into_iter()
+        .map(|(k, v)| (k, v.unwrap_or(f64::NAN)))
+        .collect())
 }
 
 /// [`MismatchMetrics`] under verl's `rollout_corr/` names.
@@ -203,13 +239,13 @@ pub struct EvalRecord {
     pub step: usize,
     /// The fraction of held-out samples whose reward is at least 1 (a
     /// rule-based reward's "right").
-    #[serde(rename = "eval/accuracy")]
+    #[serde(rename = "eval/accuracy", deserialize_with = "null_is_nan")]
     pub accuracy: f64,
-    #[serde(rename = "eval/score/mean")]
+    #[serde(rename = "eval/score/mean", deserialize_with = "null_is_nan")]
     pub score_mean: f64,
     #[serde(rename = "eval/n_samples")]
     pub n_samples: usize,
-    #[serde(rename = "timing_s/eval")]
+    #[serde(rename = "timing_s/eval", deserialize_with = "null_is_nan")]
     pub timing: f64,
     /// The same per `data_source` of the held-out rows, when they name one
     /// (verl's `val-core/{data_source}/…`).
@@ -226,7 +262,8 @@ pub struct EvalRecord {
     #[serde(
         rename = "eval/reward_extra",
         default,
-        skip_serializing_if = "BTreeMap::is_empty"
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "null_is_nan_map"
     )]
     pub reward_extra: BTreeMap<String, f64>,
 }
@@ -235,10 +272,16 @@ pub struct EvalRecord {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceEval {
+    #[serde(deserialize_with = "null_is_nan")]
     pub accuracy: f64,
+    #[serde(deserialize_with = "null_is_nan")]
     pub score_mean: f64,
     pub n_samples: usize,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "null_is_nan_map"
+    )]
     pub reward_extra: BTreeMap<String, f64>,
 }
 
