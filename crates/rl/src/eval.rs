@@ -344,8 +344,9 @@ fn score(
             extra: Some(&p.extra),
         })
         .collect();
-    let scores =
-        (reward.score_batch_extra(&inputs)).map_err(|e| crate::data::with_origin(e, prompts))?;
+    let scores = (reward.score_batch_extra(&inputs))
+        .and_then(|s| crate::reward::finite(&reward.name(), &inputs, s))
+        .map_err(|e| crate::data::with_origin(e, prompts))?;
     Ok((
         scores.chunks(params.n).map(<[Scored]>::to_vec).collect(),
         tokens,

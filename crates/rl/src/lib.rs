@@ -74,6 +74,7 @@ pub mod config;
 pub mod data;
 pub mod data_parallel;
 pub mod eval;
+mod finite;
 pub mod generations;
 pub mod r#loop;
 pub mod metrics;

@@ -33,6 +33,7 @@ use crate::checkpoints::DataState;
 use crate::config::{Config, FilterMetric};
 use crate::data::{Batch, Dataset, Prompt};
 use crate::eval::{self, EvalConfig, Tally};
+use crate::finite;
 use crate::generations::Generation;
 use crate::metrics::{EvalRecord, EvalTallies, MetricsWriter, StepMetrics};
 use crate::reward::{self, Reward, RewardInput, Scored};
@@ -41,6 +42,7 @@ use crate::setup::{critic_config, loss_config, trainer_config, uses_critic};
 use crate::worker::{HybridWorker, WorkerSpec};
 use crate::{Error, Result};
 
+pub use crate::finite::MAX_SKIPPED_IN_A_ROW;
 pub use crate::run::{run, run_until, RunSummary, Stop};
 pub use crate::setup::{
     builtin_capacity, device_capacity, device_memory, device_pool, engine_config, BUILTIN_CAPACITY,
@@ -83,6 +85,9 @@ pub(crate) struct Run<'a> {
     /// a distributed run's controller writes it (a worker busy with a step
     /// cannot be called, nor signalled, without its peers).
     pub(crate) stop_file: Option<PathBuf>,
+    /// Optimizer steps skipped in a row (their gradient norm was not
+    /// finite), across RL steps: [`MAX_SKIPPED_IN_A_ROW`] stops the run.
+    pub(crate) skipped_in_a_row: usize,
 }
 
 impl<'a> Run<'a> {
@@ -138,6 +143,7 @@ impl<'a> Run<'a> {
             stop_request: crate::run::Stop::new(),
             peers: None,
             stop_file: None,
+            skipped_in_a_row: 0,
         })
     }
 }
@@ -281,14 +287,24 @@ impl Run<'_> {
                 reward_baselines: baselines.as_deref(),
             },
         )?;
+        // A value that is not finite would make every update NaN (and be
+        // skipped): an error naming its sample instead.
+        let samples = finite::Samples {
+            step,
+            rollouts: &rollouts,
+            scores: &scores,
+            order: &order,
+            prompts: &prompts,
+        };
         let adv_rows = rows_of(&adv.advantages, &rollouts)?;
+        samples.check_rows("advantage", &adv_rows)?;
         let advantages = rollouts.to_token_layout(&adv_rows, 0..n, seqs.seq_len())?;
         let returns = match values {
-            Some(_) => Some(rollouts.to_token_layout(
-                &rows_of(&adv.returns, &rollouts)?,
-                0..n,
-                seqs.seq_len(),
-            )?),
+            Some(_) => {
+                let rows = rows_of(&adv.returns, &rollouts)?;
+                samples.check_rows("return", &rows)?;
+                Some(rollouts.to_token_layout(&rows, 0..n, seqs.seq_len())?)
+            }
             None => None,
         };
         let timing_adv = t.elapsed().as_secs_f64();
@@ -337,6 +353,16 @@ impl Run<'_> {
             }
         }
         let timing_update = t.elapsed().as_secs_f64();
+        // A loss that is not finite is an error naming its sample; a
+        // gradient that overflows from finite losses is skipped by the
+        // trainer, up to MAX_SKIPPED_IN_A_ROW optimizer steps in a row.
+        samples.check_losses(
+            (&updates, &critic_updates),
+            (plan.mini_batches_per_step, plan.mini_batch_samples),
+            &old,
+            seqs.response_mask(),
+        )?;
+        finite::count_skipped(step, &mut self.skipped_in_a_row, &updates)?;
         let skipped = updates.iter().filter(|u| !u.grad_norm.is_finite()).count();
         if skipped > 0 {
             // The trainer skips an optimizer step whose gradient norm is not
@@ -451,7 +477,7 @@ impl Run<'_> {
             let batch = draw();
             drawn.batches += 1;
             drawn.epoch = batch.epoch;
-            let sampled = self.sample_batch(&batch, cost)?;
+            let sampled = self.sample_batch(step, &batch, cost)?;
             let Some(filter) = &cfg.algorithm.filter_groups else {
                 return Ok((sampled, drawn));
             };
@@ -517,9 +543,11 @@ impl Run<'_> {
         self.stop_request.requested() || self.stop_file.as_ref().is_some_and(|f| f.exists())
     }
 
-    /// Generates `n` samples for each prompt of `batch` and scores them.
+    /// Generates `n` samples for each prompt of `batch` and scores them,
+    /// for RL step `step` (0-based); a score that is not finite is an error.
     fn sample_batch<'p>(
         &mut self,
+        step: usize,
         batch: &Batch<'p>,
         cost: &mut RewardCost,
     ) -> Result<Sampled<'p>> {
@@ -540,8 +568,14 @@ impl Run<'_> {
                 }
             })
             .collect();
+        // A reward's error names the sample, its prompt's line and the step.
+        let named = |e| {
+            let e = crate::data::with_origin(e, batch.prompts.iter().copied());
+            Error::context(format!("step {}", step + 1), e)
+        };
         let scored = (self.reward.score_batch_extra(&inputs))
-            .map_err(|e| crate::data::with_origin(e, batch.prompts.iter().copied()))?;
+            .and_then(|s| reward::finite(&self.reward.name(), &inputs, s))
+            .map_err(named)?;
         let penalties = match &cfg.algorithm.overlong_buffer {
             Some(buffer) => (rollouts.responses.iter())
                 .map(|r| buffer.penalty(r.len(), cfg.rollout.max_new_tokens))
@@ -560,9 +594,12 @@ impl Run<'_> {
                         extra: Some(&p.extra),
                     })
                     .collect();
+                let plain = |b: Vec<f32>| b.into_iter().map(Scored::plain).collect();
                 Some(
                     (self.reward.score_batch(&inputs))
-                        .map_err(|e| crate::data::with_origin(e, batch.prompts.iter().copied()))?,
+                        .and_then(|b| reward::finite(&self.reward.name(), &inputs, plain(b)))
+                        .map(Scored::scores)
+                        .map_err(named)?,
                 )
             }
             None => None,

@@ -338,13 +338,22 @@ fn read_answer(
     if scores[i].is_some() {
         return Err(bad(i, "second answer for this id"));
     }
-    if !resp.score.is_finite() {
-        return Err(bad(i, "score is not finite"));
+    // Scores are float32 in training: one beyond its range (±3.4e38)
+    // would be infinite there.
+    let score = resp.score as f32;
+    if !score.is_finite() {
+        return Err(bad(
+            i,
+            &format!(
+                "score {:e} is beyond float32's range (±3.4e38), which scores are kept in",
+                resp.score
+            ),
+        ));
     }
     Ok((
         i,
         Scored {
-            score: resp.score as f32,
+            score,
             extra: resp.extra,
         },
     ))

@@ -129,6 +129,35 @@ impl RewardInput<'_> {
     }
 }
 
+/// `scored` (the scores of `inputs`, in order) when every score and every
+/// number beside it is finite; otherwise an error naming the first sample
+/// whose is not. Training and evaluation check every reward's scores here,
+/// whatever computed them: one infinite score makes its group's
+/// advantages, and so every update of its mini-batch, NaN.
+pub(crate) fn finite(
+    reward: &str,
+    inputs: &[RewardInput<'_>],
+    scored: Vec<Scored>,
+) -> Result<Vec<Scored>> {
+    for (input, s) in inputs.iter().zip(&scored) {
+        if !s.score.is_finite() {
+            return Err(input.fail(
+                reward,
+                format!("its score is {}, not a finite number", s.score),
+            ));
+        }
+        if let Some((name, v)) = s.extra.iter().find(|(_, v)| !v.is_finite()) {
+            return Err(input.fail(
+                reward,
+                format!(
+                    "the number `{name}` it returned beside its score is {v}, not a finite number"
+                ),
+            ));
+        }
+    }
+    Ok(scored)
+}
+
 /// A reward as written in the `[reward]` section of a run's config, chosen
 /// by `kind`:
 ///
