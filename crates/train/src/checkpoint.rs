@@ -288,7 +288,10 @@ impl ColoTrainer {
 }
 
 /// The tensors of a safetensors file, as stored, on the CPU. (A checkpoint
-/// written by [`ColoTrainer::save`] has a single `model.safetensors`.)
+/// written by [`ColoTrainer::save`] has a single `model.safetensors`.) A
+/// tensor holding NaN or an infinity is an error naming it: training never
+/// writes one (it skips a step whose gradient is not finite), so the file
+/// is damaged, and a run from it would skip every step.
 fn read_named(path: &Path) -> Result<HashMap<String, Tensor>> {
     if !path.is_file() {
         return Err(Error::CheckpointState {
@@ -296,7 +299,19 @@ fn read_named(path: &Path) -> Result<HashMap<String, Tensor>> {
             reason: "missing file".into(),
         });
     }
-    Ok(Tensor::read_safetensors(path)?.into_iter().collect())
+    let tensors = Tensor::read_safetensors(path)?;
+    for (name, t) in &tensors {
+        if !colo_model::weights::all_finite(t)? {
+            return Err(Error::CheckpointState {
+                path: path.to_owned(),
+                reason: format!(
+                    "tensor `{name}` holds NaN or infinite values: the file is damaged or the \
+                     training that wrote it diverged"
+                ),
+            });
+        }
+    }
+    Ok(tensors.into_iter().collect())
 }
 
 fn dims(t: &Tensor) -> Vec<usize> {

@@ -123,6 +123,53 @@ fn a_checkpoint_of_the_wrong_shape_is_an_error_naming_the_tensor() {
     );
 }
 
+/// A checkpoint whose weights or optimizer state hold a NaN or an infinity
+/// (a bit flipped on disk) is refused when loaded, naming the file and the
+/// tensor, and the engine is left as it was: a run from it would skip
+/// every optimizer step.
+#[test]
+fn a_checkpoint_holding_nan_or_inf_is_refused_naming_the_tensor() {
+    let dir = scratch_dir("nan").join("ckpt");
+    let mut e = engine("tiny-qwen2", 2);
+    e.sft_step(&seqs()).unwrap();
+    e.save_checkpoint(&dir).unwrap();
+    let mut fresh = engine("tiny-qwen2", 2);
+    let before = state_bits(&fresh);
+    for (file, name, bad) in [
+        (
+            "model.safetensors",
+            "model.layers.1.mlp.up_proj.weight",
+            f32::NAN,
+        ),
+        (
+            "optimizer.safetensors",
+            "model.norm.weight.exp_avg_sq",
+            f32::INFINITY,
+        ),
+    ] {
+        let path = dir.join(file);
+        let good = std::fs::read(&path).unwrap();
+        let mut tensors = Tensor::read_safetensors(&path).unwrap();
+        let t = &mut tensors.iter_mut().find(|(n, _)| n == name).unwrap().1;
+        *t = t.copy();
+        let _ = t.view(-1).get(5).fill_(f64::from(bad));
+        Tensor::write_safetensors(&tensors, &path).unwrap();
+        let msg = fresh.load_checkpoint(&dir).unwrap_err().to_string();
+        assert!(
+            msg.contains(&path.display().to_string())
+                && msg.contains(&format!("tensor `{name}` holds NaN or infinite values")),
+            "{msg}"
+        );
+        assert!(
+            state_bits(&fresh) == before,
+            "a refused load changed the engine"
+        );
+        std::fs::write(&path, good).unwrap();
+    }
+    // The same checkpoint, undamaged, loads.
+    fresh.load_checkpoint(&dir).unwrap();
+}
+
 /// A bf16 engine's checkpoint holds its float32 master weights, and
 /// resuming from it gives the same steps.
 #[test]
