@@ -245,3 +245,51 @@ fn chat_prompts_go_through_the_template() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+/// `--n` whose samples cannot fit the machine is refused before anything
+/// is allocated, naming `--n` and colo-plan's bytes (a billion samples of
+/// 5 tokens: ~17 TB, beyond any machine). It used to size a KV cache for
+/// all of them and run until the machine's memory ran out.
+#[test]
+fn samples_beyond_the_machines_memory_are_refused_up_front() {
+    use colo_plan::generate::estimate;
+    use colo_plan::model::{DType, HfConfig};
+    let dir = fixture("tiny-qwen2");
+    let t = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_colo"))
+        .args([
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2,3",
+        ])
+        .args(["--n", "1000000000", "--max-new-tokens", "2", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        t.elapsed().as_secs() < 30,
+        "not up front: {:?}",
+        t.elapsed()
+    );
+    // One 16-token KV block a sample, and the engine's padding block.
+    let spec = HfConfig::from_file(dir.join("config.json").to_str().unwrap())
+        .and_then(|c| c.into_spec("model"))
+        .unwrap();
+    let n = 1_000_000_000u64;
+    let need = estimate(&spec, DType::F32, (n + 1) * 16, n, 5);
+    let fmt = colo_mem::fmt_bytes;
+    assert!(
+        stderr.contains(&format!(
+            "--n 1000000000: the engine decodes a prompt's samples at once, and 1000000000 \
+             samples of up to 5 tokens need about {} ({} of KV cache, {} of decode buffers",
+            fmt(need.total()),
+            fmt(need.kv_cache),
+            fmt(need.decode)
+        )) && stderr.contains("more than the machine's")
+            && stderr.contains("At most about"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "nothing generated");
+}

@@ -1,7 +1,7 @@
 //! `colo-plan`: arithmetic-only planning for colocated RL post-training.
 //!
 //! No tensors, no devices: given a model's dimensions, layouts and a
-//! workload, it answers three questions before anything is launched.
+//! workload, it answers four questions before anything is launched.
 //!
 //! 1. **Memory per phase** ([`memory::estimate`]): the resident bytes per
 //!    component on one device at every transition of an RL step — idle,
@@ -14,6 +14,9 @@
 //! 3. **Resharding** ([`reshard::plan_reshard`]): the 3D-HybridEngine's
 //!    generation groups, micro-DP all-gathers and HybridFlow Table 2's
 //!    volumes and peaks.
+//! 4. **Generation alone** ([`generate::estimate`]): what `colo generate`
+//!    holds for `n` samples decoded at once — the weights, the KV cache and
+//!    the decode step's buffers.
 //!
 //! ```
 //! use colo_plan::config::{PlanInput, ModelSource, GIB};
@@ -107,6 +110,7 @@
 pub mod config;
 pub mod cost;
 pub mod error;
+pub mod generate;
 pub mod mapping;
 pub mod memory;
 pub mod model;

@@ -118,6 +118,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 a.n
             )
         })?;
+    // Refused before anything is allocated when it cannot fit.
+    memory_check(&a.model, a.n, full, block)?;
     let ecfg = EngineConfig::with_kv_tokens(kv_tokens);
     let pool = Pool::host(PoolConfig::default())?;
     let mut engine = Engine::from_dir(&a.model, pool, &ecfg)?;
@@ -169,4 +171,57 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// colo-plan's estimate of what the engine holds for `n` samples of up to
+/// `seq` tokens, decoded at once (the weights in float32, a KV cache with
+/// blocks of `block` tokens of each sample's own, the decode step's
+/// buffers), refused when it exceeds the machine's memory: the capacity
+/// `colo train`'s plan check gives a run on the CPU. A config the planner
+/// cannot read skips the check, as it skips `colo train`'s.
+fn memory_check(model: &std::path::Path, n: usize, seq: usize, block: usize) -> anyhow::Result<()> {
+    use colo_plan::generate::{estimate, GenerationMemory};
+    use colo_plan::model::{DType, HfConfig};
+    let path = model.join("config.json");
+    let spec = match HfConfig::from_file(&path.to_string_lossy()).and_then(|c| c.into_spec("model"))
+    {
+        Ok(spec) => spec,
+        Err(e) => {
+            eprintln!("colo generate: memory check skipped ({e})");
+            return Ok(());
+        }
+    };
+    let seq_blocks = seq.div_ceil(block) as u64;
+    let need = |n: u64| -> GenerationMemory {
+        let kv_tokens = seq_blocks.saturating_mul(n).saturating_add(1);
+        let kv_tokens = kv_tokens.saturating_mul(block as u64);
+        estimate(&spec, DType::F32, kv_tokens, n, seq as u64)
+    };
+    let machine = match colo_mem::os::machine_memory_bytes() {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            eprintln!("colo generate: memory check skipped (the machine's memory: {e})");
+            return Ok(());
+        }
+    };
+    let all = need(n as u64);
+    if all.total() <= machine {
+        return Ok(());
+    }
+    // The estimate grows by the same bytes with each sample.
+    let (one, two) = (need(1).total(), need(2).total());
+    let per_sample = two - one;
+    let fit = machine.saturating_sub(one - per_sample) / per_sample.max(1);
+    let fmt = colo_mem::fmt_bytes;
+    bail!(
+        "--n {n}: the engine decodes a prompt's samples at once, and {n} samples of up to {seq} \
+         tokens need about {} ({} of KV cache, {} of decode buffers, {} of weights), more than \
+         the machine's {}. At most about {fit} fit: lower --n (several runs with other --seed \
+         values give more samples)",
+        fmt(all.total()),
+        fmt(all.kv_cache),
+        fmt(all.decode),
+        fmt(all.weights),
+        fmt(machine),
+    )
 }
