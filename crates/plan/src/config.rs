@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{out_of_range, PlanError, Result};
+use crate::error::{num, out_of_range, PlanError, Result};
 use crate::model::{DType, HfConfig, ModelSpec};
 use crate::presets::preset;
 
@@ -537,7 +537,7 @@ impl PlanInput {
         if !(self.device_memory_gib > 0.0 && self.device_memory_gib <= MAX_DEVICE_GIB) {
             return Err(out_of_range(
                 "device_memory_gib",
-                format!("{:e}", self.device_memory_gib),
+                num(self.device_memory_gib),
                 format!("in (0, {MAX_DEVICE_GIB}]"),
             ));
         }
@@ -574,8 +574,11 @@ impl PlanInput {
         {
             return Err(out_of_range(
                 "runtime_overhead_gib",
-                self.runtime_overhead_gib,
-                format!("in [0, {}) (the device memory)", self.device_memory_gib),
+                num(self.runtime_overhead_gib),
+                format!(
+                    "in [0, {}) (the device memory)",
+                    num(self.device_memory_gib)
+                ),
             ));
         }
         let train = self.train_layout(&model, n)?;
@@ -713,6 +716,21 @@ mod tests {
         refused(|i| i.devices = 0, "devices");
         refused(|i| i.devices = MAX_DEVICES + 1, "devices");
         refused(|i| i.device_memory_gib = 1e300, "device_memory_gib");
+        // The value as written: `-5`, not `-5e0`; `1e300`, not 301 digits.
+        let said = |gib: f64| {
+            let input = PlanInput {
+                device_memory_gib: gib,
+                ..PlanInput::default()
+            };
+            input.validate().unwrap_err().to_string()
+        };
+        assert!(
+            said(-5.0).starts_with("invalid device_memory_gib = -5: "),
+            "{}",
+            said(-5.0)
+        );
+        assert!(said(1e300).starts_with("invalid device_memory_gib = 1e300: "));
+        assert!(said(0.0).starts_with("invalid device_memory_gib = 0: "));
         refused(
             |i| i.tokens_per_micro_batch = u64::MAX,
             "tokens_per_micro_batch",

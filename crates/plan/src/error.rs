@@ -52,6 +52,18 @@ pub enum PlanError {
 /// The crate's result alias.
 pub type Result<T> = std::result::Result<T, PlanError>;
 
+/// `v` as a person reads it in a message: in decimal when that is short
+/// (`-5`, `0.5`, `80`), in exponent form far from one (`1e300`, whose
+/// decimal form is a 1 and 300 zeros). colo-rl's `Num` follows the same
+/// rule for its config values.
+pub(crate) fn num(v: f64) -> String {
+    let a = v.abs();
+    match a != 0.0 && a.is_finite() && !(1e-5..1e16).contains(&a) {
+        true => format!("{v:e}"),
+        false => format!("{v}"),
+    }
+}
+
 /// Shorthand for [`PlanError::OutOfRange`].
 pub(crate) fn out_of_range(
     name: &'static str,

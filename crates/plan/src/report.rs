@@ -133,7 +133,8 @@ impl MemoryReport {
     }
 
     /// A table with one row per phase and one column per component that is
-    /// non-zero somewhere, in GiB.
+    /// non-zero somewhere, in the unit of the peak (GiB, MiB or KiB), which
+    /// the header names.
     pub fn table(&self) -> String {
         let mut cols: Vec<Component> = self
             .phases
@@ -151,16 +152,17 @@ impl MemoryReport {
             let (unit, scale) = unit_of(b);
             format!("{:.1} {unit}", b as f64 / scale as f64)
         };
+        let header = format!("phase, {unit}");
         let name_w = self
             .phases
             .iter()
             .map(|p| p.name.len())
             .max()
-            .unwrap_or(5)
-            .max(5);
+            .unwrap_or(0)
+            .max(header.len());
         let widths: Vec<usize> = cols.iter().map(|c| c.name().len().max(6)).collect();
         let mut out = String::new();
-        let _ = write!(out, "{:<name_w$}", "phase");
+        let _ = write!(out, "{header:<name_w$}");
         for (c, w) in cols.iter().zip(&widths) {
             let _ = write!(out, "  {:>w$}", c.name());
         }
@@ -355,5 +357,10 @@ mod tests {
                 && t.contains("KV cache 320.0 KiB = 1280 tokens"),
             "{t}"
         );
+        // The columns' unit is in the header.
+        let header = t.lines().next().unwrap();
+        assert!(header.starts_with("phase, MiB  "), "{t}");
+        let row = t.lines().nth(1).unwrap();
+        assert!(row.starts_with("training  ") && row.contains("4.4"), "{t}");
     }
 }

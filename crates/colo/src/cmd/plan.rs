@@ -427,9 +427,18 @@ fn map(a: MapArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&maps)?);
         return Ok(());
     }
-    println!(
-        "{:>4}  {:>8}  {:>6} {:>6} {:>6} {:>6}  placement / layouts",
-        "rank", "iter s", "gen", "trans", "prep", "train"
+    print!("{}", map_table(&maps));
+    Ok(())
+}
+
+/// `colo plan map`'s table: a row per mapping, each time with its unit.
+fn map_table(maps: &[colo_plan::mapping::Mapping]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:>4}  {:>8}  {:>7} {:>7} {:>7} {:>7}  placement / layouts (peak per device)",
+        "rank", "iter s", "gen s", "trans s", "prep s", "train s"
     );
     for (i, m) in maps.iter().enumerate() {
         let sets: Vec<String> = m
@@ -458,8 +467,9 @@ fn map(a: MapArgs) -> Result<()> {
                 )
             })
             .collect();
-        println!(
-            "{:>4}  {:>8.2}  {:>6.2} {:>6.2} {:>6.2} {:>6.2}  {}",
+        let _ = writeln!(
+            out,
+            "{:>4}  {:>8.2}  {:>7.2} {:>7.2} {:>7.2} {:>7.2}  {}",
             i + 1,
             m.iteration_s,
             m.generation_s,
@@ -469,17 +479,19 @@ fn map(a: MapArgs) -> Result<()> {
             sets.join("  ")
         );
         if let Some(layout) = m.colo_layout() {
-            println!(
-                "{:>44}colo train runs it: [cluster] layout = \"{layout}\"",
+            let _ = writeln!(
+                out,
+                "{:>49}colo train runs it: [cluster] layout = \"{layout}\"",
                 ""
             );
         }
     }
-    println!(
+    let _ = writeln!(
+        out,
         "(colo train executes data-parallel layouts with every role colocated, 1-1-N; \
          the others are plans: tensor/pipeline parallelism and split placements are not executed)"
     );
-    Ok(())
+    out
 }
 
 fn parse_dims<const N: usize>(s: &str, what: &str) -> Result<[u64; N]> {
@@ -574,6 +586,38 @@ mod tests {
         assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
         assert!(e.to_string().contains("--tp"), "{e}");
         assert!(matches(&["plan", "--no-distributed-optimizer", "--pp", "2"]).is_ok());
+    }
+
+    /// Every column of `colo plan map` names its unit.
+    #[test]
+    fn map_columns_carry_units() {
+        let pb = MappingProblem {
+            models: vec![
+                (Role::Actor, preset("qwen2.5-7b").unwrap()),
+                (Role::Reference, preset("qwen2.5-7b").unwrap()),
+            ],
+            devices: 8,
+            hardware: Hardware::h100(),
+            workload: Workload::default(),
+            top: 2,
+        };
+        let t = map_table(&auto_map(&pb).unwrap());
+        let header = t.lines().next().unwrap();
+        for column in [
+            "iter s",
+            "gen s",
+            "trans s",
+            "prep s",
+            "train s",
+            "(peak per device)",
+        ] {
+            assert!(header.contains(column), "{column}: {t}");
+        }
+        let row = t.lines().nth(1).unwrap();
+        assert!(
+            row.trim_start().starts_with("1 ") && row.contains(" GiB)"),
+            "{t}"
+        );
     }
 
     #[test]
