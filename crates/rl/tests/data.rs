@@ -11,6 +11,7 @@ fn fields(prompt: &str, answer: &str) -> Fields {
     Fields {
         prompt_key: prompt.into(),
         answer_key: answer.into(),
+        ..Fields::default()
     }
 }
 
@@ -72,6 +73,65 @@ fn chat_prompts_are_encoded_without_the_tokenizers_own_special_tokens() {
     let chat_ids = chat.encode(&tok).unwrap();
     assert_eq!(chat_ids, tok.encode(&chat.text, false).unwrap());
     assert_ne!(chat_ids[0], vocab::BOS_ID);
+}
+
+/// A ground truth that is a list or an object is refused, naming the file,
+/// the line and the field, unless the run's reward takes one (verl's
+/// rules, a Python function, an external command): then it is its JSON
+/// text, as verl passes it on.
+#[test]
+fn structured_ground_truths_are_refused_unless_the_reward_takes_them() {
+    let rows = concat!(
+        r#"{"prompt": "a", "answer": "7"}"#,
+        "\n",
+        r#"{"prompt": "b", "answer": ["7", "seven"]}"#,
+        "\n",
+    );
+    let (msg, e) = load_err(rows, &Fields::default());
+    assert!(
+        matches!(e, Error::Data { line: 2, .. })
+            && msg.contains(
+                "bad.jsonl:2: field `answer`: is a list; the reward compares with a \
+                 string or a number"
+            ),
+        "{msg}"
+    );
+    let (msg, _) = load_err(
+        r#"{"prompt": "a", "answer": {"target": ["7"]}}"#,
+        &Fields::default(),
+    );
+    assert!(msg.contains(":1: field `answer`: is an object;"), "{msg}");
+
+    let taking = Fields {
+        structured_answers: true,
+        ..Fields::default()
+    };
+    let dir = TempDir::new("data-structured");
+    let path = dir.write("ok.jsonl", rows);
+    let d = Dataset::from_files(&[path], &taking, None).unwrap();
+    assert_eq!(d.prompts[1].ground_truth, r#"["7","seven"]"#);
+
+    // The run's reward decides.
+    let takes = |reward: &str| {
+        let text = format!("[reward]\n{reward}\n");
+        let c = colo_rl::Config::from_toml(&text, std::path::Path::new("run.toml")).unwrap();
+        c.data.fields.structured_answers
+    };
+    assert!(!takes("kind = \"numeric\""));
+    assert!(!takes("kind = \"exact_match\""));
+    assert!(takes("kind = \"verl\""));
+    assert!(takes("kind = \"external\"\ncommand = [\"x\"]"));
+    assert!(takes("kind = \"python\"\npath = \"r.py\""));
+    let weighted = |second: &str| {
+        format!(
+            "kind = \"weighted\"\n[[reward.terms]]\nweight = 1.0\nreward = {{ kind = \"verl\" }}\n\
+             [[reward.terms]]\nweight = 0.5\nreward = {{ {second} }}"
+        )
+    };
+    assert!(takes(&weighted(
+        "kind = \"format\", open = \"<a>\", close = \"</a>\""
+    )));
+    assert!(!takes(&weighted("kind = \"boxed\"")));
 }
 
 fn load_err(text: &str, f: &Fields) -> (String, Error) {

@@ -146,7 +146,8 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
     } = raw;
     let prompts = data.train_batch_size;
     let gen_batch_size = data.gen_batch_size;
-    let data_cfg = data_section(data, trainer.seed)?;
+    let mut data_cfg = data_section(data, trainer.seed)?;
+    data_cfg.fields.structured_answers = reward.takes_structured_ground_truth();
     let rollout_cfg = rollout_section(&rollout, algorithm.adv_estimator)?;
     let longest = data_cfg.max_prompt_length + rollout_cfg.max_new_tokens;
     let mut batch = batch_plan(prompts, rollout_cfg.n, longest, &actor)?;
@@ -396,6 +397,8 @@ fn data_section(data: RawData, default_seed: u64) -> Check<DataConfig> {
         fields: Fields {
             prompt_key: data.prompt_key,
             answer_key: data.answer_key,
+            // The reward's (below).
+            structured_answers: false,
         },
         max_prompt_length: positive("data.max_prompt_length", data.max_prompt_length)?,
         overlong: match data.filter_overlong_prompts {

@@ -8,7 +8,9 @@
 //! rendered with the tokenizer's chat template and a generation prompt. The
 //! answer field (`answer_key`, default `answer`; a dotted path such as verl's
 //! `reward_model.ground_truth` reaches into objects) is the ground truth the
-//! reward compares with. The line's other fields ride along for rewards that
+//! reward compares with: a string, or a number as written; a list or an
+//! object only for rewards that take one ([`Fields::structured_answers`]),
+//! as its JSON text. The line's other fields ride along for rewards that
 //! need them.
 //!
 //! Batches: each epoch is a seeded permutation of the prompts, cut into
@@ -35,6 +37,13 @@ pub struct Fields {
     pub prompt_key: String,
     /// A key, or a dotted path into nested objects.
     pub answer_key: String,
+    /// Whether an answer that is a list or an object is read (as its JSON
+    /// text), for rewards that take one
+    /// ([`crate::RewardSpec::takes_structured_ground_truth`]); otherwise
+    /// such a row is an error naming its file, line and field, as a rule
+    /// that compares text would score it 0 without a word. Set from the
+    /// run's reward when its config is read; `false` by default.
+    pub structured_answers: bool,
 }
 
 impl Default for Fields {
@@ -42,6 +51,7 @@ impl Default for Fields {
         Fields {
             prompt_key: "prompt".into(),
             answer_key: "answer".into(),
+            structured_answers: false,
         }
     }
 }
@@ -310,6 +320,20 @@ impl Dataset {
         let ground_truth = match answer {
             Value::String(s) => s.clone(),
             Value::Null => return Err(bad(Some(ak), "is null".into())),
+            Value::Array(_) | Value::Object(_) if !fields.structured_answers => {
+                let what = match answer.is_array() {
+                    true => "a list",
+                    false => "an object",
+                };
+                return Err(bad(
+                    Some(ak),
+                    format!(
+                        "is {what}; the reward compares with a string or a number (a list or \
+                         an object is taken by reward.kind = \"verl\", \"python\" and \
+                         \"external\", as its JSON text)"
+                    ),
+                ));
+            }
             other => other.to_string(),
         };
         self.prompts.push(Prompt {

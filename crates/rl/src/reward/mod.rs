@@ -330,6 +330,27 @@ impl RewardSpec {
             _ => Ok(()),
         }
     }
+
+    /// Whether the reward takes a ground truth that is a list or an object
+    /// (as its JSON text): verl's rules (Search-R1's `{"target": […]}`),
+    /// a Python function and an external command get it as the row holds
+    /// it, as verl passes it to `compute_score`, and `format` does not read
+    /// it. The other rules compare with a string or a number, and the data
+    /// reader refuses such a row ([`crate::data::Fields::structured_answers`]).
+    pub fn takes_structured_ground_truth(&self) -> bool {
+        match self {
+            RewardSpec::Verl {}
+            | RewardSpec::Python { .. }
+            | RewardSpec::External { .. }
+            | RewardSpec::Format { .. } => true,
+            RewardSpec::ExactMatch {} | RewardSpec::Numeric { .. } | RewardSpec::Boxed { .. } => {
+                false
+            }
+            RewardSpec::Weighted { terms } => terms
+                .iter()
+                .all(|t| t.reward.takes_structured_ground_truth()),
+        }
+    }
 }
 
 /// The reward a spec describes. External commands are started here.
