@@ -202,6 +202,36 @@ fn unknown_keys_are_errors_with_their_line() {
     assert!(msg.contains("expected `tolerance` or `after`"), "{msg}");
 }
 
+/// A setting of another reward kind says which kinds have it, not that
+/// "there are no fields" nor that colo keeps it as itself.
+#[test]
+fn a_setting_of_another_reward_kind_names_its_kinds() {
+    let (line, field, msg) = err("[reward]\nkind = \"exact_match\"\nafter = \"####\"\n");
+    assert_eq!((line, field.as_str()), (Some(3), "reward.after"), "{msg}");
+    assert!(
+        msg.contains(
+            "unknown field `after`: `reward.after` is a setting of reward.kind = \"numeric\" only"
+        ),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("there are no fields") && !msg.contains("colo keeps"),
+        "{msg}"
+    );
+    let (_, _, msg) = err("[reward]\nkind = \"numeric\"\ndefault_score = 0.0\n");
+    assert!(
+        msg.contains("is a setting of reward.kind = \"external\" or \"python\" only"),
+        "{msg}"
+    );
+    // A key no kind has keeps serde's list of the kind's own keys.
+    let (_, _, msg) = err("[reward]\nkind = \"exact_match\"\nfoo = 1\n");
+    assert!(
+        msg.contains("unknown field `foo`, expected no other key")
+            && !msg.contains("there are no fields"),
+        "{msg}"
+    );
+}
+
 /// A verl user writes verl's names in verl's places: the error says where
 /// colo keeps them.
 #[test]

@@ -195,6 +195,43 @@ val_only = true
     }
 }
 
+/// An external reward's keys are described with their defaults, and the
+/// protocol with them, not a pointer to a source file.
+#[test]
+fn an_external_rewards_keys_have_their_defaults() {
+    let printed = parse("[reward]\nkind = \"external\"\ncommand = [\"python3\", \"r.py\"]\n")
+        .to_toml()
+        .unwrap();
+    let comment_of = |key: &str| {
+        let lines: Vec<&str> = printed.lines().collect();
+        let at = (lines.iter())
+            .position(|l| {
+                l.starts_with(&format!("{key} = ")) || l.starts_with(&format!("# {key} = "))
+            })
+            .unwrap_or_else(|| panic!("no {key}: {printed}"));
+        lines[at - 1].to_owned()
+    };
+    let command = comment_of("command");
+    assert!(
+        command.contains("{\"id\", \"score\"}") && !command.contains(".rs"),
+        "{command}"
+    );
+    assert!(
+        comment_of("timeout_s").contains("Default: 30.0"),
+        "{printed}"
+    );
+    assert!(comment_of("workers").contains("Default: 1"), "{printed}");
+    assert!(
+        comment_of("default_score").contains("Default: unset (a failure stops the run"),
+        "{printed}"
+    );
+    let numeric = parse("[reward]\nkind = \"numeric\"\n").to_toml().unwrap();
+    assert!(
+        numeric.contains("are equal [absolute]. Default: 1e-6"),
+        "{numeric}"
+    );
+}
+
 #[test]
 fn only_the_reward_kinds_own_optional_keys_are_hinted() {
     let numeric = parse("[reward]\nkind = \"numeric\"\n").to_toml().unwrap();

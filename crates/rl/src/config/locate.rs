@@ -31,7 +31,18 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
             None => field = join(&field, unknown),
         }
         line = key_line(text, &field).or(line);
-        message.push_str(&where_colo_keeps(&field));
+        match setting_of_other_kinds(&field) {
+            // `after` with `kind = "exact_match"`: the key is colo's, for
+            // other kinds (serde says "there are no fields" of a kind that
+            // has none).
+            Some(kinds) => message = format!(
+                "unknown field `{unknown}`: `{field}` is a setting of reward.kind = {kinds} only"
+            ),
+            None => {
+                message = message.replace(", there are no fields", ", expected no other key");
+                message.push_str(&where_colo_keeps(&field));
+            }
+        }
     }
     // `toml`'s word for a choice written as a number or a list: say the
     // choices (of the key an alias, like `lr_scheduler_type`, stands for).
@@ -71,6 +82,24 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
         field,
         message,
     }
+}
+
+/// `"numeric"` or `"external" or "python"`: the reward kinds whose setting
+/// `field` (`reward.after`) is, as its documentation begins
+/// ("numeric: read the first number…"); `None` for any other field.
+fn setting_of_other_kinds(field: &str) -> Option<String> {
+    if !field.starts_with("reward.") {
+        return None;
+    }
+    let doc = print::DOCS.iter().find(|d| d.key == field)?;
+    let (kinds, _) = doc.meaning.split_once(": ")?;
+    let kinds: Vec<&str> = kinds.split(", ").collect();
+    let kind = |k: &&str| k.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+    if !kinds.iter().all(kind) {
+        return None;
+    }
+    let quoted: Vec<String> = kinds.iter().map(|k| format!("{k:?}")).collect();
+    Some(quoted.join(" or "))
 }
 
 /// Most keys a hint lists before it sends the reader to `--print-config`.

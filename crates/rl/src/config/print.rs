@@ -168,7 +168,7 @@ pub(crate) const DOCS: &[Doc] = &[
     d("reward.name", "python: the function, called as verl calls it: name(data_source=, solution_str=, ground_truth=, extra_info=, **kwargs), returning a number or a dict with \"score\"", "identifier", "custom_reward_function.name"),
     d("reward.kwargs", "python: keyword arguments added to every call", "table", "custom_reward_function.reward_kwargs"),
     d("reward.python", "python: the interpreter that runs the function (a virtual environment's bin/python for one with its imports)", "program", ""),
-    d("reward.command", "external: program and arguments of a child process answering JSON lines (crates/rl/src/reward/external.rs)", "list of strings", ""),
+    d("reward.command", "external: program and arguments of a child process, started once for the run: colo writes a JSON line per sample, {\"id\", \"prompt\", \"completion\", \"ground_truth\", \"row\" (the row's other fields)}, and the child answers each with a line {\"id\", \"score\"} (and optionally \"extra\": {name: number}), in any order", "list of strings", ""),
     d("reward.timeout_s", "external, python: how long to wait for each answer line (python: and for the file to load)", "seconds", ""),
     d("reward.workers", "external, python: processes scoring each batch's samples at once (for rewards that take milliseconds a sample)", "processes", "reward_model.reward_manager = \"prime\" (a process pool)"),
     opt("reward.default_score", "external, python: the score of a sample the command or function failed on", "score", "", "a failure stops the run with an error naming the sample"),
@@ -480,7 +480,9 @@ fn write_table(
             let _ = writeln!(out, "{}", line.unwrap_or_default());
             continue;
         };
-        let default = lookup(defaults, d.key).map(value_text);
+        let default = lookup(defaults, d.key)
+            .map(value_text)
+            .or_else(|| reward_default(d.key));
         let _ = writeln!(out, "# {}", comment(d, default.as_deref()));
         match line {
             Some(line) => {
@@ -524,6 +526,23 @@ fn relevant(key: &str, t: &Table) -> bool {
         "reward.default_score" => matches!(kind, Some("external" | "python")),
         _ => true,
     }
+}
+
+/// The default of a reward key that the default reward (`exact_match`)
+/// does not have: serde's, read from the smallest spec of a kind with it
+/// (`timeout_s` = 30, `workers` = 1 for `external` and `python`).
+fn reward_default(key: &str) -> Option<String> {
+    let name = key.strip_prefix("reward.")?;
+    const SMALLEST: [&str; 3] = [
+        "kind = \"numeric\"",
+        "kind = \"external\"\ncommand = [\"x\"]",
+        "kind = \"python\"\npath = \"x.py\"",
+    ];
+    SMALLEST.iter().find_map(|text| {
+        let spec: crate::reward::RewardSpec = toml::from_str(text).ok()?;
+        let table = Table::try_from(&spec).ok()?;
+        table.get(name).map(value_text)
+    })
 }
 
 /// `meaning [unit]. Default: …. verl: …`

@@ -964,10 +964,70 @@ fn schedule_text(c: &Config) -> String {
     if c.algorithm.advantage.adv_estimator == AdvEstimator::Gae {
         text += &format!(", critic lr {}", Num(c.critic.optim.lr));
         if c.trainer.critic_warmup > 0 {
-            text += &format!(" (alone for the first {} steps)", c.trainer.critic_warmup);
+            text += &match c.trainer.critic_warmup {
+                1 => " (alone for the first step)".to_owned(),
+                n => format!(" (alone for the first {n} steps)"),
+            };
         }
     }
     text
+}
+
+/// The reward as a person reads it: `numeric after "####", tolerance
+/// 1e-6`, `0.9 × numeric + 0.1 × format <answer>…</answer>`, `python
+/// compute_score of my_reward.py (4 workers)`; never its JSON.
+fn reward_text(r: &RewardSpec) -> String {
+    let default = |d: &Option<f32>| match d {
+        Some(d) => format!(", default_score {d}"),
+        None => String::new(),
+    };
+    let workers = |w: usize| match w {
+        1 => String::new(),
+        w => format!(", {w} workers"),
+    };
+    match r {
+        RewardSpec::ExactMatch {} => "exact_match".into(),
+        RewardSpec::Numeric { tolerance, after } => format!(
+            "numeric{}, tolerance {}",
+            after
+                .as_ref()
+                .map_or(" (the last number)".to_owned(), |a| format!(" after {a:?}")),
+            Num(*tolerance)
+        ),
+        RewardSpec::Boxed { tolerance } => format!("boxed, tolerance {}", Num(*tolerance)),
+        RewardSpec::Format { open, close } => format!("format {open}…{close}"),
+        RewardSpec::Weighted { terms } => (terms.iter())
+            .map(|t| format!("{} × {}", t.weight, reward_text(&t.reward)))
+            .collect::<Vec<_>>()
+            .join(" + "),
+        RewardSpec::Verl {} => "verl (the rule by each row's data_source)".into(),
+        RewardSpec::Python {
+            path,
+            name,
+            timeout_s,
+            default_score,
+            workers: w,
+            ..
+        } => format!(
+            "python {name} of {} (timeout {} s{}{})",
+            path.display(),
+            Num(*timeout_s),
+            default(default_score),
+            workers(*w)
+        ),
+        RewardSpec::External {
+            command,
+            timeout_s,
+            default_score,
+            workers: w,
+        } => format!(
+            "external `{}` (timeout {} s{}{})",
+            command.join(" "),
+            Num(*timeout_s),
+            default(default_score),
+            workers(*w)
+        ),
+    }
 }
 
 /// A value's config name (its serde form), e.g. `token-mean` or `staged`.
@@ -1043,7 +1103,11 @@ pub(crate) fn summary(c: &Config) -> String {
         ),
         (None, None) => "no KL (no reference model)".into(),
     };
-    let freq = |f: Option<usize>| f.map_or("end only".to_owned(), |f| format!("every {f} steps"));
+    let freq = |f: Option<usize>| match f {
+        None => "end only".to_owned(),
+        Some(1) => "every step".to_owned(),
+        Some(f) => format!("every {f} steps"),
+    };
     let m = &c.memory;
     let on = |b: bool, what: &'static str| b.then_some(what);
     let offload: Vec<&str> = [
@@ -1112,7 +1176,7 @@ pub(crate) fn summary(c: &Config) -> String {
             Num(c.actor.optim.lr),
             c.actor.optim.warmup_steps
         ) + &schedule_text(c),
-        format!("reward     {}", name(&c.reward)),
+        format!("reward     {}", reward_text(&c.reward)),
         format!(
             "compute    {}, {}",
             name(&c.trainer.device),
