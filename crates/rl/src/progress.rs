@@ -17,9 +17,14 @@ pub struct Status {
     pub score: f64,
     /// The latest held-out accuracy, if any.
     pub accuracy: Option<f64>,
+    /// Samples so far whose reward failed and scored the reward's
+    /// `default_score` instead (shown when there are any: a default
+    /// score hides a broken reward otherwise).
+    pub reward_failures: u64,
 }
 
-/// The bar's line: `[####------] 12/100 reward 0.512 eval acc 36.0% 00:00:41 eta 00:05:00`.
+/// The bar's line: `[####------] 12/100 reward 0.512 eval acc 36.0% 00:00:41 eta 00:05:00`,
+/// with `(16 reward failures)` after the reward when any failed.
 const TEMPLATE: &str = "[{bar:30}] {pos}/{len} {msg} {elapsed_precise} eta {eta_precise}";
 
 /// See the module doc.
@@ -77,8 +82,13 @@ impl Progress {
         let acc = status
             .accuracy
             .map_or(String::new(), |a| format!(" eval acc {:.1}%", a * 100.0));
+        let failed = match status.reward_failures {
+            0 => String::new(),
+            1 => " (1 reward failure)".to_owned(),
+            n => format!(" ({n} reward failures)"),
+        };
         self.bar
-            .set_message(format!("reward {:.3}{acc}", status.score));
+            .set_message(format!("reward {:.3}{failed}{acc}", status.score));
         self.bar.set_position(done);
         if done == self.total {
             self.bar.finish();
@@ -212,6 +222,7 @@ mod tests {
             let status = Status {
                 score: i as f64 / total as f64,
                 accuracy: Some(0.5),
+                reward_failures: 0,
             };
             p.update(i, status);
         }
@@ -253,6 +264,33 @@ mod tests {
                 "#".repeat(30)
             )),
             "{last:?}"
+        );
+    }
+
+    /// Failed rewards that scored the default are on the line from the
+    /// first one on; none, nothing is said.
+    #[test]
+    fn reward_failures_are_on_the_line() {
+        let out = Shared::default();
+        let mut p = Progress::plain(3, out.clone());
+        for (done, reward_failures) in [(0, 0), (1, 1), (2, 16), (3, 16)] {
+            let status = Status {
+                score: 0.0,
+                accuracy: None,
+                reward_failures,
+            };
+            p.update(done, status);
+        }
+        let text = out.text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(!lines[0].contains("failure"), "{text}");
+        assert!(
+            lines[1].contains("reward 0.000 (1 reward failure) "),
+            "{text}"
+        );
+        assert!(
+            lines[3].contains("reward 0.000 (16 reward failures) "),
+            "{text}"
         );
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use colo_model::Tokenizer;
@@ -47,6 +47,10 @@ pub struct RunSummary {
     /// The same of `memory/peak_allocated_bytes` (cached blocks not
     /// counted).
     pub peak_allocated_bytes: u64,
+    /// Samples whose reward failed and scored the reward's `default_score`
+    /// instead: those of the steps recorded in `metrics.jsonl` (before a
+    /// resume too) and of this process's evaluations.
+    pub reward_failures: u64,
     /// What the run said about where it started (also printed to stderr):
     /// checkpoints skipped, records removed, starting from scratch.
     pub notes: Vec<String>,
@@ -56,9 +60,22 @@ pub struct RunSummary {
 /// handler): the run finishes the step under way, saves a checkpoint of
 /// the steps done, writes its pictures and returns, so `--resume`
 /// continues from there and nothing done is lost. Cloning shares the
-/// request.
+/// request, and what the run says of its progress: a process that stops
+/// at once says what is lost ([`Stop::stopped_now`]).
 #[derive(Debug, Clone, Default)]
-pub struct Stop(Arc<AtomicBool>);
+pub struct Stop(Arc<StopState>);
+
+#[derive(Debug, Default)]
+struct StopState {
+    requested: AtomicBool,
+    /// The step under way (1-based); 0 between steps.
+    under_way: AtomicUsize,
+    /// The step of the newest complete checkpoint; 0 for none.
+    checkpoint: AtomicUsize,
+    /// Whether the run's first step (or `val_only`'s evaluation) began:
+    /// a run that fails before it leaves its directory as it was.
+    began: AtomicBool,
+}
 
 impl Stop {
     pub fn new() -> Self {
@@ -67,11 +84,39 @@ impl Stop {
 
     /// Asks the run to stop after the step under way.
     pub fn request(&self) {
-        self.0.store(true, Ordering::SeqCst);
+        self.0.requested.store(true, Ordering::SeqCst);
     }
 
     pub fn requested(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.requested.load(Ordering::SeqCst)
+    }
+
+    /// What stopping the process now loses and keeps, for the message of
+    /// a second Ctrl-C: `step 24, under way, is lost; the checkpoint of
+    /// step 23 is complete`. Between steps (loading, the last evaluation,
+    /// the pictures) no step is lost.
+    pub fn stopped_now(&self) -> String {
+        let kept = match self.0.checkpoint.load(Ordering::SeqCst) {
+            0 => "no checkpoint was written".to_owned(),
+            n => format!("the checkpoint of step {n} is complete"),
+        };
+        match self.0.under_way.load(Ordering::SeqCst) {
+            0 => kept,
+            k => format!("step {k}, under way, is lost; {kept}"),
+        }
+    }
+
+    fn step_began(&self, step: usize) {
+        self.0.began.store(true, Ordering::SeqCst);
+        self.0.under_way.store(step, Ordering::SeqCst);
+    }
+
+    fn step_ended(&self) {
+        self.0.under_way.store(0, Ordering::SeqCst);
+    }
+
+    fn saved(&self, step: usize) {
+        self.0.checkpoint.store(step, Ordering::SeqCst);
     }
 }
 
@@ -113,11 +158,93 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
             "the run directory is a file; name a directory (--out, or trainer.experiment_name)";
         return Err(Error::io(out, std::io::Error::other(why)));
     }
+    let before = Before::of(out)?;
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     // Held until the run returns: one run at a time in a directory.
     let _lock = crate::run_lock::lock(out)?;
+    stop.0.began.store(false, Ordering::SeqCst);
+    let result = run_locked(config, out, resume, stop);
+    if result.is_err() && !stop.0.began.load(Ordering::SeqCst) {
+        before.restore(out);
+    }
+    result
+}
+
+/// What a run directory held before a run, so that a run that fails
+/// before its first step (a refused dataset, model, reward or schedule)
+/// leaves it as it was: its lock file, `checkpoints/`, `config.toml`,
+/// `metrics.jsonl`, the pictures and the built-in task's `base/` and
+/// `data/` are removed, and a rerun finds no earlier run there.
+struct Before {
+    existed: bool,
+    entries: std::collections::HashSet<std::ffi::OsString>,
+    /// The directories above `out` that making it makes, deepest first.
+    parents: Vec<PathBuf>,
+}
+
+impl Before {
+    fn of(out: &Path) -> Result<Before> {
+        let mut entries = std::collections::HashSet::new();
+        if out.is_dir() {
+            for e in std::fs::read_dir(out).map_err(|e| Error::io(out, e))? {
+                entries.insert(e.map_err(|e| Error::io(out, e))?.file_name());
+            }
+        }
+        let parents = (out.ancestors().skip(1))
+            .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+            .map(Path::to_path_buf)
+            .collect();
+        Ok(Before {
+            existed: out.is_dir(),
+            entries,
+            parents,
+        })
+    }
+
+    /// Removes what the run made in `out` (the lock file last: the run
+    /// holds it until it returns); what cannot be removed is said.
+    fn restore(&self, out: &Path) {
+        let left = |path: &Path, e: std::io::Error| {
+            eprintln!(
+                "the run failed before its first step, and {} could not be removed: {e}",
+                path.display()
+            )
+        };
+        if !self.existed {
+            if let Err(e) = std::fs::remove_dir_all(out) {
+                left(out, e);
+            }
+            // Only while empty: another run may be writing beside `out`.
+            for dir in &self.parents {
+                let _ = std::fs::remove_dir(dir);
+            }
+            return;
+        }
+        let Ok(read) = std::fs::read_dir(out) else {
+            return;
+        };
+        let lock = std::ffi::OsStr::new(crate::run_lock::FILE);
+        let mut made: Vec<_> = (read.flatten())
+            .filter(|e| !self.entries.contains(&e.file_name()))
+            .map(|e| e.path())
+            .collect();
+        made.sort_by_key(|p| p.file_name() == Some(lock));
+        for path in made {
+            let removed = match path.is_dir() {
+                true => std::fs::remove_dir_all(&path),
+                false => std::fs::remove_file(&path),
+            };
+            if let Err(e) = removed {
+                left(&path, e);
+            }
+        }
+    }
+}
+
+/// [`run_until`] once the run directory is locked.
+fn run_locked(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<RunSummary> {
     if config.trainer.val_only {
-        return evaluate_only(config, out, resume);
+        return evaluate_only(config, out, resume, stop);
     }
     let ckpt_dir = out.join(checkpoints::DIR);
     // Read only: nothing is written until the resume is known to make sense.
@@ -195,11 +322,13 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
                 }
                 (start.first_step, start.first_batch) = (step, at);
                 start.before = earlier(&metrics_path)?;
+                stop.saved(step);
                 start.say(format!(
                     "--resume: continuing from {} (step {step} of {total}){}",
                     dir.display(),
                     match removed {
                         0 => String::new(),
+                        1 => format!("; removed 1 record after step {step} from metrics.jsonl"),
                         n => format!("; removed {n} records after step {step} from metrics.jsonl"),
                     }
                 ));
@@ -217,6 +346,7 @@ pub fn run_until(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
                         last_accuracy_by_source: BTreeMap::new(),
                         peak_device_bytes: start.before.peak,
                         peak_allocated_bytes: start.before.peak_allocated,
+                        reward_failures: start.before.reward_failures,
                         notes: start.notes,
                     });
                 }
@@ -286,7 +416,7 @@ fn make_dump_dirs(config: &Config) -> Result<()> {
 /// `trainer.val_only`: the starting model evaluated on the held-out
 /// prompts, its record in `metrics.jsonl` (its generations in
 /// `validation_data_dir`); nothing is trained, checkpointed or drawn.
-fn evaluate_only(config: &Config, out: &Path, resume: bool) -> Result<RunSummary> {
+fn evaluate_only(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<RunSummary> {
     if resume {
         let why = crate::config::VAL_ONLY_RESUME;
         return Err(Error::Resume(format!("trainer.val_only {why}")));
@@ -311,6 +441,7 @@ fn evaluate_only(config: &Config, out: &Path, resume: bool) -> Result<RunSummary
     let total = config.total_steps(train.len());
     let model = (model_dir, tokenizer);
     let mut run = Run::new(config, out, &pool, model, val, metrics, total)?;
+    stop.0.began.store(true, Ordering::SeqCst);
     let accuracy = run.evaluate(0)?;
     let stats = pool.stats();
     Ok(RunSummary {
@@ -323,6 +454,7 @@ fn evaluate_only(config: &Config, out: &Path, resume: bool) -> Result<RunSummary
         last_accuracy_by_source: std::mem::take(&mut run.accuracy_by_source),
         peak_device_bytes: stats.peak_resident_bytes,
         peak_allocated_bytes: stats.peak_allocated_bytes,
+        reward_failures: run.reward.failures(),
         notes: Vec::new(),
     })
 }
@@ -345,6 +477,8 @@ struct Earlier {
     /// Peak device bytes over the steps, and of them allocated.
     peak: u64,
     peak_allocated: u64,
+    /// Samples whose reward failed, over the steps.
+    reward_failures: u64,
     /// The last evaluation's step.
     evaluated_at: Option<usize>,
 }
@@ -366,6 +500,7 @@ fn earlier(path: &Path) -> Result<Earlier> {
             Record::Step(s) => {
                 e.peak = e.peak.max(s.peak_device_bytes);
                 e.peak_allocated = e.peak_allocated.max(s.peak_allocated_bytes);
+                e.reward_failures += s.reward_failures;
             }
         }
     }
@@ -412,6 +547,7 @@ fn train_steps(
         mut peak,
         mut peak_allocated,
         evaluated_at,
+        reward_failures: failures_before,
     } = start.before;
     // Evaluations during the run happen at the start of the next step's
     // rollout phase (the same weights, no switch of their own); the record
@@ -433,7 +569,9 @@ fn train_steps(
 
     // ---- the steps ---------------------------------------------------------
     let mut last = total;
+    let mut score = None;
     for step in first_step..total {
+        stop.step_began(step + 1);
         let batch_at_start = next_batch;
         let mut draw = || {
             let b = batches.batch(next_batch);
@@ -450,6 +588,7 @@ fn train_steps(
                     return Err(Error::StoppedMidStep(why));
                 }
                 run.save(&ckpt_dir, step, &data_state(batch_at_start))?;
+                stop.saved(step);
                 return Err(Error::StoppedMidStep(format!(
                     "{why}; a checkpoint of step {step}, the last one finished, was written"
                 )));
@@ -471,18 +610,25 @@ fn train_steps(
         let saves = config.trainer.save_freq.is_some_and(|f| done % f == 0);
         if (saves || stopping) && done < total {
             run.save(&ckpt_dir, done, &data_state(next_batch))?;
+            stop.saved(done);
         }
+        stop.step_ended();
         if test_step(done) && done < total {
             // Made up by `--resume` when stopping here.
             run.pending_eval = Some(done);
         }
-        progress.update(
-            done,
-            Status {
-                score: m.score_mean,
-                accuracy: last_accuracy,
-            },
-        );
+        score = Some(m.score_mean);
+        // The last step's line waits for the evaluation at the end.
+        if done < total {
+            progress.update(
+                done,
+                Status {
+                    score: m.score_mean,
+                    accuracy: last_accuracy,
+                    reward_failures: failures_before + run.reward.failures(),
+                },
+            );
+        }
         if stopping {
             last = done;
             break;
@@ -497,6 +643,15 @@ fn train_steps(
             last_accuracy = Some(run.evaluate(total)?);
         }
         run.save(&ckpt_dir, total, &data_state(next_batch))?;
+        stop.saved(total);
+        if let Some(score) = score {
+            let status = Status {
+                score,
+                accuracy: last_accuracy,
+                reward_failures: failures_before + run.reward.failures(),
+            };
+            progress.update(total, status);
+        }
     }
     Ok(RunSummary {
         run_dir: out.to_owned(),
@@ -508,6 +663,7 @@ fn train_steps(
         last_accuracy_by_source: run.accuracy_by_source,
         peak_device_bytes: peak,
         peak_allocated_bytes: peak_allocated,
+        reward_failures: failures_before + run.reward.failures(),
         notes: start.notes,
     })
 }

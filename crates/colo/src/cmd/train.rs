@@ -108,14 +108,25 @@ pub fn run(a: Args) -> Result<()> {
         .into());
     }
     let pct = |a: Option<f64>| a.map_or("-".to_string(), |a| format!("{:.1}%", 100.0 * a));
+    let failures = failures_text(s.reward_failures, &config.reward);
     if config.trainer.val_only {
         println!(
             "done: evaluated the starting model, nothing trained (trainer.val_only); held-out \
-             accuracy {}{}",
+             accuracy {}{}{failures}",
             pct(s.last_accuracy),
             by_source(&s.last_accuracy_by_source)
         );
         println!("wrote {}/metrics.jsonl", s.run_dir.display());
+        return Ok(());
+    }
+    if s.resumed_from == Some(s.total_steps) {
+        // (The notes on stderr said so; nothing was written.)
+        println!(
+            "done: nothing to do, the run in {} is complete ({} of {} steps)",
+            s.run_dir.display(),
+            s.steps,
+            s.total_steps
+        );
         return Ok(());
     }
     let accuracy = match config.evaluates() {
@@ -128,17 +139,74 @@ pub fn run(a: Args) -> Result<()> {
         false => "no held-out set".to_owned(),
     };
     println!(
-        "done: {} step{}; {accuracy}; peak device memory {} ({} allocated, the rest cached blocks)",
+        "done: {} step{}; {accuracy}{failures}; peak device memory {}",
         s.steps,
         if s.steps == 1 { "" } else { "s" },
-        colo_mem::fmt_bytes(s.peak_device_bytes),
-        colo_mem::fmt_bytes(s.peak_allocated_bytes)
+        peak_text(s.peak_device_bytes, s.peak_allocated_bytes)
     );
-    println!(
-        "wrote {0}/metrics.jsonl, {0}/memory_timeline.{{svg,png}}, {0}/reward_curve.{{svg,png}}, {0}/checkpoints/",
-        s.run_dir.display()
-    );
+    println!("wrote {}", wrote(&s.run_dir).join(", "));
     Ok(())
+}
+
+/// "; 16 reward failures (scored reward.default_score = 0)" when any
+/// sample's reward failed and got the default, else nothing.
+fn failures_text(n: u64, reward: &colo_rl::RewardSpec) -> String {
+    use colo_rl::RewardSpec::{External, Python};
+    let default = match reward {
+        External { default_score, .. } | Python { default_score, .. } => *default_score,
+        _ => None,
+    };
+    let scored = match default {
+        Some(d) => format!(" (scored reward.default_score = {d})"),
+        None => " (scored their default_score)".to_owned(),
+    };
+    match n {
+        0 => String::new(),
+        1 => format!("; 1 reward failure{scored}"),
+        n => format!("; {n} reward failures{scored}"),
+    }
+}
+
+/// "37.2 MiB (30.1 MiB allocated, the rest cached blocks)", or the peak
+/// alone when no cached block was mapped at it (or records of an earlier
+/// version did not count the allocated bytes).
+fn peak_text(device: u64, allocated: u64) -> String {
+    let fmt = colo_mem::fmt_bytes;
+    match allocated {
+        a if a == 0 || a >= device => fmt(device),
+        a => format!(
+            "{} ({} allocated, the rest cached blocks)",
+            fmt(device),
+            fmt(a)
+        ),
+    }
+}
+
+/// What the run wrote into `dir`, as the closing line names it: the
+/// records, the pictures (each as `name.{svg,png}`), the checkpoints and
+/// the resolved configuration, those that are there.
+fn wrote(dir: &Path) -> Vec<String> {
+    let d = dir.display();
+    let mut files = Vec::new();
+    for name in ["metrics.jsonl", "timeline.jsonl"] {
+        if dir.join(name).is_file() {
+            files.push(format!("{d}/{name}"));
+        }
+    }
+    for picture in ["memory_timeline", "memory_step", "reward_curve"] {
+        if dir.join(format!("{picture}.svg")).is_file() {
+            files.push(format!("{d}/{picture}.{{svg,png}}"));
+        }
+    }
+    for (name, shown) in [
+        ("checkpoints", "checkpoints/"),
+        ("config.toml", "config.toml"),
+    ] {
+        if dir.join(name).exists() {
+            files.push(format!("{d}/{shown}"));
+        }
+    }
+    files
 }
 
 /// A run stopped early at the user's request (Ctrl-C, SIGTERM), with a
@@ -164,7 +232,7 @@ fn stop_on_signals(stop: &colo_rl::r#loop::Stop) -> Result<()> {
     let stop = stop.clone();
     ctrlc::set_handler(move || {
         if stop.requested() {
-            eprintln!("\ncolo train: stopped now; the step under way is lost");
+            eprintln!("\ncolo train: stopped now; {}", stop.stopped_now());
             colo_mem::os::exit_now(130);
         }
         stop.request();
@@ -197,13 +265,16 @@ fn plan_check(config: &Config) -> Result<()> {
     use colo_plan::PlanError;
     let fmt = colo_mem::fmt_bytes;
     // A run the planner does not model (restart mode) is not checked.
-    let run = match super::plan_config::from_config(config) {
-        Ok(run) => run,
-        Err(e) => {
-            eprintln!("plan check: skipped ({e:#})");
-            return Ok(());
-        }
-    };
+    if config.memory.colocation == colo_rl::config::Colocation::Restart {
+        eprintln!(
+            "plan check: skipped (colocation `restart` is not modelled by colo plan: the \
+             engine is rebuilt from disk each step)"
+        );
+        return Ok(());
+    }
+    // What the planner cannot read (the model's config, its tokenizer, the
+    // data) the run cannot either: the error is said once, here.
+    let run = super::plan_config::from_config(config).context("colo train")?;
     let capacity = run.capacity;
     let refuse = |why: String| {
         anyhow::anyhow!(
@@ -264,4 +335,42 @@ fn plan_check(config: &Config) -> Result<()> {
         report.peak_phase,
         fmt(capacity)
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// "the rest cached blocks" only when there is a rest.
+    #[test]
+    fn the_peak_names_cached_blocks_only_when_there_are_some() {
+        let mib = 1 << 20;
+        assert_eq!(
+            peak_text(40 * mib, 30 * mib),
+            "40.0 MiB (30.0 MiB allocated, the rest cached blocks)"
+        );
+        assert_eq!(peak_text(37 * mib, 37 * mib), "37.0 MiB");
+        assert_eq!(
+            peak_text(37 * mib, 0),
+            "37.0 MiB",
+            "records without the count"
+        );
+    }
+
+    /// Reward failures are said, with the score they got, only when there
+    /// were any.
+    #[test]
+    fn reward_failures_are_said_when_there_are_some() {
+        let spec = |text: &str| serde_json::from_str::<colo_rl::RewardSpec>(text).unwrap();
+        let external = spec(r#"{"kind": "external", "command": ["x"], "default_score": -1.0}"#);
+        assert_eq!(failures_text(0, &external), "");
+        assert_eq!(
+            failures_text(1, &external),
+            "; 1 reward failure (scored reward.default_score = -1)"
+        );
+        assert_eq!(
+            failures_text(16, &spec(r#"{"kind": "exact_match"}"#)),
+            "; 16 reward failures (scored their default_score)"
+        );
+    }
 }
