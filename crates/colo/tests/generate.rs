@@ -245,6 +245,47 @@ fn chat_prompts_go_through_the_template() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A `--max-new-tokens` beyond what the model's context leaves after the
+/// prompt is said, with the number of tokens that are generated; one that
+/// fits is not.
+#[test]
+fn max_new_tokens_cut_to_the_context_is_said() {
+    let dir = fixture("tiny-qwen2"); // a context of 512 tokens
+    let model = dir.to_str().unwrap();
+    let run = |max_new: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_colo"))
+            .args([
+                "generate",
+                "--model",
+                model,
+                "--prompt-ids",
+                "1,2,3",
+                "--greedy",
+            ])
+            .args(["--ignore-eos", "--max-new-tokens", max_new, "--json"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let n = v["completions"][0]["tokens"].as_array().unwrap().len();
+        (n, stderr)
+    };
+    let (n, stderr) = run("600");
+    assert_eq!(n, 509, "the context's 512 tokens, less the prompt's 3");
+    assert!(
+        stderr.contains(
+            "--max-new-tokens 600 does not fit: the model's context is 512 tokens and the \
+             prompt has 3, so at most 509 new tokens are generated"
+        ),
+        "{stderr}"
+    );
+    let (n, stderr) = run("4");
+    assert_eq!(n, 4);
+    assert!(!stderr.contains("does not fit"), "{stderr}");
+}
+
 /// `--n` whose samples cannot fit the machine is refused before anything
 /// is allocated, naming `--n` and colo-plan's bytes (a billion samples of
 /// 5 tokens: ~17 TB, beyond any machine). It used to size a KV cache for

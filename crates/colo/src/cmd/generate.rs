@@ -88,6 +88,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ),
         (None, None, _) => unreachable!("clap requires --prompt-ids or --prompt"),
     };
+    // The engine stops a sequence when the model's context is full.
+    let room = cfg.max_position_embeddings.saturating_sub(prompt.len());
+    if a.max_new_tokens > room && room > 0 {
+        eprintln!(
+            "colo generate: --max-new-tokens {} does not fit: the model's context is {} tokens \
+             and the prompt has {}, so at most {room} new tokens are generated",
+            a.max_new_tokens,
+            cfg.max_position_embeddings,
+            prompt.len()
+        );
+    }
     let params = SamplingParams {
         n: a.n,
         max_new_tokens: a.max_new_tokens,
