@@ -129,7 +129,7 @@ pub extern "C" fn colo_mem_cuda_segment_alloc(slot: u32, tag: u32, bytes: usize)
                 // libtorch raises its own "CUDA out of memory" for the null
                 // below; the reason waits for `Pool::take_device_refusal`.
                 if st.device_refusal.is_none() {
-                    eprintln!("colo-mem: {e}");
+                    log::warn!("a CUDA segment refused to libtorch: {e}");
                     st.device_refusal = Some(e);
                 }
                 None
@@ -145,6 +145,6 @@ pub extern "C" fn colo_mem_cuda_segment_alloc(slot: u32, tag: u32, bytes: usize)
 #[no_mangle]
 pub extern "C" fn colo_mem_cuda_segment_free(ptr: *mut c_void) {
     if !crate::region::colo_mem_region_free(ptr) {
-        eprintln!("colo-mem: a CUDA segment at {ptr:?} is not in any pool");
+        log::error!("a CUDA segment at {ptr:?} is not in any pool; not freed");
     }
 }

@@ -70,7 +70,9 @@
 //! - No lock is held across bulk copies: transitions move tags through
 //!   `Pausing`/`Resuming` states, which other threads see as errors.
 //! - Misuse is an [`Error`] naming the tag and its state, never a panic or
-//!   an exit.
+//!   an exit. What cannot be returned (a failed unmap of memory being given
+//!   back, a free inside libtorch's deallocator) is logged through `log`,
+//!   never printed: the program decides where it goes.
 //! - `unsafe` lives in this crate and colo-kernels (the compute kernels),
 //!   the workspace's two FFI crates, each block with a `// SAFETY:` note.
 

@@ -443,8 +443,9 @@ impl Pool {
         unsafe { self.backend.map(addr, size as usize, handle) }
     }
 
-    /// Unmaps a block, which gives its memory back. Failures are reported
-    /// on stderr only: the range is ours either way and will be mapped over.
+    /// Unmaps a block, which gives its memory back. Failures are only
+    /// logged (`log::warn!`): the range is ours either way and will be
+    /// mapped over.
     ///
     /// # Safety
     /// The block must be mapped by this pool and no one may use it any more
@@ -452,7 +453,7 @@ impl Pool {
     pub(crate) unsafe fn unmap_block(&self, addr: DevicePtr, size: u64) {
         // SAFETY: forwarded from the caller.
         if let Err(e) = unsafe { self.backend.unmap(addr, size as usize) } {
-            eprintln!("colo-mem: {e}");
+            log::warn!("unmapping {} at {addr:#x}: {e}", crate::fmt_bytes(size));
         }
     }
 
@@ -562,7 +563,7 @@ impl Pool {
             };
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
             if let Err(e) = crate::cuda_region::empty_tags(self, &names) {
-                eprintln!("colo-mem: emptying libtorch's CUDA cache: {e}");
+                log::warn!("emptying libtorch's CUDA cache: {e}");
             }
         }
         let taken: Vec<(TagId, u64, u64)> = {
@@ -607,7 +608,8 @@ impl Pool {
             )
         };
         if let Err(e) = discarded {
-            eprintln!("colo-mem: {e}"); // the unmaps below free the pages anyway
+            // The unmaps below free the pages anyway.
+            log::warn!("discarding the pages of cached blocks: {e}");
         }
         for &(_, size, addr) in &taken {
             // SAFETY: as above; unmapped once, here.

@@ -237,7 +237,9 @@ impl Drop for RegionGuard {
     fn drop(&mut self) {
         if let Some((slot, tag, device)) = self.cuda {
             if let Err(e) = cuda_end(slot, tag, device) {
-                eprintln!("colo-mem: {e}");
+                // A drop cannot return it; the next region or pause of the
+                // tag meets the allocator in whatever state this left.
+                log::warn!("closing a CUDA region: {e}");
             }
         }
         let _ = OPEN.try_with(|o| {
@@ -321,7 +323,7 @@ pub extern "C" fn colo_mem_region_free(ptr: *mut c_void) -> bool {
     if let Err(e) = pool.free(ptr as u64) {
         // Unreachable for a correct program; leaking beats crashing in a
         // deallocation.
-        eprintln!("colo-mem: {e}");
+        log::error!("a tensor's memory could not be freed and is leaked: {e}");
     }
     true
 }

@@ -194,7 +194,7 @@ pub fn unused(cfg: &ModelConfig, w: &Weights) -> Vec<String> {
     out
 }
 
-/// Says once per checkpoint directory on stderr which of its tensors a
+/// Warns once per checkpoint directory (`log::warn!`) which of its tensors a
 /// model of `cfg` leaves unused (as transformers warns "Some weights of
 /// the model checkpoint were not used"): a config.json with fewer layers
 /// than its weights loads, but not the model the weights are.
@@ -214,8 +214,8 @@ pub(crate) fn warn_unused(cfg: &ModelConfig, w: &Weights) {
         0 => String::new(),
         n => format!(" and {n} more"),
     };
-    eprintln!(
-        "warning: {}: {} tensors of the checkpoint are not used by the model its config.json describes: {}{more}",
+    log::warn!(
+        "{}: {} tensors of the checkpoint are not used by the model its config.json describes: {}{more}",
         dir.display(),
         names.len(),
         shown.join(", ")

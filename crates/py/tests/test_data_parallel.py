@@ -240,7 +240,7 @@ class CommandLine(unittest.TestCase):
                 capture_output=True, text=True, timeout=300,
             )
             self.assertEqual(r.returncode, 0, r.stderr[-3000:])
-            self.assertIn("3 steps on 2 workers; no evaluation", r.stdout)
+            self.assertIn("done: 3 steps on 2 workers; no held-out set", r.stdout)
             self.assertEqual(sorted(os.listdir(os.path.join(out, "workers"))), ["rank-0", "rank-1"])
             with open(os.path.join(out, "config.toml")) as f:  # the resolved configuration, once
                 self.assertIn("[cluster]", f.read())

@@ -105,11 +105,13 @@ class Interrupts:
     it in the driver, which ends the process without that clean-up.) The
     handler is installed only from the main thread, where Python runs it,
     and restored on exit; `checkpoint` is the newest complete checkpoint's
-    step, for the closing message."""
+    step and `under_way` the step running (None between steps), for the
+    closing message."""
 
     def __init__(self, path):
         self.path = path
         self.checkpoint = None
+        self.under_way = None
         self._previous = {}
 
     @property
@@ -138,11 +140,13 @@ class Interrupts:
 
 class StoppedNow(KeyboardInterrupt):
     """The run stopped at once (a second Ctrl-C); `checkpoint`
-    is the newest complete checkpoint's step, or None."""
+    is the newest complete checkpoint's step, or None; `under_way` the step
+    it cut short, or None (between steps: nothing is lost)."""
 
-    def __init__(self, checkpoint):
+    def __init__(self, checkpoint, under_way=None):
         super().__init__(checkpoint)
         self.checkpoint = checkpoint
+        self.under_way = under_way
 
 
 @ray.remote
@@ -521,7 +525,7 @@ def train(
         try:
             return _run(config, out, workers, address, latest, device, digest_every, step_timeout, fault, keep_parameters, log, stop)
         except KeyboardInterrupt:
-            raise StoppedNow(stop.checkpoint) from None
+            raise StoppedNow(stop.checkpoint, stop.under_way) from None
         finally:
             if own and os.path.exists(stop_file):
                 os.remove(stop_file)
@@ -619,6 +623,7 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
             stopped = step
             break
         t = time.perf_counter()
+        stop.under_way = step + 1
         try:
             results = _gather([a.step.remote(step) for a in actors], actors, f"step {step + 1}", timeout)
         except StepCutShort:
@@ -631,6 +636,7 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
             if step > first and stop.checkpoint != step:
                 _gather([actors[0].save.remote(step)], actors[:1], f"checkpoint at step {step}", timeout)
                 stop.checkpoint = step
+            stop.under_way = None
             break
         wall = time.perf_counter() - t
         record = aggregate([r[0] for r in results])
@@ -653,6 +659,7 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
         if saved:
             _gather([actors[0].save.remote(done)], actors[:1], f"checkpoint at step {done}", timeout)
             stop.checkpoint = done
+        stop.under_way = None
         if test_freq and done % test_freq == 0 and done < total:
             last_accuracy = evaluate(done)
         log(
@@ -708,8 +715,7 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 1
     except StoppedNow as e:
-        kept = "" if e.checkpoint is None else f"; the checkpoint of step {e.checkpoint} is complete, and {resume}"
-        print(f"colo train: stopped now; the step under way is lost{kept}", file=sys.stderr)
+        print(stopped_now_line(e, resume), file=sys.stderr)
         return 130
     if s["stopped"] is not None:
         # Status 130, as a shell reports an interrupted command.
@@ -731,10 +737,65 @@ def main(argv=None):
             said += f"; the {done} steps done have no checkpoint"
         print(f"colo train: stopped at your request {said}", file=sys.stderr)
         return 130
-    acc = s["last_accuracy"]
-    acc = "no evaluation" if acc is None else f"accuracy {acc:.3f}"
-    print(f"{s['steps']} steps on {s['workers']} workers; {acc}; out {s['out']}")
+    print("\n".join(summary_lines(s)))
     return 0
+
+
+def stopped_now_line(e, resume):
+    """What a run stopped at once (`StoppedNow` `e`) says: the step it cut
+    short, if one was under way, and the checkpoint that is complete."""
+    lost = [] if e.under_way is None else [f"step {e.under_way}, under way, is lost"]
+    kept = (
+        "no checkpoint was written"
+        if e.checkpoint is None
+        else f"the checkpoint of step {e.checkpoint} is complete, and {resume}"
+    )
+    return "colo train: stopped now; " + "; ".join(lost + [kept])
+
+
+def summary_lines(s):
+    """What a finished run on Ray prints, as `colo train` on one device
+    says it: `done: 3 steps on 2 workers; held-out accuracy 22.8% -> 34.0%`
+    and the files written (those that are there)."""
+    out, total = s["out"], s["total_steps"]
+    if s["resumed_from"] == total:
+        return [f"done: nothing to do, the run in {out} is complete ({total} of {total} steps)"]
+
+    def pct(a):
+        return "-" if a is None else f"{100 * a:.1f}%"
+
+    last = s["last_accuracy"]
+    first = s["first_accuracy"]
+    if first is None and s["resumed_from"]:
+        first = _recorded_accuracy(out, 0)
+    acc = "no held-out set" if last is None else f"held-out accuracy {pct(first)} -> {pct(last)}"
+    steps = s["steps"]
+    done = f"done: {steps} step{'' if steps == 1 else 's'} on {s['workers']} workers; {acc}"
+    wrote = [
+        f"{out}/{name}"
+        for name, there in [
+            ("metrics.jsonl", "metrics.jsonl"),
+            ("memory_workers.{svg,png}", "memory_workers.svg"),
+            (f"workers/rank-{{0..{s['workers'] - 1}}}/ (each worker's timeline and pictures)", "workers"),
+            ("checkpoints/", "checkpoints"),
+            ("config.toml", "config.toml"),
+        ]
+        if os.path.exists(os.path.join(out, there))
+    ]
+    return [done, "wrote " + ", ".join(wrote)]
+
+
+def _recorded_accuracy(out, step):
+    """The held-out accuracy `metrics.jsonl` records at `step`, if any."""
+    try:
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            for line in f:
+                r = json.loads(line)
+                if "eval/accuracy" in r and r.get("training/global_step") == step:
+                    return r["eval/accuracy"]
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 if __name__ == "__main__":
