@@ -206,7 +206,7 @@ pub struct PlanInput {
     /// the CPU); each lane holds its part's parameter gradients until they
     /// are added up. `None`: 1.
     pub train_lanes: Option<u64>,
-    /// `eager`: the LM head is colo-mem's fused log-probability kernel
+    /// `eager`: the LM head is colo-kernels' fused log-probability kernel
     /// (colo-train on the CPU), which keeps only the logits, rather than
     /// a float32 log-softmax (libtorch's composition, colo-train on
     /// CUDA). `None`: fused.

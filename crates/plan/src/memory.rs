@@ -217,7 +217,7 @@ fn eager_activations(
     // makes the gather's and the log-softmax's gradients (`3 · vocab`
     // float32); in a reduced precision also ~2.5 vocabulary-sized float32
     // tensors of the casts to and from it, 10 bytes per element (measured
-    // likewise). The layers keep nothing in float32 since colo-mem's fused
+    // likewise). The layers keep nothing in float32 since colo-kernels' fused
     // RMSNorm (it saves its bf16 input and one float32 per row); the bf16
     // product attention on the CPU keeps its probabilities, which
     // `eager_elems_per_token_layer` counts.
