@@ -1,9 +1,10 @@
 //! Named tensors in and out of safetensors files, single or sharded.
 //!
 //! Files are read into memory with the `safetensors` crate (no mmap: the
-//! workspace keeps `unsafe` in colo-mem) and each tensor is copied into a
-//! libtorch tensor, then moved to the requested device and kind. Every
-//! failure names the file and, where one is at fault, the tensor.
+//! workspace keeps `unsafe` in its FFI crates, colo-mem and colo-kernels)
+//! and each tensor is copied into a libtorch tensor, then moved to the
+//! requested device and kind. Every failure names the file and, where one
+//! is at fault, the tensor.
 
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
