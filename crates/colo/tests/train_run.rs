@@ -241,6 +241,83 @@ fn a_run_the_plan_says_cannot_fit_is_refused_before_loading() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Every file under `dir` with its bytes, sorted.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            match p.is_dir() {
+                true => stack.push(p),
+                false => out.push((p.clone(), std::fs::read(&p).unwrap())),
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `--resume` without `--config` continues the run as its directory
+/// recorded it (it ran the built-in job's config, which replaced
+/// `config.toml`, wrote `base/` and `data/` and failed on the checkpoint's
+/// shapes), and leaves the record as it was. A resume under another
+/// model's config (`--config` of the built-in job) is refused naming the
+/// mismatch, and changes nothing.
+#[test]
+fn resume_without_config_continues_the_recorded_run() {
+    let dir = tmp("resume-record");
+    let config = write_config(&dir, "256MiB");
+    let toml = std::fs::read_to_string(&config).unwrap();
+    let toml = toml.replace("total_steps = 1", "total_steps = 3\nsave_freq = 1");
+    std::fs::write(&config, toml).unwrap();
+    let out = dir.join("out");
+    let o = train(&config, &out, &[]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    // Killed while saving its last checkpoint: step 3 is recorded, its
+    // checkpoint is not.
+    std::fs::remove_dir_all(out.join("checkpoints/step-3")).unwrap();
+    let record = std::fs::read(out.join("config.toml")).unwrap();
+
+    let o = colo(&["train", "--out", out.to_str().unwrap(), "--resume"]);
+    let stderr = text(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let recorded = format!(
+        "configuration: {}/config.toml (the run's record)",
+        out.display()
+    );
+    assert!(
+        stderr.contains(&recorded) && stderr.contains("(step 2 of 3)"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("differs"), "{stderr}");
+    assert_eq!(metrics_steps(&out), vec![1, 2, 3]);
+    assert!(out.join("checkpoints/step-3/model.safetensors").is_file());
+    assert!(
+        std::fs::read(out.join("config.toml")).unwrap() == record,
+        "config.toml changed"
+    );
+    for made in ["base", "data"] {
+        assert!(!out.join(made).exists(), "{made}/ was written");
+    }
+
+    std::fs::remove_dir_all(out.join("checkpoints/step-3")).unwrap();
+    let before = snapshot(&out);
+    let builtin = dir.join("builtin.toml");
+    std::fs::write(&builtin, "").unwrap();
+    let o = train(&builtin, &out, &["--resume"]);
+    let stderr = text(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("step-2 holds another model than the built-in model (no model.path)")
+            && stderr.contains("hidden_size (64, not 128)")
+            && stderr.contains(&format!("reads {}/config.toml", out.display())),
+        "{stderr}"
+    );
+    assert!(snapshot(&out) == before, "a refused resume changed files");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// `total_steps` of the config `write_config` wrote.
 fn set_total_steps(config: &Path, total: usize) {
     let text = std::fs::read_to_string(config).unwrap();

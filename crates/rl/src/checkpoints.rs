@@ -305,13 +305,30 @@ pub fn next_free_dir(out: &Path) -> Result<PathBuf> {
 /// An error if a run from scratch into `out` would overwrite an earlier
 /// run's work ([`earlier_run`]); `resume`: `--resume` was asked for and
 /// found no complete checkpoint.
+///
+/// The error says the way on, and the two commands agree: a directory
+/// with a complete checkpoint is continued by `--resume`; one whose run
+/// wrote no checkpoint at all (it failed or was killed before its first
+/// save) is started again from step 0 by `--resume`, replacing its
+/// records, as verl's `resume_mode = "auto"` starts afresh where it finds
+/// no checkpoint (`--resume` is then no error); one whose checkpoints are
+/// all incomplete is refused both ways, since an interrupted save may
+/// hold the only copy of a step.
 pub fn check_fresh_start(out: &Path, resume: bool) -> Result<()> {
     let Some(what) = earlier_run(out)? else {
         return Ok(());
     };
-    let how = match resume {
-        false => "--resume continues it",
-        true => "no checkpoint of it is complete, and starting from scratch would overwrite it",
+    let ckpts = out.join(DIR);
+    let how = if step_dirs(&ckpts)?.is_empty() {
+        if resume {
+            return Ok(());
+        }
+        "it wrote no checkpoint; --resume starts it again from step 0, replacing its records"
+    } else if !resume && latest_complete(&ckpts, false)?.latest.is_some() {
+        "--resume continues it"
+    } else {
+        "no checkpoint of it is complete, so --resume cannot continue it, and starting from \
+         scratch would overwrite it"
     };
     Err(Error::RunExists {
         dir: out.to_owned(),
@@ -398,6 +415,59 @@ pub fn write_model_files(source: &Path, dst: &Path) -> Result<()> {
         std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
     }
     Ok(())
+}
+
+/// An error if the checkpoint `dir` holds another model than `config`'s
+/// `model.path` (a resume under another run's configuration, such as the
+/// built-in job's for a run of a user's model): the fields that shape its
+/// tensors are compared from the two `config.json` files, before anything
+/// of the run directory is written. (Loading it failed on a tensor's
+/// shape, after `config.toml` had been rewritten.)
+pub fn check_same_model(config: &crate::Config, dir: &Path) -> Result<()> {
+    use crate::config::ModelSource;
+    let (start, named) = match &config.model {
+        ModelSource::Builtin => (
+            crate::task::model_config(),
+            "the built-in model (no model.path)".to_owned(),
+        ),
+        ModelSource::Path(p) => (
+            ModelConfig::from_file(&p.join("config.json"))?,
+            format!("model.path = {}", p.display()),
+        ),
+    };
+    let saved = ModelConfig::from_file(&dir.join("config.json"))?;
+    let shape = |m: &ModelConfig| {
+        [
+            ("model_type", format!("{:?}", m.arch).to_lowercase()),
+            ("vocab_size", m.vocab_size.to_string()),
+            ("hidden_size", m.hidden_size.to_string()),
+            ("intermediate_size", m.intermediate_size.to_string()),
+            ("num_hidden_layers", m.num_layers.to_string()),
+            ("num_attention_heads", m.num_heads.to_string()),
+            ("num_key_value_heads", m.num_kv_heads.to_string()),
+            ("head_dim", m.head_dim.to_string()),
+            ("tie_word_embeddings", m.tie_word_embeddings.to_string()),
+            ("attention biases", format!("{}/{}", m.qkv_bias, m.o_bias)),
+        ]
+    };
+    let diffs: Vec<String> = (shape(&saved).into_iter())
+        .zip(shape(&start))
+        .filter(|(a, b)| a.1 != b.1)
+        .map(|((key, a), (_, b))| format!("{key} ({a}, not {b})"))
+        .collect();
+    if diffs.is_empty() {
+        return Ok(());
+    }
+    let out = (dir.parent().and_then(Path::parent)).unwrap_or(Path::new("DIR"));
+    Err(Error::Resume(format!(
+        "{} holds another model than {named}: its config.json differs in {}. The run was \
+         made with another configuration; resume with the one it used (without --config, \
+         `colo train --out {} --resume` reads {})",
+        dir.display(),
+        diffs.join(", "),
+        out.display(),
+        out.join(crate::run_config::FILE).display()
+    )))
 }
 
 /// A run resumed from the checkpoint `dir` computes in the dtype it was

@@ -266,6 +266,16 @@ fn run_locked(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<
     if found.as_ref().is_none_or(|f| f.latest.is_none()) {
         checkpoints::check_fresh_start(out, resume)?;
     }
+    // A checkpoint of another model (another run's configuration) is
+    // refused before anything is written.
+    if let Some((_, dir)) = found.as_ref().and_then(|f| f.latest.as_ref()) {
+        checkpoints::check_same_model(config, dir)?;
+    }
+    // What `--resume` starts over where the run wrote no checkpoint.
+    let replaced = match found.as_ref().is_some_and(|f| f.latest.is_none()) {
+        true => checkpoints::earlier_run(out)?,
+        false => None,
+    };
     let leftovers = checkpoints::prepare_dir(&ckpt_dir, uses_critic(config))?;
     let (model_dir, tokenizer) = open_model(config, &out.join("base"))?;
     let (train, val) = load_data(config, out, &tokenizer)?;
@@ -295,10 +305,17 @@ fn run_locked(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<
     let mut resumed_config = None;
     if let Some(found) = found {
         match found.latest {
-            None => start.say(format!(
-                "--resume: no complete checkpoint in {}; starting from scratch",
-                ckpt_dir.display()
-            )),
+            None => start.say(match replaced {
+                None => format!(
+                    "--resume: no complete checkpoint in {}; starting from scratch",
+                    ckpt_dir.display()
+                ),
+                Some(what) => format!(
+                    "--resume: {} holds no checkpoint (its run wrote none); starting from \
+                     scratch, replacing its records ({what})",
+                    out.display()
+                ),
+            }),
             Some((step, dir)) if step > total => {
                 return Err(Error::Resume(format!(
                     "the newest checkpoint, {}, is at step {step}, beyond trainer.total_steps = {total}; \
@@ -313,10 +330,11 @@ fn run_locked(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<
                 if let Some(note) = note {
                     start.say(note);
                 }
-                let removed = metrics::truncate_after(&metrics_path, step)?;
                 let dynamic = config.algorithm.filter_groups.is_some();
                 let (at, note) =
                     DataState::resume(&dir, step, config.batch.gen_batch_prompts, dynamic)?;
+                // Only once the checkpoint is known to resume.
+                let removed = metrics::truncate_after(&metrics_path, step)?;
                 if let Some(note) = note {
                     start.say(note);
                 }

@@ -347,6 +347,8 @@ fn resume_from_nothing_starts_from_scratch_and_reward_failures_are_counted() {
 
 /// `--resume` where no checkpoint is complete does not start from scratch
 /// over them: it is refused with each one's reason, and nothing changes.
+/// A rerun without `--resume` says the same, not that `--resume`
+/// continues the run (it said so, and `--resume` then refused).
 #[test]
 fn resume_over_only_incomplete_checkpoints_is_refused() {
     let dir = tmp("incomplete-only");
@@ -354,16 +356,79 @@ fn resume_over_only_incomplete_checkpoints_is_refused() {
     colo_rl::r#loop::run(&config(&dir, 1), &run, false).unwrap();
     std::fs::remove_file(run.join("checkpoints/step-1/model.safetensors")).unwrap();
     let before = snapshot(&run);
-    let err = colo_rl::r#loop::run(&config(&dir, 2), &run, true)
+    for resume in [true, false] {
+        let err = colo_rl::r#loop::run(&config(&dir, 2), &run, resume)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "already holds a run (checkpoints/step-1; 1 step and 2 evaluations in \
+                 metrics.jsonl): no checkpoint of it is complete, so --resume cannot continue it"
+            ),
+            "resume {resume}: {err}"
+        );
+        assert!(snapshot(&run) == before, "a refused run changed files");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A run that fails after its first evaluation and before any checkpoint
+/// (its reward dies in step 1) leaves a directory both commands agree on:
+/// a rerun is refused, saying that `--resume` starts it again from step
+/// 0, and `--resume` does so, replacing the failed attempt's records. (A
+/// rerun said "--resume continues it", and `--resume` that "no checkpoint
+/// of it is complete".)
+#[test]
+fn a_run_that_wrote_no_checkpoint_is_started_again_by_resume() {
+    let dir = tmp("no-checkpoint");
+    let run = dir.join("run");
+    let dies = dir.join("dies");
+    std::fs::create_dir_all(&dies).unwrap();
+    // The step-0 evaluation scores 2 held-out prompts; step 1's first
+    // sample finds the reward gone.
+    let script = write_reward(&dies, Some(2));
+    let reward = format!(
+        "kind = \"external\"\ncommand = [\"python3\", \"{}\"]",
+        script.display()
+    );
+    let text = config_text(&dir, 2, &reward, "");
+    let failing = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    let err = colo_rl::r#loop::run(&failing, &run, false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("reward"), "{err}");
+    assert_eq!(evals_of(&run), vec![0], "the step-0 evaluation was logged");
+    assert!(steps_of(&run).is_empty());
+    assert!(colo_rl::checkpoints::step_dirs(&run.join("checkpoints"))
+        .unwrap()
+        .is_empty());
+
+    let before = snapshot(&run);
+    let err = colo_rl::r#loop::run(&config(&dir, 2), &run, false)
         .unwrap_err()
         .to_string();
     assert!(
         err.contains(
-            "already holds a run (checkpoints/step-1; 1 step and 2 evaluations in metrics.jsonl)"
-        ) && err.contains("no checkpoint of it is complete"),
+            "already holds a run (1 evaluation in metrics.jsonl): it wrote no checkpoint; \
+             --resume starts it again from step 0"
+        ),
         "{err}"
     );
-    assert!(snapshot(&run) == before, "a refused resume changed files");
+    assert!(snapshot(&run) == before, "a refused run changed files");
+
+    let s = colo_rl::r#loop::run(&config(&dir, 2), &run, true).unwrap();
+    assert_eq!((s.steps, s.resumed_from), (2, None));
+    let notes = s.notes.join("\n");
+    assert!(
+        notes.contains(
+            "holds no checkpoint (its run wrote none); starting from scratch, replacing its \
+             records (1 evaluation in metrics.jsonl)"
+        ),
+        "{notes}"
+    );
+    let steps: Vec<usize> = steps_of(&run).iter().map(|m| m.step).collect();
+    assert_eq!(steps, vec![1, 2]);
+    assert_eq!(evals_of(&run), vec![0, 2], "each evaluation once");
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -11,7 +11,8 @@ use colo_rl::Config;
 #[derive(clap::Args)]
 pub struct Args {
     /// The run's TOML file (verl-like names; every key has a default, and
-    /// the defaults are the built-in run).
+    /// the defaults are the built-in run). With `--resume` and no
+    /// `--config`, the run directory's `config.toml`: the run as recorded.
     #[arg(long)]
     config: Option<PathBuf>,
     /// The run directory (default: the config's `trainer.out_dir`).
@@ -32,9 +33,28 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let mut config = match &a.config {
-        Some(path) => Config::from_file(path)?,
-        None => Config::builtin(),
+    // `--resume` without `--config` continues the run as its directory
+    // recorded it, not the built-in job (whose config replaced the record
+    // and then failed to load the run's checkpoint).
+    let recorded = match (&a.config, a.resume) {
+        (None, true) => {
+            let dir = (a.out.clone()).unwrap_or_else(|| colo_rl::config::DEFAULT_OUT_DIR.into());
+            Some(dir.join(colo_rl::run_config::FILE)).filter(|p| p.is_file())
+        }
+        _ => None,
+    };
+    let config_path = a.config.clone().or(recorded.clone());
+    let mut config = match (&config_path, &recorded) {
+        (Some(path), Some(_)) => Config::from_file(path).with_context(|| {
+            format!(
+                "colo train --resume: {} is the run's recorded configuration, which --resume \
+                 without --config continues; it does not read (--config names the run's \
+                 configuration instead)",
+                path.display()
+            )
+        })?,
+        (Some(path), None) => Config::from_file(path)?,
+        (None, _) => Config::builtin(),
     };
     if a.print_config {
         print!("{}", config.to_toml()?);
@@ -63,6 +83,9 @@ pub fn run(a: Args) -> Result<()> {
     config.trainer.out_dir = out.clone();
     eprintln!("{}", config.summary());
     eprintln!("run directory: {}", out.display());
+    if let Some(path) = &recorded {
+        eprintln!("configuration: {} (the run's record)", path.display());
+    }
     if a.no_plan_check {
         eprintln!("plan check: off (--no-plan-check)");
     } else if config.trainer.val_only {
@@ -75,8 +98,7 @@ pub fn run(a: Args) -> Result<()> {
         )?)?;
     }
     if config.cluster.workers > 1 {
-        let path = a
-            .config
+        let path = config_path
             .as_deref()
             .expect("[cluster] comes from a config file");
         return match super::cluster::run(path, &config, &out, resume)? {
