@@ -318,6 +318,49 @@ fn resume_without_config_continues_the_recorded_run() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A `rollout.n` or a sequence that the KV cache cannot hold is refused
+/// by the plan check, before anything starts (n = 100000 passed it, ran
+/// the step-0 evaluation, and failed in the engine).
+#[test]
+fn a_kv_cache_too_small_for_the_rollouts_is_refused_before_anything_starts() {
+    let dir = tmp("kv-fit");
+    let config = write_config(&dir, "256MiB");
+    let toml = std::fs::read_to_string(&config).unwrap();
+    let out = dir.join("out");
+    let cases: [(&[(&str, &str)], &str); 2] = [
+        (
+            &[("n = 2", "n = 100000")],
+            "rollout.n = 100000 samples of a prompt need a KV block each at least, and the KV \
+             cache holds 16 blocks of 16 tokens (rollout.max_kv_tokens = 256)",
+        ),
+        (
+            &[
+                ("max_kv_tokens = 256", "max_kv_tokens = 32"),
+                ("max_new_tokens = 4", "max_new_tokens = 64"),
+            ],
+            "KV blocks, and the KV cache holds 2 blocks of 16 tokens (rollout.max_kv_tokens = 32)",
+        ),
+    ];
+    for (edits, want) in cases {
+        let mut changed = toml.clone();
+        for (from, to) in edits {
+            assert!(changed.contains(from));
+            changed = changed.replace(from, to);
+        }
+        std::fs::write(&config, &changed).unwrap();
+        let o = train(&config, &out, &[]);
+        let stderr = text(&o.stderr);
+        assert!(!o.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("the KV cache cannot serve the run's rollouts")
+                && stderr.contains(want),
+            "{stderr}"
+        );
+        assert!(!out.exists(), "{edits:?}: the run started");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// `total_steps` of the config `write_config` wrote.
 fn set_total_steps(config: &Path, total: usize) {
     let text = std::fs::read_to_string(config).unwrap();

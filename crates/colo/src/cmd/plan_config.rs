@@ -147,6 +147,42 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
     })
 }
 
+/// Why a KV cache of `kv_tokens` (colo-plan's prediction for `run`)
+/// cannot serve the run's rollouts, if it cannot: the rollout engine
+/// refuses a prompt whose `rollout.n` samples outnumber the cache's blocks
+/// (each sample writes into blocks of its own) or whose longest sequence
+/// needs more blocks than there are, and that refusal came only in the
+/// first step, after the step-0 evaluation.
+pub fn kv_shortfall(config: &Config, run: &RunPlan, kv_tokens: u64) -> Option<String> {
+    let block = run.input.kv_block_tokens.max(1);
+    let blocks = kv_tokens / block;
+    let budget = match config.rollout.kv {
+        KvBudget::Tokens(t) => format!("rollout.max_kv_tokens = {t}"),
+        KvBudget::Fraction(f) => format!(
+            "rollout.mem_fraction = {f} of memory.capacity = {}",
+            colo_mem::fmt_bytes(run.capacity)
+        ),
+    };
+    let cache = format!("the KV cache holds {blocks} blocks of {block} tokens ({budget})");
+    let n = config.rollout.n as u64;
+    if n > blocks {
+        return Some(format!(
+            "rollout.n = {n} samples of a prompt need a KV block each at least, and {cache}; \
+             lower rollout.n or give the KV cache more room"
+        ));
+    }
+    // The K/V of every token of the longest sequence but the last one.
+    let longest = (run.max_prompt_tokens + config.rollout.max_new_tokens as u64).saturating_sub(1);
+    let need = longest.div_ceil(block);
+    (need > blocks).then(|| {
+        format!(
+            "a sequence of up to {longest} cached tokens (the longest prompt and \
+             rollout.max_new_tokens) needs {need} KV blocks, and {cache}; lower \
+             rollout.max_new_tokens or give the KV cache more room"
+        )
+    })
+}
+
 /// The model's config, and its directory (none for the built-in model).
 fn model(config: &Config) -> Result<(ModelConfig, Option<PathBuf>)> {
     match &config.model {

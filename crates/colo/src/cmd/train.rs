@@ -327,6 +327,13 @@ fn plan_check(config: &Config) -> Result<()> {
                 fmt(capacity)
             ))
         })?;
+    // The engine's own refusal, said before anything starts.
+    if let Some(why) = super::plan_config::kv_shortfall(config, &run, report.kv_tokens) {
+        return Err(anyhow::anyhow!(
+            "colo train: the KV cache cannot serve the run's rollouts: {why}; \
+             `--no-plan-check` runs it anyway"
+        ));
+    }
     if report.fits {
         // The planner models the `always` choreography: the least the run
         // needs. `as_needed` keeps state and cached blocks resident while
