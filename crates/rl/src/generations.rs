@@ -55,7 +55,7 @@ pub fn write(dir: &Path, step: usize, rows: &[Generation<'_>]) -> Result<PathBuf
         serde_json::to_writer(&mut text, row)?;
         text.push(b'\n');
     }
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(dir, e))?;
+    let mut tmp = crate::metrics::new_file_beside(dir)?;
     tmp.write_all(&text).map_err(|e| Error::io(tmp.path(), e))?;
     tmp.persist(&path).map_err(|e| Error::io(&path, e.error))?;
     Ok(path)

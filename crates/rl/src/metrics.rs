@@ -458,17 +458,35 @@ pub fn truncate_after(path: &Path, step: usize) -> Result<usize> {
 
 /// Replaces `path` with `bytes` at once (a temporary file beside it,
 /// synced, renamed over it): a kill leaves the old file or the new one.
+/// The file keeps its permissions; a new one gets those `File::create`
+/// gives (the umask's), not a temporary file's 0600.
 pub(crate) fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(dir, e))?;
+    let mut tmp = new_file_beside(dir)?;
+    if let Ok(meta) = std::fs::metadata(path) {
+        (tmp.as_file().set_permissions(meta.permissions()))
+            .map_err(|e| Error::io(tmp.path(), e))?;
+    }
     tmp.write_all(bytes)
         .and_then(|()| tmp.as_file().sync_all())
         .map_err(|e| Error::io(tmp.path(), e))?;
     tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
     Ok(())
+}
+
+/// A temporary file in `dir` to be renamed over a file of the run, made
+/// with the permissions `File::create` gives (0666 less the umask).
+pub(crate) fn new_file_beside(dir: &Path) -> Result<tempfile::NamedTempFile> {
+    let mut b = tempfile::Builder::new();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        b.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    b.tempfile_in(dir).map_err(|e| Error::io(dir, e))
 }
 
 /// Reads `metrics.jsonl` back (for the reward curve of a resumed run).

@@ -242,9 +242,16 @@ impl Before {
 }
 
 /// [`run_until`] once the run directory is locked.
-fn run_locked(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<RunSummary> {
+fn run_locked(asked: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<RunSummary> {
+    // The generation dumps go where the run directory says
+    // ([`crate::config::TrainerConfig::dumps_in`]); `config.toml` records
+    // the paths as asked.
+    let mut config = asked.clone();
+    let t = &mut config.trainer;
+    (t.rollout_data_dir, t.validation_data_dir) = asked.trainer.dumps_in(out);
+    let config = &config;
     if config.trainer.val_only {
-        return evaluate_only(config, out, resume, stop);
+        return evaluate_only(config, asked, out, resume, stop);
     }
     let ckpt_dir = out.join(checkpoints::DIR);
     // Read only: nothing is written until the resume is known to make sense.
@@ -385,11 +392,11 @@ fn run_locked(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<
     // The record holds what the user asked for (`auto` stays `auto`): the
     // checkpoint's settling of it is said in its own note, not as a change.
     if start.first_step > 0 {
-        if let Some(note) = run_config::changes(out, config)? {
+        if let Some(note) = run_config::changes(out, asked)? {
             start.say(note);
         }
     }
-    run_config::write(out, config)?;
+    run_config::write(out, asked)?;
     let config = resumed_config.as_ref().unwrap_or(config);
     make_dump_dirs(config)?;
     let pool = crate::setup::make_pool(config)?;
@@ -434,7 +441,13 @@ fn make_dump_dirs(config: &Config) -> Result<()> {
 /// `trainer.val_only`: the starting model evaluated on the held-out
 /// prompts, its record in `metrics.jsonl` (its generations in
 /// `validation_data_dir`); nothing is trained, checkpointed or drawn.
-fn evaluate_only(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<RunSummary> {
+fn evaluate_only(
+    config: &Config,
+    asked: &Config,
+    out: &Path,
+    resume: bool,
+    stop: &Stop,
+) -> Result<RunSummary> {
     if resume {
         let why = crate::config::VAL_ONLY_RESUME;
         return Err(Error::Resume(format!("trainer.val_only {why}")));
@@ -452,7 +465,7 @@ fn evaluate_only(config: &Config, out: &Path, resume: bool, stop: &Stop) -> Resu
     })?;
     let (model_dir, tokenizer) = open_model(config, &out.join("base"))?;
     let (train, val) = load_data(config, out, &tokenizer)?;
-    run_config::write(out, config)?;
+    run_config::write(out, asked)?;
     make_dump_dirs(config)?;
     let metrics = MetricsWriter::create(&out.join("metrics.jsonl"))?;
     let pool = crate::setup::make_pool(config)?;

@@ -432,6 +432,94 @@ fn a_run_that_wrote_no_checkpoint_is_started_again_by_resume() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// The permissions a file made with `File::create` in `dir` gets (0644
+/// under the usual umask).
+fn created_mode(dir: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    let probe = dir.join("mode-probe");
+    std::fs::File::create(&probe).unwrap();
+    let mode = std::fs::metadata(&probe).unwrap().permissions().mode() & 0o777;
+    std::fs::remove_file(probe).unwrap();
+    mode
+}
+
+fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// `metrics.jsonl` and `timeline.jsonl`, cut back by a resume, keep their
+/// permissions (they were replaced by temporary files of mode 0600).
+#[test]
+fn records_keep_their_permissions_after_a_resume() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmp("modes");
+    let run = dir.join("run");
+    colo_rl::r#loop::run(&config(&dir, 3), &run, false).unwrap();
+    let (metrics, timeline) = (run.join("metrics.jsonl"), run.join("timeline.jsonl"));
+    let created = created_mode(&run);
+    assert_eq!((mode_of(&metrics), mode_of(&timeline)), (created, created));
+    // Killed before its last checkpoint: the resume removes step 3's
+    // records and events, and writes them again.
+    std::fs::remove_dir_all(run.join("checkpoints/step-3")).unwrap();
+    colo_rl::r#loop::run(&config(&dir, 3), &run, true).unwrap();
+    assert_eq!((mode_of(&metrics), mode_of(&timeline)), (created, created));
+    // A mode the user set is kept too.
+    for (path, mode) in [(&metrics, 0o640), (&timeline, 0o604)] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    std::fs::remove_dir_all(run.join("checkpoints/step-3")).unwrap();
+    let s = colo_rl::r#loop::run(&config(&dir, 3), &run, true).unwrap();
+    assert!(
+        s.notes.iter().any(|n| n.contains("removed")),
+        "{:?}",
+        s.notes
+    );
+    assert_eq!((mode_of(&metrics), mode_of(&timeline)), (0o640, 0o604));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A relative `rollout_data_dir` or `validation_data_dir` is in the run
+/// directory: two runs with other directories and the same config keep
+/// their dumps apart (both wrote into the working directory, the second
+/// over the first), and `config.toml` records the path as written.
+#[test]
+fn relative_dump_directories_are_in_the_run_directory() {
+    let dir = tmp("dumps");
+    // Unique, so that a dump into the working directory is seen.
+    let name = format!("colo-dumps-{}", std::process::id());
+    let script = write_reward(&dir, None);
+    let reward = format!(
+        "kind = \"external\"\ncommand = [\"python3\", \"{}\"]",
+        script.display()
+    );
+    let extra =
+        format!("rollout_data_dir = \"{name}/train\"\nvalidation_data_dir = \"{name}/val\"");
+    let text = config_text(&dir, 1, &reward, &extra);
+    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    let runs = [dir.join("a"), dir.join("b")];
+    for run in &runs {
+        colo_rl::r#loop::run(&cfg, run, false).unwrap();
+    }
+    let here = Path::new(&name);
+    let stray = here.exists();
+    let _ = std::fs::remove_dir_all(here);
+    assert!(!stray, "the dumps went into the working directory");
+    for run in &runs {
+        for f in ["train/1.jsonl", "val/0.jsonl", "val/1.jsonl"] {
+            let path = run.join(&name).join(f);
+            assert!(path.is_file(), "{} missing", path.display());
+            assert_eq!(mode_of(&path), created_mode(run), "{}", path.display());
+        }
+        let record = std::fs::read_to_string(run.join("config.toml")).unwrap();
+        assert!(
+            record.contains(&format!("rollout_data_dir = \"{name}/train\"")),
+            "{record}"
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// A run directory that is a file is named as such, before anything runs.
 #[test]
 fn a_run_directory_that_is_a_file_is_refused() {

@@ -379,7 +379,9 @@ pub struct TrainerConfig {
     /// Steps at the start that update the critic only (GAE runs).
     pub critic_warmup: usize,
     /// verl's dumps of the generations, `{step}.jsonl` in these directories
-    /// (see [`crate::generations`]): every step's, every evaluation's.
+    /// (see [`crate::generations`]): every step's, every evaluation's. As
+    /// written: a relative path is in the run directory
+    /// ([`TrainerConfig::dumps_in`]).
     pub rollout_data_dir: Option<PathBuf>,
     pub validation_data_dir: Option<PathBuf>,
     pub seed: u64,
@@ -387,6 +389,20 @@ pub struct TrainerConfig {
     pub dtype: Dtype,
     /// `None`: `OMP_NUM_THREADS`, else one per core.
     pub cpu_threads: Option<usize>,
+}
+
+impl TrainerConfig {
+    /// `rollout_data_dir` and `validation_data_dir` where a run into the
+    /// run directory `out` writes them: a relative path is in `out`, so
+    /// that two runs with other `--out` keep their dumps apart; an absolute
+    /// one is kept.
+    pub fn dumps_in(&self, out: &Path) -> (Option<PathBuf>, Option<PathBuf>) {
+        let place = |d: &Option<PathBuf>| d.as_ref().map(|d| out.join(d));
+        (
+            place(&self.rollout_data_dir),
+            place(&self.validation_data_dir),
+        )
+    }
 }
 
 /// The batch sizes of one RL step, in prompts and samples.

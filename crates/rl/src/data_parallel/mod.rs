@@ -157,8 +157,9 @@ impl Rank {
         };
         let mut local = rank_config(&config, world)?;
         // Each rank dumps its share of the generations into a directory of
-        // its own.
+        // its own, in the run directory when the path is relative.
         let t = &mut local.trainer;
+        (t.rollout_data_dir, t.validation_data_dir) = config.trainer.dumps_in(out);
         for d in [&mut t.rollout_data_dir, &mut t.validation_data_dir]
             .into_iter()
             .flatten()
