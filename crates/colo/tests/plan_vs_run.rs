@@ -48,7 +48,7 @@ fn plan(config: &Path) -> (u64, String) {
 /// Runs the config and returns (timeline max resident, metrics max peak).
 fn measure(config: &Path, out: &Path) -> (u64, u64) {
     let cfg = Config::from_file(config).unwrap();
-    colo_rl::r#loop::run(&cfg, out, false).unwrap();
+    colo_rl::step::run(&cfg, out, false).unwrap();
     let max_of = |file: &str, key: &str| {
         std::fs::read_to_string(out.join(file))
             .unwrap()

@@ -2,14 +2,14 @@
 //!
 //! The hybrid worker that keeps the actor, the rollout engine and the
 //! reference on one device and switches memory between them
-//! ([`worker`]), the RL loop that drives it (`r#loop`, one file: `src/loop.rs`), and
+//! ([`worker`]), the RL loop that drives it ([`step`], one file: `src/step.rs`), and
 //! everything a run needs around the engines: rewards, prompt datasets, the
 //! built-in task, the run configuration, and the run's output (metrics,
 //! pictures, progress).
 //!
 //! | module | holds |
 //! |---|---|
-//! | `r#loop` | the RL step top to bottom (`loop.rs`); `run(config, out, resume)`, a whole run around the steps (`run.rs`: resume, evaluations, checkpoints, pictures) |
+//! | [`step`] | the RL step top to bottom (`step.rs`); `run(config, out, resume)`, a whole run around the steps (`run.rs`: resume, evaluations, checkpoints, pictures) |
 //! | [`data_parallel`] | one rank of a run on N devices: the step on a shard of the prompts, trainers joined by a collective; the worker's operations one by one (for colo-py) |
 //! | [`checkpoints`] | `checkpoints/step-N`: complete Hugging Face directories; the newest complete one for `--resume` |
 //! | [`worker`] | [`worker::HybridWorker`]: `to_rollout` / `to_train` in the colocation modes naive, restart, sleep, staged |
@@ -76,7 +76,7 @@ pub mod data_parallel;
 pub mod eval;
 mod finite;
 pub mod generations;
-pub mod r#loop;
+pub mod step;
 pub mod metrics;
 pub mod plot;
 pub mod progress;

@@ -1,7 +1,7 @@
 //! A whole run: where it starts (from scratch, or resumed from the newest
 //! complete checkpoint with `metrics.jsonl` cut back to it), the device
 //! pool, the worker, the evaluations and checkpoints around the steps, and
-//! the pictures however it ends. The step itself is `loop.rs`.
+//! the pictures however it ends. The step itself is `step.rs`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::data::{Batches, Dataset};
 use crate::metrics::{self, MetricsWriter, Record};
 use crate::progress::{Progress, Status};
-use crate::r#loop::Run;
+use crate::step::Run;
 use crate::run_config;
 use crate::setup::{draw, load_data, open_model, uses_critic};
 use crate::timeline_file::TimelineWriter;

@@ -1,6 +1,6 @@
 //! What a run is set up from: the data, the device capacity, the engines'
 //! configurations translated from the run's config, checkpoints on disk,
-//! and the pictures drawn at the end. Kept apart from `loop.rs` so that the
+//! and the pictures drawn at the end. Kept apart from `step.rs` so that the
 //! loop reads as the step and nothing else.
 
 use std::path::{Path, PathBuf};

@@ -87,7 +87,7 @@ fn data_state(run: &Path, step: usize) -> DataState {
 fn only_groups_that_vary_are_trained_and_the_batches_drawn_are_counted() {
     let dir = tmp("filter");
     let plain = dir.join("plain");
-    colo_rl::r#loop::run(&config(&dir, 3, 2, "enable = false"), &plain, false).unwrap();
+    colo_rl::step::run(&config(&dir, 3, 2, "enable = false"), &plain, false).unwrap();
     let steps = steps_of(&plain);
     assert!(steps.iter().all(|m| m.num_gen_batches.is_none()));
     let varying: f64 = steps.iter().map(|m| m.reward_extra["varies"]).sum();
@@ -95,7 +95,7 @@ fn only_groups_that_vary_are_trained_and_the_batches_drawn_are_counted() {
 
     let filtered = dir.join("filtered");
     let cfg = config(&dir, 3, 2, "enable = true\nmetric = \"score\"");
-    colo_rl::r#loop::run(&cfg, &filtered, false).unwrap();
+    colo_rl::step::run(&cfg, &filtered, false).unwrap();
     let steps = steps_of(&filtered);
     let mut drawn = 0;
     for m in &steps {
@@ -120,12 +120,12 @@ fn a_resumed_run_continues_in_the_data_where_it_stopped() {
     let dir = tmp("resume");
     let filter = "enable = true\nmetric = \"score\"";
     let full = dir.join("full");
-    colo_rl::r#loop::run(&config(&dir, 3, 3, filter), &full, false).unwrap();
+    colo_rl::step::run(&config(&dir, 3, 3, filter), &full, false).unwrap();
     // Decisive only when the first two steps drew more than a batch each.
     assert!(data_state(&full, 2).gen_batches > 2);
     let cut = dir.join("cut");
-    colo_rl::r#loop::run(&config(&dir, 2, 3, filter), &cut, false).unwrap();
-    colo_rl::r#loop::run(&config(&dir, 3, 3, filter), &cut, true).unwrap();
+    colo_rl::step::run(&config(&dir, 2, 3, filter), &cut, false).unwrap();
+    colo_rl::step::run(&config(&dir, 3, 3, filter), &cut, true).unwrap();
     let (a, b) = (steps_of(&full), steps_of(&cut));
     assert_eq!(b.len(), 3);
     for (x, y) in a.iter().zip(&b) {
@@ -154,7 +154,7 @@ fn too_few_groups_that_vary_stop_at_the_limit_with_the_reason() {
         2,
         "enable = true\nmetric = \"varies\"\nmax_num_gen_batches = 3",
     );
-    let e = colo_rl::r#loop::run(&cfg, &dir.join("run"), false).unwrap_err();
+    let e = colo_rl::step::run(&cfg, &dir.join("run"), false).unwrap_err();
     assert!(matches!(e, Error::DynamicSampling(_)), "{e}");
     let msg = e.to_string();
     for want in [
@@ -166,7 +166,7 @@ fn too_few_groups_that_vary_stop_at_the_limit_with_the_reason() {
     }
     // A metric the reward does not return is named with what it does.
     let cfg = config(&dir, 1, 2, "enable = true\nmetric = \"nope\"");
-    let e = colo_rl::r#loop::run(&cfg, &dir.join("other"), false).unwrap_err();
+    let e = colo_rl::step::run(&cfg, &dir.join("other"), false).unwrap_err();
     let msg = e.to_string();
     assert!(
         msg.contains("metric = \"nope\"") && msg.contains("it returned varies"),

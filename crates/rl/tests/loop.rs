@@ -92,7 +92,7 @@ fn deterministic(m: &colo_rl::StepMetrics) -> Vec<f64> {
 #[test]
 fn a_run_writes_metrics_pictures_and_checkpoints() {
     let dir = tmp("files");
-    let s = colo_rl::r#loop::run(&config(&dir, 2, "staged"), &dir.join("run"), false).unwrap();
+    let s = colo_rl::step::run(&config(&dir, 2, "staged"), &dir.join("run"), false).unwrap();
     let run = dir.join("run");
     assert_eq!(s.steps, 2);
     let records = read(&run.join("metrics.jsonl")).unwrap();
@@ -161,11 +161,11 @@ fn a_run_writes_metrics_pictures_and_checkpoints() {
 fn resume_continues_with_the_same_metrics_as_an_uninterrupted_run() {
     let dir = tmp("resume");
     let full = dir.join("full");
-    colo_rl::r#loop::run(&config(&dir, 3, "staged"), &full, false).unwrap();
+    colo_rl::step::run(&config(&dir, 3, "staged"), &full, false).unwrap();
 
     let cut = dir.join("cut");
-    colo_rl::r#loop::run(&config(&dir, 2, "staged"), &cut, false).unwrap();
-    colo_rl::r#loop::run(&config(&dir, 3, "staged"), &cut, true).unwrap();
+    colo_rl::step::run(&config(&dir, 2, "staged"), &cut, false).unwrap();
+    colo_rl::step::run(&config(&dir, 3, "staged"), &cut, true).unwrap();
 
     let (a, b) = (steps_of(&full), steps_of(&cut));
     assert_eq!(b.len(), 3, "two steps, then one more after resuming");
@@ -179,7 +179,7 @@ fn resume_continues_with_the_same_metrics_as_an_uninterrupted_run() {
 fn every_colocation_mode_runs_a_step() {
     for mode in ["naive", "restart", "sleep"] {
         let dir = tmp(mode);
-        let s = colo_rl::r#loop::run(&config(&dir, 1, mode), &dir.join("run"), false).unwrap();
+        let s = colo_rl::step::run(&config(&dir, 1, mode), &dir.join("run"), false).unwrap();
         assert_eq!(s.steps, 1, "{mode}");
         std::fs::remove_dir_all(dir).unwrap();
     }
@@ -203,7 +203,7 @@ fn gae_trains_a_critic_and_remax_uses_greedy_baselines() {
         let text = config_toml(&dir, 2, "staged", estimator)
             .replace("[actor]\n", &format!("[actor]\nloss_mode = \"{loss}\"\n"));
         let config = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
-        colo_rl::r#loop::run(&config, &dir.join("run"), false).unwrap();
+        colo_rl::step::run(&config, &dir.join("run"), false).unwrap();
         let steps = steps_of(&dir.join("run"));
         assert_eq!(steps.len(), 2, "{estimator}");
         assert!(steps.iter().all(|s| s.pg_loss.is_finite()), "{estimator}");
@@ -236,7 +236,7 @@ fn a_run_without_a_held_out_set_does_not_evaluate() {
         cfg.summary()
     );
     let run = dir.join("run");
-    let s = colo_rl::r#loop::run(&cfg, &run, false).unwrap();
+    let s = colo_rl::step::run(&cfg, &run, false).unwrap();
     assert_eq!(
         (s.steps, s.first_accuracy, s.last_accuracy),
         (2, None, None)
@@ -257,7 +257,7 @@ fn a_prompt_longer_than_max_prompt_length_is_an_error_naming_it() {
     let dir = tmp("long");
     let mut cfg = config(&dir, 1, "staged");
     cfg.data.max_prompt_length = 3;
-    let err = colo_rl::r#loop::run(&cfg, &dir.join("run"), false)
+    let err = colo_rl::step::run(&cfg, &dir.join("run"), false)
         .unwrap_err()
         .to_string();
     assert!(
@@ -287,7 +287,7 @@ fn a_reward_error_names_the_line_of_its_prompt() {
         &text[end..]
     );
     let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
-    let err = colo_rl::r#loop::run(&cfg, &dir.join("run"), false)
+    let err = colo_rl::step::run(&cfg, &dir.join("run"), false)
         .unwrap_err()
         .to_string();
     let origin = format!("the prompt of {}:", data.display());
@@ -310,7 +310,7 @@ fn sequences_longer_than_the_context_window_are_refused() {
     cfg.data.max_prompt_length = 500;
     cfg.rollout.max_new_tokens = 13;
     let run = dir.join("run");
-    let err = colo_rl::r#loop::run(&cfg, &run, false)
+    let err = colo_rl::step::run(&cfg, &run, false)
         .unwrap_err()
         .to_string();
     assert!(
@@ -322,7 +322,7 @@ fn sequences_longer_than_the_context_window_are_refused() {
     assert!(!run.join("metrics.jsonl").exists(), "nothing ran");
     // At the window exactly, it runs.
     cfg.rollout.max_new_tokens = 12;
-    colo_rl::r#loop::run(&cfg, &run, false).unwrap();
+    colo_rl::step::run(&cfg, &run, false).unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -348,8 +348,8 @@ fn a_token_budget_trains_the_same_policy() {
     );
     let tokens = Config::from_toml(&budget, &dir.join("run.toml")).unwrap();
     assert_eq!(tokens.batch.micro_batch_max_tokens, Some(28));
-    colo_rl::r#loop::run(&rows, &dir.join("rows"), false).unwrap();
-    colo_rl::r#loop::run(&tokens, &dir.join("tokens"), false).unwrap();
+    colo_rl::step::run(&rows, &dir.join("rows"), false).unwrap();
+    colo_rl::step::run(&tokens, &dir.join("tokens"), false).unwrap();
     let (x, y) = (
         &steps_of(&dir.join("rows"))[0],
         &steps_of(&dir.join("tokens"))[0],
@@ -377,7 +377,7 @@ fn the_overlong_buffer_lowers_the_rewards_of_long_responses() {
     let mut firsts = Vec::new();
     for (name, text) in [("plain", &plain), ("shaped", &shaped)] {
         let cfg = Config::from_toml(text, &dir.join("run.toml")).unwrap();
-        colo_rl::r#loop::run(&cfg, &dir.join(name), false).unwrap();
+        colo_rl::step::run(&cfg, &dir.join(name), false).unwrap();
         firsts.push(steps_of(&dir.join(name)).remove(0));
     }
     let (plain, shaped) = (&firsts[0], &firsts[1]);
@@ -405,7 +405,7 @@ fn a_run_directory_in_use_is_refused() {
     std::fs::create_dir_all(&out).unwrap();
     let held = colo_rl::run_lock::lock(&out).unwrap();
     assert!(colo_rl::run_lock::in_use(&out));
-    let err = colo_rl::r#loop::run(&config(&dir, 1, "staged"), &out, false)
+    let err = colo_rl::step::run(&config(&dir, 1, "staged"), &out, false)
         .unwrap_err()
         .to_string();
     assert!(
@@ -420,7 +420,7 @@ fn a_run_directory_in_use_is_refused() {
     drop(held);
     assert!(!colo_rl::run_lock::in_use(&out));
     assert_eq!(colo_rl::checkpoints::next_free_dir(&out).unwrap(), out);
-    colo_rl::r#loop::run(&config(&dir, 1, "staged"), &out, false).unwrap();
+    colo_rl::step::run(&config(&dir, 1, "staged"), &out, false).unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -439,7 +439,7 @@ fn generations_are_dumped_as_verl_dumps_them() {
         ),
     );
     let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
-    colo_rl::r#loop::run(&cfg, &dir.join("run"), false).unwrap();
+    colo_rl::step::run(&cfg, &dir.join("run"), false).unwrap();
     let lines = |path: PathBuf| -> Vec<serde_json::Value> {
         (std::fs::read_to_string(&path).unwrap().lines())
             .map(|l| serde_json::from_str(l).unwrap())
@@ -498,7 +498,7 @@ fn a_cosine_schedule_decays_over_the_runs_optimizer_steps() {
         "warmup_steps = 0\nwarmup_style = \"cosine\"\nmin_lr_ratio = 0.1\n",
     );
     let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
-    colo_rl::r#loop::run(&cfg, &dir.join("run"), false).unwrap();
+    colo_rl::step::run(&cfg, &dir.join("run"), false).unwrap();
     for m in steps_of(&dir.join("run")) {
         let progress = (2 * m.step - 1) as f64 / 6.0;
         let cos = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
@@ -516,7 +516,7 @@ fn a_cosine_schedule_decays_over_the_runs_optimizer_steps() {
         .replace("total_steps = 3", "total_epochs = 1")
         .replace("warmup_steps = 0\n", "warmup_steps = 40\n");
     let cfg = Config::from_toml(&epochs, &dir.join("run.toml")).unwrap();
-    let e = colo_rl::r#loop::run(&cfg, &dir.join("epochs"), false).unwrap_err();
+    let e = colo_rl::step::run(&cfg, &dir.join("epochs"), false).unwrap_err();
     let msg = e.to_string();
     assert!(
         msg.contains("12 training prompts make 6 steps")
@@ -538,7 +538,7 @@ fn the_critic_has_its_own_learning_rate_and_warms_up_alone() {
         .replace("[trainer]\n", "[trainer]\ncritic_warmup = 2\n")
         + "\n[critic]\nlr = 3e-3\nwarmup_steps = 0\ncliprange_value = 0.2\n";
     let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
-    colo_rl::r#loop::run(&cfg, &dir.join("run"), false).unwrap();
+    colo_rl::step::run(&cfg, &dir.join("run"), false).unwrap();
     let steps = steps_of(&dir.join("run"));
     for m in &steps {
         assert!(m.vf_loss.is_some_and(f64::is_finite), "step {}", m.step);
@@ -575,7 +575,7 @@ fn val_only_evaluates_a_checkpoint_and_trains_nothing() {
     let dir = tmp("val-only");
     let text = config_toml(&dir, 1, "staged", "grpo");
     let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
-    let trained = colo_rl::r#loop::run(&cfg, &dir.join("run"), false).unwrap();
+    let trained = colo_rl::step::run(&cfg, &dir.join("run"), false).unwrap();
     let step = dir.join("run/checkpoints/step-1");
     let only = text
         .replace(
@@ -584,7 +584,7 @@ fn val_only_evaluates_a_checkpoint_and_trains_nothing() {
         )
         .replace("[trainer]\n", "[trainer]\nval_only = true\n");
     let cfg = Config::from_toml(&only, &dir.join("run.toml")).unwrap();
-    let s = colo_rl::r#loop::run(&cfg, &dir.join("eval"), false).unwrap();
+    let s = colo_rl::step::run(&cfg, &dir.join("eval"), false).unwrap();
     assert_eq!(s.steps, 0);
     assert_eq!(s.last_accuracy, trained.last_accuracy);
     let records = read(&dir.join("eval/metrics.jsonl")).unwrap();
@@ -594,7 +594,7 @@ fn val_only_evaluates_a_checkpoint_and_trains_nothing() {
     );
     assert!(!dir.join("eval/checkpoints/step-1").exists());
     // Its record is work too: a second evaluation into it is refused.
-    let e = colo_rl::r#loop::run(&cfg, &dir.join("eval"), false).unwrap_err();
+    let e = colo_rl::step::run(&cfg, &dir.join("eval"), false).unwrap_err();
     // (Naming a way on that val_only takes: not --resume.)
     assert!(
         e.to_string().contains("(1 evaluation in metrics.jsonl)")
@@ -603,7 +603,7 @@ fn val_only_evaluates_a_checkpoint_and_trains_nothing() {
         "{e}"
     );
     // --resume has nothing to continue: it is refused, naming what to do.
-    let e = colo_rl::r#loop::run(&cfg, &dir.join("eval2"), true).unwrap_err();
+    let e = colo_rl::step::run(&cfg, &dir.join("eval2"), true).unwrap_err();
     assert!(
         e.to_string().contains("set model.path to its directory"),
         "{e}"

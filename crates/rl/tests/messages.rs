@@ -61,10 +61,10 @@ fn reward_failures_reach_the_summary() {
     let reward = garbage_reward(&dir);
     let run = dir.join("run");
     let c = config(&dir, 1, &reward, "val_before_train = false");
-    let s = colo_rl::r#loop::run(&c, &run, false).unwrap();
+    let s = colo_rl::step::run(&c, &run, false).unwrap();
     assert_eq!(s.reward_failures, 8 + 2, "{s:?}");
     let c = config(&dir, 2, &reward, "val_before_train = false");
-    let s = colo_rl::r#loop::run(&c, &run, true).unwrap();
+    let s = colo_rl::step::run(&c, &run, true).unwrap();
     assert_eq!(s.resumed_from, Some(1));
     assert_eq!(
         s.reward_failures,
@@ -122,11 +122,11 @@ fn a_stop_says_what_stopping_at_once_would_lose() {
         "kind = \"numeric\"",
         "val_before_train = false\nsave_freq = -1",
     );
-    let stop = colo_rl::r#loop::Stop::new();
+    let stop = colo_rl::step::Stop::new();
     assert_eq!(stop.stopped_now(), "no checkpoint was written");
     stop.request();
     let run = dir.join("run");
-    let s = colo_rl::r#loop::run_until(&c, &run, false, &stop).unwrap();
+    let s = colo_rl::step::run_until(&c, &run, false, &stop).unwrap();
     assert_eq!((s.steps, s.total_steps), (1, 3));
     assert_eq!(stop.stopped_now(), "the checkpoint of step 1 is complete");
     std::fs::remove_dir_all(dir).unwrap();
@@ -151,14 +151,14 @@ fn a_run_refused_before_its_first_step_leaves_nothing() {
     let reward = "kind = \"external\"\ncommand = [\"/nonexistent/reward\"]";
     let c = config(&dir, 1, reward, "");
     let fresh = dir.join("fresh");
-    let e = colo_rl::r#loop::run(&c, &fresh.join("deeper"), false).unwrap_err();
+    let e = colo_rl::step::run(&c, &fresh.join("deeper"), false).unwrap_err();
     assert!(e.to_string().contains("cannot start"), "{e}");
     assert!(!fresh.exists(), "left behind: {:?}", listing(&fresh));
 
     let existing = dir.join("existing");
     std::fs::create_dir_all(&existing).unwrap();
     std::fs::write(existing.join("notes.txt"), "mine").unwrap();
-    colo_rl::r#loop::run(&c, &existing, false).unwrap_err();
+    colo_rl::step::run(&c, &existing, false).unwrap_err();
     assert_eq!(listing(&existing), ["notes.txt"]);
 
     // A row the reward cannot compare with, in the training data.
@@ -175,7 +175,7 @@ fn a_run_refused_before_its_first_step_leaves_nothing() {
         &dir.join("run.toml"),
     )
     .unwrap();
-    let e = colo_rl::r#loop::run(&c, &fresh, false).unwrap_err();
+    let e = colo_rl::step::run(&c, &fresh, false).unwrap_err();
     assert!(
         e.to_string()
             .contains("train.jsonl:9: field `answer`: is a list"),
@@ -219,7 +219,7 @@ total_steps = 1
         sections = common::fixture_sections(4),
     );
     let c = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
-    let s = colo_rl::r#loop::run(&c, &dir.join("run"), false).unwrap();
+    let s = colo_rl::step::run(&c, &dir.join("run"), false).unwrap();
     assert_eq!(s.steps, 1);
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -86,7 +86,7 @@ fn a_reward_beyond_float32_stops_the_run_naming_the_sample_and_the_step() {
         "1e300 if i == 13 else float(len(r['completion']) % 2)",
     );
     let cfg = config(&dir, 3);
-    let err = colo_rl::r#loop::run(&cfg, &run, false)
+    let err = colo_rl::step::run(&cfg, &run, false)
         .unwrap_err()
         .to_string();
     assert!(
@@ -100,7 +100,7 @@ fn a_reward_beyond_float32_stops_the_run_naming_the_sample_and_the_step() {
 
     // The run directory resumes with the reward fixed.
     write_reward(&dir, "float(len(r['completion']) % 2)");
-    let s = colo_rl::r#loop::run(&cfg, &run, true).unwrap();
+    let s = colo_rl::step::run(&cfg, &run, true).unwrap();
     assert_eq!((s.steps, s.resumed_from), (3, Some(1)));
     let steps: Vec<usize> = steps_of(&run).iter().map(|m| m.step).collect();
     assert_eq!(steps, vec![1, 2, 3]);
@@ -149,10 +149,10 @@ fn optimizer_steps_skipped_three_times_in_a_row_stop_the_run() {
     write_reward(&dir, "float(r['id'] % 2)");
     let mut cfg = config(&dir, 4);
     cfg.model = ModelSource::Path(overflowing_checkpoint(&dir));
-    let err = colo_rl::r#loop::run(&cfg, &run, false)
+    let err = colo_rl::step::run(&cfg, &run, false)
         .unwrap_err()
         .to_string();
-    assert_eq!(colo_rl::r#loop::MAX_SKIPPED_IN_A_ROW, 3);
+    assert_eq!(colo_rl::step::MAX_SKIPPED_IN_A_ROW, 3);
     assert!(
         err.starts_with(
             "step 2: the gradient norm was not finite in 4 optimizer steps in a row, which were \

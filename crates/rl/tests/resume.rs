@@ -127,7 +127,7 @@ fn state(dir: &Path) -> serde_json::Value {
 fn resume_never_goes_backwards_or_repeats_and_checkpoints_are_models() {
     let dir = tmp("backwards");
     let run = dir.join("run");
-    colo_rl::r#loop::run(&config(&dir, 2), &run, false).unwrap();
+    colo_rl::step::run(&config(&dir, 2), &run, false).unwrap();
     let ckpt = run.join("checkpoints/step-2");
     for f in [
         "config.json",
@@ -150,7 +150,7 @@ fn resume_never_goes_backwards_or_repeats_and_checkpoints_are_models() {
     let before = snapshot(&run);
 
     // total_steps below the checkpoint: refused, nothing written.
-    let err = colo_rl::r#loop::run(&config(&dir, 1), &run, true)
+    let err = colo_rl::step::run(&config(&dir, 1), &run, true)
         .unwrap_err()
         .to_string();
     assert!(
@@ -160,7 +160,7 @@ fn resume_never_goes_backwards_or_repeats_and_checkpoints_are_models() {
     assert!(snapshot(&run) == before, "a refused resume changed files");
 
     // A run from scratch into it: refused, nothing written.
-    let err = colo_rl::r#loop::run(&config(&dir, 2), &run, false)
+    let err = colo_rl::step::run(&config(&dir, 2), &run, false)
         .unwrap_err()
         .to_string();
     assert!(
@@ -172,7 +172,7 @@ fn resume_never_goes_backwards_or_repeats_and_checkpoints_are_models() {
     assert!(snapshot(&run) == before, "a refused run changed files");
 
     // Resuming the finished run: nothing to do, the last evaluation once.
-    let s = colo_rl::r#loop::run(&config(&dir, 2), &run, true).unwrap();
+    let s = colo_rl::step::run(&config(&dir, 2), &run, true).unwrap();
     assert_eq!(
         evals_of(&run),
         vec![0, 2],
@@ -193,7 +193,7 @@ fn resume_never_goes_backwards_or_repeats_and_checkpoints_are_models() {
     // A run from the checkpoint as its model.
     let mut cfg = config(&dir, 1);
     cfg.model = colo_rl::config::ModelSource::Path(ckpt);
-    let s = colo_rl::r#loop::run(&cfg, &dir.join("from-ckpt"), false).unwrap();
+    let s = colo_rl::step::run(&cfg, &dir.join("from-ckpt"), false).unwrap();
     assert_eq!(s.steps, 1);
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -206,7 +206,7 @@ fn resume_never_goes_backwards_or_repeats_and_checkpoints_are_models() {
 fn a_killed_run_resumes_from_its_newest_complete_checkpoint_without_duplicates() {
     let dir = tmp("killed");
     let run = dir.join("run");
-    colo_rl::r#loop::run(&config(&dir, 3), &run, false).unwrap();
+    colo_rl::step::run(&config(&dir, 3), &run, false).unwrap();
     let want: Vec<Vec<f64>> = steps_of(&run).iter().map(deterministic).collect();
     assert_eq!(evals_of(&run), vec![0, 2, 3]);
     let first = timeline_of(&run);
@@ -220,7 +220,7 @@ fn a_killed_run_resumes_from_its_newest_complete_checkpoint_without_duplicates()
         std::fs::write(ckpts.join(left).join("model.safetensors"), b"x").unwrap();
     }
 
-    let s = colo_rl::r#loop::run(&config(&dir, 3), &run, true).unwrap();
+    let s = colo_rl::step::run(&config(&dir, 3), &run, true).unwrap();
     assert_eq!(s.resumed_from, Some(2));
     assert!(!ckpts.join(".step-2.tmp-abc123").exists());
     assert!(ckpts.join(".step-3.old-xyz789").exists());
@@ -286,7 +286,7 @@ fn a_killed_run_resumes_from_its_newest_complete_checkpoint_without_duplicates()
 fn a_resumed_run_makes_up_the_evaluation_its_checkpoint_was_due() {
     let dir = tmp("due");
     let run = dir.join("run");
-    colo_rl::r#loop::run(&config(&dir, 3), &run, false).unwrap();
+    colo_rl::step::run(&config(&dir, 3), &run, false).unwrap();
     let want: Vec<Vec<f64>> = steps_of(&run).iter().map(deterministic).collect();
     let ckpts = run.join("checkpoints");
     std::fs::remove_dir_all(ckpts.join("step-3")).unwrap();
@@ -305,7 +305,7 @@ fn a_resumed_run_makes_up_the_evaluation_its_checkpoint_was_due() {
     std::fs::write(&metrics, kept.join("\n") + "\n").unwrap();
     assert_eq!(evals_of(&run), vec![0]);
 
-    let s = colo_rl::r#loop::run(&config(&dir, 3), &run, true).unwrap();
+    let s = colo_rl::step::run(&config(&dir, 3), &run, true).unwrap();
     assert_eq!(s.resumed_from, Some(2));
     assert_eq!(
         evals_of(&run),
@@ -332,7 +332,7 @@ fn resume_from_nothing_starts_from_scratch_and_reward_failures_are_counted() {
     let text = config_text(&dir, 1, &reward, "val_before_train = false");
     let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
     let run = dir.join("run");
-    let s = colo_rl::r#loop::run(&cfg, &run, true).unwrap();
+    let s = colo_rl::step::run(&cfg, &run, true).unwrap();
     assert_eq!(s.resumed_from, None);
     assert!(
         s.notes.iter().any(|n| n.contains("starting from scratch")),
@@ -353,11 +353,11 @@ fn resume_from_nothing_starts_from_scratch_and_reward_failures_are_counted() {
 fn resume_over_only_incomplete_checkpoints_is_refused() {
     let dir = tmp("incomplete-only");
     let run = dir.join("run");
-    colo_rl::r#loop::run(&config(&dir, 1), &run, false).unwrap();
+    colo_rl::step::run(&config(&dir, 1), &run, false).unwrap();
     std::fs::remove_file(run.join("checkpoints/step-1/model.safetensors")).unwrap();
     let before = snapshot(&run);
     for resume in [true, false] {
-        let err = colo_rl::r#loop::run(&config(&dir, 2), &run, resume)
+        let err = colo_rl::step::run(&config(&dir, 2), &run, resume)
             .unwrap_err()
             .to_string();
         assert!(
@@ -393,7 +393,7 @@ fn a_run_that_wrote_no_checkpoint_is_started_again_by_resume() {
     );
     let text = config_text(&dir, 2, &reward, "");
     let failing = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
-    let err = colo_rl::r#loop::run(&failing, &run, false)
+    let err = colo_rl::step::run(&failing, &run, false)
         .unwrap_err()
         .to_string();
     assert!(err.contains("reward"), "{err}");
@@ -404,7 +404,7 @@ fn a_run_that_wrote_no_checkpoint_is_started_again_by_resume() {
         .is_empty());
 
     let before = snapshot(&run);
-    let err = colo_rl::r#loop::run(&config(&dir, 2), &run, false)
+    let err = colo_rl::step::run(&config(&dir, 2), &run, false)
         .unwrap_err()
         .to_string();
     assert!(
@@ -416,7 +416,7 @@ fn a_run_that_wrote_no_checkpoint_is_started_again_by_resume() {
     );
     assert!(snapshot(&run) == before, "a refused run changed files");
 
-    let s = colo_rl::r#loop::run(&config(&dir, 2), &run, true).unwrap();
+    let s = colo_rl::step::run(&config(&dir, 2), &run, true).unwrap();
     assert_eq!((s.steps, s.resumed_from), (2, None));
     let notes = s.notes.join("\n");
     assert!(
@@ -455,21 +455,21 @@ fn records_keep_their_permissions_after_a_resume() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tmp("modes");
     let run = dir.join("run");
-    colo_rl::r#loop::run(&config(&dir, 3), &run, false).unwrap();
+    colo_rl::step::run(&config(&dir, 3), &run, false).unwrap();
     let (metrics, timeline) = (run.join("metrics.jsonl"), run.join("timeline.jsonl"));
     let created = created_mode(&run);
     assert_eq!((mode_of(&metrics), mode_of(&timeline)), (created, created));
     // Killed before its last checkpoint: the resume removes step 3's
     // records and events, and writes them again.
     std::fs::remove_dir_all(run.join("checkpoints/step-3")).unwrap();
-    colo_rl::r#loop::run(&config(&dir, 3), &run, true).unwrap();
+    colo_rl::step::run(&config(&dir, 3), &run, true).unwrap();
     assert_eq!((mode_of(&metrics), mode_of(&timeline)), (created, created));
     // A mode the user set is kept too.
     for (path, mode) in [(&metrics, 0o640), (&timeline, 0o604)] {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
     }
     std::fs::remove_dir_all(run.join("checkpoints/step-3")).unwrap();
-    let s = colo_rl::r#loop::run(&config(&dir, 3), &run, true).unwrap();
+    let s = colo_rl::step::run(&config(&dir, 3), &run, true).unwrap();
     assert!(
         s.notes.iter().any(|n| n.contains("removed")),
         "{:?}",
@@ -499,7 +499,7 @@ fn relative_dump_directories_are_in_the_run_directory() {
     let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
     let runs = [dir.join("a"), dir.join("b")];
     for run in &runs {
-        colo_rl::r#loop::run(&cfg, run, false).unwrap();
+        colo_rl::step::run(&cfg, run, false).unwrap();
     }
     let here = Path::new(&name);
     let stray = here.exists();
@@ -526,7 +526,7 @@ fn a_run_directory_that_is_a_file_is_refused() {
     let dir = tmp("out-file");
     let file = dir.join("run");
     std::fs::write(&file, b"notes").unwrap();
-    let err = colo_rl::r#loop::run(&config(&dir, 1), &file, false)
+    let err = colo_rl::step::run(&config(&dir, 1), &file, false)
         .unwrap_err()
         .to_string();
     assert!(err.contains("run: the run directory is a file"), "{err}");
@@ -547,7 +547,7 @@ fn a_failed_run_still_writes_its_timeline_and_pictures() {
     let text = config_text(&dir, 3, &reward, "val_before_train = false");
     let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
     let run = dir.join("run");
-    let err = colo_rl::r#loop::run(&cfg, &run, false)
+    let err = colo_rl::step::run(&cfg, &run, false)
         .unwrap_err()
         .to_string();
     assert!(err.contains("reward"), "{err}");
@@ -577,7 +577,7 @@ fn prompts_longer_than_max_prompt_length_are_refused_when_read() {
         *v = colo_rl::config::ValSource::Files(vec![val.clone()]);
     }
     let started = std::time::Instant::now();
-    let err = colo_rl::r#loop::run(&cfg, &dir.join("run"), false)
+    let err = colo_rl::step::run(&cfg, &dir.join("run"), false)
         .unwrap_err()
         .to_string();
     assert!(
@@ -633,7 +633,7 @@ fn filtered_overlong_prompts_are_left_out_and_counted() {
     if let colo_rl::config::DataSource::Files { val: v, .. } = &mut cfg.data.source {
         *v = colo_rl::config::ValSource::Files(vec![val.clone()]);
     }
-    let summary = colo_rl::r#loop::run(&cfg, &dir.join("run"), false).unwrap();
+    let summary = colo_rl::step::run(&cfg, &dir.join("run"), false).unwrap();
     assert_eq!(summary.steps, 1);
     let evals: Vec<_> = colo_rl::metrics::read(&dir.join("run/metrics.jsonl"))
         .unwrap()
@@ -690,12 +690,12 @@ fn a_gae_checkpoint_holds_the_critic() {
         cfg
     };
     let (full, cut) = (dir.join("full"), dir.join("cut"));
-    colo_rl::r#loop::run(&gae(2), &full, false).unwrap();
-    colo_rl::r#loop::run(&gae(1), &cut, false).unwrap();
+    colo_rl::step::run(&gae(2), &full, false).unwrap();
+    colo_rl::step::run(&gae(1), &cut, false).unwrap();
     assert!(cut
         .join("checkpoints/step-1/critic/value_head.safetensors")
         .is_file());
-    colo_rl::r#loop::run(&gae(2), &cut, true).unwrap();
+    colo_rl::step::run(&gae(2), &cut, true).unwrap();
     let (a, b) = (steps_of(&full), steps_of(&cut));
     assert_eq!(b.len(), 2);
     assert_eq!(deterministic(&a[1]), deterministic(&b[1]));
@@ -712,11 +712,11 @@ fn a_gae_checkpoint_holds_the_critic() {
 fn resuming_a_run_without_a_critic_as_gae_is_refused() {
     let dir = tmp("estimator-switch");
     let run = dir.join("run");
-    colo_rl::r#loop::run(&config(&dir, 2), &run, false).unwrap();
+    colo_rl::step::run(&config(&dir, 2), &run, false).unwrap();
     let before = snapshot(&run);
     let mut gae = config(&dir, 3);
     gae.algorithm.advantage.adv_estimator = colo_algo::AdvEstimator::Gae;
-    let err = colo_rl::r#loop::run(&gae, &run, true)
+    let err = colo_rl::step::run(&gae, &run, true)
         .unwrap_err()
         .to_string();
     assert!(
@@ -748,7 +748,7 @@ fn auto_resumes_in_the_checkpoints_dtype() {
         )
         .unwrap()
     };
-    colo_rl::r#loop::run(&parse(2, "dtype = \"f32\""), &run, false).unwrap();
+    colo_rl::step::run(&parse(2, "dtype = \"f32\""), &run, false).unwrap();
     let saved = run.join("checkpoints/step-2");
 
     let (kept, _) =
@@ -761,9 +761,9 @@ fn auto_resumes_in_the_checkpoints_dtype() {
     // before anything is written (it failed on a tensor's name, after
     // config.toml had been rewritten).
     let bf16_run = dir.join("bf16");
-    colo_rl::r#loop::run(&parse(2, "dtype = \"bf16\""), &bf16_run, false).unwrap();
+    colo_rl::step::run(&parse(2, "dtype = \"bf16\""), &bf16_run, false).unwrap();
     let before = snapshot(&bf16_run);
-    let err = colo_rl::r#loop::run(&parse(4, "dtype = \"f32\""), &bf16_run, true)
+    let err = colo_rl::step::run(&parse(4, "dtype = \"f32\""), &bf16_run, true)
         .unwrap_err()
         .to_string();
     assert!(
@@ -781,7 +781,7 @@ fn auto_resumes_in_the_checkpoints_dtype() {
     let read_back = Config::from_toml(&saved_text, &run.join("config.toml")).unwrap();
     assert_eq!(read_back.to_raw(), first.to_raw());
 
-    let s = colo_rl::r#loop::run(&parse(4, ""), &run, true).unwrap();
+    let s = colo_rl::step::run(&parse(4, ""), &run, true).unwrap();
     // Continuing under other settings is said: the user's keys are
     // compared, `auto` as written.
     let notes = s.notes.join("\n");
@@ -796,7 +796,7 @@ fn auto_resumes_in_the_checkpoints_dtype() {
     // settled (the record says `auto`, not what it resolved to).
     // (Where `auto` would be bf16, another note says the checkpoint's f32
     // is kept; that one names trainer.dtype, the change note must not.)
-    let s = colo_rl::r#loop::run(&parse(6, ""), &run, true).unwrap();
+    let s = colo_rl::step::run(&parse(6, ""), &run, true).unwrap();
     let notes = s.notes.join("\n");
     let changes = (s.notes.iter())
         .find(|n| n.contains("the configuration differs"))
@@ -852,7 +852,7 @@ fn a_stop_during_dynamic_sampling_keeps_the_finished_steps() {
     // Two steps of one generation batch each (2 prompts × 4 samples).
     let fading = write_fading_reward(&dir, 16);
     let config = Config::from_toml(&text(10, &fading), &dir.join("run.toml")).unwrap();
-    let stop = colo_rl::r#loop::Stop::new();
+    let stop = colo_rl::step::Stop::new();
     let asker = {
         let (stop, run) = (stop.clone(), run.clone());
         std::thread::spawn(move || {
@@ -869,7 +869,7 @@ fn a_stop_during_dynamic_sampling_keeps_the_finished_steps() {
             stop.request();
         })
     };
-    let err = colo_rl::r#loop::run_until(&config, &run, false, &stop).unwrap_err();
+    let err = colo_rl::step::run_until(&config, &run, false, &stop).unwrap_err();
     asker.join().unwrap();
     let said = err.to_string();
     assert!(
@@ -882,7 +882,7 @@ fn a_stop_during_dynamic_sampling_keeps_the_finished_steps() {
     // Resumed with a reward that varies again, the run goes on from step 2.
     let varied = write_fading_reward(&dir, 1_000_000);
     let config = Config::from_toml(&text(3, &varied), &dir.join("run.toml")).unwrap();
-    let s = colo_rl::r#loop::run(&config, &run, true).unwrap();
+    let s = colo_rl::step::run(&config, &run, true).unwrap();
     assert_eq!((s.resumed_from, s.steps), (Some(2), 3));
     assert_eq!(steps_of(&run).len(), 3);
     std::fs::remove_dir_all(dir).unwrap();

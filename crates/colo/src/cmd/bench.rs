@@ -65,8 +65,8 @@ pub fn pool_on(
         "--device cuda: this colo was built without the `cuda` feature \
          (./x cargo build --release -p colo --features cuda)"
     );
-    let capacity = colo_rl::r#loop::device_memory(device)?;
-    let pool = colo_rl::r#loop::device_pool(device, capacity)?;
+    let capacity = colo_rl::step::device_memory(device)?;
+    let pool = colo_rl::step::device_pool(device, capacity)?;
     Ok((pool, device.torch()))
 }
 

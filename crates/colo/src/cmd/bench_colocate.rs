@@ -6,7 +6,7 @@
 //!
 //! Why it is built this way:
 //!
-//! - **The real step.** Each mode is a whole [`colo_rl::r#loop::run`] (GRPO
+//! - **The real step.** Each mode is a whole [`colo_rl::step::run`] (GRPO
 //!   with a KL loss to a reference, so the reference's offload is in the
 //!   picture too) on a run directory of its own; the figures come from the
 //!   run's own `metrics.jsonl` and `timeline.jsonl`, the files a user reads.
@@ -421,7 +421,7 @@ fn run_mode(
     );
     let dir = setup.work.join(format!("run-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
-    let outcome = colo_rl::r#loop::run(&config, &dir, false);
+    let outcome = colo_rl::step::run(&config, &dir, false);
     let result = match outcome {
         Ok(_) => read_run(&dir, name, warmup, total),
         Err(e) => {

@@ -255,7 +255,7 @@ fn train(a: &Args) -> Result<String> {
         config.trainer.length = colo_rl::config::RunLength::Steps(5);
     }
     let t = Instant::now();
-    let s = colo_rl::r#loop::run(&config, &a.out, false).context("colo train on CUDA")?;
+    let s = colo_rl::step::run(&config, &a.out, false).context("colo train on CUDA")?;
     let secs = t.elapsed().as_secs_f64();
     // Two steps that give up everything at each switch: every emptied
     // activations cache must be empty (a cuBLAS workspace or a MemPool the
@@ -263,7 +263,7 @@ fn train(a: &Args) -> Result<String> {
     config.memory.offload_policy = colo_rl::config::OffloadPolicy::Always;
     config.trainer.length = colo_rl::config::RunLength::Steps(2);
     let always = a.out.join("always");
-    colo_rl::r#loop::run(&config, &always, false).context("colo train on CUDA, always")?;
+    colo_rl::step::run(&config, &always, false).context("colo train on CUDA, always")?;
     let emptied = emptied_caches(&always.join("timeline.jsonl"))?;
     let pct = |x: Option<f64>| x.map_or("-".into(), |x| format!("{:.1}%", 100.0 * x));
     Ok(format!(

@@ -93,7 +93,7 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         None => config.batch.micro_batch_samples as u64 * seq_len,
     };
     let dtype = config.trainer.dtype.resolve(config.trainer.device);
-    let engine = colo_rl::r#loop::engine_config(config).validate()?;
+    let engine = colo_rl::step::engine_config(config).validate()?;
     let input = PlanInput {
         model: ModelSource::Config(hf_config(&model_cfg)),
         param_dtype: dtype.name().into(),
@@ -300,7 +300,7 @@ fn prompts(config: &Config, model_dir: Option<&Path>) -> Result<Prompts> {
 
 /// The capacity the run's memory layer enforces (the run's own rule).
 fn capacity(config: &Config) -> Result<u64> {
-    colo_rl::r#loop::device_capacity(config)
+    colo_rl::step::device_capacity(config)
         .context("memory.capacity = \"auto\": cannot read the machine's memory; set a capacity")
 }
 
@@ -332,7 +332,7 @@ mod tests {
         assert_eq!(graphs(&config), None, "the CPU has no graphs");
         config.trainer.device = Device::Cuda;
         config.memory.capacity = colo_rl::config::Capacity::Bytes(80 << 30);
-        let engine = colo_rl::r#loop::engine_config(&config).validate().unwrap();
+        let engine = colo_rl::step::engine_config(&config).validate().unwrap();
         assert_eq!(engine.kv_seqs, 256);
         let keys = engine.max_seq_len.unwrap().max(64).next_power_of_two() as u64;
         assert_eq!(graphs(&config), Some(GraphCapture { rows: 512, keys }));

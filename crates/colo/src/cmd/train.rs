@@ -107,9 +107,9 @@ pub fn run(a: Args) -> Result<()> {
             false => Ok(()),
         };
     }
-    let stop = colo_rl::r#loop::Stop::new();
+    let stop = colo_rl::step::Stop::new();
     stop_on_signals(&stop)?;
-    let s = match colo_rl::r#loop::run_until(&config, &out, resume, &stop) {
+    let s = match colo_rl::step::run_until(&config, &out, resume, &stop) {
         // A run that could not stop cleanly at the request (a dynamic
         // sampling step still drawing batches) still ends as interrupted.
         Err(e) if stop.requested() => return Err(Stopped(format!("colo train: {e}")).into()),
@@ -250,7 +250,7 @@ impl std::error::Error for Stopped {}
 /// stops after the step under way and saves a checkpoint of it; on the
 /// second, at once, losing that step (the checkpoints already written are
 /// complete: each is written aside and renamed into place).
-fn stop_on_signals(stop: &colo_rl::r#loop::Stop) -> Result<()> {
+fn stop_on_signals(stop: &colo_rl::step::Stop) -> Result<()> {
     let stop = stop.clone();
     ctrlc::set_handler(move || {
         if stop.requested() {

@@ -1,6 +1,6 @@
 """The single controller of a data-parallel colo run, on Ray.
 
-This file is to N devices what `crates/rl/src/loop.rs` is to one: read it
+This file is to N devices what `crates/rl/src/step.rs` is to one: read it
 top to bottom. The design is verl's (HybridFlow): placement groups of one
 bundle per device, one `STRICT_PACK` group per node (the colocated roles
 of a device are fused into one worker process), one worker actor per

@@ -1,5 +1,5 @@
 //! One rank of a data-parallel run: the same hybrid worker and step as
-//! `loop.rs`, on a shard of every step's prompts, with its trainers
+//! `step.rs`, on a shard of every step's prompts, with its trainers
 //! joined to the other ranks by a [`Collective`].
 //!
 //! The controller (colo-py's, on Ray) makes one [`Rank`] per device and
@@ -46,7 +46,7 @@ use colo_train::Collective;
 use crate::config::Config;
 use crate::data::{Batch, Batches, Dataset};
 use crate::metrics::{EvalTallies, MetricsWriter, StepMetrics};
-use crate::r#loop::Run;
+use crate::step::Run;
 use crate::setup::{draw, load_data, make_pool, open_model};
 use crate::timeline_file::TimelineWriter;
 use crate::{checkpoints, Error, Result};
