@@ -90,7 +90,8 @@ fn progress_lines(stderr: &str) -> Vec<&str> {
 /// An external reward that answers garbage scores `default_score`, and
 /// the run says how many samples it failed on: the progress line and the
 /// closing line (the step's 2 × 2 samples, the final evaluation's 4), and
-/// the closing "wrote" line names every file the run wrote.
+/// the closing "wrote" line names every file the run wrote, the samples'
+/// directory (`trainer.rollout_data_dir`) included.
 #[test]
 fn failed_rewards_are_counted_on_the_progress_and_closing_lines() {
     let dir = tmp("failures");
@@ -100,7 +101,11 @@ fn failed_rewards_are_counted_on_the_progress_and_closing_lines() {
         "kind = \"external\"\ncommand = [\"sh\", \"{}\"]\ndefault_score = 0.0",
         script.display()
     );
-    let config = write_config(&dir, &reward, "total_steps = 1\nval_before_train = false");
+    let config = write_config(
+        &dir,
+        &reward,
+        "total_steps = 1\nval_before_train = false\nrollout_data_dir = \"samples\"",
+    );
     let out = dir.join("out");
     let o = train(&config, &out, &[]);
     let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
@@ -125,6 +130,7 @@ fn failed_rewards_are_counted_on_the_progress_and_closing_lines() {
         format!("{o}/reward_curve.{{svg,png}}"),
         format!("{o}/checkpoints/"),
         format!("{o}/config.toml"),
+        format!("{o}/samples/ (every step's samples)"),
     ] {
         assert!(wrote.contains(&f), "{f} not in: {wrote}");
     }

@@ -166,7 +166,7 @@ pub fn run(a: Args) -> Result<()> {
         if s.steps == 1 { "" } else { "s" },
         peak_text(s.peak_device_bytes, s.peak_allocated_bytes)
     );
-    println!("wrote {}", wrote(&s.run_dir).join(", "));
+    println!("wrote {}", wrote(&s.run_dir, &config).join(", "));
     Ok(())
 }
 
@@ -205,9 +205,9 @@ fn peak_text(device: u64, allocated: u64) -> String {
 }
 
 /// What the run wrote into `dir`, as the closing line names it: the
-/// records, the pictures (each as `name.{svg,png}`), the checkpoints and
-/// the resolved configuration, those that are there.
-fn wrote(dir: &Path) -> Vec<String> {
+/// records, the pictures (each as `name.{svg,png}`), the checkpoints, the
+/// resolved configuration and the generation dumps, those that are there.
+fn wrote(dir: &Path, config: &Config) -> Vec<String> {
     let d = dir.display();
     let mut files = Vec::new();
     for name in ["metrics.jsonl", "timeline.jsonl"] {
@@ -226,6 +226,16 @@ fn wrote(dir: &Path) -> Vec<String> {
     ] {
         if dir.join(name).exists() {
             files.push(format!("{d}/{shown}"));
+        }
+    }
+    // A relative dump directory is in the run directory.
+    let t = &config.trainer;
+    for (dump, what) in [
+        (&t.rollout_data_dir, "every step's samples"),
+        (&t.validation_data_dir, "every evaluation's"),
+    ] {
+        if let Some(path) = dump.as_ref().map(|p| dir.join(p)).filter(|p| p.is_dir()) {
+            files.push(format!("{}/ ({what})", path.display()));
         }
     }
     files
