@@ -1,6 +1,21 @@
 //! The RL loop: GRPO / PPO post-training with the trainer and the rollout
 //! engine sharing one device. Read it top to bottom; it is the whole step.
 //!
+//! `Run::step` calls the stages in order, one function each, and hands
+//! each stage's output to the next as a typed struct:
+//!
+//! 1. `generate_and_score`: n samples per prompt, scored, in the rollout
+//!    phase (with dynamic sampling, batch after batch until enough groups
+//!    vary: `sample`) → `Sampled`;
+//! 2. `rewards`: one training score per sample, the rows in the order the
+//!    updates take them → `Rewarded`;
+//! 3. `log_probs`: old, reference and rollout log-probs, and the critic's
+//!    values (`on_policy_rows`: the π_old shortcut) → `LogProbs`;
+//! 4. `advantages` → `Advantages`;
+//! 5. `update`: the actor, and the critic, in mini- and micro-batches →
+//!    `Updates`;
+//! 6. `step_metrics`: the step's record with verl's names.
+//!
 //! It follows verl's `RayPPOTrainer.fit` (generate → reward → old and
 //! reference log-probs → advantages → actor update in mini- and
 //! micro-batches) with SGLang's multi-stage awake for the memory (see
@@ -20,7 +35,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use colo_algo::kl::{apply_kl_penalty, KlController};
-use colo_algo::mismatch::mismatch_metrics;
+use colo_algo::mismatch::{mismatch_metrics, MismatchMetrics};
 use colo_algo::{compute_advantage, AdvEstimator, AdvantageInputs};
 use colo_model::Tokenizer;
 use colo_rollout::{FinishReason, Request, SamplingParams};
@@ -39,7 +54,7 @@ use crate::metrics::{EvalRecord, EvalTallies, MetricsWriter, StepMetrics};
 use crate::reward::{self, Reward, RewardInput, Scored};
 use crate::rollouts::Rollouts;
 use crate::setup::{critic_config, loss_config, trainer_config, uses_critic};
-use crate::worker::{HybridWorker, WorkerSpec};
+use crate::worker::{HybridWorker, SwitchTiming, WorkerSpec};
 use crate::{Error, Result};
 
 pub use crate::finite::MAX_SKIPPED_IN_A_ROW;
@@ -150,22 +165,36 @@ impl<'a> Run<'a> {
 
 impl Run<'_> {
     /// RL step `step` (0-based) on the prompts of generation batches drawn
-    /// from `draw`: one, or with dynamic sampling as many as it takes.
+    /// from `draw`: one, or with dynamic sampling as many as it takes. The
+    /// stages in order, one function each below.
     pub(crate) fn step<'p>(
         &mut self,
         step: usize,
         draw: &mut dyn FnMut() -> Batch<'p>,
     ) -> Result<StepMetrics> {
-        let (cfg, plan) = (self.config, self.config.batch);
         let t_step = Instant::now();
         self.worker.begin_step((step as u64).saturating_add(1));
+        let (sampled, sampling) = self.generate_and_score(step, draw)?; // 1.
+        let rewarded = self.rewards(step, sampled)?; // 2.
+        let log_probs = self.log_probs(step, &rewarded.rollouts)?; // 3.
+        let advantages = self.advantages(step, &rewarded, &log_probs)?; // 4.
+        let updates = self.update(step, &rewarded, &log_probs, &advantages)?; // 5.
+        let step_s = t_step.elapsed().as_secs_f64() - sampling.eval_s;
+        let stages = (sampling, rewarded, log_probs, advantages, updates);
+        self.step_metrics(step, step_s, stages) // 6.
+    }
 
-        // 1. Generate n samples per prompt and score them (memory: train →
-        //    rollout → train; the rewards need no device).
+    /// 1. Generate n samples per prompt and score them (memory: train →
+    ///    rollout → train; the rewards need no device). A pending
+    ///    evaluation runs first, in the same rollout phase; its time is its
+    ///    own record's, not the step's.
+    fn generate_and_score<'p>(
+        &mut self,
+        step: usize,
+        draw: &mut dyn FnMut() -> Batch<'p>,
+    ) -> Result<(Sampled<'p>, Sampling)> {
         let t = Instant::now();
-        let switch = self.worker.to_rollout()?;
-        // A pending evaluation runs here, in this rollout phase; its time is
-        // its own record's, not the step's.
+        let to_rollout = self.worker.to_rollout()?;
         let eval_s = match self.pending_eval.take() {
             Some(step) => {
                 let te = Instant::now();
@@ -175,8 +204,8 @@ impl Run<'_> {
             }
             None => 0.0,
         };
-        let mut cost = RewardCost::default();
-        let (sampled, drawn) = match self.sample(step, draw, &mut cost) {
+        let mut reward = RewardCost::default();
+        let (sampled, drawn) = match self.sample(step, draw, &mut reward) {
             // Cut short by the stop request: back to the training phase,
             // where the step began, so that the caller can save the last
             // finished step.
@@ -186,8 +215,24 @@ impl Run<'_> {
             }
             r => r?,
         };
-        let back = self.worker.to_train()?;
-        let timing_gen = t.elapsed().as_secs_f64() - eval_s - cost.seconds;
+        let to_train = self.worker.to_train()?;
+        let gen_s = t.elapsed().as_secs_f64() - eval_s - reward.seconds;
+        let sampling = Sampling {
+            drawn,
+            to_rollout,
+            to_train,
+            eval_s,
+            gen_s,
+            reward,
+        };
+        Ok((sampled, sampling))
+    }
+
+    /// 2. Rewards: one score per sample, and DAPO's overlong punishment
+    ///    logged as verl's DAPO reward manager logs it; the rows put in the
+    ///    order the updates take them.
+    fn rewards<'p>(&self, step: usize, sampled: Sampled<'p>) -> Result<Rewarded<'p>> {
+        let cfg = self.config;
         let Sampled {
             prompts,
             rollouts,
@@ -196,9 +241,6 @@ impl Run<'_> {
             baselines,
         } = sampled;
         let n = rollouts.len(); // samples = prompts × n
-
-        // 2. Rewards: one score per sample, and DAPO's overlong punishment
-        //    logged as verl's DAPO reward manager logs it.
         let mut reward_extra = Tally::of(&scored.iter().collect::<Vec<_>>()).extra_means();
         let scores: Vec<f32> = (0..n)
             .map(|i| training_score(&scored, &penalties, i))
@@ -211,231 +253,80 @@ impl Run<'_> {
         // ReMax: each row's baseline is its prompt's greedy score.
         let baselines: Option<Vec<f32>> =
             baselines.map(|b| rollouts.batch_prompt.iter().map(|&k| b[k]).collect());
-        let (timing_reward, reward_failures) = (cost.seconds, cost.failures);
         if let Some(dir) = &cfg.trainer.rollout_data_dir {
             self.dump_rollouts(dir, step + 1, &prompts, &rollouts, &scored, &penalties)?;
         }
         // Each mini-batch's rows longest first, so that a micro-batch holds
         // rows of like length and pads little (the groups stay whole in
         // their mini-batch, and every row keeps its own data).
-        let order = rollouts.longest_first(plan.mini_batch_samples);
+        let order = rollouts.longest_first(cfg.batch.mini_batch_samples);
         let rollouts = rollouts.into_rows(&order);
         let scores: Vec<f32> = order.iter().map(|&i| scores[i]).collect();
         let baselines = baselines.map(|b| order.iter().map(|&i| b[i]).collect::<Vec<f32>>());
+        Ok(Rewarded {
+            prompts,
+            rollouts,
+            scores,
+            baselines,
+            order,
+            reward_extra,
+        })
+    }
 
-        // 3. Old, reference and rollout log-probs, (samples, seq) aligned with the tokens.
-        //    The first mini-batch is on-policy (no optimizer step since it
-        //    was sampled): its update computes π_old itself, so only the
-        //    other mini-batches are scored here — unless the rewards need
-        //    π_old before any update (KL in the reward).
+    /// 3. Old, reference and rollout log-probs, and the critic's values,
+    ///    (samples, seq) aligned with the tokens. The rows of the first
+    ///    mini-batch are left for its update when [`Run::on_policy_rows`]
+    ///    says so.
+    fn log_probs(&mut self, step: usize, rollouts: &Rollouts) -> Result<LogProbs> {
+        let n = rollouts.len();
         let seqs = rollouts.seq_batch(0..n, self.pad)?;
         let t = Instant::now();
-        // The critic's warmup steps update no actor (so nothing computes
-        // π_old for the mismatch metrics either).
-        let actor_updates = step >= cfg.trainer.critic_warmup;
-        let first = match (&cfg.algorithm.kl_in_reward, actor_updates) {
-            (None, true) => plan.mini_batch_samples.min(n),
-            _ => 0,
-        };
-        let old = self.score_old(&rollouts, &seqs, first)?;
-        let timing_old = t.elapsed().as_secs_f64();
+        let on_policy = self.on_policy_rows(step, n);
+        let old = self.score_old(rollouts, &seqs, on_policy)?;
+        let old_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let reference = self.worker.ref_log_probs(&seqs, cfg.batch.micro_split())?;
-        let timing_ref = t.elapsed().as_secs_f64();
+        let micro = self.config.batch.micro_split();
+        let reference = self.worker.ref_log_probs(&seqs, micro)?;
+        let ref_s = t.elapsed().as_secs_f64();
         let values = match &mut self.worker.critic {
             Some(c) => Some(c.values(&seqs)?), // (samples, seq)
             None => None,
         };
-        let rollout_lp = rollouts.to_token_layout(&rollouts.logprobs, 0..n, seqs.seq_len())?;
-
-        // 4. Advantages in colo-algo's layout, (samples, max_response_len),
-        //    grouped by prompt id, then moved to the trainer's layout.
-        let t = Instant::now();
-        let (mut rewards, resp_mask) =
-            rollouts.response_layout(&rollouts.outcome_rewards(&scores))?;
-        if let (Some(kl), Some(ref_lp), Some(ctrl)) =
-            (&cfg.algorithm.kl_in_reward, &reference, &mut self.kl_ctrl)
-        {
-            // verl's use_kl_in_reward: token rewards minus β·KL(π_old ‖ π_ref).
-            let (old_r, _) = rollouts.response_layout(&rollouts.from_token_layout(&old)?)?;
-            let (ref_r, _) = rollouts.response_layout(&rollouts.from_token_layout(ref_lp)?)?;
-            let p = apply_kl_penalty(
-                &rewards,
-                &old_r,
-                &ref_r,
-                &resp_mask,
-                kl.estimator,
-                ctrl.value(),
-            )?;
-            ctrl.update(p.kl, n);
-            rewards = p.token_level_rewards;
-        }
-        let values_resp = match &values {
-            Some(v) => Some(rollouts.response_layout(&rollouts.from_token_layout(v)?)?.0),
-            None => None,
-        };
-        // The groups are the step's prompts as drawn: one prompt drawn twice
-        // (dynamic sampling across an epoch's end) is two groups, as in verl.
-        let groups: Vec<u64> = rollouts.batch_prompt.iter().map(|&k| k as u64).collect();
-        let adv = compute_advantage(
-            &cfg.algorithm.advantage,
-            &AdvantageInputs {
-                token_level_rewards: &rewards,
-                response_mask: &resp_mask,
-                values: values_resp.as_ref(),
-                index: Some(&groups),
-                reward_baselines: baselines.as_deref(),
-            },
-        )?;
-        // A value that is not finite would make every update NaN (and be
-        // skipped): an error naming its sample instead.
-        let samples = finite::Samples {
-            step,
-            rollouts: &rollouts,
-            scores: &scores,
-            order: &order,
-            prompts: &prompts,
-        };
-        let adv_rows = rows_of(&adv.advantages, &rollouts)?;
-        samples.check_rows("advantage", &adv_rows)?;
-        let advantages = rollouts.to_token_layout(&adv_rows, 0..n, seqs.seq_len())?;
-        let returns = match values {
-            Some(_) => {
-                let rows = rows_of(&adv.returns, &rollouts)?;
-                samples.check_rows("return", &rows)?;
-                Some(rollouts.to_token_layout(&rows, 0..n, seqs.seq_len())?)
-            }
-            None => None,
-        };
-        let timing_adv = t.elapsed().as_secs_f64();
-
-        // 5. Actor update: ppo_epochs × mini-batches of whole prompts, each
-        //    one optimizer step accumulated over micro-batches.
-        let t = Instant::now();
-        // The scoring passes' freed activation blocks stay cached: the
-        // update reuses those that fit (best fit within 2×), and an
-        // allocation that finds the device full drops them first. Emptying
-        // the cache here cost 10–20 ms a step on the built-in job (the
-        // kernel freeing the pages, then faulting them in again) for no
-        // lower peak (43.1 MiB either way).
-        let loss = loss_config(cfg);
-        let critic_loss = CriticLossConfig {
-            cliprange_value: cfg.critic.cliprange_value,
-            loss_agg_mode: cfg.critic.loss_agg_mode,
-        };
-        let mut updates: Vec<PolicyMetrics> = Vec::new();
-        let mut critic_updates: Vec<CriticMetrics> = Vec::new();
-        for _epoch in 0..cfg.actor.ppo_epochs {
-            for k in 0..plan.mini_batches_per_step {
-                let rows = k * plan.mini_batch_samples..(k + 1) * plan.mini_batch_samples;
-                let mb = rollouts.seq_batch(rows.clone(), self.pad)?;
-                let cut = |t: &Tensor| -> Result<Tensor> {
-                    Ok(t.f_narrow(0, rows.start as i64, rows.len() as i64)?
-                        .f_narrow(1, 0, mb.seq_len() as i64)?)
-                };
-                let mut pb = PolicyBatch::new(
-                    mb.clone(),
-                    &cut(&old)?,
-                    &cut(&advantages)?,
-                    reference.as_ref().map(cut).transpose()?.as_ref(),
-                    Some(&cut(&rollout_lp)?),
-                )?;
-                if updates.is_empty() && rows.end <= first {
-                    pb = pb.old_from_update(); // fills `old`'s rows
-                }
-                if actor_updates {
-                    updates.push(self.worker.actor.update_policy(&pb, &loss)?);
-                }
-                if let (Some(c), Some(v), Some(r)) = (&mut self.worker.critic, &values, &returns) {
-                    let cb = CriticBatch::new(mb.clone(), &cut(v)?, &cut(r)?)?;
-                    critic_updates.push(c.update_critic(&cb, &critic_loss)?);
-                }
-            }
-        }
-        let timing_update = t.elapsed().as_secs_f64();
-        // A loss that is not finite is an error naming its sample; a
-        // gradient that overflows from finite losses is skipped by the
-        // trainer, up to MAX_SKIPPED_IN_A_ROW optimizer steps in a row.
-        samples.check_losses(
-            (&updates, &critic_updates),
-            (plan.mini_batches_per_step, plan.mini_batch_samples),
-            &old,
-            seqs.response_mask(),
-        )?;
-        finite::count_skipped(step, &mut self.skipped_in_a_row, &updates)?;
-        let skipped = updates.iter().filter(|u| !u.grad_norm.is_finite()).count();
-        if skipped > 0 {
-            // The trainer skips an optimizer step whose gradient norm is not
-            // finite, as verl's actor does; say so, a diverged run repeats it.
-            eprintln!(
-                "warning: step {}: the gradient norm was not finite in {skipped} of {} optimizer steps, which were skipped; if it stays so the run has diverged (lower actor.lr, set actor.grad_clip, check the rewards)",
-                step + 1,
-                updates.len()
-            );
-        }
-        let mismatch = mismatch_metrics(&old, &rollout_lp, seqs.response_mask())?;
-
-        // 6. Metrics with verl's names.
-        // The actor's metrics are not numbers in the critic's warmup
-        // (`null` in metrics.jsonl; verl logs none).
-        let mean = |f: fn(&PolicyMetrics) -> f64| match updates.is_empty() {
-            true => f64::NAN,
-            false => updates.iter().map(f).sum::<f64>() / updates.len() as f64,
-        };
-        let resp_lens: Vec<f64> = rollouts.responses.iter().map(|r| r.len() as f64).collect();
-        let tokens: usize = rollouts
-            .prompts
-            .iter()
-            .chain(&rollouts.responses)
-            .map(Vec::len)
-            .sum();
-        let step_s = t_step.elapsed().as_secs_f64() - eval_s;
-        let pool_stats = self.worker.pool().stats();
-        Ok(StepMetrics {
-            step: step + 1,
-            epoch: drawn.epoch,
-            num_gen_batches: cfg
-                .algorithm
-                .filter_groups
-                .is_some()
-                .then_some(drawn.batches),
-            timing_step: step_s,
-            timing_gen,
-            timing_update_weights: switch.sync_s,
-            timing_switch_to_rollout: switch.total_s,
-            timing_switch_to_train: back.total_s,
-            timing_reward,
-            timing_old_log_prob: timing_old,
-            timing_ref,
-            timing_adv,
-            timing_update_actor: timing_update,
-            pg_loss: mean(|m| m.pg_loss),
-            pg_clipfrac: mean(|m| m.pg_clipfrac),
-            ppo_kl: mean(|m| m.ppo_kl),
-            entropy: mean(|m| m.entropy),
-            grad_norm: mean(|m| m.grad_norm),
-            lr: updates.last().map_or(0.0, |m| m.lr),
-            kl_loss: loss.use_kl_loss.then(|| mean(|m| m.kl_loss.unwrap_or(0.0))),
-            score_mean: mean_f32(&scores),
-            score_max: scores.iter().copied().fold(f32::MIN, f32::max) as f64,
-            score_min: scores.iter().copied().fold(f32::MAX, f32::min) as f64,
-            rewards_mean: rewards.f_sum(tch::Kind::Double)?.double_value(&[]) / n as f64,
-            vf_loss: mean_of(&critic_updates, |m| m.vf_loss),
-            vf_clipfrac: mean_of(&critic_updates, |m| m.vf_clipfrac),
-            vpred_mean: mean_of(&critic_updates, |m| m.vpred_mean),
-            advantages_mean: adv_rows.iter().flatten().map(|&a| a as f64).sum::<f64>()
-                / adv_rows.iter().map(Vec::len).sum::<usize>().max(1) as f64,
-            response_length_mean: resp_lens.iter().sum::<f64>() / n as f64,
-            response_length_max: resp_lens.iter().copied().fold(0.0, f64::max),
-            response_length_clip_ratio: rollouts.truncated.iter().filter(|&&t| t).count() as f64
-                / n as f64,
-            throughput: tokens as f64 / step_s,
-            peak_device_bytes: pool_stats.peak_resident_bytes,
-            peak_allocated_bytes: pool_stats.peak_allocated_bytes,
-            reward_failures,
-            reward_extra,
-            mismatch: Some(mismatch.into()),
+        let rollout = rollouts.to_token_layout(&rollouts.logprobs, 0..n, seqs.seq_len())?;
+        Ok(LogProbs {
+            seqs,
+            old,
+            on_policy,
+            reference,
+            rollout,
+            values,
+            old_s,
+            ref_s,
         })
+    }
+
+    /// The π_old shortcut: how many leading rows need no scoring pass for
+    /// π_old. The first mini-batch is on-policy (no optimizer step since
+    /// it was sampled), so its update computes π_old itself, in the
+    /// forward pass it makes anyway, and fills those rows of the old
+    /// log-probs; only the other mini-batches are scored beforehand (verl
+    /// skips the extra pass the same way when the old log-probs equal the
+    /// trainer's). No rows when the rewards need π_old before any update
+    /// (KL in the reward), nor in the critic's warmup steps, which update
+    /// no actor (so nothing computes π_old for the mismatch metrics either).
+    fn on_policy_rows(&self, step: usize, n: usize) -> usize {
+        match (
+            &self.config.algorithm.kl_in_reward,
+            self.actor_updates(step),
+        ) {
+            (None, true) => self.config.batch.mini_batch_samples.min(n),
+            _ => 0,
+        }
+    }
+
+    /// Whether step `step` updates the actor: not in the critic's warmup.
+    fn actor_updates(&self, step: usize) -> bool {
+        step >= self.config.trainer.critic_warmup
     }
 
     /// π_old of every token, (samples, seq): the actor's scores of rows
@@ -457,6 +348,236 @@ impl Run<'_> {
                 .f_copy_(&scored)?;
         }
         Ok(old)
+    }
+
+    /// 4. Advantages in colo-algo's layout, (samples, max_response_len),
+    ///    grouped by prompt id, then moved to the trainer's layout. A value
+    ///    that is not finite would make every update NaN (and be skipped):
+    ///    it is an error naming its sample instead.
+    fn advantages(&mut self, step: usize, r: &Rewarded, lp: &LogProbs) -> Result<Advantages> {
+        let cfg = self.config;
+        let (rollouts, n, seq_len) = (&r.rollouts, r.rollouts.len(), lp.seqs.seq_len());
+        let t = Instant::now();
+        let (mut rewards, resp_mask) =
+            rollouts.response_layout(&rollouts.outcome_rewards(&r.scores))?;
+        if let (Some(kl), Some(ref_lp), Some(ctrl)) = (
+            &cfg.algorithm.kl_in_reward,
+            &lp.reference,
+            &mut self.kl_ctrl,
+        ) {
+            // verl's use_kl_in_reward: token rewards minus β·KL(π_old ‖ π_ref).
+            let (old_r, _) = rollouts.response_layout(&rollouts.from_token_layout(&lp.old)?)?;
+            let (ref_r, _) = rollouts.response_layout(&rollouts.from_token_layout(ref_lp)?)?;
+            let p = apply_kl_penalty(
+                &rewards,
+                &old_r,
+                &ref_r,
+                &resp_mask,
+                kl.estimator,
+                ctrl.value(),
+            )?;
+            ctrl.update(p.kl, n);
+            rewards = p.token_level_rewards;
+        }
+        let values_resp = match &lp.values {
+            Some(v) => Some(rollouts.response_layout(&rollouts.from_token_layout(v)?)?.0),
+            None => None,
+        };
+        // The groups are the step's prompts as drawn: one prompt drawn twice
+        // (dynamic sampling across an epoch's end) is two groups, as in verl.
+        let groups: Vec<u64> = rollouts.batch_prompt.iter().map(|&k| k as u64).collect();
+        let adv = compute_advantage(
+            &cfg.algorithm.advantage,
+            &AdvantageInputs {
+                token_level_rewards: &rewards,
+                response_mask: &resp_mask,
+                values: values_resp.as_ref(),
+                index: Some(&groups),
+                reward_baselines: r.baselines.as_deref(),
+            },
+        )?;
+        let samples = r.samples(step);
+        let rows = rows_of(&adv.advantages, rollouts)?;
+        samples.check_rows("advantage", &rows)?;
+        let per_token = rollouts.to_token_layout(&rows, 0..n, seq_len)?;
+        let returns = match lp.values {
+            Some(_) => {
+                let rows = rows_of(&adv.returns, rollouts)?;
+                samples.check_rows("return", &rows)?;
+                Some(rollouts.to_token_layout(&rows, 0..n, seq_len)?)
+            }
+            None => None,
+        };
+        Ok(Advantages {
+            rewards,
+            rows,
+            per_token,
+            returns,
+            seconds: t.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// 5. Actor update: ppo_epochs × mini-batches of whole prompts, each
+    ///    one optimizer step accumulated over micro-batches; the critic's
+    ///    beside it on the same mini-batches.
+    fn update(
+        &mut self,
+        step: usize,
+        r: &Rewarded,
+        lp: &LogProbs,
+        adv: &Advantages,
+    ) -> Result<Updates> {
+        let (cfg, plan) = (self.config, self.config.batch);
+        let t = Instant::now();
+        // The scoring passes' freed activation blocks stay cached: the
+        // update reuses those that fit (best fit within 2×), and an
+        // allocation that finds the device full drops them first. Emptying
+        // the cache here cost 10–20 ms a step on the built-in job (the
+        // kernel freeing the pages, then faulting them in again) for no
+        // lower peak (43.1 MiB either way).
+        let loss = loss_config(cfg);
+        let critic_loss = CriticLossConfig {
+            cliprange_value: cfg.critic.cliprange_value,
+            loss_agg_mode: cfg.critic.loss_agg_mode,
+        };
+        let actor_updates = self.actor_updates(step);
+        let (mut actor, mut critic) = (Vec::new(), Vec::new());
+        for _epoch in 0..cfg.actor.ppo_epochs {
+            for k in 0..plan.mini_batches_per_step {
+                let rows = k * plan.mini_batch_samples..(k + 1) * plan.mini_batch_samples;
+                let mb = r.rollouts.seq_batch(rows.clone(), self.pad)?;
+                let cut = |t: &Tensor| -> Result<Tensor> {
+                    Ok(t.f_narrow(0, rows.start as i64, rows.len() as i64)?
+                        .f_narrow(1, 0, mb.seq_len() as i64)?)
+                };
+                let mut pb = PolicyBatch::new(
+                    mb.clone(),
+                    &cut(&lp.old)?,
+                    &cut(&adv.per_token)?,
+                    lp.reference.as_ref().map(cut).transpose()?.as_ref(),
+                    Some(&cut(&lp.rollout)?),
+                )?;
+                if actor.is_empty() && rows.end <= lp.on_policy {
+                    pb = pb.old_from_update(); // fills `old`'s rows: Run::on_policy_rows
+                }
+                if actor_updates {
+                    actor.push(self.worker.actor.update_policy(&pb, &loss)?);
+                }
+                if let (Some(c), Some(v), Some(ret)) =
+                    (&mut self.worker.critic, &lp.values, &adv.returns)
+                {
+                    let cb = CriticBatch::new(mb.clone(), &cut(v)?, &cut(ret)?)?;
+                    critic.push(c.update_critic(&cb, &critic_loss)?);
+                }
+            }
+        }
+        let seconds = t.elapsed().as_secs_f64();
+        self.check_updates(step, r, lp, (&actor, &critic))?;
+        Ok(Updates {
+            mismatch: mismatch_metrics(&lp.old, &lp.rollout, lp.seqs.response_mask())?,
+            actor,
+            critic,
+            use_kl_loss: loss.use_kl_loss,
+            seconds,
+        })
+    }
+
+    /// A loss that is not finite is an error naming its sample; a
+    /// gradient that overflows from finite losses is skipped by the
+    /// trainer, up to [`MAX_SKIPPED_IN_A_ROW`] optimizer steps in a row.
+    fn check_updates(
+        &mut self,
+        step: usize,
+        r: &Rewarded,
+        lp: &LogProbs,
+        (actor, critic): (&[PolicyMetrics], &[CriticMetrics]),
+    ) -> Result<()> {
+        let plan = self.config.batch;
+        r.samples(step).check_losses(
+            (actor, critic),
+            (plan.mini_batches_per_step, plan.mini_batch_samples),
+            &lp.old,
+            lp.seqs.response_mask(),
+        )?;
+        finite::count_skipped(step, &mut self.skipped_in_a_row, actor)?;
+        let skipped = actor.iter().filter(|u| !u.grad_norm.is_finite()).count();
+        if skipped > 0 {
+            // The trainer skips an optimizer step whose gradient norm is not
+            // finite, as verl's actor does; say so, a diverged run repeats it.
+            eprintln!(
+                "warning: step {}: the gradient norm was not finite in {skipped} of {} optimizer steps, which were skipped; if it stays so the run has diverged (lower actor.lr, set actor.grad_clip, check the rewards)",
+                step + 1,
+                actor.len()
+            );
+        }
+        Ok(())
+    }
+
+    /// 6. Metrics with verl's names. The actor's metrics are not numbers
+    ///    in the critic's warmup (`null` in metrics.jsonl; verl logs none).
+    fn step_metrics(
+        &self,
+        step: usize,
+        step_s: f64,
+        (sampling, r, lp, adv, updates): (Sampling, Rewarded, LogProbs, Advantages, Updates),
+    ) -> Result<StepMetrics> {
+        let cfg = self.config;
+        let (rollouts, scores, n) = (&r.rollouts, &r.scores[..], r.rollouts.len());
+        let actor = &updates.actor;
+        let mean = |f: fn(&PolicyMetrics) -> f64| match actor.is_empty() {
+            true => f64::NAN,
+            false => actor.iter().map(f).sum::<f64>() / actor.len() as f64,
+        };
+        let resp_lens: Vec<f64> = rollouts.responses.iter().map(|r| r.len() as f64).collect();
+        let tokens: usize = rollouts
+            .prompts
+            .iter()
+            .chain(&rollouts.responses)
+            .map(Vec::len)
+            .sum();
+        let pool_stats = self.worker.pool().stats();
+        Ok(StepMetrics {
+            step: step + 1,
+            epoch: sampling.drawn.epoch,
+            num_gen_batches: (cfg.algorithm.filter_groups.is_some())
+                .then_some(sampling.drawn.batches),
+            timing_step: step_s,
+            timing_gen: sampling.gen_s,
+            timing_update_weights: sampling.to_rollout.sync_s,
+            timing_switch_to_rollout: sampling.to_rollout.total_s,
+            timing_switch_to_train: sampling.to_train.total_s,
+            timing_reward: sampling.reward.seconds,
+            timing_old_log_prob: lp.old_s,
+            timing_ref: lp.ref_s,
+            timing_adv: adv.seconds,
+            timing_update_actor: updates.seconds,
+            pg_loss: mean(|m| m.pg_loss),
+            pg_clipfrac: mean(|m| m.pg_clipfrac),
+            ppo_kl: mean(|m| m.ppo_kl),
+            entropy: mean(|m| m.entropy),
+            grad_norm: mean(|m| m.grad_norm),
+            lr: actor.last().map_or(0.0, |m| m.lr),
+            kl_loss: (updates.use_kl_loss).then(|| mean(|m| m.kl_loss.unwrap_or(0.0))),
+            score_mean: mean_f32(scores),
+            score_max: scores.iter().copied().fold(f32::MIN, f32::max) as f64,
+            score_min: scores.iter().copied().fold(f32::MAX, f32::min) as f64,
+            rewards_mean: adv.rewards.f_sum(tch::Kind::Double)?.double_value(&[]) / n as f64,
+            vf_loss: mean_of(&updates.critic, |m| m.vf_loss),
+            vf_clipfrac: mean_of(&updates.critic, |m| m.vf_clipfrac),
+            vpred_mean: mean_of(&updates.critic, |m| m.vpred_mean),
+            advantages_mean: adv.rows.iter().flatten().map(|&a| a as f64).sum::<f64>()
+                / adv.rows.iter().map(Vec::len).sum::<usize>().max(1) as f64,
+            response_length_mean: resp_lens.iter().sum::<f64>() / n as f64,
+            response_length_max: resp_lens.iter().copied().fold(0.0, f64::max),
+            response_length_clip_ratio: rollouts.truncated.iter().filter(|&&t| t).count() as f64
+                / n as f64,
+            throughput: tokens as f64 / step_s,
+            peak_device_bytes: pool_stats.peak_resident_bytes,
+            peak_allocated_bytes: pool_stats.peak_allocated_bytes,
+            reward_failures: sampling.reward.failures,
+            reward_extra: r.reward_extra,
+            mismatch: Some(updates.mismatch.into()),
+        })
     }
 
     /// The step's scored samples (rollout phase): one generation batch's
@@ -845,6 +966,101 @@ impl Run<'_> {
         self.worker
             .save_checkpoint(&path, step, &self.model_dir, data)
     }
+}
+
+/// What stage 1 cost beside its samples: its timings and its draws.
+struct Sampling {
+    drawn: Drawn,
+    /// The switches of the memory to the rollout engine and back.
+    to_rollout: SwitchTiming,
+    to_train: SwitchTiming,
+    /// Seconds of the pending evaluation run in the rollout phase (not the
+    /// step's).
+    eval_s: f64,
+    /// Seconds of generation: the rollout phase less the evaluation and
+    /// the rewards.
+    gen_s: f64,
+    reward: RewardCost,
+}
+
+/// Stage 2's output: the step's samples with their training scores, rows
+/// in the order the updates take them.
+struct Rewarded<'p> {
+    /// One prompt per group of rows (`rollouts.batch_prompt` indexes it).
+    prompts: Vec<&'p Prompt>,
+    /// The rows, each mini-batch's longest first.
+    rollouts: Rollouts,
+    /// (samples,) each row's training score: the reward's score with
+    /// DAPO's overlong punishment.
+    scores: Vec<f32>,
+    /// (samples,) ReMax's baseline of each row: its prompt's greedy score.
+    baselines: Option<Vec<f32>>,
+    /// (samples,) each row's index among the samples as they were scored.
+    order: Vec<usize>,
+    /// The means of what the reward returned beside its scores
+    /// (`reward_extra/*`), and the overlong punishment's.
+    reward_extra: BTreeMap<String, f64>,
+}
+
+impl Rewarded<'_> {
+    /// The rows for messages about a value that is not finite.
+    fn samples(&self, step: usize) -> finite::Samples<'_> {
+        finite::Samples {
+            step,
+            rollouts: &self.rollouts,
+            scores: &self.scores,
+            order: &self.order,
+            prompts: &self.prompts,
+        }
+    }
+}
+
+/// Stage 3's output: per-token tensors, (samples, seq) float32 on the CPU,
+/// aligned with the tokens of `seqs`.
+struct LogProbs {
+    /// The step's rows as the trainer's batch.
+    seqs: SeqBatch,
+    /// π_old; its first `on_policy` rows are zeros until the first update
+    /// fills them.
+    old: Tensor,
+    /// Rows of `old` left for the first update ([`Run::on_policy_rows`]).
+    on_policy: usize,
+    /// π_ref, when the run has a reference model.
+    reference: Option<Tensor>,
+    /// The rollout engine's own log-probs of the sampled tokens.
+    rollout: Tensor,
+    /// The critic's values, when the run has a critic (GAE).
+    values: Option<Tensor>,
+    /// Seconds scoring π_old, and π_ref.
+    old_s: f64,
+    ref_s: f64,
+}
+
+/// Stage 4's output.
+struct Advantages {
+    /// (samples, max_response_len) the token rewards (the outcome at each
+    /// response's last token, less the KL penalty when it is in the reward).
+    rewards: Tensor,
+    /// (samples,) each row's advantages, as long as its response.
+    rows: Vec<Vec<f32>>,
+    /// (samples, seq) the advantages aligned with the tokens.
+    per_token: Tensor,
+    /// (samples, seq) the critic's targets, when the run has a critic.
+    returns: Option<Tensor>,
+    seconds: f64,
+}
+
+/// Stage 5's output.
+struct Updates {
+    /// One per actor optimizer step (none in the critic's warmup).
+    actor: Vec<PolicyMetrics>,
+    /// One per critic optimizer step.
+    critic: Vec<CriticMetrics>,
+    /// π_old (the trainer's) against the rollout engine's log-probs.
+    mismatch: MismatchMetrics,
+    /// Whether the loss had a KL term (`actor.use_kl_loss`).
+    use_kl_loss: bool,
+    seconds: f64,
 }
 
 /// One generation batch's samples with their rewards, or the groups
