@@ -188,8 +188,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 /// `seq` tokens, decoded at once (the weights in float32, a KV cache with
 /// blocks of `block` tokens of each sample's own, the decode step's
 /// buffers), refused when it exceeds the machine's memory: the capacity
-/// `colo train`'s plan check gives a run on the CPU. A config the planner
-/// cannot read skips the check, as it skips `colo train`'s.
+/// `colo train`'s plan check gives a run on the CPU. A config.json the
+/// planner cannot read skips the check with a note: the engine's loader,
+/// next, reads the same file and names what is wrong with it.
 fn memory_check(model: &std::path::Path, n: usize, seq: usize, block: usize) -> anyhow::Result<()> {
     use colo_plan::generate::{estimate, GenerationMemory};
     use colo_plan::model::{DType, HfConfig};
