@@ -81,18 +81,9 @@ pub enum Error {
     #[error("{0}")]
     Diverged(String),
 
-    /// A reward could not score a sample.
-    #[error("reward `{reward}` failed on sample {sample} (prompt {prompt_id}): {reason}")]
-    Reward {
-        reward: String,
-        sample: u64,
-        prompt_id: u64,
-        reason: String,
-    },
-
-    /// A reward could not be set up (bad settings, a command that does not start).
-    #[error("reward `{reward}`: {reason}")]
-    RewardSetup { reward: String, reason: String },
+    /// A reward could not score a sample, or could not be set up.
+    #[error(transparent)]
+    Reward(#[from] colo_reward::Error),
 
     #[error(transparent)]
     Model(#[from] colo_model::Error),

@@ -3,9 +3,10 @@
 //! The hybrid worker that keeps the actor, the rollout engine and the
 //! reference on one device and switches memory between them
 //! ([`worker`]), the RL loop that drives it ([`step`], one file: `src/step.rs`), and
-//! everything a run needs around the engines: rewards, prompt datasets, the
-//! built-in task, the run configuration, and the run's output (metrics,
-//! pictures, progress).
+//! everything a run needs around the engines: prompt datasets, the built-in
+//! task, the run configuration, and the run's output (metrics, pictures,
+//! progress). Rewards are a crate of their own, `colo-reward` (no
+//! libtorch), re-exported as [`reward`].
 //!
 //! | module | holds |
 //! |---|---|
@@ -18,7 +19,7 @@
 //! | [`eval`], [`sft`] | held-out greedy accuracy and pass@k; the supervised run behind `colo sft` |
 //! | [`config`] | the run's TOML file → validated [`Config`] (batch sizes checked, errors with line and field) |
 //! | [`data`] | prompts from JSONL ([`Dataset`]), seeded epochs of batches ([`Batches`]), held-out split |
-//! | [`reward`] | the [`Reward`] trait; exact / numeric / `\boxed{}` / format rules, weighted sums, external commands, verl-style Python functions |
+//! | [`reward`] | the crate `colo-reward` (`crates/reward`): the [`Reward`] trait; exact / numeric / `\boxed{}` / format rules, weighted sums, external commands, verl-style Python functions |
 //! | [`task`], [`vocab`] | the built-in arithmetic task, its character tokenizer and its 0.8M-parameter model |
 //! | [`metrics`] | `metrics.jsonl` records with verl's names |
 //! | [`plot`] | the memory timeline, the reward curve and the workers' memory, SVG and PNG (`plotters`) |
@@ -50,13 +51,12 @@
 //!   the file with verl's names and refuses unknown keys (a typo must not
 //!   pass silently); [`Config`] holds checked values and the resolved
 //!   [`config::BatchPlan`]. Algorithm choices reuse `colo-algo`'s serde enums.
-//! - **Rewards: an enum for the config, a trait for code.** The `[reward]`
-//!   section is a [`reward::RewardSpec`] turned into a `Box<dyn Reward>` by a
-//!   `match`; users with Rust rewards implement [`Reward`]; users in other
-//!   languages run a child process that speaks JSON lines. Rules never fail
-//!   on a completion (unreadable means wrong); failures that are not the
-//!   model's (bad ground truth, a crashing command) are errors naming the
-//!   sample, or a configured default score that is counted.
+//! - **Rewards in their own crate.** `colo-reward` needs no libtorch, so it
+//!   builds and tests without the tensor engine; its design decisions are
+//!   in its crate doc. Its errors come into this crate's [`Error`] as
+//!   [`Error::Reward`], their messages unchanged; a reward's error about a
+//!   sample is given the sample's step and the file and line of its prompt
+//!   here.
 //! - **One data path.** The built-in task is written as JSONL and read by the
 //!   same loader as a user's files.
 //! - **Deterministic by seed, forever.** Shuffling and task generation use a
@@ -81,7 +81,9 @@ pub mod metrics;
 pub mod plot;
 pub mod progress;
 pub mod reference;
-pub mod reward;
+/// Rewards live in their own crate, [`colo_reward`]; `colo_rl::reward` is
+/// that crate.
+pub use colo_reward as reward;
 pub use colo_algo::rng;
 pub mod rollouts;
 mod run;

@@ -750,7 +750,7 @@ impl Run<'_> {
                 }
                 FilterMetric::Extra(name) => sc.extra.get(name).copied().ok_or_else(|| {
                     let returned: Vec<&str> = sc.extra.keys().map(String::as_str).collect();
-                    Error::RewardSetup {
+                    Error::Reward(reward::Error::Setup {
                         reward: self.reward.name(),
                         reason: format!(
                             "algorithm.filter_groups.metric = {name:?} names a number the reward \
@@ -762,7 +762,7 @@ impl Run<'_> {
                                 false => returned.join(", "),
                             }
                         ),
-                    }
+                    })
                 }),
             })
             .collect()

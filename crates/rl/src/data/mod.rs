@@ -58,16 +58,19 @@ impl Default for Fields {
 
 /// A reward's error about one of `prompts`, with where that prompt was read
 /// (`file:line`): a ground truth a rule cannot read is mended in the data.
-pub(crate) fn with_origin<'a>(e: Error, prompts: impl IntoIterator<Item = &'a Prompt>) -> Error {
+pub(crate) fn with_origin<'a>(
+    e: crate::reward::Error,
+    prompts: impl IntoIterator<Item = &'a Prompt>,
+) -> Error {
     let origin = match &e {
-        Error::Reward { prompt_id, .. } => (prompts.into_iter())
+        crate::reward::Error::Score { prompt_id, .. } => (prompts.into_iter())
             .find(|p| p.prompt_id == *prompt_id && !p.origin.is_empty())
             .map(|p| p.origin.clone()),
         _ => None,
     };
     match origin {
         Some(origin) => Error::context(format!("the prompt of {origin}"), e),
-        None => e,
+        None => e.into(),
     }
 }
 
@@ -542,6 +545,43 @@ mod tests {
                 .collect(),
             ..Dataset::default()
         }
+    }
+
+    /// colo-reward's errors reach colo-rl's with their messages as they
+    /// were, and a sample's error is given its prompt's file and line.
+    #[test]
+    fn reward_errors_keep_their_message_and_gain_the_prompts_origin() {
+        let score = || crate::reward::Error::Score {
+            reward: "numeric".into(),
+            sample: 9,
+            prompt_id: 1,
+            reason: "cannot read the ground truth \"x\"".into(),
+        };
+        let mut d = data(3);
+        assert_eq!(
+            with_origin(score(), &d.prompts).to_string(),
+            "reward `numeric` failed on sample 9 (prompt 1): cannot read the ground truth \"x\""
+        );
+        d.prompts[1].origin = "train.jsonl:2".into();
+        let e = with_origin(score(), &d.prompts);
+        assert_eq!(
+            e.to_string(),
+            "the prompt of train.jsonl:2: reward `numeric` failed on sample 9 (prompt 1): \
+             cannot read the ground truth \"x\""
+        );
+        let setup = crate::reward::Error::Setup {
+            reward: "external `score.py`".into(),
+            reason: "cannot start `score.py`: not found".into(),
+        };
+        let e = with_origin(setup, &d.prompts);
+        assert!(
+            matches!(e, Error::Reward(crate::reward::Error::Setup { .. })),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "reward `external `score.py``: cannot start `score.py`: not found"
+        );
     }
 
     #[test]

@@ -1,24 +1,48 @@
-//! Rewards: a score for a completion given the sample's ground truth.
+//! # colo-reward: a score for a completion given the sample's ground truth
 //!
 //! Two ways in, one trait:
 //!
-//! - **From the config**: a [`RewardSpec`] (the `[reward]` section, chosen by
-//!   `kind`) is turned into a reward by [`build`], a `match` on the enum —
-//!   rule-based rewards ([`rules`]; verl's choice of them by each row's
-//!   `data_source`, [`verl`]), a [`Weighted`] combination, or an
+//! - **From the config**: a [`RewardSpec`] (a run's `[reward]` section,
+//!   chosen by `kind`) is turned into a reward by [`build`], a `match` on the
+//!   enum — rule-based rewards ([`rules`]; verl's choice of them by each
+//!   row's `data_source`, [`verl`]), a [`Weighted`] combination, or an
 //!   [`ExternalReward`] (a long-lived child process spoken to in JSON lines,
 //!   for rewards written in other languages) — among them a verl-style
 //!   Python reward function, run unchanged ([`python`]).
 //! - **From Rust**: implement [`Reward`] for your own type.
 //!
-//! Rule-based rewards never fail: an answer that cannot be read scores 0
-//! (−1 under DAPO's rule, [`dapo`]; that is the model's mistake). A ground truth that cannot be read, a
-//! crashing or misbehaving external command, or a user reward's error is an
-//! [`Error::Reward`](crate::Error::Reward) naming the sample — or, where
-//! configured, a default score ([`WithDefault`], `default_score` of the
-//! external reward).
+//! ## Design decisions
+//!
+//! - **An enum for the config, a trait for code.** Users with Rust rewards
+//!   implement [`Reward`]; users in other languages run a child process that
+//!   speaks JSON lines; a verl reward function runs unchanged behind that
+//!   protocol in the user's own interpreter (no embedded Python).
+//! - **Rules never fail on a completion.** An answer that cannot be read
+//!   scores 0 (−1 under DAPO's rule, [`dapo`]; that is the model's mistake).
+//!   A ground truth that cannot be read, a crashing or misbehaving external
+//!   command, or a user reward's error is an [`Error::Score`] naming the
+//!   sample and its prompt — or, where configured, a default score
+//!   ([`WithDefault`], `default_score` of the external reward) that is
+//!   counted ([`Reward::failures`]): a silent default hides bugs.
+//! - **No libtorch.** A reward sees text and returns numbers; the crate
+//!   builds and tests without the tensor engine. colo-rl scores the rollouts
+//!   with it and checks every score with [`finite`].
+//!
+//! ```
+//! use colo_reward::{build, RewardInput, RewardSpec};
+//!
+//! let spec: RewardSpec = serde_json::from_str(r#"{"kind": "numeric", "after": "Answer:"}"#).unwrap();
+//! let mut reward = build(&spec)?;
+//! let input = RewardInput {
+//!     sample: 0, prompt_id: 0, prompt: "2+2?", completion: "Answer: 4.0",
+//!     ground_truth: "4", extra: None,
+//! };
+//! assert_eq!(reward.score(&input)?, 1.0);
+//! # Ok::<(), colo_reward::Error>(())
+//! ```
 
 pub mod dapo;
+mod error;
 mod external;
 mod parallel;
 pub mod python;
@@ -33,13 +57,12 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub use error::{Error, Result};
 pub use external::{ExternalReward, FINISH_GRACE};
 pub use parallel::Parallel;
 pub use rules::{BoxedMatch, ExactMatch, FormatReward, NumericMatch};
 pub use verl::VerlDefault;
 pub use weighted::{Term, Weighted};
-
-use crate::{Error, Result};
 
 /// What a reward sees of one sample.
 #[derive(Debug, Clone, Copy)]
@@ -120,7 +143,7 @@ pub trait Reward: Send {
 impl RewardInput<'_> {
     /// The error for this sample failing under `reward`.
     pub fn fail(&self, reward: &str, reason: impl Into<String>) -> Error {
-        Error::Reward {
+        Error::Score {
             reward: reward.to_owned(),
             sample: self.sample,
             prompt_id: self.prompt_id,
@@ -131,10 +154,10 @@ impl RewardInput<'_> {
 
 /// `scored` (the scores of `inputs`, in order) when every score and every
 /// number beside it is finite; otherwise an error naming the first sample
-/// whose is not. Training and evaluation check every reward's scores here,
-/// whatever computed them: one infinite score makes its group's
-/// advantages, and so every update of its mini-batch, NaN.
-pub(crate) fn finite(
+/// whose is not. colo-rl checks every reward's scores here, in training and
+/// in evaluation, whatever computed them: one infinite score makes its
+/// group's advantages, and so every update of its mini-batch, NaN.
+pub fn finite(
     reward: &str,
     inputs: &[RewardInput<'_>],
     scored: Vec<Scored>,
@@ -336,7 +359,7 @@ impl RewardSpec {
     /// a Python function and an external command get it as the row holds
     /// it, as verl passes it to `compute_score`, and `format` does not read
     /// it. The other rules compare with a string or a number, and the data
-    /// reader refuses such a row ([`crate::data::Fields::structured_answers`]).
+    /// reader refuses such a row (colo-rl's `Fields::structured_answers`).
     pub fn takes_structured_ground_truth(&self) -> bool {
         match self {
             RewardSpec::Verl {}
@@ -356,7 +379,7 @@ impl RewardSpec {
 /// The reward a spec describes. External commands are started here.
 pub fn build(spec: &RewardSpec) -> Result<Box<dyn Reward>> {
     if let Err((field, message)) = spec.validate() {
-        return Err(Error::RewardSetup {
+        return Err(Error::Setup {
             reward: format!("{spec:?}"),
             reason: format!("{field}: {message}"),
         });

@@ -97,7 +97,7 @@ mod tests {
     use serde_json::{json, Map, Value};
 
     use super::*;
-    use crate::reward::{build, RewardSpec};
+    use crate::{build, RewardSpec};
 
     fn row(source: Option<&str>) -> Map<String, Value> {
         let mut m = Map::new();

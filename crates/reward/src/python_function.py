@@ -1,6 +1,6 @@
 # colo's adapter for `reward.kind = "python"`: serves a verl-style reward
 # function (`custom_reward_function.path` / `.name` in verl) over the
-# external reward's JSON-lines protocol (crates/rl/src/reward/external.rs).
+# external reward's JSON-lines protocol (crates/reward/src/external.rs).
 #
 #   python3 -c <this file> PATH NAME KWARGS_JSON
 #

@@ -1,13 +1,13 @@
 //! `reward.kind = "python"`: a verl-style reward function
 //! (`tests/data/verl_reward.py`) run by a real python3, fed the rows of the
-//! verl GSM8K fixture as colo keeps them.
+//! verl GSM8K fixture (colo-rl's `tests/data/gsm8k-verl.jsonl`) as colo
+//! keeps them.
 
 mod common;
 
 use std::path::PathBuf;
 
-use colo_rl::reward::{self, RewardSpec};
-use colo_rl::{Error, RewardInput};
+use colo_reward::{self as reward, Error, RewardInput, RewardSpec};
 use common::TempDir;
 use serde_json::{json, Map, Value};
 
@@ -48,7 +48,7 @@ fn verl_rows_are_scored_by_the_users_function_as_verl_calls_it() {
     // The fixture's first row as colo keeps it: the fields other than the
     // prompt, the ground truth read at `reward_model.ground_truth`.
     let first = std::fs::read_to_string(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/gsm8k-verl.jsonl"),
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../rl/tests/data/gsm8k-verl.jsonl"),
     )
     .unwrap();
     let mut extra = row(serde_json::from_str(first.lines().next().unwrap()).unwrap());
@@ -112,7 +112,7 @@ fn another_function_of_the_file_by_name() {
 
 fn setup_error(spec: &RewardSpec) -> String {
     match reward::build(spec) {
-        Err(e @ Error::RewardSetup { .. }) => e.to_string(),
+        Err(e @ Error::Setup { .. }) => e.to_string(),
         Err(e) => panic!("expected a set-up error, got {e}"),
         Ok(_) => panic!("expected a set-up error"),
     }

@@ -114,7 +114,7 @@ impl Reward for Weighted {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reward::tests::{input, NUMERIC_AND_FORMAT};
+    use crate::tests::{input, NUMERIC_AND_FORMAT};
 
     fn spec(toml: &str) -> Vec<WeightedTerm> {
         match toml::from_str::<RewardSpec>(toml).unwrap() {

@@ -34,7 +34,7 @@ pub fn start(
 ) -> Result<ExternalReward> {
     let label = format!("python `{name}` from {}", path.display());
     if !path.is_file() {
-        return Err(Error::RewardSetup {
+        return Err(Error::Setup {
             reward: label,
             reason: format!(
                 "reward.path: no file {} (relative paths are read from the working directory)",

@@ -4,8 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use colo_rl::reward::{self, ExternalReward, RewardSpec};
-use colo_rl::{Error, Reward, RewardInput};
+use colo_reward::{self as reward, Error, ExternalReward, Reward, RewardInput, RewardSpec};
 use common::TempDir;
 
 /// Scores 1 when the completion equals the ground truth. Requests with
@@ -95,7 +94,7 @@ fn a_crash_names_the_sample_and_quotes_stderr_then_restarts() {
     assert!(
         matches!(
             e,
-            Error::Reward {
+            Error::Score {
                 sample: 4 | 5,
                 prompt_id: 2,
                 ..
@@ -192,7 +191,7 @@ fn shell_commands_work_too_and_missing_programs_are_setup_errors() {
 /// A child that never answers and ignores its stdin closing: `sh` writes
 /// its pid, then becomes `sleep 30`.
 fn sleeper(dir: &TempDir, timeout: Duration) -> (ExternalReward, u32) {
-    let pid_file = dir.0.join("pid");
+    let pid_file = dir.path().join("pid");
     let r = ExternalReward::start(
         vec![
             "sh".into(),

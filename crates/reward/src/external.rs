@@ -126,20 +126,17 @@ impl ExternalReward {
     }
 
     fn spawn(&self) -> Result<Running> {
-        let (program, args) = self
-            .command
-            .split_first()
-            .ok_or_else(|| Error::RewardSetup {
-                reward: "external".into(),
-                reason: "empty command".into(),
-            })?;
+        let (program, args) = self.command.split_first().ok_or_else(|| Error::Setup {
+            reward: "external".into(),
+            reason: "empty command".into(),
+        })?;
         let mut child = Command::new(program)
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| Error::RewardSetup {
+            .map_err(|e| Error::Setup {
                 reward: self.name(),
                 reason: format!("cannot start `{program}`: {e}"),
             })?;
@@ -191,7 +188,7 @@ impl ExternalReward {
             if let Err(reason) = self.wait_ready(&mut run) {
                 let _ = run.child.kill();
                 let _ = run.child.wait();
-                return Err(Error::RewardSetup {
+                return Err(Error::Setup {
                     reward: self.name(),
                     reason,
                 });

@@ -13,7 +13,7 @@
 //!
 //! The score is DAPO's: **+1 right, −1 wrong** (not 1 / 0), so a
 //! wrong answer and a missing one are punished alike; accuracy still counts
-//! the +1s ([`crate::eval::RIGHT`]). A port of verl's code, checked against
+//! the +1s (colo-rl's `eval::RIGHT`, a score of at least 1). A port of verl's code, checked against
 //! its outputs on the cases in the tests, quirks included (`1, 2`
 //! normalises to `12`). One departure: Python's `str.isdigit` also accepts
 //! non-ASCII digits (`²`); here only ASCII digits make a number whose
