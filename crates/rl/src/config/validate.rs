@@ -1067,32 +1067,9 @@ fn sampling_text(s: &Sampling) -> String {
 }
 
 pub(crate) fn summary(c: &Config) -> String {
-    let b = &c.batch;
-    let data =
-        match &c.data.source {
-            DataSource::Builtin(t) => format!(
-            "built-in arithmetic task (ops {}, operands 0..={}): {} train / {} held-out prompts",
-            name(&t.ops), t.max_operand, t.train_size, t.val_size
-        ),
-            DataSource::Files { train, val } => {
-                let val = match val {
-                    ValSource::Files(v) => format!("held-out {v:?}"),
-                    ValSource::Fraction(f) => format!("{f} held out"),
-                    ValSource::None => "no held-out set".to_owned(),
-                };
-                format!(
-                    "{train:?}, {val}; prompt `{}`, answer `{}`",
-                    c.data.fields.prompt_key, c.data.fields.answer_key
-                )
-            }
-        };
     let model = match &c.model {
         ModelSource::Builtin => "built-in (Qwen2, 0.8M parameters, character tokenizer)".to_owned(),
         ModelSource::Path(p) => p.display().to_string(),
-    };
-    let length = match c.trainer.length {
-        RunLength::Steps(s) => format!("{s} steps"),
-        RunLength::Epochs(e) => format!("{e} epochs"),
     };
     let kl = match (&c.actor.kl_loss, &c.algorithm.kl_in_reward) {
         (Some(k), _) => format!("KL loss {} × {}", name(&k.estimator), Num(k.coef)),
@@ -1103,71 +1080,11 @@ pub(crate) fn summary(c: &Config) -> String {
         ),
         (None, None) => "no KL (no reference model)".into(),
     };
-    let freq = |f: Option<usize>| match f {
-        None => "end only".to_owned(),
-        Some(1) => "every step".to_owned(),
-        Some(f) => format!("every {f} steps"),
-    };
-    let m = &c.memory;
-    let on = |b: bool, what: &'static str| b.then_some(what);
-    let offload: Vec<&str> = [
-        on(m.offload_train_param, "params"),
-        on(m.offload_train_grad, "grads"),
-        on(m.offload_train_optimizer, "optimizer"),
-        on(m.offload_ref, "ref"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
     [
-        format!("data       {data}"),
+        format!("data       {}", data_text(c)),
         format!("model      {model}"),
-        format!(
-            "step       {} prompts × n {} = {} samples, max {} new tokens, {}{}",
-            b.prompts_per_step,
-            b.n,
-            b.samples_per_step,
-            c.rollout.max_new_tokens,
-            sampling_text(&c.rollout.sampling),
-            match &c.algorithm.filter_groups {
-                None => String::new(),
-                Some(f) => format!(
-                    "; dynamic sampling: batches of {} prompts until {} with varying {} ({})",
-                    b.gen_batch_prompts,
-                    b.prompts_per_step,
-                    f.metric.name(),
-                    match f.max_gen_batches {
-                        Some(m) => format!("at most {m} batches a step"),
-                        None => "no limit".into(),
-                    }
-                ),
-            }
-        ),
-        format!(
-            "update     {} of {} prompts ({} samples) × {} = {}; {}",
-            count(b.mini_batches_per_step, "mini-batch", "mini-batches"),
-            b.mini_batch_prompts,
-            b.mini_batch_samples,
-            count(c.actor.ppo_epochs, "ppo epoch", "ppo epochs"),
-            count(
-                b.optimizer_steps_per_step,
-                "optimiser step",
-                "optimiser steps"
-            ),
-            match b.micro_batch_max_tokens {
-                Some(t) =>
-                    format!("micro-batches of consecutive samples within {t} padded tokens each"),
-                None => format!(
-                    "{} of {} samples each",
-                    count(
-                        b.micro_batches_per_mini_batch,
-                        "micro-batch",
-                        "micro-batches"
-                    ),
-                    b.micro_batch_samples
-                ),
-            }
-        ),
+        step_line(c),
+        update_line(c),
         format!(
             "algorithm  {} advantages, {} policy loss ({}), {kl}, lr {} (warmup {})",
             c.algorithm.advantage.adv_estimator.name(),
@@ -1182,46 +1099,8 @@ pub(crate) fn summary(c: &Config) -> String {
             name(&c.trainer.device),
             dtype_text(c.trainer.dtype, c.trainer.device)
         ),
-        format!(
-            "memory     {} colocation, capacity {}, offload during generation: {} ({})",
-            name(&m.colocation),
-            match m.capacity {
-                Capacity::Auto => "auto".to_owned(),
-                Capacity::Bytes(b) => colo_mem::fmt_bytes(b),
-            },
-            if offload.is_empty() {
-                "none".to_owned()
-            } else {
-                offload.join(", ")
-            },
-            match m.offload_policy {
-                OffloadPolicy::AsNeeded => "as needed",
-                OffloadPolicy::Always => "always",
-            }
-        ),
-        match c.trainer.val_only {
-            true => format!(
-                "run        evaluation only (trainer.val_only: nothing is trained), {}, seed {}, \
-                 out {}",
-                sampling_text(&c.rollout.val_sampling),
-                c.trainer.seed,
-                c.trainer.out_dir.display()
-            ),
-            false => format!(
-                "run        {length}, {}, checkpoint {}, seed {}, out {}",
-                match c.evaluates() {
-                    true => format!(
-                        "eval {} ({})",
-                        freq(c.trainer.test_freq),
-                        sampling_text(&c.rollout.val_sampling)
-                    ),
-                    false => "no evaluation (no held-out set)".to_owned(),
-                },
-                freq(c.trainer.save_freq),
-                c.trainer.seed,
-                c.trainer.out_dir.display()
-            ),
-        },
+        memory_line(c),
+        run_line(c),
     ]
     .into_iter()
     // An evaluation has no step, update or algorithm of its own.
@@ -1233,4 +1112,149 @@ pub(crate) fn summary(c: &Config) -> String {
     })
     .collect::<Vec<_>>()
     .join("\n")
+}
+
+/// The `data` line of [`summary`]: where the prompts come from.
+fn data_text(c: &Config) -> String {
+match &c.data.source {
+        DataSource::Builtin(t) => format!(
+        "built-in arithmetic task (ops {}, operands 0..={}): {} train / {} held-out prompts",
+        name(&t.ops), t.max_operand, t.train_size, t.val_size
+    ),
+        DataSource::Files { train, val } => {
+            let val = match val {
+                ValSource::Files(v) => format!("held-out {v:?}"),
+                ValSource::Fraction(f) => format!("{f} held out"),
+                ValSource::None => "no held-out set".to_owned(),
+            };
+            format!(
+                "{train:?}, {val}; prompt `{}`, answer `{}`",
+                c.data.fields.prompt_key, c.data.fields.answer_key
+            )
+        }
+    }
+}
+
+/// The `step` line of [`summary`]: the samples a step draws.
+fn step_line(c: &Config) -> String {
+    let b = &c.batch;
+    format!(
+        "step       {} prompts × n {} = {} samples, max {} new tokens, {}{}",
+        b.prompts_per_step,
+        b.n,
+        b.samples_per_step,
+        c.rollout.max_new_tokens,
+        sampling_text(&c.rollout.sampling),
+        match &c.algorithm.filter_groups {
+            None => String::new(),
+            Some(f) => format!(
+                "; dynamic sampling: batches of {} prompts until {} with varying {} ({})",
+                b.gen_batch_prompts,
+                b.prompts_per_step,
+                f.metric.name(),
+                match f.max_gen_batches {
+                    Some(m) => format!("at most {m} batches a step"),
+                    None => "no limit".into(),
+                }
+            ),
+        }
+    )
+}
+
+/// The `update` line of [`summary`]: how a step's samples are split.
+fn update_line(c: &Config) -> String {
+    let b = &c.batch;
+    format!(
+        "update     {} of {} prompts ({} samples) × {} = {}; {}",
+        count(b.mini_batches_per_step, "mini-batch", "mini-batches"),
+        b.mini_batch_prompts,
+        b.mini_batch_samples,
+        count(c.actor.ppo_epochs, "ppo epoch", "ppo epochs"),
+        count(
+            b.optimizer_steps_per_step,
+            "optimiser step",
+            "optimiser steps"
+        ),
+        match b.micro_batch_max_tokens {
+            Some(t) =>
+                format!("micro-batches of consecutive samples within {t} padded tokens each"),
+            None => format!(
+                "{} of {} samples each",
+                count(
+                    b.micro_batches_per_mini_batch,
+                    "micro-batch",
+                    "micro-batches"
+                ),
+                b.micro_batch_samples
+            ),
+        }
+    )
+}
+
+/// The `memory` line of [`summary`]: the colocation and the offloads.
+fn memory_line(c: &Config) -> String {
+    let m = &c.memory;
+    let on = |b: bool, what: &'static str| b.then_some(what);
+    let offload: Vec<&str> = [
+        on(m.offload_train_param, "params"),
+        on(m.offload_train_grad, "grads"),
+        on(m.offload_train_optimizer, "optimizer"),
+        on(m.offload_ref, "ref"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    format!(
+        "memory     {} colocation, capacity {}, offload during generation: {} ({})",
+        name(&m.colocation),
+        match m.capacity {
+            Capacity::Auto => "auto".to_owned(),
+            Capacity::Bytes(b) => colo_mem::fmt_bytes(b),
+        },
+        if offload.is_empty() {
+            "none".to_owned()
+        } else {
+            offload.join(", ")
+        },
+        match m.offload_policy {
+            OffloadPolicy::AsNeeded => "as needed",
+            OffloadPolicy::Always => "always",
+        }
+    )
+}
+
+/// The `run` line of [`summary`]: its length, evaluations and output.
+fn run_line(c: &Config) -> String {
+    let length = match c.trainer.length {
+        RunLength::Steps(s) => format!("{s} steps"),
+        RunLength::Epochs(e) => format!("{e} epochs"),
+    };
+    let freq = |f: Option<usize>| match f {
+        None => "end only".to_owned(),
+        Some(1) => "every step".to_owned(),
+        Some(f) => format!("every {f} steps"),
+    };
+    match c.trainer.val_only {
+        true => format!(
+            "run        evaluation only (trainer.val_only: nothing is trained), {}, seed {}, \
+             out {}",
+            sampling_text(&c.rollout.val_sampling),
+            c.trainer.seed,
+            c.trainer.out_dir.display()
+        ),
+        false => format!(
+            "run        {length}, {}, checkpoint {}, seed {}, out {}",
+            match c.evaluates() {
+                true => format!(
+                    "eval {} ({})",
+                    freq(c.trainer.test_freq),
+                    sampling_text(&c.rollout.val_sampling)
+                ),
+                false => "no evaluation (no held-out set)".to_owned(),
+            },
+            freq(c.trainer.save_freq),
+            c.trainer.seed,
+            c.trainer.out_dir.display()
+        ),
+    }
 }

@@ -5,6 +5,7 @@
 use std::collections::{BTreeSet, HashSet};
 
 use colo_mem::{fmt_bytes, tags, Event, EventKind};
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -184,6 +185,25 @@ impl<'a> Timeline<'a> {
             .map(|e| e.per_tag.get(tag).copied().unwrap_or(0) as f64)
             .collect()
     }
+
+    /// The y axis in one binary unit, so that its ticks are round: the
+    /// unit's name, its bytes, and the highest value (the most resident
+    /// bytes of an event, or the capacity) in that unit.
+    fn y_axis(&self) -> (&'static str, f64, f64) {
+        let top = extent(
+            self.events
+                .iter()
+                .map(|e| e.per_tag.values().sum::<u64>() as f64)
+                .chain(self.capacity.map(|c| c as f64)),
+        )
+        .map_or(1.0, |(_, hi)| hi.max(1.0));
+        let (unit, scale) = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)]
+            .into_iter()
+            .map(|(u, shift)| (u, (1u64 << shift) as f64))
+            .find(|&(_, s)| top >= 2.0 * s)
+            .unwrap_or(("B", 1.0));
+        (unit, scale, top / scale)
+    }
 }
 
 impl Chart for Timeline<'_> {
@@ -210,20 +230,7 @@ impl Chart for Timeline<'_> {
         let (plot, side) = body.split_horizontally(790);
 
         let x = widen(extent(self.x.iter().copied()).unwrap_or((0.0, 1.0)));
-        let top = extent(
-            self.events
-                .iter()
-                .map(|e| e.per_tag.values().sum::<u64>() as f64)
-                .chain(self.capacity.map(|c| c as f64)),
-        )
-        .map_or(1.0, |(_, hi)| hi.max(1.0));
-        // The y axis in one binary unit, so that its ticks are round.
-        let (unit, scale) = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)]
-            .into_iter()
-            .map(|(u, shift)| (u, (1u64 << shift) as f64))
-            .find(|&(_, s)| top >= 2.0 * s)
-            .unwrap_or(("B", 1.0));
-        let top = top / scale;
+        let (unit, scale, top) = self.y_axis();
         let mut chart = ChartBuilder::on(&plot)
             .margin(8)
             .margin_top(label_band)
@@ -284,26 +291,8 @@ impl Chart for Timeline<'_> {
             entries.push(("device capacity".to_owned(), red.filled()));
         }
 
-        // A dashed line at each phase change, named where there is room.
         let grey = RGBColor(0x88, 0x88, 0x88);
-        let mut last_label: Option<i32> = None;
-        for &(at, name) in &phases {
-            chart.draw_series(DashedLineSeries::new(
-                [(at, 0.0), (at, top * 1.05)],
-                2,
-                3,
-                grey.stroke_width(1),
-            ))?;
-            let (px, py) = chart.backend_coord(&(at, top * 1.05));
-            if last_label.is_none_or(|l| px.saturating_sub(l) >= 13) {
-                let style = text(10)
-                    .color(&RGBColor(0x44, 0x44, 0x44))
-                    .transform(FontTransform::Rotate270);
-                root.draw(&Text::new(name, (px - 6, py - 4), style))?;
-                last_label = Some(px);
-            }
-        }
-
+        draw_phases(root, &mut chart, &phases, top * 1.05, grey)?;
         legend(&side, label_band as i32, &entries)?;
         if !phases.is_empty() {
             let y = label_band as i32 + 20 * entries.len() as i32 + 8;
@@ -315,6 +304,35 @@ impl Chart for Timeline<'_> {
         }
         Ok(())
     }
+}
+
+/// A dashed line at each phase change from the x axis up to `top`, named
+/// (upwards, above the plot) where there is room.
+fn draw_phases<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    phases: &[(f64, &str)],
+    top: f64,
+    grey: RGBColor,
+) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let mut last_label: Option<i32> = None;
+    for &(at, name) in phases {
+        chart.draw_series(DashedLineSeries::new(
+            [(at, 0.0), (at, top)],
+            2,
+            3,
+            grey.stroke_width(1),
+        ))?;
+        let (px, py) = chart.backend_coord(&(at, top));
+        if last_label.is_none_or(|l| px.saturating_sub(l) >= 13) {
+            let style = text(10)
+                .color(&RGBColor(0x44, 0x44, 0x44))
+                .transform(FontTransform::Rotate270);
+            root.draw(&Text::new(name, (px - 6, py - 4), style))?;
+            last_label = Some(px);
+        }
+    }
+    Ok(())
 }
 
 /// `v` with at most three decimals and no trailing zeros.
