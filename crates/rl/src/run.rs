@@ -692,7 +692,7 @@ impl Steps<'_> {
         timeline.append_new(pool)?;
         let done = step + 1;
         let stopping = stop.requested() && done < total;
-        let saves = self.config.trainer.save_freq.is_some_and(|f| done % f == 0);
+        let saves = (self.config.trainer.save_freq).is_some_and(|f| done.is_multiple_of(f));
         if (saves || stopping) && done < total {
             run.save(&self.ckpt_dir, done, &self.data_state(self.next_batch))?;
             stop.saved(done);
