@@ -39,8 +39,14 @@ enum Command {
 
 /// Errors are printed as one message with their causes (`a: b: c`), never
 /// as a panic or a backtrace, and the exit status is 1.
+///
+/// Before anything else, the process-wide state colo relies on is set, in
+/// one place ([`colo_rl::process`] says what and why), and the crates'
+/// diagnostics go to stderr: warnings and errors by default, `COLO_LOG`
+/// takes env_logger's filters (`COLO_LOG=debug`, `COLO_LOG=off`).
 fn main() -> std::process::ExitCode {
-    init_logging();
+    colo_rl::process::init_logging();
+    colo_rl::process::init();
     let matches = command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match run(cli, &matches) {
@@ -107,35 +113,6 @@ fn without_cpp_trace(text: &str) -> String {
         Some(at) => text[..at].trim_end().to_owned(),
         None => text.to_owned(),
     }
-}
-
-/// Where the library crates' diagnostics go (they log through `log`, e.g.
-/// a checkpoint's unused tensors, a failed unmap): stderr, one line each,
-/// `colo: warning: …`. Warnings and errors by default; `COLO_LOG` takes
-/// env_logger's filters (`COLO_LOG=debug`, `COLO_LOG=colo_mem=debug`,
-/// `COLO_LOG=off`).
-fn init_logging() {
-    use std::io::Write;
-    env_logger::Builder::new()
-        .filter_level(log::LevelFilter::Warn)
-        .parse_env(env_logger::Env::new().filter(LOG_ENV))
-        .format(|out, record| writeln!(out, "{}", log_line(record)))
-        .init();
-}
-
-/// The variable that filters [`init_logging`]'s messages.
-const LOG_ENV: &str = "COLO_LOG";
-
-/// One diagnostic as `colo` prints it: `colo: warning: the message`.
-fn log_line(record: &log::Record) -> String {
-    let level = match record.level() {
-        log::Level::Error => "error",
-        log::Level::Warn => "warning",
-        log::Level::Info => "info",
-        log::Level::Debug => "debug",
-        log::Level::Trace => "trace",
-    };
-    format!("colo: {level}: {}", record.args())
 }
 
 /// `matches`: what clap parsed, for the flags a subcommand must know were

@@ -137,6 +137,10 @@ fn bench_rollout_runs_both_engines_on_the_same_load() {
     let speedup = r["speedup"].as_f64().unwrap();
     let ratio = r["tokens_per_s"].as_f64().unwrap() / r["baseline_tokens_per_s"].as_f64().unwrap();
     assert!((speedup - ratio).abs() < 1e-9, "{r}");
+    // The baseline runs at libtorch's default thread count (this test
+    // process's, which sets none), not at the one thread `colo` sets for
+    // its own passes at start.
+    assert_eq!(r["baseline_threads"], tch::get_num_threads(), "{r}");
 }
 
 /// `colo bench <args>` fails and says `expected` on stderr.

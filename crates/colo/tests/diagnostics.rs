@@ -1,5 +1,6 @@
 //! The library crates' diagnostics reach stderr through `colo`'s logger:
-//! warnings by default, filtered by `COLO_LOG`.
+//! warnings and errors by default, filtered by `COLO_LOG`; the run's own
+//! report and error stay at every level.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -57,4 +58,102 @@ fn a_library_warning_reaches_stderr_unless_filtered() {
         "{}",
         String::from_utf8_lossy(&quiet)
     );
+}
+
+/// A run on the fixture whose reward always fails (the run ends in an
+/// error at step 1) and whose memory picture cannot be written (a
+/// directory has its name): colo-rl reports the picture it could not write
+/// as a diagnostic, beside the run's error. One of its prompts is too long,
+/// which the run reports as it reads its data.
+fn train_with_unwritable_pictures(dir: &Path, colo_log: Option<&str>) -> Output {
+    let rows: Vec<String> = (0..8)
+        .map(|i| {
+            format!(
+                r#"{{"prompt": "Question: what is {i} + 1? Answer:", "answer": "{}"}}"#,
+                i + 1
+            )
+        })
+        .collect();
+    let long = r#"{"prompt": "1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1? Answer:", "answer": "21"}"#;
+    let data = dir.join("train.jsonl");
+    std::fs::write(&data, format!("{}\n{long}", rows.join("\n"))).unwrap();
+    let config = dir.join("run.toml");
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny-qwen2");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[data]
+train_files = ["{data}"]
+val_fraction = 0.25
+train_batch_size = 2
+max_prompt_length = 32
+filter_overlong_prompts = true
+
+[model]
+path = "{model}"
+
+[rollout]
+n = 2
+max_new_tokens = 4
+max_kv_tokens = 256
+
+[actor]
+ppo_mini_batch_size = 2
+ppo_micro_batch_size = 4
+
+[reward]
+kind = "external"
+command = ["python3", "-c", "import sys; sys.exit(3)"]
+
+[memory]
+capacity = "256MiB"
+
+[trainer]
+total_steps = 1
+val_before_train = false
+"#,
+            data = data.display(),
+            model = model.display(),
+        ),
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(out.join("memory_timeline.svg")).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_colo"));
+    cmd.args(["train", "--config", config.to_str().unwrap()]);
+    cmd.args(["--out", out.to_str().unwrap()]);
+    cmd.env_remove("COLO_LOG");
+    if let Some(filter) = colo_log {
+        cmd.env("COLO_LOG", filter);
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn a_run_diagnostic_reaches_stderr_unless_filtered() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = train_with_unwritable_pictures(tmp.path(), None);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("could not write the run's pictures"))
+        .collect();
+    assert!(
+        matches!(&lines[..], [line] if line.starts_with("colo: error: ")
+            && line.contains("memory_timeline.svg")),
+        "{stderr}"
+    );
+    // The run's own error and report are not diagnostics: they stay, as
+    // they were.
+    let report = "\ndata: left out 1 of 9 prompts of ";
+    assert!(stderr.contains("\nerror: colo train: step 1: "), "{stderr}");
+    assert!(stderr.contains(report), "{stderr}");
+    let quiet = train_with_unwritable_pictures(tmp.path(), Some("off"));
+    let quiet = String::from_utf8(quiet.stderr).unwrap();
+    assert!(!quiet.contains("pictures"), "{quiet}");
+    assert!(quiet.contains("\nerror: colo train: step 1: "), "{quiet}");
+    assert!(quiet.contains(report), "{quiet}");
 }

@@ -97,6 +97,16 @@ pub fn run<T: Send, W: FnOnce() -> T + Send>(work: Vec<W>) -> Vec<T> {
         .collect()
 }
 
+/// Starts the lane threads for passes of up to `lanes` lanes (the first
+/// runs on the caller's thread), so the first pass does not start them.
+/// The program calls it once at its start, with the process's share
+/// ([`count`]); a later pass with more lanes still gets a larger pool.
+pub fn start(lanes: usize) {
+    if lanes > 1 {
+        lane_threads(lanes - 1);
+    }
+}
+
 /// The process's lane threads, at least `n` of them: one pool, replaced by
 /// a larger one (the old one left to its threads, idle) only when a run
 /// asks for more lanes than any before it.
@@ -163,6 +173,14 @@ mod tests {
         assert_eq!(a[0], std::thread::current().id());
         assert_ne!(a[1], a[0]);
         assert_eq!(a[1], b[1]);
+    }
+
+    /// `start` makes the threads of the lanes it is given before any pass
+    /// asks for them (no other test here asks for five lanes).
+    #[test]
+    fn start_makes_the_lane_threads_up_front() {
+        start(5);
+        assert!(lane_threads(1).current_num_threads() >= 4);
     }
 
     #[test]

@@ -135,6 +135,11 @@ impl Worker {
         resume_from: Option<usize>,
     ) -> PyResult<Self> {
         collective::check_comm(comm.bind(py))?;
+        // A rank's worker process runs colo's passes: the process-wide
+        // state they rely on is set once, here, before its engines exist
+        // (not at import: a driver that only reads checkpoints keeps
+        // libtorch's thread count).
+        colo_rl::process::init();
         let cfg = load_config(config.as_deref())?;
         let make = move || -> Box<dyn Collective> {
             Box::new(PyCollective {
@@ -566,6 +571,10 @@ fn eval_record(step: usize, parts: Vec<String>, timing: f64) -> PyResult<Option<
 
 #[pymodule]
 fn _colo(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // colo's diagnostics (a checkpoint's unused tensors, a gradient that
+    // was not finite) reach the Python process's stderr as they reach
+    // `colo`'s, filtered by COLO_LOG; a logger already installed stays.
+    colo_rl::process::init_logging();
     m.add_class::<Worker>()?;
     m.add("StepInterrupted", m.py().get_type::<StepInterrupted>())?;
     m.add_function(wrap_pyfunction!(draw_workers, m)?)?;

@@ -9,6 +9,8 @@ import json
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -17,7 +19,7 @@ import torch
 import colo
 from colo import Worker
 
-from test_data_parallel import write_config
+from test_data_parallel import ROOT, write_config
 
 
 class Alone:
@@ -359,3 +361,62 @@ class WorkerLifecycle(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+# A worker made in a process of its own, whose stderr (libtorch's and
+# Rust's, written to the file descriptor) the test reads.
+MAKE_A_WORKER = """
+import sys
+from colo import Worker
+from test_worker_api import Alone
+Worker(sys.argv[1], sys.argv[2], 0, 1, Alone())
+"""
+
+
+class Diagnostics(unittest.TestCase):
+    """colo's diagnostics reach a Python process's stderr as they reach
+    `colo`'s: `colo: warning: ...`, warnings by default, filtered by
+    COLO_LOG."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="colo-worker-log-")
+        # The fixture with one layer fewer in its config than in its
+        # weights: it loads, with a warning naming the unused tensors.
+        model = os.path.join(self.tmp, "model")
+        shutil.copytree(os.path.join(ROOT, "testdata", "tiny-qwen2"), model)
+        with open(os.path.join(model, "config.json")) as f:
+            config = json.load(f)
+        config["num_hidden_layers"] = 1
+        with open(os.path.join(model, "config.json"), "w") as f:
+            json.dump(config, f)
+        self.cfg = write_config(os.path.join(self.tmp, "run.toml"))
+        with open(self.cfg) as f:
+            text = f.read()
+        text = text.replace(f'"{ROOT}/testdata/tiny-qwen2"', json.dumps(model))
+        self.assertIn(json.dumps(model), text)
+        with open(self.cfg, "w") as f:
+            f.write(text)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def make(self, out, colo_log):
+        env = {k: v for k, v in os.environ.items() if k != "COLO_LOG"}
+        if colo_log is not None:
+            env["COLO_LOG"] = colo_log
+        env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+        done = subprocess.run(
+            [sys.executable, "-c", MAKE_A_WORKER, self.cfg, os.path.join(self.tmp, out)],
+            env=env, capture_output=True, text=True, timeout=300,
+        )
+        self.assertEqual(done.returncode, 0, done.stderr)
+        return done.stderr
+
+    def test_a_library_warning_reaches_stderr_unless_filtered(self):
+        said = self.make("run", None)
+        lines = [l for l in said.splitlines() if "tensors of the checkpoint are not used" in l]
+        self.assertEqual(len(lines), 1, said)
+        self.assertTrue(lines[0].startswith("colo: warning: "), said)
+        self.assertIn("model.layers.1.", lines[0])
+        quiet = self.make("quiet", "off")
+        self.assertNotIn("not used", quiet)

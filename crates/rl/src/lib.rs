@@ -23,7 +23,8 @@
 //! | [`task`], [`vocab`] | the built-in arithmetic task, its character tokenizer and its 0.8M-parameter model |
 //! | [`metrics`] | `metrics.jsonl` records with verl's names |
 //! | [`plot`] | the memory timeline, the reward curve and the workers' memory, SVG and PNG (`plotters`) |
-//! | [`progress`] | a progress bar (`indicatif`) that stays quiet off a terminal |
+//! | [`progress`] | a progress bar (`indicatif`) that stays quiet off a terminal; the run's other console lines ([`progress::say`]) |
+//! | [`process`] | what colo sets for the whole process (one libtorch intra-op thread, the lane threads, the CPU's features, the logger), called once by the program at its start |
 //!
 //! ## Example
 //!
@@ -66,6 +67,15 @@
 //! - **The field's crates for the run's output.** Charts are `plotters`
 //!   (SVG and PNG, with an embedded font, no system fonts), the progress bar
 //!   is `indicatif`; the crate README lists what stays hand-written and why.
+//! - **Diagnostics through `log`, the run's report on the console.** A
+//!   warning (a gradient that was not finite, a run directory that cannot
+//!   be locked) is a `log` record: the program decides where it goes and
+//!   how loud ([`process::init_logging`]). What the run says of itself
+//!   (where it starts, prompts left out, a step drawing more batches) is
+//!   its report, printed where its progress bar is, at every log level.
+//! - **Process-wide state in one place.** No constructor here sets state
+//!   for the whole process; [`process::init`] does, once, called by the
+//!   program at its start, with the reasons.
 
 mod error;
 
@@ -79,6 +89,7 @@ pub mod generations;
 pub mod step;
 pub mod metrics;
 pub mod plot;
+pub mod process;
 pub mod progress;
 pub mod reference;
 /// Rewards live in their own crate, [`colo_reward`]; `colo_rl::reward` is

@@ -4,6 +4,8 @@
 //! files) redrawing would leave one line per update, so the same line, as
 //! `indicatif` renders it, is printed only at each tenth of the run and at
 //! the end — at most 11 plain lines.
+//!
+//! The run's other lines on the console ([`say`]) go where the bar goes.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -105,6 +107,17 @@ impl Progress {
             p.last_tenth = Some(tenth);
         }
     }
+}
+
+/// A line of the run's own report on stderr, where the bar is: what the
+/// run says of where it starts (checkpoints skipped, records removed), of
+/// its data (prompts left out, a reward that does not fit them) and of a
+/// step still drawing batches. Shown at every log level: it is the run's
+/// report, not a diagnostic (those go through `log`; the program decides
+/// where, see [`crate::process::init_logging`]). Best effort, as the bar:
+/// a closed stderr does not stop a run.
+pub fn say(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 fn bar(total: usize, target: ProgressDrawTarget) -> ProgressBar {

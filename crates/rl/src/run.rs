@@ -134,7 +134,7 @@ struct Start {
 
 impl Start {
     fn say(&mut self, note: String) {
-        eprintln!("{note}");
+        crate::progress::say(&note);
         self.notes.push(note);
     }
 }
@@ -205,7 +205,7 @@ impl Before {
     /// holds it until it returns); what cannot be removed is said.
     fn restore(&self, out: &Path) {
         let left = |path: &Path, e: std::io::Error| {
-            eprintln!(
+            log::warn!(
                 "the run failed before its first step, and {} could not be removed: {e}",
                 path.display()
             )
@@ -265,7 +265,7 @@ fn run_locked(asked: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<R
                 "--resume: {} is not a complete checkpoint ({why}); skipped",
                 dir.display()
             );
-            eprintln!("{note}");
+            crate::progress::say(&note);
             note
         })
         .collect();
@@ -414,7 +414,7 @@ fn run_locked(asked: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<R
         (Ok(summary), drawn) => drawn.map(|()| summary),
         (Err(e), Ok(())) => Err(e),
         (Err(e), Err(d)) => {
-            eprintln!("could not write the run's pictures: {d}");
+            log::error!("could not write the run's pictures: {d}");
             Err(e)
         }
     }

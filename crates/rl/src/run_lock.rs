@@ -52,8 +52,8 @@ pub fn lock(out: &Path) -> Result<RunLock> {
             dir: out.to_owned(),
         }),
         Err(TryLockError::Error(e)) => {
-            eprintln!(
-                "warning: could not lock {} ({e}); nothing keeps a second run out of this directory",
+            log::warn!(
+                "could not lock {} ({e}); nothing keeps a second run out of this directory",
                 path.display()
             );
             Ok(RunLock { _file: None })

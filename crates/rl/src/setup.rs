@@ -59,12 +59,12 @@ pub(crate) fn load_data(
             config.data.overlong,
         )?;
         if data.dropped_overlong > 0 {
-            eprintln!(
+            crate::progress::say(&format!(
                 "data: left out {} of {} prompts of {files:?}: longer than data.max_prompt_length = {} tokens (data.filter_overlong_prompts)",
                 data.dropped_overlong,
                 data.dropped_overlong + data.len(),
                 config.data.max_prompt_length
-            );
+            ));
         }
         Ok::<_, Error>(data)
     };
@@ -83,7 +83,7 @@ pub(crate) fn load_data(
         }
     };
     if let Some(note) = reward_hint(&config.reward, &train) {
-        eprintln!("{note}");
+        crate::progress::say(&note);
     }
     Ok((train, val))
 }

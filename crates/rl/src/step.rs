@@ -504,8 +504,8 @@ impl Run<'_> {
         if skipped > 0 {
             // The trainer skips an optimizer step whose gradient norm is not
             // finite, as verl's actor does; say so, a diverged run repeats it.
-            eprintln!(
-                "warning: step {}: the gradient norm was not finite in {skipped} of {} optimizer steps, which were skipped; if it stays so the run has diverged (lower actor.lr, set actor.grad_clip, check the rewards)",
+            log::warn!(
+                "step {}: the gradient norm was not finite in {skipped} of {} optimizer steps, which were skipped; if it stays so the run has diverged (lower actor.lr, set actor.grad_clip, check the rewards)",
                 step + 1,
                 actor.len()
             );
@@ -640,7 +640,7 @@ impl Run<'_> {
                 )));
             }
             if drawn.batches.is_multiple_of(10) {
-                eprintln!("{have}; generating more");
+                crate::progress::say(&format!("{have}; generating more"));
             }
         }
     }

@@ -135,15 +135,11 @@ impl HybridWorker {
     /// critic and the reference from `spec.model_dir`, and leaves the worker
     /// in the training phase. Every model runs in the actor's kind on its
     /// device: a bf16 actor generates in bf16 (the sampling in float32), as
-    /// verl's rollout runs in the actor's `dtype`.
+    /// verl's rollout runs in the actor's `dtype`. The process-wide state
+    /// its CPU passes rely on (one libtorch intra-op thread) is set by the
+    /// program, once: [`crate::process::init`].
     pub fn new(pool: Arc<Pool>, spec: &WorkerSpec) -> Result<Self> {
         let (model_dir, memory) = (spec.model_dir.as_path(), &spec.memory);
-        if spec.actor.device == tch::Device::Cpu {
-            // Every pass splits its rows over threads of its own, each
-            // with one libtorch intra-op thread (`colo_model::lanes`);
-            // set once here, so no pass flips the count back and forth.
-            tch::set_num_threads(1);
-        }
         pool.set_phase("init_rollout");
         let (kind, device) = (spec.actor.kind, spec.actor.device);
         let mut rollout = Some(Engine::from_dir_on(

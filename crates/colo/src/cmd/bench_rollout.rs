@@ -171,10 +171,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // its decode steps are many small ops, where intra-op threads cost
     // more in wake-ups than they give), the baseline's at libtorch's
     // default (its best here).
+    // The process's count (1: `colo_rl::process::init`), put back after
+    // each engine's run.
     let all = tch::get_num_threads();
     let colo_lanes = colo_model::lanes::count(device, colo_threads);
     let base_threads = match a.baseline_threads {
-        0 => all,
+        0 => colo_rl::process::default_intra_op_threads(),
         n => n.min(i32::MAX as usize) as i32,
     };
     // Both engines first run one prompt for a few tokens, untimed: the first

@@ -564,30 +564,13 @@ impl Dtype {
 
 /// Whether `device` multiplies bf16 in hardware: every CUDA device colo is
 /// built for (pre-Ampere GPUs emulate bf16 slowly: set `f32` there); a CPU
-/// whose flags in `/proc/cpuinfo` include `avx512_bf16` or `amx_bf16`.
+/// with a bf16 matrix instruction set ([`crate::process::cpu_has_bf16`],
+/// read once for the process).
 fn native_bf16(device: Device) -> bool {
-    static CPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     match device {
         Device::Cuda => true,
-        Device::Cpu => *CPU.get_or_init(|| {
-            std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|info| cpu_flags_have_bf16(&info))
-        }),
+        Device::Cpu => crate::process::cpu_has_bf16(),
     }
-}
-
-/// `/proc/cpuinfo`'s first `flags` line names a bf16 matrix instruction set.
-pub(crate) fn cpu_flags_have_bf16(cpuinfo: &str) -> bool {
-    cpuinfo
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("flags")
-                .and_then(|r| r.trim_start().strip_prefix(':'))
-        })
-        .is_some_and(|flags| {
-            flags
-                .split_whitespace()
-                .any(|f| f == "avx512_bf16" || f == "amx_bf16")
-        })
 }
 
 /// `trainer.logger`: one backend or a list, as verl writes either.
@@ -689,18 +672,6 @@ pub struct RawCluster {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bf16_flags_are_read_from_the_flags_line() {
-        let zen4 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\nbugs\t\t: sysret_ss_attrs\n";
-        let spr = "flags\t\t: avx512f amx_bf16 amx_tile amx_int8\n";
-        let skylake =
-            "flags\t\t: fpu avx2 avx512f avx512bw\nbugs\t\t: avx512_bf16_is_not_a_flag_here\n";
-        assert!(cpu_flags_have_bf16(zen4));
-        assert!(cpu_flags_have_bf16(spr));
-        assert!(!cpu_flags_have_bf16(skylake));
-        assert!(!cpu_flags_have_bf16(""));
-    }
 
     #[test]
     fn explicit_dtypes_are_kept_and_auto_is_bf16_on_cuda() {

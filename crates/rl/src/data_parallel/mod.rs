@@ -171,7 +171,7 @@ impl Rank {
         if rank == 0 {
             let ckpts = out.join(checkpoints::DIR);
             for note in checkpoints::prepare_dir(&ckpts, crate::setup::uses_critic(&config))? {
-                eprintln!("{note}");
+                crate::progress::say(&note);
             }
             crate::run_config::write(out, &asked)?;
         }
@@ -338,7 +338,7 @@ impl Rank {
         let batch_size = self.global.batch.gen_batch_prompts;
         let (at, note) = checkpoints::DataState::resume(&dir, step, batch_size, dynamic)?;
         if let (Some(note), 0) = (note, self.rank) {
-            eprintln!("{note}");
+            crate::progress::say(&note);
         }
         self.run.worker.load_checkpoint(&dir)?;
         (self.next_step, self.gen_batches) = (step, at);
