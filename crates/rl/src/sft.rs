@@ -163,11 +163,22 @@ pub fn run(cfg: &SftConfig, out: &Path, mut on_event: impl FnMut(&SftEvent)) -> 
         let m = trainer
             .sft_step(&seqs)
             .map_err(|e| Error::context(format!("SFT step {step}"), e))?;
-        if !m.loss.is_finite() {
+        // A blown-up model shows as a loss that is not a number, or (where
+        // the norms' sums overflow to a uniform output, as on AVX-512 EPYC
+        // CPUs) as a gradient norm that is not: the trainer skips such an
+        // update, and every later step would repeat the same loss.
+        let what = if !m.loss.is_finite() {
+            Some(("loss", m.loss))
+        } else if !m.grad_norm.is_finite() {
+            Some(("gradient norm", m.grad_norm))
+        } else {
+            None
+        };
+        if let Some((what, value)) = what {
             return Err(Error::Diverged(format!(
-                "SFT step {step}: the loss is {}: training diverged (lr {:e}); lower the learning \
-                 rate. No checkpoint was written",
-                m.loss, cfg.lr
+                "SFT step {step}: the {what} is {value}: training diverged (lr {:e}); lower the \
+                 learning rate. No checkpoint was written",
+                cfg.lr
             )));
         }
         report.losses.push(m.loss);
