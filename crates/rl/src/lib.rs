@@ -86,16 +86,16 @@ pub mod data_parallel;
 pub mod eval;
 mod finite;
 pub mod generations;
-pub mod step;
 pub mod metrics;
 pub mod plot;
 pub mod process;
 pub mod progress;
 pub mod reference;
+pub mod step;
+pub use colo_algo::rng;
 /// Rewards live in their own crate, [`colo_reward`]; `colo_rl::reward` is
 /// that crate.
 pub use colo_reward as reward;
-pub use colo_algo::rng;
 pub mod rollouts;
 mod run;
 pub mod run_config;

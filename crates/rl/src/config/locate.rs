@@ -35,9 +35,11 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
             // `after` with `kind = "exact_match"`: the key is colo's, for
             // other kinds (serde says "there are no fields" of a kind that
             // has none).
-            Some(kinds) => message = format!(
+            Some(kinds) => {
+                message = format!(
                 "unknown field `{unknown}`: `{field}` is a setting of reward.kind = {kinds} only"
-            ),
+            )
+            }
             None => {
                 message = message.replace(", there are no fields", ", expected no other key");
                 message.push_str(&where_colo_keeps(&field));

@@ -1116,11 +1116,13 @@ pub(crate) fn summary(c: &Config) -> String {
 
 /// The `data` line of [`summary`]: where the prompts come from.
 fn data_text(c: &Config) -> String {
-match &c.data.source {
-        DataSource::Builtin(t) => format!(
+    match &c.data.source {
+        DataSource::Builtin(t) => {
+            format!(
         "built-in arithmetic task (ops {}, operands 0..={}): {} train / {} held-out prompts",
         name(&t.ops), t.max_operand, t.train_size, t.val_size
-    ),
+    )
+        }
         DataSource::Files { train, val } => {
             let val = match val {
                 ValSource::Files(v) => format!("held-out {v:?}"),

@@ -46,8 +46,8 @@ use colo_train::Collective;
 use crate::config::Config;
 use crate::data::{Batch, Batches, Dataset};
 use crate::metrics::{EvalTallies, MetricsWriter, StepMetrics};
-use crate::step::Run;
 use crate::setup::{draw, load_data, make_pool, open_model};
+use crate::step::Run;
 use crate::timeline_file::TimelineWriter;
 use crate::{checkpoints, Error, Result};
 
