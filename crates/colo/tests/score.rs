@@ -30,6 +30,9 @@ fn colo_score(args: &[&str]) -> Vec<f32> {
 }
 
 fn library_logprobs(ckpt: &Checkpoint, ids: &[u32]) -> Vec<f32> {
+    // The binary's process settings (one intra-op thread: the sums add in
+    // the binary's order), so the comparison can be exact.
+    colo_rl::process::init();
     let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
     let input = Tensor::from_slice(&ids).unsqueeze(0);
     let logits = ckpt.model.forward(&input).unwrap();
