@@ -1,8 +1,8 @@
 """The optimizer step's passes over colo bench train's 12.6 M parameters
 (hidden 384, 6 layers, vocab 8192), on 1 and 2 libtorch threads (torch 2.11):
 
-1. AdamW as the element-wise ops colo's trainer used before the twentieth
-   session (decay, lerp, lerp of g², sqrt, scale, shift, addcdiv, then the
+1. AdamW as the element-wise ops colo's trainer used before fused AdamW
+   (decay, lerp, lerp of g², sqrt, scale, shift, addcdiv, then the
    bf16 copy of the master), against libtorch's `_fused_adamw_` with and
    without that copy;
 2. adding two lanes' bf16 gradients into float32 accumulators, and the

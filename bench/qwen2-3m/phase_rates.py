@@ -3,7 +3,7 @@
 Usage: python3 bench/qwen2-3m/phase_rates.py RUN/metrics.jsonl MATMUL_GFLOPS
 
 MATMUL_GFLOPS is `colo bench train`'s matmul figure in the run's dtype,
-measured in the same session. Reads steps 3 and later (the first two warm
+measured in the same window. Reads steps 3 and later (the first two warm
 up). FLOPs: 2 N a token forward, 6 N forward + backward, with N the
 parameters in matrix products (the tied LM head included: 2.998 M for
 make.py's model); tokens a step from verl's perf/throughput x step time,

@@ -2,8 +2,9 @@
 // fused=True)` runs) for colo's trainer, which tch does not expose: one
 // vectorised pass over each parameter, its gradient and its two moments,
 // where the same update as separate tensor ops takes eight passes and two
-// temporaries (BENCHMARKS.md, twentieth session: 48 ms against 14 ms for
-// 12.6 M float32 parameters on one thread).
+// temporaries (BENCHMARKS.md, "CPU kernels": with the bf16 copy of the
+// masters 48 ms against 21 ms, the fused pass alone 14 ms, for 12.6 M
+// float32 parameters on one thread).
 //
 // Contract
 // - `params`, `grads`, `exp_avgs`, `exp_avg_sqs` each point to `n` valid

@@ -39,7 +39,7 @@ pub struct ComponentSizes {
 /// whatever the shape: the segments (2 MiB for blocks up to 1 MiB, 20 MiB
 /// for blocks up to 10 MiB) of the warm-up's and the capture's streams.
 /// Measured, not derived: 48–58 MiB at the smallest shapes of
-/// `bench/gpu/graph_mem.sh` (H200, sixteenth session); the largest of them.
+/// `bench/gpu/graph_mem.sh` (H200, 2026-11-26); the largest of them.
 pub const CUDA_GRAPH_FLOOR: u64 = 56 << 20;
 
 /// The memory the rollout engine's captured decode graphs hold on one

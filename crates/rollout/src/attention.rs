@@ -25,8 +25,8 @@
 //! over each, rounding where the products and the softmax round — no
 //! gather, no mask, and none of the six calls a layer into oneDNN and
 //! TensorIterator for matrices of a few rows, about a third of a small
-//! model's decode step (22nd session: the 3 M job's generation 109 → 90
-//! ms a step, BENCHMARKS.md). The shared-prefix split and its merge are
+//! model's decode step (the 3 M job's generation 109 → 90 ms a step,
+//! BENCHMARKS.md, "Issue 9's 3 M-parameter job"). The shared-prefix split and its merge are
 //! unchanged. CUDA keeps the gather and products (libtorch has no paged
 //! kernel there, and a CUDA graph captures them).
 
@@ -196,7 +196,7 @@ pub struct PagedBatch {
 /// step on a GPU is bound by kernel launches (5–10 µs each), not by memory:
 /// with `colo bench rollout`'s load (32 prompts × 8 samples) the split
 /// saved about 6 MiB of reads a layer, about a microsecond of HBM time,
-/// while the extra launches cost over 150 µs a layer (twelfth session,
+/// while the extra launches cost over 150 µs a layer (H200, 2026-11-26,
 /// BENCHMARKS.md). 256 MiB read once to gather and once to multiply is
 /// about that much HBM time (3.35–4.8 TB/s): long prompts with many
 /// samples (512 rows of 2 k-token prompts, say) pass it.

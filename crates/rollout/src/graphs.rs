@@ -1,7 +1,7 @@
 //! CUDA graphs of the decode step, vLLM's and SGLang's answer to a decode
 //! step bound by kernel launches: a small model's step is a few hundred
 //! kernels of a few microseconds each, and launching them one by one costs
-//! more than running them (twelfth session, BENCHMARKS.md: 1.9 ms a step,
+//! more than running them (H200, 2026-11-26, BENCHMARKS.md: 1.9 ms a step,
 //! nearly all of it launching). A captured graph launches them all with one
 //! call.
 //!

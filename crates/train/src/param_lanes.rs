@@ -2,8 +2,8 @@
 //! parameter: adding the lanes' gradients into the accumulators, the
 //! gradients' norms, and AdamW. Each of these passes over every
 //! parameter's bytes once or more and does nothing else; on one thread
-//! they took a third of a bf16 training step (BENCHMARKS.md, twentieth
-//! session), while the lanes that ran the forward and backward sat idle.
+//! they took a third of a bf16 training step (BENCHMARKS.md,
+//! 2026-11-27), while the lanes that ran the forward and backward sat idle.
 //!
 //! Each tensor is handled whole by one lane with one intra-op thread, so
 //! every result is the same whatever the number of lanes: a partition

@@ -127,7 +127,7 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
             tch::Device::Cpu,
             config.trainer.cpu_threads.unwrap_or(0),
         ) as u64),
-        // colo-train's loss head is colo-mem's fused kernel on the CPU.
+        // colo-train's loss head is colo-kernels' fused kernel on the CPU.
         fused_loss_head: Some(config.trainer.device == Device::Cpu),
         mode: mode.into(),
         offload,

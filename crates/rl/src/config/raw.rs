@@ -194,7 +194,7 @@ pub const DEFAULT_MINI_BATCH_PROMPTS: usize = 16;
 /// mini-batch.
 ///
 /// A micro-batch's memory and its op count go with its tokens, not its
-/// samples: a fixed count (64 samples, until the 22nd session) was
+/// samples: a fixed count (64 samples, before 2026-11-27) was
 /// 98,304 tokens for a 1,536-token job and ~1,000 for the built-in one,
 /// whose passes are then too small to keep two cores busy between ops
 /// (64 → 128 samples: 125 → 103 ms a step, BENCHMARKS.md).
