@@ -14,19 +14,10 @@ const SOURCES: [&str; 6] = [
 const HEADERS: [&str; 3] = ["csrc/shim_error.h", "csrc/vec_math.h", "csrc/bf16_bits.h"];
 
 fn main() {
-    let torch = colo_build::libtorch_dir();
-    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
-    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     for f in SOURCES.iter().chain(&HEADERS) {
         println!("cargo:rerun-if-changed={f}");
     }
-    cc::Build::new()
-        .cpp(true)
-        .std("c++17")
-        .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
-        .include(torch.join("include"))
-        .include(torch.join("include/torch/csrc/api/include"))
-        .warnings(false)
+    colo_build::libtorch_cpp()
         // `#pragma omp simd` in the kernels (vectorisation only, no OpenMP
         // runtime); floating-point operations do not trap (colo enables no
         // FP exceptions), without which GCC vectorises no loop with a float

@@ -5,22 +5,13 @@
 //! libtorch), and links the crate's own tests and benches against libtorch.
 
 fn main() {
-    let torch = colo_build::libtorch_dir();
-    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
-    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-changed=csrc/cpu_alloc.cpp");
     println!("cargo:rerun-if-changed=csrc/shim_error.h");
-    cc::Build::new()
-        .cpp(true)
-        .std("c++17")
-        .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
-        .include(torch.join("include"))
-        .include(torch.join("include/torch/csrc/api/include"))
-        .warnings(false)
+    colo_build::libtorch_cpp()
         .file("csrc/cpu_alloc.cpp")
         .compile("colo_torch_shim");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
-        build_cuda_shim(&torch, &abi);
+        build_cuda_shim(&colo_build::libtorch_dir());
     }
     colo_build::link_libtorch();
     // The allocator is a c10 one.
@@ -31,7 +22,7 @@ fn main() {
 /// venv's `nvidia-*` wheels (`./x setup` adds `nvidia-cuda-crt`, which torch
 /// does not pull in but `cuda_runtime.h` needs), linked against
 /// libtorch_cuda and libc10_cuda. Builds without a GPU; runs only with one.
-fn build_cuda_shim(torch: &std::path::Path, abi: &str) {
+fn build_cuda_shim(torch: &std::path::Path) {
     println!("cargo:rerun-if-changed=csrc/cuda_alloc.cpp");
     println!("cargo:rerun-if-changed=csrc/cuda_graph.cpp");
     let cuda_include = torch.join("../nvidia/cu13/include");
@@ -41,14 +32,8 @@ fn build_cuda_shim(torch: &std::path::Path, abi: &str) {
             cuda_include.display()
         );
     }
-    cc::Build::new()
-        .cpp(true)
-        .std("c++17")
-        .define("_GLIBCXX_USE_CXX11_ABI", abi)
-        .include(torch.join("include"))
-        .include(torch.join("include/torch/csrc/api/include"))
+    colo_build::libtorch_cpp()
         .include(&cuda_include)
-        .warnings(false)
         .file("csrc/cuda_alloc.cpp")
         .file("csrc/cuda_graph.cpp")
         .compile("colo_torch_cuda_shim");

@@ -51,3 +51,22 @@ pub fn link_libtorch() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
     }
 }
+
+/// A C++ build against libtorch's headers: C++17, the two include
+/// directories, and libtorch's C++ ABI flag (`LIBTORCH_CXX11_ABI`, 1 by
+/// default; a mismatch would link and then fail at run time the first time
+/// a std::string crosses into libtorch). Each FFI crate adds its sources
+/// and flags.
+pub fn libtorch_cpp() -> cc::Build {
+    let torch = libtorch_dir();
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
+    let mut b = cc::Build::new();
+    b.cpp(true)
+        .std("c++17")
+        .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
+        .include(torch.join("include"))
+        .include(torch.join("include/torch/csrc/api/include"))
+        .warnings(false);
+    b
+}
