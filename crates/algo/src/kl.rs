@@ -177,17 +177,21 @@ pub enum KlControlType {
 }
 
 /// verl's `algorithm.kl_ctrl` section, as written in the config file.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, colo_keys::Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct KlControlConfig {
-    /// Fixed or adaptive.
+    /// β controller of the reward penalty
     #[serde(rename = "type")]
+    #[key(unit = "\"fixed\" or \"adaptive\"", verl = "algorithm.kl_ctrl.type")]
     pub kind: KlControlType,
-    /// The initial (or fixed) β.
+    /// β, or its initial value when adaptive
+    #[key(unit = "≥ 0", verl = "algorithm.kl_ctrl.kl_coef")]
     pub kl_coef: f64,
-    /// The KL the adaptive controller aims for.
+    /// adaptive controller: the KL it aims for
+    #[key(unit = "nats", verl = "algorithm.kl_ctrl.target_kl")]
     pub target_kl: f64,
-    /// The adaptive controller's horizon, in samples.
+    /// adaptive controller: its horizon
+    #[key(unit = "samples", verl = "algorithm.kl_ctrl.horizon")]
     pub horizon: f64,
 }
 

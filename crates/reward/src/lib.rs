@@ -194,19 +194,28 @@ pub fn finite(
 /// weight = 0.1
 /// reward = { kind = "format", open = "<answer>", close = "</answer>" }
 /// ```
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Each key's doc comment is what `colo train --print-config` says of it
+/// (colo-keys): the kinds that have a key are prefixed there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, colo_keys::Keys)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[key(
+    tag_doc = "the reward; \"verl\" picks the rule by each row's data_source as verl's default reward does (openai/gsm8k: numeric after \"####\"; lighteval/MATH: boxed)",
+    tag_verl = "reward_model / custom_reward_function (verl picks a Python function; by default by data_source)"
+)]
 pub enum RewardSpec {
     /// 1 if the trimmed completion equals the trimmed ground truth: [`ExactMatch`].
     ExactMatch {},
     /// 1 if the completion's number is within `tolerance` of the ground
     /// truth's: [`NumericMatch`].
     Numeric {
+        /// numbers within this are equal
         #[serde(default = "default_tolerance")]
+        #[key(unit = "absolute")]
         tolerance: f64,
-        /// Read the first number after the last occurrence of this marker
-        /// (e.g. GSM8K's `####`); without it, the last number of the text.
+        /// read the first number after the last occurrence of this marker
+        /// (GSM8K: "####")
         #[serde(default)]
+        #[key(unit = "text", unset = "the last number of the completion")]
         after: Option<String>,
     },
     /// 1 if the last `\boxed{…}` of the completion matches the ground truth
@@ -217,51 +226,83 @@ pub enum RewardSpec {
     },
     /// 1 if the completion has a non-empty answer between `open` and
     /// `close`: [`FormatReward`].
-    Format { open: String, close: String },
+    Format {
+        /// the answer must stand between open…
+        #[key(unit = "text")]
+        open: String,
+        /// …and close
+        #[key(unit = "text")]
+        close: String,
+    },
     /// Σ weight · reward: [`Weighted`].
-    Weighted { terms: Vec<WeightedTerm> },
+    Weighted {
+        /// Σ weight · reward over these terms; each term's own score is
+        /// logged under its name in reward/extra and eval/reward_extra
+        #[key(
+            unit = "list of {weight, reward = {kind, …}, name (default: its kind, or a python term's function)}"
+        )]
+        terms: Vec<WeightedTerm>,
+    },
     /// verl's default reward, its rule chosen by each row's `data_source`
     /// (GSM8K, MATH): [`VerlDefault`].
     Verl {},
     /// A verl-style Python function (`custom_reward_function` in verl),
     /// called as verl calls it, in a child process: [`python`].
     Python {
-        /// The file defining the function (verl: `custom_reward_function.path`).
+        /// the file defining the reward function (relative to the working
+        /// directory)
+        #[key(unit = "path", verl = "custom_reward_function.path")]
         path: PathBuf,
-        /// The function (verl: `custom_reward_function.name`).
+        /// the function, called as verl calls it: name(data_source=,
+        /// solution_str=, ground_truth=, extra_info=, **kwargs), returning a
+        /// number or a dict with "score"
         #[serde(default = "default_function")]
+        #[key(unit = "identifier", verl = "custom_reward_function.name")]
         name: String,
-        /// Keyword arguments added to every call (verl:
-        /// `custom_reward_function.reward_kwargs`).
+        /// keyword arguments added to every call
         #[serde(default)]
+        #[key(unit = "table", verl = "custom_reward_function.reward_kwargs")]
         kwargs: Map<String, Value>,
-        /// The interpreter (a virtual environment's `bin/python` for one
-        /// with the function's imports).
+        /// the interpreter that runs the function (a virtual environment's
+        /// bin/python for one with its imports)
         #[serde(default = "default_python")]
+        #[key(unit = "program")]
         python: String,
-        /// How long to wait for each score (and for the file to load).
+        /// how long to wait for each answer line (python: and for the file to
+        /// load)
         #[serde(default = "default_timeout_s")]
+        #[key(unit = "seconds")]
         timeout_s: f64,
-        /// The score of a sample the function failed on; without it a
-        /// failure is an error.
+        /// the score of a sample the command or function failed on
         #[serde(default)]
+        #[key(
+            unit = "score",
+            unset = "a failure stops the run with an error naming the sample"
+        )]
         default_score: Option<f32>,
-        /// Processes scoring a batch's samples at once: [`Parallel`].
+        /// processes scoring each batch's samples at once (for rewards that
+        /// take milliseconds a sample): [`Parallel`]
         #[serde(default = "one")]
+        #[key(
+            unit = "processes",
+            verl = "reward_model.reward_manager = \"prime\" (a process pool)"
+        )]
         workers: usize,
     },
     /// A child process spoken to in JSON lines: [`ExternalReward`].
     External {
-        /// The program and its arguments, e.g. `["python3", "score.py"]`.
+        /// program and arguments of a child process, started once for the
+        /// run: colo writes a JSON line per sample, {"id", "prompt",
+        /// "completion", "ground_truth", "row" (the row's other fields)}, and
+        /// the child answers each with a line {"id", "score"} (and optionally
+        /// "extra": {name: number}), in any order
+        #[key(unit = "list of strings")]
         command: Vec<String>,
-        /// How long to wait for each answer line.
+        // `timeout_s`, `default_score`, `workers`: as `Python`'s.
         #[serde(default = "default_timeout_s")]
         timeout_s: f64,
-        /// The score of a sample the command failed on; without it a failure
-        /// is an error.
         #[serde(default)]
         default_score: Option<f32>,
-        /// Processes scoring a batch's samples at once: [`Parallel`].
         #[serde(default = "one")]
         workers: usize,
     },

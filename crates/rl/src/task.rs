@@ -62,14 +62,24 @@ impl Op {
 }
 
 /// The arithmetic task's settings (`[data.builtin]` of a run's config).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, colo_keys::Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct ArithmeticTask {
-    /// Operands are in `0..=max_operand`.
+    /// built-in task (used when train_files is empty): operands are
+    /// 0..=max_operand
+    #[key(unit = "integer")]
     pub max_operand: u32,
+    /// built-in task: the operations
+    #[key(unit = "list of \"+\", \"-\"")]
     pub ops: Vec<Op>,
+    /// built-in task: training problems
+    #[key(unit = "prompts")]
     pub train_size: usize,
+    /// built-in task: held-out problems (disjoint from training)
+    #[key(unit = "prompts")]
     pub val_size: usize,
+    /// built-in task: seed of the problem generator
+    #[key(unit = "integer")]
     pub seed: u64,
 }
 

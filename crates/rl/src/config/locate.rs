@@ -1,10 +1,9 @@
-//! Lines and field names for configuration errors.
-//!
-//! `toml`'s errors carry a byte span and (when it knows them) the key path;
-//! validation errors carry a field path only, whose line is found by
-//! scanning the file's table headers and keys — enough for the flat,
-//! section-per-topic files a run config is.
+//! Lines and field names for configuration errors, from the spans of
+//! the file's keys as `toml`'s parser reads them ([`written`]): a `toml`
+//! error's span names the key it is in, and a validation error's field
+//! path finds the line where the key is written.
 
+use std::ops::Range;
 use std::path::Path;
 
 use super::print;
@@ -15,8 +14,9 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
     let mut line = e
         .span()
         .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-    let mut field = keys_of(e)
-        .or_else(|| line.and_then(|l| field_at_line(text, l)))
+    let mut field = e
+        .span()
+        .and_then(|span| field_at(text, span.start))
         .unwrap_or_else(|| "<file>".to_owned());
     // `toml` names the table of an unknown key; name the key itself, and
     // find its line (a buffered table, like `[reward]`, reports its header).
@@ -50,16 +50,16 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
     // choices (of the key an alias, like `lr_scheduler_type`, stands for).
     if message == "wanted string or table" {
         let name = field.rsplit('.').next().unwrap_or(&field);
-        let doc = (print::DOCS.iter()).find(|d| d.key == field || aliases(d).contains(&name));
+        let doc = (print::docs().iter()).find(|d| d.key == field || d.k.aliases.contains(&name));
         if let Some(doc) = doc {
-            message = format!("wanted a string: {}", doc.unit);
+            message = format!("wanted a string: {}", doc.k.unit);
         }
     }
     // A key written under both its names.
     if let Some(name) = duplicate_field(e.message()) {
         let key = join(&field, name);
-        if let Some(doc) = print::DOCS.iter().find(|d| d.key == key) {
-            let other = aliases(doc).join("` or `");
+        if let Some(doc) = print::docs().iter().find(|d| d.key == key) {
+            let other = doc.k.aliases.join("` or `");
             if !other.is_empty() {
                 message.push_str(&format!(
                     ": the file sets it twice, also as `{other}` (another name for it); keep one"
@@ -86,22 +86,13 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
     }
 }
 
-/// `"numeric"` or `"external" or "python"`: the reward kinds whose setting
-/// `field` (`reward.after`) is, as its documentation begins
-/// ("numeric: read the first number…"); `None` for any other field.
+/// `"numeric"` or `"external" or "python"`: the reward kinds that have the
+/// setting `field` (`reward.after`); `None` for any other field.
 fn setting_of_other_kinds(field: &str) -> Option<String> {
-    if !field.starts_with("reward.") {
-        return None;
-    }
-    let doc = print::DOCS.iter().find(|d| d.key == field)?;
-    let (kinds, _) = doc.meaning.split_once(": ")?;
-    let kinds: Vec<&str> = kinds.split(", ").collect();
-    let kind = |k: &&str| k.chars().all(|c| c.is_ascii_lowercase() || c == '_');
-    if !kinds.iter().all(kind) {
-        return None;
-    }
-    let quoted: Vec<String> = kinds.iter().map(|k| format!("{k:?}")).collect();
-    Some(quoted.join(" or "))
+    let doc = print::docs().iter().find(|d| d.key == field)?;
+    let mut quoted: Vec<String> = doc.k.kinds.iter().map(|k| format!("{k:?}")).collect();
+    quoted.sort();
+    (!quoted.is_empty()).then(|| quoted.join(" or "))
 }
 
 /// Most keys a hint lists before it sends the reader to `--print-config`.
@@ -118,23 +109,24 @@ fn where_colo_keeps(field: &str) -> String {
         None => (None, field),
     };
     let verl_paths = |d: &print::Doc| {
-        (d.verl
+        (d.k.verl
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.')))
+        .chain(d.k.aliases.iter().copied())
         .map(str::to_owned)
         .collect::<Vec<_>>()
     };
     let is_part = |path: &String| path.split('.').any(|part| part == name);
-    let mut keys: Vec<&str> = (print::DOCS.iter())
+    let mut keys: Vec<&str> = (print::docs().iter())
         .filter(|d| d.key.rsplit('.').next() == Some(name) || verl_paths(d).iter().any(is_part))
-        .map(|d| d.key)
+        .map(|d| d.key.as_str())
         .collect();
     // Too many to list: those of verl's `parent.name` may be few
     // (`[actor.optim]` is the actor's optimizer, `[critic.optim]` the critic's).
     if let (Some(parent), true) = (parent, keys.len() > HINT_KEYS) {
         let within = format!("{parent}.{name}");
-        let narrowed: Vec<&str> = (print::DOCS.iter())
+        let narrowed: Vec<&str> = (print::docs().iter())
             .filter(|d| verl_paths(d).iter().any(|p| p.contains(&within)))
-            .map(|d| d.key)
+            .map(|d| d.key.as_str())
             .collect();
         if !narrowed.is_empty() {
             keys = narrowed;
@@ -154,32 +146,6 @@ fn where_colo_keeps(field: &str) -> String {
     }
 }
 
-/// The key path `toml` recorded. It is private, but printed as
-/// "in `a.b`" when the error has no input to quote.
-fn keys_of(e: &toml::de::Error) -> Option<String> {
-    let mut bare = e.clone();
-    bare.set_input(None);
-    let shown = bare.to_string();
-    let keys = shown
-        .lines()
-        .last()?
-        .strip_prefix("in `")?
-        .strip_suffix('`')?;
-    Some(keys.to_owned())
-}
-
-/// The other names a key is read under (its doc's "(alias: a, b)").
-fn aliases(doc: &print::Doc) -> Vec<&str> {
-    let Some((_, rest)) = doc.verl.split_once("alias: ") else {
-        return Vec::new();
-    };
-    let list = rest.split(')').next().unwrap_or_default();
-    list.split(',')
-        .map(str::trim)
-        .filter(|a| !a.is_empty())
-        .collect()
-}
-
 /// `X` of serde's "duplicate field `X`".
 fn duplicate_field(message: &str) -> Option<&str> {
     let rest = message.strip_prefix("duplicate field `")?;
@@ -192,74 +158,77 @@ fn unknown_field(message: &str) -> Option<&str> {
     Some(&rest[..rest.find('`')?])
 }
 
-/// `section.key` for a `key = …` line (1-based), or `section` for a header.
-fn field_at_line(text: &str, line: usize) -> Option<String> {
-    let mut section = String::new();
-    for (i, l) in text.lines().enumerate() {
-        let l = l.trim();
-        if let Some(h) = header(l) {
-            section = h;
-            if i + 1 == line {
-                return Some(section);
+/// A key written in the file: its dotted path (`reward.terms.weight` for
+/// every term of an array of tables), the byte range of the key, and of
+/// its value (for a table under a `[header]`, the header).
+struct Written {
+    path: String,
+    key: Range<usize>,
+    value: Range<usize>,
+    inline_table: bool,
+}
+
+/// Every key of `text`, as far as it parses.
+fn written(text: &str) -> Vec<Written> {
+    fn walk(text: &str, prefix: &str, t: &toml::de::DeTable, out: &mut Vec<Written>) {
+        for (k, v) in t {
+            let path = join(prefix, k.get_ref());
+            let value = v.span();
+            let inline_table = matches!(v.get_ref(), toml::de::DeValue::Table(_))
+                && text.get(value.clone()).is_some_and(|s| s.starts_with('{'));
+            out.push(Written {
+                path: path.clone(),
+                key: k.span(),
+                value,
+                inline_table,
+            });
+            let tables = match v.get_ref() {
+                toml::de::DeValue::Table(t) => vec![t],
+                toml::de::DeValue::Array(a) => (a.iter())
+                    .filter_map(|v| match v.get_ref() {
+                        toml::de::DeValue::Table(t) => Some(t),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            for t in tables {
+                walk(text, &path, t, out);
             }
-        } else if i + 1 == line {
-            return Some(join(&section, &key(l)?));
         }
     }
-    None
+    let (doc, _) = toml::de::DeTable::parse_recoverable(text);
+    let mut out = Vec::new();
+    walk(text, "", doc.get_ref(), &mut out);
+    out
+}
+
+/// The 1-based line of byte `at`.
+fn line_of(text: &str, at: usize) -> usize {
+    text[..at.min(text.len())].matches('\n').count() + 1
+}
+
+/// The field whose key or value holds byte `at`: the deepest one.
+fn field_at(text: &str, at: usize) -> Option<String> {
+    let holds = |r: &Range<usize>| r.start <= at && (at < r.end || r.is_empty() && at == r.start);
+    (written(text).into_iter())
+        .filter(|w| holds(&w.key) || holds(&w.value))
+        .max_by_key(|w| w.path.len())
+        .map(|w| w.path)
 }
 
 /// The 1-based line where `field` (`section.key`) is written, if it is.
-/// A field inside an inline table is found at its table's line.
+/// A field inside an inline table (`reward = { kind = "format" }`) is
+/// found at its table's line.
 pub(crate) fn key_line(text: &str, field: &str) -> Option<usize> {
-    let mut section = String::new();
-    let mut best = None;
-    for (i, l) in text.lines().enumerate() {
-        let l = l.trim();
-        let (here, is_key) = match header(l) {
-            Some(h) => {
-                section = h;
-                (section.clone(), false)
-            }
-            None => match key(l) {
-                Some(k) => (join(&section, &k), true),
-                None => continue,
-            },
-        };
-        if here == field {
-            return Some(i + 1);
-        }
-        // An inline table (`reward = { … }`) holds the fields under it.
-        let inline = is_key && field.starts_with(&format!("{here}."));
-        if inline && best.is_none_or(|(len, _)| here.len() > len) {
-            best = Some((here.len(), i + 1));
-        }
+    let written = written(text);
+    if let Some(w) = written.iter().find(|w| w.path == field) {
+        return Some(line_of(text, w.key.start));
     }
-    best.map(|(_, line)| line)
-}
-
-/// `[a.b]` or `[[a.b]]` → `a.b`.
-fn header(l: &str) -> Option<String> {
-    let inner = l.strip_prefix('[')?;
-    let inner = inner.strip_prefix('[').unwrap_or(inner);
-    let end = inner.find(']')?;
-    Some(
-        inner[..end]
-            .split('.')
-            .map(|p| p.trim().trim_matches('"'))
-            .collect::<Vec<_>>()
-            .join("."),
-    )
-}
-
-/// The (possibly dotted) key of a `key = value` line.
-fn key(l: &str) -> Option<String> {
-    if l.starts_with('#') {
-        return None;
-    }
-    let (k, _) = l.split_once('=')?;
-    let k: Vec<&str> = k.split('.').map(|p| p.trim().trim_matches('"')).collect();
-    (!k.iter().any(|p| p.is_empty())).then(|| k.join("."))
+    (written.iter())
+        .filter(|w| w.inline_table && field.starts_with(&format!("{}.", w.path)))
+        .max_by_key(|w| w.path.len())
+        .map(|w| line_of(text, w.key.start))
 }
 
 fn join(section: &str, key: &str) -> String {
@@ -293,9 +262,14 @@ mod tests {
     }
 
     #[test]
-    fn names_the_field_of_a_line() {
-        assert_eq!(field_at_line(TEXT, 3).as_deref(), Some("actor.lr"));
-        assert_eq!(field_at_line(TEXT, 10).as_deref(), Some("data.builtin"));
-        assert_eq!(field_at_line(TEXT, 6), None);
+    fn names_the_field_at_a_byte() {
+        let at = |s: &str| TEXT.find(s).unwrap();
+        assert_eq!(field_at(TEXT, at("lr = 1")).as_deref(), Some("actor.lr"));
+        assert_eq!(field_at(TEXT, at("1\n# lr")).as_deref(), Some("actor.lr"));
+        assert_eq!(
+            field_at(TEXT, at("max_operand")).as_deref(),
+            Some("data.builtin.max_operand")
+        );
+        assert_eq!(field_at(TEXT, at("# lr = 2")), None);
     }
 }

@@ -2,10 +2,11 @@
 //! every key with a comment (meaning, unit, default, verl's name).
 //!
 //! The validated [`Config`] is turned back into a [`RawConfig`]
-//! ([`to_raw`]), serialised by `toml`, and written section by section with
-//! the comments of [`DOCS`]. Reading the printed text back gives the same
-//! `Config` (a test checks the round trip); a key without an entry in
-//! [`DOCS`] fails a test, so a new field cannot go undocumented.
+//! ([`to_raw`]), serialised by `toml`, and written section by section, each
+//! key under a comment made from its declaration in the raw structs (its
+//! doc comment and `#[key(...)]` notes, listed by colo-keys' derive:
+//! [`docs`]). Reading the printed text back gives the same `Config` (a test
+//! checks the round trip).
 
 use std::fmt::Write;
 
@@ -19,191 +20,47 @@ use super::raw::{
 };
 use super::*;
 
-/// One key's documentation.
+/// One key of the file: its dotted path (`actor.ppo_mini_batch_size`) and
+/// what its declaration says of it ([`colo_keys::Key`]).
 pub(crate) struct Doc {
-    /// Dotted path from the file's root, e.g. `actor.ppo_mini_batch_size`.
-    pub key: &'static str,
-    pub meaning: &'static str,
-    /// Unit or accepted values; "" when the meaning says it.
-    pub unit: &'static str,
-    /// verl's name where it differs from `key` or is worth saying ("" for
-    /// none: a colo-only key).
-    pub verl: &'static str,
-    /// For optional keys: what leaving it out means.
-    pub unset: &'static str,
+    pub key: String,
+    pub k: colo_keys::Key,
 }
 
-const fn d(
-    key: &'static str,
-    meaning: &'static str,
-    unit: &'static str,
-    verl: &'static str,
-) -> Doc {
-    Doc {
-        key,
-        meaning,
-        unit,
-        verl,
-        unset: "",
+impl Doc {
+    /// The meaning as printed: a reward key's kinds first (`numeric:
+    /// read the first number…`).
+    pub(crate) fn meaning(&self) -> String {
+        match self.k.kinds {
+            [] => self.k.doc.to_owned(),
+            kinds => format!("{}: {}", kinds.join(", "), self.k.doc),
+        }
     }
 }
 
-const fn opt(
-    key: &'static str,
-    meaning: &'static str,
-    unit: &'static str,
-    verl: &'static str,
-    unset: &'static str,
-) -> Doc {
-    Doc {
-        key,
-        meaning,
-        unit,
-        verl,
-        unset,
-    }
+/// Every key of the file, in the order printed: the raw structs' fields in
+/// declaration order, tables flattened.
+pub(crate) fn docs() -> &'static [Doc] {
+    static DOCS: std::sync::OnceLock<Vec<Doc>> = std::sync::OnceLock::new();
+    DOCS.get_or_init(|| {
+        let mut out = Vec::new();
+        flatten("", <RawConfig as colo_keys::Keys>::keys(), &mut out);
+        out
+    })
 }
 
-/// Every key of the file, in the order printed.
-pub(crate) const DOCS: &[Doc] = &[
-    // [data]
-    d("data.train_files", "training prompts: JSONL files (one object per line) or parquet files (verl's, as they are; README: \"The data schema\"); none means the built-in arithmetic task", "paths (one or a list)", "data.train_files"),
-    d("data.val_files", "held-out prompts for eval/accuracy: JSONL or parquet files; with neither these nor val_fraction the run does not evaluate", "paths (one or a list)", "data.val_files"),
-    opt("data.val_fraction", "instead of val_files: hold out this fraction of the training prompts (seeded split)", "fraction in (0, 1)", "", "val_files are the held-out set (none: no evaluation)"),
-    d("data.prompt_key", "field holding the prompt: a string, or a chat (a list of {role, content} messages rendered with the tokenizer's chat template)", "JSON key", "data.prompt_key"),
-    d("data.answer_key", "field holding the ground truth the reward compares with; a dotted path reaches into objects", "JSON key or dotted path", "reward_model.ground_truth (fixed in verl)"),
-    d("data.train_batch_size", "prompts per RL step (each sampled rollout.n times)", "prompts", "data.train_batch_size"),
-    opt("data.gen_batch_size", "prompts per generation batch with dynamic sampling (algorithm.filter_groups); DAPO draws 3 × train_batch_size", "prompts", "data.gen_batch_size", "data.train_batch_size"),
-    d("data.max_prompt_length", "longest prompt, as the run encodes it (chat template and special tokens included); a longer one is an error when the data are read, or is left out with filter_overlong_prompts", "tokens", "data.max_prompt_length (with truncation = \"error\")"),
-    d("data.filter_overlong_prompts", "leave out prompts longer than max_prompt_length (counted on stderr when the data are read) instead of stopping at the first", "bool", "data.filter_overlong_prompts"),
-    d("data.seed", "seed of the epoch shuffles and of the held-out split", "integer", "data.seed"),
-    d("data.shuffle", "shuffle the prompts each epoch (else file order)", "bool", "data.shuffle"),
-    d("data.builtin.max_operand", "built-in task (used when train_files is empty): operands are 0..=max_operand", "integer", ""),
-    d("data.builtin.ops", "built-in task: the operations", "list of \"+\", \"-\"", ""),
-    d("data.builtin.train_size", "built-in task: training problems", "prompts", ""),
-    d("data.builtin.val_size", "built-in task: held-out problems (disjoint from training)", "prompts", ""),
-    d("data.builtin.seed", "built-in task: seed of the problem generator", "integer", ""),
-    // [model]
-    d("model.enable_gradient_checkpointing", "activation checkpointing in the actor's and critic's updates: keep each decoder layer's input, recompute the layer for the backward (less activation memory, one more forward)", "bool", "actor_rollout_ref.model.enable_gradient_checkpointing"),
-    opt("model.path", "Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)", "path", "actor_rollout_ref.model.path", "the built-in 0.8M-parameter model and its committed SFT checkpoint"),
-    // [rollout]
-    d("rollout.n", "samples generated per prompt", "samples", "actor_rollout_ref.rollout.n"),
-    d("rollout.temperature", "sampling temperature; 0 is greedy", "≥ 0", "actor_rollout_ref.rollout.temperature"),
-    d("rollout.top_p", "nucleus sampling: keep the smallest set of tokens with this much probability", "(0, 1]", "actor_rollout_ref.rollout.top_p"),
-    d("rollout.top_k", "keep the k most likely tokens; -1 or 0: off", "tokens", "actor_rollout_ref.rollout.top_k"),
-    d("rollout.max_new_tokens", "longest response; with data.max_prompt_length at most the model's max_position_embeddings (a longer pair is refused, as verl refuses it)", "tokens", "data.max_response_length (alias: response_length, max_response_length)"),
-    d("rollout.mem_fraction", "share of the device memory left after weights that the KV cache takes (ignored when max_kv_tokens is set)", "fraction in (0, 1]", "actor_rollout_ref.rollout.gpu_memory_utilization (alias)"),
-    opt("rollout.max_kv_tokens", "KV-cache size in tokens, instead of mem_fraction", "tokens", "", "the cache is sized by mem_fraction"),
-    d("rollout.max_num_seqs", "most sequences generated at once (fewer when the KV cache's blocks run short); the cache is sized for a step's samples at full length, and evaluation fits more of its short answers in it", "sequences", "actor_rollout_ref.rollout.max_num_seqs"),
-    d("rollout.cpu_threads", "on the CPU, threads each prefill and decode step splits its rows over, each running libtorch with one intra-op thread (decoding is many small ops: lanes beat intra-op threads); 0: OMP_NUM_THREADS if set, else one per core", "threads", ""),
-    d("rollout.enforce_eager", "on CUDA, run every decode step eagerly instead of replaying captured CUDA graphs (graphs: a small model's step is bound by launching its kernels; their memory is tag cuda_graph, released and resumed with the KV cache)", "bool", "actor_rollout_ref.rollout.enforce_eager"),
-    d("rollout.val_kwargs.n", "evaluation: samples per held-out prompt (pass@n)", "samples", "actor_rollout_ref.rollout.val_kwargs.n"),
-    d("rollout.val_kwargs.temperature", "evaluation: temperature; 0 is greedy", "≥ 0", "actor_rollout_ref.rollout.val_kwargs.temperature"),
-    d("rollout.val_kwargs.top_p", "evaluation: nucleus sampling", "(0, 1]", "actor_rollout_ref.rollout.val_kwargs.top_p"),
-    d("rollout.val_kwargs.top_k", "evaluation: top-k; -1 or 0: off", "tokens", "actor_rollout_ref.rollout.val_kwargs.top_k"),
-    // [actor]
-    d("actor.lr", "AdamW learning rate", "> 0", "actor_rollout_ref.actor.optim.lr"),
-    d("actor.warmup_steps", "linear learning-rate warmup", "optimiser steps", "actor_rollout_ref.actor.optim.lr_warmup_steps (alias; also: warmup)"),
-    d("actor.weight_decay", "AdamW weight decay", "[0, 1]", "actor_rollout_ref.actor.optim.weight_decay"),
-    d("actor.warmup_style", "the learning rate after warmup: constant, or a half cosine that reaches min_lr_ratio × lr as the run ends", "\"constant\" or \"cosine\"", "actor_rollout_ref.actor.optim.warmup_style (alias: lr_scheduler_type)"),
-    d("actor.min_lr_ratio", "the cosine's floor as a fraction of lr", "[0, 1]", "actor_rollout_ref.actor.optim.min_lr_ratio"),
-    d("actor.betas", "AdamW's (β₁, β₂)", "two numbers in [0, 1)", "actor_rollout_ref.actor.optim.betas"),
-    d("actor.grad_clip", "gradient-norm clip", "> 0", "actor_rollout_ref.actor.grad_clip"),
-    opt("actor.ppo_mini_batch_size", "prompts per optimiser step (× rollout.n samples); must divide data.train_batch_size", "prompts", "actor_rollout_ref.actor.ppo_mini_batch_size", "the largest divisor of data.train_batch_size up to 16"),
-    opt("actor.ppo_micro_batch_size", "samples per forward/backward pass (gradient accumulation); must divide ppo_mini_batch_size × rollout.n", "samples", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (alias)", "the largest divisor of ppo_mini_batch_size × rollout.n up to ppo_max_token_len_per_gpu / (data.max_prompt_length + rollout.max_new_tokens)"),
-    d("actor.use_dynamic_bsz", "cut micro-batches by a token budget (ppo_max_token_len_per_gpu) instead of ppo_micro_batch_size: consecutive samples while samples × the longest stay within it; bounds activation memory as responses grow", "bool", "actor_rollout_ref.actor.use_dynamic_bsz"),
-    d("actor.ppo_max_token_len_per_gpu", "the budget of use_dynamic_bsz: padded tokens per forward/backward (the reference's too; the old-policy pass: twice it); at least max_prompt_length + max_new_tokens", "tokens", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
-    d("actor.ppo_epochs", "passes over each step's samples", "epochs", "actor_rollout_ref.actor.ppo_epochs"),
-    d("actor.loss_mode", "policy loss", "\"vanilla\" (PPO clip), \"gspo\", \"gpg\" (no ratio, no clip), \"cispo\" (clipped, stopped IS weight), \"kl_cov\" (no clip; a KL penalty on the tokens of largest covariance), \"clip_cov\" (PPO clip; a few tokens of large covariance lose their gradient), \"geo_mean\" (GMPO: the geometric mean of the token ratios, clipped in log space) or \"sapo\" (a soft gate of the ratio instead of the clip)", "actor_rollout_ref.actor.policy_loss.loss_mode"),
-    d("actor.clip_ratio", "PPO clip ε (both sides unless clip_ratio_low/high are set)", "ratio", "actor_rollout_ref.actor.clip_ratio"),
-    opt("actor.clip_ratio_low", "ε_low: the ratio floor is 1 − ε_low", "ratio", "actor_rollout_ref.actor.clip_ratio_low", "clip_ratio"),
-    opt("actor.clip_ratio_high", "ε_high: the ratio ceiling is 1 + ε_high (DAPO: 0.28)", "ratio", "actor_rollout_ref.actor.clip_ratio_high", "clip_ratio"),
-    d("actor.clip_ratio_c", "dual-clip bound c: for negative advantages the loss is at most −c·A", "> 1", "actor_rollout_ref.actor.clip_ratio_c"),
-    d("actor.kl_cov_ratio", "loss_mode = \"kl_cov\": the share of a micro-batch's response tokens, those of largest covariance between advantage and log-probability, that pay the KL penalty", "(0, 1]", "actor_rollout_ref.actor.policy_loss.kl_cov_ratio"),
-    d("actor.ppo_kl_coef", "loss_mode = \"kl_cov\": the penalty's coefficient on |log π_θ − log π_old|", "≥ 0", "actor_rollout_ref.actor.policy_loss.ppo_kl_coef"),
-    d("actor.clip_cov_ratio", "loss_mode = \"clip_cov\": the share of a micro-batch's response tokens that lose their gradient (at least one per micro-batch, as in verl), drawn (seeded by the optimizer step) among those whose advantage/log-probability covariance lies in (clip_cov_lb, clip_cov_ub)", "(0, 1]", "actor_rollout_ref.actor.policy_loss.clip_cov_ratio"),
-    d("actor.clip_cov_lb", "loss_mode = \"clip_cov\": the covariance range's lower end", "< clip_cov_ub", "actor_rollout_ref.actor.policy_loss.clip_cov_lb"),
-    d("actor.clip_cov_ub", "loss_mode = \"clip_cov\": the covariance range's upper end", "> clip_cov_lb", "actor_rollout_ref.actor.policy_loss.clip_cov_ub"),
-    d("actor.tau_pos", "loss_mode = \"sapo\": the gate's temperature for tokens of positive advantage", "[1e-6, 1e6]", "actor_rollout_ref.actor.tau_pos"),
-    d("actor.tau_neg", "loss_mode = \"sapo\": the gate's temperature for the others", "[1e-6, 1e6]", "actor_rollout_ref.actor.tau_neg"),
-    d("actor.loss_agg_mode", "how per-token losses become a scalar (gspo and sapo always use seq-mean-token-mean, geo_mean a mean over sequences, as verl)", "\"token-mean\", \"seq-mean-token-sum\", \"seq-mean-token-mean\", \"seq-mean-token-sum-norm\"", "actor_rollout_ref.actor.loss_agg_mode"),
-    d("actor.entropy_coeff", "entropy bonus coefficient", "[-1, 1]", "actor_rollout_ref.actor.entropy_coeff"),
-    d("actor.use_kl_loss", "add a KL(actor ‖ reference) term to the loss (loads the reference model)", "bool", "actor_rollout_ref.actor.use_kl_loss"),
-    d("actor.kl_loss_coef", "coefficient of the KL loss", "≥ 0", "actor_rollout_ref.actor.kl_loss_coef"),
-    d("actor.kl_loss_type", "KL estimator of the loss", "\"k1\" (kl), \"abs\", \"k2\" (mse), \"k3\" (low_var_kl)", "actor_rollout_ref.actor.kl_loss_type"),
-    // [critic]
-    opt("critic.lr", "the value model's learning rate (PPO with algorithm.adv_estimator = \"gae\"; verl's default is 10× its actor's)", "> 0", "critic.optim.lr", "actor.lr"),
-    opt("critic.warmup_steps", "its linear warmup (the schedule's shape and the betas are the actor's)", "optimiser steps", "critic.optim.lr_warmup_steps (alias)", "actor.warmup_steps"),
-    opt("critic.weight_decay", "its AdamW weight decay", "[0, 1]", "critic.optim.weight_decay", "actor.weight_decay"),
-    opt("critic.grad_clip", "its gradient-norm clip", "> 0", "critic.grad_clip", "actor.grad_clip"),
-    d("critic.cliprange_value", "the value loss's clip around the values the step started from", "> 0", "critic.cliprange_value"),
-    opt("critic.loss_agg_mode", "how the value loss is averaged over tokens", "as actor.loss_agg_mode", "critic.loss_agg_mode", "actor.loss_agg_mode"),
-    // [algorithm]
-    d("algorithm.adv_estimator", "advantage estimator", "\"grpo\", \"rloo\", \"reinforce_plus_plus\", \"reinforce_plus_plus_baseline\", \"remax\", \"opo\", \"grpo_passk\", \"gpg\", \"gae\" (trains a critic)", "algorithm.adv_estimator"),
-    d("algorithm.gamma", "discount (GAE, REINFORCE++)", "[0, 1]", "algorithm.gamma"),
-    d("algorithm.lam", "GAE λ", "[0, 1]", "algorithm.lam"),
-    d("algorithm.norm_adv_by_std_in_grpo", "divide GRPO advantages by the group's std (false: Dr. GRPO)", "bool", "algorithm.norm_adv_by_std_in_grpo"),
-    d("algorithm.use_kl_in_reward", "subtract β·KL(actor ‖ reference) from the reward (loads the reference model)", "bool", "algorithm.use_kl_in_reward"),
-    d("algorithm.kl_penalty", "KL estimator of the reward penalty", "\"k1\", \"abs\", \"k2\", \"k3\"", "algorithm.kl_penalty"),
-    d("algorithm.kl_ctrl.type", "β controller of the reward penalty", "\"fixed\" or \"adaptive\"", "algorithm.kl_ctrl.type"),
-    d("algorithm.kl_ctrl.kl_coef", "β, or its initial value when adaptive", "≥ 0", "algorithm.kl_ctrl.kl_coef"),
-    d("algorithm.kl_ctrl.target_kl", "adaptive controller: the KL it aims for", "nats", "algorithm.kl_ctrl.target_kl"),
-    d("algorithm.kl_ctrl.horizon", "adaptive controller: its horizon", "samples", "algorithm.kl_ctrl.horizon"),
-    opt("algorithm.rollout_correction.rollout_is", "truncated importance sampling between rollout and trainer probabilities", "\"token\" or \"sequence\"", "algorithm.rollout_correction.rollout_is", "off"),
-    d("algorithm.rollout_correction.rollout_is_threshold", "the importance-weight cap C", "> 0", "algorithm.rollout_correction.rollout_is_threshold"),
-    d("algorithm.overlong_buffer.enable", "DAPO's soft overlong punishment of the training rewards: a response in the last `len` tokens before rollout.max_new_tokens loses up to penalty_factor, linearly (evaluations are not punished)", "bool", "reward_model.overlong_buffer.enable"),
-    d("algorithm.overlong_buffer.len", "tokens before the limit over which the punishment grows", "1 to rollout.max_new_tokens", "reward_model.overlong_buffer.len"),
-    d("algorithm.overlong_buffer.penalty_factor", "the punishment at the limit (DAPO: 1.0; verl's default 0 punishes nothing)", "≥ 0", "reward_model.overlong_buffer.penalty_factor"),
-    d("algorithm.filter_groups.enable", "DAPO's dynamic sampling: a step trains only on prompts whose samples' metric varies (a group that all scored the same has no advantage), drawing generation batches of data.gen_batch_size prompts until it has data.train_batch_size of them", "bool", "algorithm.filter_groups.enable"),
-    d("algorithm.filter_groups.metric", "what must vary within a group: acc (right or not: the reward's `acc`, else score ≥ 1), score (before the overlong punishment), seq_reward (after it), seq_final_reward (after the KL penalty; not with use_kl_in_reward), or a number the reward returns beside its score", "\"acc\", \"score\", \"seq_reward\", \"seq_final_reward\" or a reward extra's name", "algorithm.filter_groups.metric"),
-    d("algorithm.filter_groups.max_num_gen_batches", "the most generation batches a step may draw before the run stops with an error (the data are too hard or too easy)", "batches; ≤ 0 no limit", "algorithm.filter_groups.max_num_gen_batches"),
-    // [reward]
-    d("reward.kind", "the reward; \"verl\" picks the rule by each row's data_source as verl's default reward does (openai/gsm8k: numeric after \"####\"; lighteval/MATH: boxed)", "\"exact_match\", \"numeric\", \"boxed\", \"format\", \"weighted\", \"verl\", \"python\" (a verl-style reward function), \"external\"", "reward_model / custom_reward_function (verl picks a Python function; by default by data_source)"),
-    d("reward.tolerance", "numeric, boxed: numbers within this are equal", "absolute", ""),
-    opt("reward.after", "numeric: read the first number after the last occurrence of this marker (GSM8K: \"####\")", "text", "", "the last number of the completion"),
-    d("reward.open", "format: the answer must stand between open…", "text", ""),
-    d("reward.close", "format: …and close", "text", ""),
-    d("reward.terms", "weighted: Σ weight · reward over these terms; each term's own score is logged under its name in reward/extra and eval/reward_extra", "list of {weight, reward = {kind, …}, name (default: its kind, or a python term's function)}", ""),
-    d("reward.path", "python: the file defining the reward function (relative to the working directory)", "path", "custom_reward_function.path"),
-    d("reward.name", "python: the function, called as verl calls it: name(data_source=, solution_str=, ground_truth=, extra_info=, **kwargs), returning a number or a dict with \"score\"", "identifier", "custom_reward_function.name"),
-    d("reward.kwargs", "python: keyword arguments added to every call", "table", "custom_reward_function.reward_kwargs"),
-    d("reward.python", "python: the interpreter that runs the function (a virtual environment's bin/python for one with its imports)", "program", ""),
-    d("reward.command", "external: program and arguments of a child process, started once for the run: colo writes a JSON line per sample, {\"id\", \"prompt\", \"completion\", \"ground_truth\", \"row\" (the row's other fields)}, and the child answers each with a line {\"id\", \"score\"} (and optionally \"extra\": {name: number}), in any order", "list of strings", ""),
-    d("reward.timeout_s", "external, python: how long to wait for each answer line (python: and for the file to load)", "seconds", ""),
-    d("reward.workers", "external, python: processes scoring each batch's samples at once (for rewards that take milliseconds a sample)", "processes", "reward_model.reward_manager = \"prime\" (a process pool)"),
-    opt("reward.default_score", "external, python: the score of a sample the command or function failed on", "score", "", "a failure stops the run with an error naming the sample"),
-    // [memory]
-    d("memory.capacity", "device capacity the memory layer enforces; \"auto\": the device's memory (the built-in model on the CPU: 72 MiB in f32, 44 MiB in bf16; otherwise the machine's memory, or the GPU's)", "\"auto\", bytes, or \"512 MiB\" / \"2 GB\"", ""),
-    d("memory.colocation", "how trainer and rollout engine share the device (also spelled `mode`)", "\"naive\", \"restart\", \"sleep\", \"staged\"", ""),
-    d("memory.offload_train_param", "while generating, the trainer's parameters go to host memory", "bool", "actor_rollout_ref.actor.fsdp_config.param_offload"),
-    d("memory.offload_train_grad", "while generating, the trainer's gradients go to host memory", "bool", ""),
-    d("memory.offload_train_optimizer", "while generating, the optimiser state goes to host memory", "bool", "actor_rollout_ref.actor.fsdp_config.optimizer_offload"),
-    d("memory.offload_ref", "the reference model may wait in host memory between uses: after every pass with offload_policy \"always\"; with \"as_needed\" only where no step as large has run yet or its peak left no room for it, and at a switch whose engine needs the room", "bool", "actor_rollout_ref.ref.fsdp_config.param_offload"),
-    d("memory.offload_policy", "how much a train → rollout switch gives up (sleep, staged): \"as_needed\": the training cache, a kept reference, then what the offload_* flags allow (optimizer, grads, params), only as far as the rollout engine needs the room; \"always\": all of it every switch", "\"as_needed\", \"always\"", ""),
-    // [trainer]
-    opt("trainer.total_steps", "length of the run; wins over total_epochs", "RL steps", "trainer.total_training_steps (alias)", "total_epochs, or 100 steps when neither is set"),
-    opt("trainer.total_epochs", "length of the run in passes over the training prompts (used when total_steps is unset)", "epochs", "trainer.total_epochs", "total_steps decides"),
-    d("trainer.save_freq", "checkpoint every this many steps; -1 or 0: only at the end", "steps", "trainer.save_freq"),
-    d("trainer.test_freq", "evaluate every this many steps; -1 or 0: only before (val_before_train) and at the end", "steps", "trainer.test_freq"),
-    d("trainer.val_before_train", "evaluate the starting checkpoint", "bool", "trainer.val_before_train"),
-    d("trainer.val_only", "evaluate model.path on the held-out prompts (an eval record in metrics.jsonl, the generations in validation_data_dir if set) and train nothing; to evaluate a run's checkpoint, set model.path to checkpoints/step-N", "bool", "trainer.val_only (verl loads a resumed checkpoint; colo reads model.path)"),
-    d("trainer.resume", "continue from the latest checkpoint in out_dir (also: colo train --resume)", "bool", "trainer.resume_mode = \"auto\""),
-    opt("trainer.out_dir", "run directory: metrics.jsonl, pictures, checkpoints/ (colo train --out wins)", "path", "trainer.default_local_dir (alias)", "runs/{project_name}/{experiment_name} when either is set, else runs/colo"),
-    opt("trainer.project_name", "the project's name; names the run directory when out_dir is not written", "path component", "trainer.project_name", "none"),
-    opt("trainer.experiment_name", "the run's name; names the run directory when out_dir is not written", "path component", "trainer.experiment_name", "none"),
-    opt("trainer.logger", "where metrics go: colo always writes the console and metrics.jsonl, so only these two are accepted (other backends are an error)", "\"console\", \"file\" or a list of them", "trainer.logger", "both, always"),
-    d("trainer.critic_warmup", "steps at the start that train only the critic, so the actor's first update has learnt values (GAE)", "RL steps", "trainer.critic_warmup (verl updates the actor from step critic_warmup; colo after critic_warmup steps)"),
-    opt("trainer.rollout_data_dir", "every step's generations as {step}.jsonl in this directory (a relative path is in the run directory, --out), one line a sample: input (the prompt as the model saw it), output, gts, score (the training reward), step and the reward's other numbers", "path", "trainer.rollout_data_dir", "not written"),
-    opt("trainer.validation_data_dir", "every evaluation's greedy generations as {step}.jsonl in this directory (a relative path is in the run directory), as rollout_data_dir's", "path", "trainer.validation_data_dir", "not written"),
-    d("trainer.seed", "seed of sampling and initialisation; data.seed defaults to it", "integer", "data.seed, actor_rollout_ref.rollout.seed"),
-    d("trainer.device", "where the run computes", "\"cpu\" or \"cuda\"", ""),
-    d("trainer.cpu_threads", "on the CPU, threads the trainer's passes split each micro-batch's rows over, each running libtorch with one intra-op thread (many small ops: lanes beat intra-op threads); 0: OMP_NUM_THREADS if set, else one per core", "threads", ""),
-    d("trainer.dtype", "dtype of weights and compute; bf16 is mixed precision (gradients, optimiser moments and master weights stay f32); auto: bf16 where the device multiplies bf16 natively (CUDA; a CPU with AVX512_BF16 or AMX-BF16), else f32", "\"auto\", \"f32\" or \"bf16\"", "actor_rollout_ref.model.dtype (alias: model_dtype)"),
-    // [cluster]
-    opt("cluster.workers", "data-parallel workers, one per device, on Ray (colo-py's controller); 1: this process alone", "devices", "trainer.n_gpus_per_node × trainer.nnodes", "the layout's devices, else 1"),
-    opt("cluster.layout", "a layout from `colo plan map` for the run to execute; data-parallel \"1-1-N\" only", "\"p-t-d\"", "", "none"),
-    opt("cluster.address", "the Ray cluster to join", "\"auto\" or host:port", "ray_init / RAY_ADDRESS", "a local Ray instance, started and stopped by the run"),
-];
+fn flatten(prefix: &str, keys: Vec<colo_keys::Key>, out: &mut Vec<Doc>) {
+    for k in keys {
+        let key = match prefix {
+            "" => k.name.to_owned(),
+            p => format!("{p}.{}", k.name),
+        };
+        match k.table {
+            Some(table) => flatten(&key, table(), out),
+            None => out.push(Doc { key, k }),
+        }
+    }
+}
 
 /// The raw form of a validated config: every value as written, derived
 /// values (`data.seed`, the run length) explicit. One function a section.
@@ -454,7 +311,8 @@ pub(crate) fn print(c: &Config) -> std::result::Result<String, String> {
     // The sections in the order of the file's documentation.
     let mut sections: Vec<&String> = values.keys().collect();
     sections.sort_by_key(|s| {
-        DOCS.iter()
+        docs()
+            .iter()
             .position(|d| d.key.starts_with(&format!("{s}.")))
     });
     for section in sections {
@@ -466,7 +324,7 @@ pub(crate) fn print(c: &Config) -> std::result::Result<String, String> {
     Ok(out)
 }
 
-/// `[path]`, its keys in [`DOCS`] order (unset optional keys as comments),
+/// `[path]`, its keys in [`docs`] order (unset optional keys as comments),
 /// then its sub-tables.
 fn write_table(
     out: &mut String,
@@ -476,7 +334,7 @@ fn write_table(
 ) -> std::result::Result<(), String> {
     let _ = writeln!(out, "\n[{path}]");
     let prefix = format!("{path}.");
-    // `(index in DOCS, the line "key = value")`; `None` for an unset key.
+    // `(index in docs(), the line "key = value")`; `None` for an unset key.
     let mut rows: Vec<(usize, Option<String>)> = Vec::new();
     for (k, v) in t {
         if matches!(v, Value::Table(_)) {
@@ -487,34 +345,33 @@ fn write_table(
             rows.push((usize::MAX, Some(format!("{k} = {}", value_text(v)))));
             continue;
         }
-        let i = DOCS
-            .iter()
+        let i = (docs().iter())
             .position(|d| d.key == full)
-            .ok_or_else(|| format!("`{full}` has no documentation in config/print.rs"))?;
+            .ok_or_else(|| format!("`{full}` is not a key of the raw structs"))?;
         rows.push((i, Some(format!("{k} = {}", value_text(v)))));
     }
-    // Optional keys that are unset, at their place in DOCS order.
+    // Optional keys that are unset, at their place in docs() order.
     rows.extend(
-        DOCS.iter()
+        (docs().iter())
             .enumerate()
             .filter(|(_, d)| {
                 d.key
                     .strip_prefix(&prefix)
                     .is_some_and(|k| !k.contains('.') && !t.contains_key(k))
-                    && !d.unset.is_empty()
-                    && relevant(d.key, t)
+                    && !d.k.unset.is_empty()
+                    && relevant(d, t)
             })
             .map(|(i, _)| (i, None)),
     );
     rows.sort_by_key(|r| r.0);
     for (i, line) in rows {
-        let Some(d) = DOCS.get(i) else {
+        let Some(d) = docs().get(i) else {
             let _ = writeln!(out, "{}", line.unwrap_or_default());
             continue;
         };
-        let default = lookup(defaults, d.key)
+        let default = lookup(defaults, &d.key)
             .map(value_text)
-            .or_else(|| reward_default(d.key));
+            .or_else(|| reward_default(&d.key));
         let _ = writeln!(out, "# {}", comment(d, default.as_deref()));
         match line {
             Some(line) => {
@@ -550,14 +407,10 @@ fn free_form(path: &str) -> bool {
     path == "reward.kwargs"
 }
 
-/// Unset reward keys are shown only for the reward kind that has them.
-fn relevant(key: &str, t: &Table) -> bool {
+/// Unset reward keys are shown only for the reward kinds that have them.
+fn relevant(d: &Doc, t: &Table) -> bool {
     let kind = t.get("kind").and_then(Value::as_str);
-    match key {
-        "reward.after" => kind == Some("numeric"),
-        "reward.default_score" => matches!(kind, Some("external" | "python")),
-        _ => true,
-    }
+    d.k.kinds.is_empty() || kind.is_some_and(|kind| d.k.kinds.contains(&kind))
 }
 
 /// The default of a reward key that the default reward (`exact_match`)
@@ -579,24 +432,24 @@ fn reward_default(key: &str) -> Option<String> {
 
 /// `meaning [unit]. Default: …. verl: …`
 fn comment(d: &Doc, default: Option<&str>) -> String {
-    let mut s = d.meaning.to_owned();
-    if !d.unit.is_empty() {
-        let _ = write!(s, " [{}]", d.unit);
+    let mut s = d.meaning();
+    if !d.k.unit.is_empty() {
+        let _ = write!(s, " [{}]", d.k.unit);
     }
-    match (default, d.unset.is_empty()) {
+    match (default, d.k.unset.is_empty()) {
         (Some(v), _) => {
             let _ = write!(s, ". Default: {v}");
         }
         (None, false) => {
-            let _ = write!(s, ". Default: unset ({})", d.unset);
+            let _ = write!(s, ". Default: unset ({})", d.k.unset);
         }
         (None, true) => {}
     }
-    if d.key == "data.seed" {
-        s.push_str(". Default: trainer.seed");
+    if !d.k.verl.is_empty() {
+        let _ = write!(s, ". verl: {}", d.k.verl);
     }
-    if !d.verl.is_empty() {
-        let _ = write!(s, ". verl: {}", d.verl);
+    if !d.k.aliases.is_empty() {
+        let _ = write!(s, ". Also read as: {}", d.k.aliases.join(", "));
     }
     s
 }
@@ -618,13 +471,13 @@ mod tests {
     #[test]
     fn every_documented_key_is_a_key_and_none_twice() {
         let mut seen = std::collections::HashSet::new();
-        for d in DOCS {
-            assert!(seen.insert(d.key), "{} twice", d.key);
-            assert!(!d.meaning.is_empty(), "{}", d.key);
+        for d in docs() {
+            assert!(seen.insert(&d.key), "{} twice", d.key);
+            assert!(!d.k.doc.is_empty(), "{} has no doc comment", d.key);
         }
         // Each key, set alone, is accepted (or refused for its value, not
         // as an unknown field).
-        for d in DOCS {
+        for d in docs() {
             let (section, key) = d.key.rsplit_once('.').unwrap();
             let text = format!("[{section}]\n{key} = \"?\"\n");
             let e = Config::from_toml(&text, std::path::Path::new("t.toml"));

@@ -10,24 +10,35 @@
 use std::path::PathBuf;
 
 use colo_algo::{AdvEstimator, IsLevel, KlControlConfig, KlEstimator, LossAggMode, PolicyLossMode};
+use colo_keys::Keys;
 use serde::{Deserialize, Serialize};
 
 use crate::reward::RewardSpec;
 use crate::task::ArithmeticTask;
 
 /// The whole file.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawConfig {
+    #[key(table)]
     pub data: RawData,
+    #[key(table)]
     pub model: RawModel,
+    #[key(table)]
     pub rollout: RawRollout,
+    #[key(table)]
     pub actor: RawActor,
+    #[key(table)]
     pub critic: RawCritic,
+    #[key(table)]
     pub algorithm: RawAlgorithm,
+    #[key(table)]
     pub reward: RewardSpec,
+    #[key(table)]
     pub memory: RawMemory,
+    #[key(table)]
     pub trainer: RawTrainer,
+    #[key(table)]
     pub cluster: RawCluster,
 }
 
@@ -55,31 +66,67 @@ impl Files {
 }
 
 /// `[data]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawData {
-    /// JSONL files; none means the built-in task.
+    /// training prompts: JSONL files (one object per line) or parquet files
+    /// (verl's, as they are; README: "The data schema"); none means the
+    /// built-in arithmetic task
+    #[key(unit = "paths (one or a list)", verl = "data.train_files")]
     pub train_files: Files,
-    /// Held-out JSONL files for `eval/accuracy`…
+    /// held-out prompts for eval/accuracy: JSONL or parquet files; with neither
+    /// these nor val_fraction the run does not evaluate
+    #[key(unit = "paths (one or a list)", verl = "data.val_files")]
     pub val_files: Files,
-    /// …or this fraction of the training files held out.
+    /// instead of val_files: hold out this fraction of the training prompts
+    /// (seeded split)
+    #[key(
+        unit = "fraction in (0, 1)",
+        unset = "val_files are the held-out set (none: no evaluation)"
+    )]
     pub val_fraction: Option<f64>,
+    /// field holding the prompt: a string, or a chat (a list of {role, content}
+    /// messages rendered with the tokenizer's chat template)
+    #[key(unit = "JSON key", verl = "data.prompt_key")]
     pub prompt_key: String,
-    /// The ground truth: a key, or a dotted path (`reward_model.ground_truth`).
+    /// field holding the ground truth the reward compares with; a dotted path
+    /// reaches into objects
+    #[key(
+        unit = "JSON key or dotted path",
+        verl = "reward_model.ground_truth (fixed in verl)"
+    )]
     pub answer_key: String,
-    /// Prompts per RL step.
+    /// prompts per RL step (each sampled rollout.n times)
+    #[key(unit = "prompts", verl = "data.train_batch_size")]
     pub train_batch_size: usize,
-    /// Prompts per generation batch with dynamic sampling
-    /// (`algorithm.filter_groups`); absent means `train_batch_size`.
+    /// prompts per generation batch with dynamic sampling
+    /// (algorithm.filter_groups); DAPO draws 3 × train_batch_size
+    #[key(
+        unit = "prompts",
+        verl = "data.gen_batch_size",
+        unset = "data.train_batch_size"
+    )]
     pub gen_batch_size: Option<usize>,
-    /// Longer prompts (in tokens) are an error when the data are read…
+    /// longest prompt, as the run encodes it (chat template and special tokens
+    /// included); a longer one is an error when the data are read, or is left
+    /// out with filter_overlong_prompts
+    #[key(
+        unit = "tokens",
+        verl = "data.max_prompt_length (with truncation = \"error\")"
+    )]
     pub max_prompt_length: usize,
-    /// …or are left out.
+    /// leave out prompts longer than max_prompt_length (counted on stderr when
+    /// the data are read) instead of stopping at the first
+    #[key(unit = "bool", verl = "data.filter_overlong_prompts")]
     pub filter_overlong_prompts: bool,
-    /// The shuffling seed; absent means `trainer.seed`.
+    /// seed of the epoch shuffles and of the held-out split
+    #[key(unit = "integer", verl = "data.seed", unset = "trainer.seed")]
     pub seed: Option<u64>,
+    /// shuffle the prompts each epoch (else file order)
+    #[key(unit = "bool", verl = "data.shuffle")]
     pub shuffle: bool,
     /// The built-in task (used when `train_files` is empty).
+    #[key(table)]
     pub builtin: ArithmeticTask,
 }
 
@@ -103,43 +150,79 @@ impl Default for RawData {
 }
 
 /// `[model]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawModel {
-    /// A Hugging Face checkpoint directory; absent means the built-in model.
+    /// Hugging Face checkpoint directory (config.json, *.safetensors,
+    /// tokenizer.json)
+    #[key(
+        unit = "path",
+        verl = "actor_rollout_ref.model.path",
+        unset = "the built-in 0.8M-parameter model and its committed SFT checkpoint"
+    )]
     pub path: Option<PathBuf>,
-    /// Activation checkpointing in the actor's (and critic's) updates.
+    /// activation checkpointing in the actor's and critic's updates: keep each
+    /// decoder layer's input, recompute the layer for the backward (less
+    /// activation memory, one more forward)
+    #[key(
+        unit = "bool",
+        verl = "actor_rollout_ref.model.enable_gradient_checkpointing"
+    )]
     pub enable_gradient_checkpointing: bool,
 }
 
 /// `[rollout]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawRollout {
-    /// Samples per prompt.
+    /// samples generated per prompt
+    #[key(unit = "samples", verl = "actor_rollout_ref.rollout.n")]
     pub n: usize,
+    /// sampling temperature; 0 is greedy
+    #[key(unit = "≥ 0", verl = "actor_rollout_ref.rollout.temperature")]
     pub temperature: f64,
+    /// nucleus sampling: keep the smallest set of tokens with this much
+    /// probability
+    #[key(unit = "(0, 1]", verl = "actor_rollout_ref.rollout.top_p")]
     pub top_p: f64,
-    /// `-1` or `0`: off (verl's `-1`).
+    /// keep the k most likely tokens; -1 or 0: off
+    #[key(unit = "tokens", verl = "actor_rollout_ref.rollout.top_k")]
     pub top_k: i64,
+    /// longest response; with data.max_prompt_length at most the model's
+    /// max_position_embeddings (a longer pair is refused, as verl refuses it)
     #[serde(alias = "response_length", alias = "max_response_length")]
+    #[key(unit = "tokens", verl = "data.max_response_length")]
     pub max_new_tokens: usize,
-    /// The share of the device's free memory for the KV cache (verl's
-    /// `gpu_memory_utilization`); ignored when `max_kv_tokens` is set.
+    /// share of the device memory left after weights that the KV cache takes
+    /// (ignored when max_kv_tokens is set)
     #[serde(alias = "gpu_memory_utilization")]
+    #[key(
+        unit = "fraction in (0, 1]",
+        verl = "actor_rollout_ref.rollout.gpu_memory_utilization"
+    )]
     pub mem_fraction: f64,
-    /// A KV-cache size in tokens, instead of `mem_fraction`.
+    /// KV-cache size in tokens, instead of mem_fraction
+    #[key(unit = "tokens", unset = "the cache is sized by mem_fraction")]
     pub max_kv_tokens: Option<usize>,
-    /// Most sequences generated at once (verl's and vLLM's name and
-    /// default); fewer when the KV cache's blocks run short.
+    /// most sequences generated at once (fewer when the KV cache's blocks run
+    /// short); the cache is sized for a step's samples at full length, and
+    /// evaluation fits more of its short answers in it
+    #[key(unit = "sequences", verl = "actor_rollout_ref.rollout.max_num_seqs")]
     pub max_num_seqs: usize,
-    /// On the CPU, the threads prefill and decode steps split their rows
-    /// over (each with one libtorch intra-op thread); 0: OMP_NUM_THREADS, else one per core.
+    /// on the CPU, threads each prefill and decode step splits its rows over,
+    /// each running libtorch with one intra-op thread (decoding is many small
+    /// ops: lanes beat intra-op threads); 0: OMP_NUM_THREADS if set, else one
+    /// per core
+    #[key(unit = "threads")]
     pub cpu_threads: usize,
-    /// On CUDA, decode eagerly instead of replaying captured CUDA graphs
-    /// (vLLM's and verl's name; default false: graphs).
+    /// on CUDA, run every decode step eagerly instead of replaying captured
+    /// CUDA graphs (graphs: a small model's step is bound by launching its
+    /// kernels; their memory is tag cuda_graph, released and resumed with the
+    /// KV cache)
+    #[key(unit = "bool", verl = "actor_rollout_ref.rollout.enforce_eager")]
     pub enforce_eager: bool,
     /// Sampling for evaluation.
+    #[key(table)]
     pub val_kwargs: RawValKwargs,
 }
 
@@ -162,12 +245,23 @@ impl Default for RawRollout {
 }
 
 /// `[rollout.val_kwargs]`: greedy by default.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawValKwargs {
+    /// evaluation: samples per held-out prompt (pass@n)
+    #[key(unit = "samples", verl = "actor_rollout_ref.rollout.val_kwargs.n")]
     pub n: usize,
+    /// evaluation: temperature; 0 is greedy
+    #[key(
+        unit = "≥ 0",
+        verl = "actor_rollout_ref.rollout.val_kwargs.temperature"
+    )]
     pub temperature: f64,
+    /// evaluation: nucleus sampling
+    #[key(unit = "(0, 1]", verl = "actor_rollout_ref.rollout.val_kwargs.top_p")]
     pub top_p: f64,
+    /// evaluation: top-k; -1 or 0: off
+    #[key(unit = "tokens", verl = "actor_rollout_ref.rollout.val_kwargs.top_k")]
     pub top_k: i64,
 }
 
@@ -202,56 +296,161 @@ pub fn default_micro_batch_samples(longest: usize, token_budget: usize) -> usize
     (token_budget / longest.max(1)).max(1)
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawActor {
+    /// AdamW learning rate
+    #[key(unit = "> 0", verl = "actor_rollout_ref.actor.optim.lr")]
     pub lr: f64,
+    /// linear learning-rate warmup
     #[serde(alias = "warmup", alias = "lr_warmup_steps")]
+    #[key(
+        unit = "optimiser steps",
+        verl = "actor_rollout_ref.actor.optim.lr_warmup_steps"
+    )]
     pub warmup_steps: usize,
+    /// AdamW weight decay
+    #[key(unit = "[0, 1]", verl = "actor_rollout_ref.actor.optim.weight_decay")]
     pub weight_decay: f64,
+    /// gradient-norm clip
+    #[key(unit = "> 0", verl = "actor_rollout_ref.actor.grad_clip")]
     pub grad_clip: f64,
-    /// After warmup: `constant`, or `cosine` decay to `min_lr_ratio` × lr
-    /// as the run ends.
+    /// the learning rate after warmup: constant, or a half cosine that reaches
+    /// min_lr_ratio × lr as the run ends
     #[serde(alias = "lr_scheduler_type")]
+    #[key(
+        unit = "\"constant\" or \"cosine\"",
+        verl = "actor_rollout_ref.actor.optim.warmup_style"
+    )]
     pub warmup_style: colo_train::ScheduleKind,
+    /// the cosine's floor as a fraction of lr
+    #[key(unit = "[0, 1]", verl = "actor_rollout_ref.actor.optim.min_lr_ratio")]
     pub min_lr_ratio: f64,
-    /// AdamW's (β₁, β₂).
+    /// AdamW's (β₁, β₂)
+    #[key(
+        unit = "two numbers in [0, 1)",
+        verl = "actor_rollout_ref.actor.optim.betas"
+    )]
     pub betas: Vec<f64>,
-    /// Prompts per optimiser step (verl's unit; × `rollout.n` samples);
-    /// unset: [`DEFAULT_MINI_BATCH_PROMPTS`], or the largest divisor of
-    /// `data.train_batch_size` below it.
+    /// prompts per optimiser step (× rollout.n samples); must divide
+    /// data.train_batch_size
+    #[key(
+        unit = "prompts",
+        verl = "actor_rollout_ref.actor.ppo_mini_batch_size",
+        unset = "the largest divisor of data.train_batch_size up to 16"
+    )]
     pub ppo_mini_batch_size: Option<usize>,
-    /// Samples per forward/backward pass; unset:
-    /// [`default_micro_batch_samples`], or the largest divisor of a
-    /// mini-batch's samples below it.
+    /// samples per forward/backward pass (gradient accumulation); must divide
+    /// ppo_mini_batch_size × rollout.n
     #[serde(alias = "ppo_micro_batch_size_per_gpu")]
+    #[key(
+        unit = "samples",
+        verl = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        unset = "the largest divisor of ppo_mini_batch_size × rollout.n up to ppo_max_token_len_per_gpu / (data.max_prompt_length + rollout.max_new_tokens)"
+    )]
     pub ppo_micro_batch_size: Option<usize>,
-    /// Micro-batches by a token budget instead of `ppo_micro_batch_size`.
+    /// cut micro-batches by a token budget (ppo_max_token_len_per_gpu) instead
+    /// of ppo_micro_batch_size: consecutive samples while samples × the longest
+    /// stay within it; bounds activation memory as responses grow
+    #[key(unit = "bool", verl = "actor_rollout_ref.actor.use_dynamic_bsz")]
     pub use_dynamic_bsz: bool,
-    /// The budget: padded tokens per forward/backward (per device).
+    /// the budget of use_dynamic_bsz: padded tokens per forward/backward (the
+    /// reference's too; the old-policy pass: twice it); at least
+    /// max_prompt_length + max_new_tokens
+    #[key(
+        unit = "tokens",
+        verl = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    )]
     pub ppo_max_token_len_per_gpu: usize,
+    /// passes over each step's samples
+    #[key(unit = "epochs", verl = "actor_rollout_ref.actor.ppo_epochs")]
     pub ppo_epochs: usize,
+    /// policy loss
+    #[key(
+        unit = "\"vanilla\" (PPO clip), \"gspo\", \"gpg\" (no ratio, no clip), \"cispo\" (clipped, stopped IS weight), \"kl_cov\" (no clip; a KL penalty on the tokens of largest covariance), \"clip_cov\" (PPO clip; a few tokens of large covariance lose their gradient), \"geo_mean\" (GMPO: the geometric mean of the token ratios, clipped in log space) or \"sapo\" (a soft gate of the ratio instead of the clip)",
+        verl = "actor_rollout_ref.actor.policy_loss.loss_mode"
+    )]
     pub loss_mode: PolicyLossMode,
+    /// PPO clip ε (both sides unless clip_ratio_low/high are set)
+    #[key(unit = "ratio", verl = "actor_rollout_ref.actor.clip_ratio")]
     pub clip_ratio: f64,
+    /// ε_low: the ratio floor is 1 − ε_low
+    #[key(
+        unit = "ratio",
+        verl = "actor_rollout_ref.actor.clip_ratio_low",
+        unset = "clip_ratio"
+    )]
     pub clip_ratio_low: Option<f64>,
+    /// ε_high: the ratio ceiling is 1 + ε_high (DAPO: 0.28)
+    #[key(
+        unit = "ratio",
+        verl = "actor_rollout_ref.actor.clip_ratio_high",
+        unset = "clip_ratio"
+    )]
     pub clip_ratio_high: Option<f64>,
+    /// dual-clip bound c: for negative advantages the loss is at most −c·A
+    #[key(unit = "> 1", verl = "actor_rollout_ref.actor.clip_ratio_c")]
     pub clip_ratio_c: f64,
+    /// how per-token losses become a scalar (gspo and sapo always use
+    /// seq-mean-token-mean, geo_mean a mean over sequences, as verl)
+    #[key(
+        unit = "\"token-mean\", \"seq-mean-token-sum\", \"seq-mean-token-mean\", \"seq-mean-token-sum-norm\"",
+        verl = "actor_rollout_ref.actor.loss_agg_mode"
+    )]
     pub loss_agg_mode: LossAggMode,
-    /// KL-Cov's share of tokens and its coefficient (verl's
-    /// `policy_loss.kl_cov_ratio`, `policy_loss.ppo_kl_coef`).
+    /// loss_mode = "kl_cov": the share of a micro-batch's response tokens,
+    /// those of largest covariance between advantage and log-probability, that
+    /// pay the KL penalty
+    #[key(
+        unit = "(0, 1]",
+        verl = "actor_rollout_ref.actor.policy_loss.kl_cov_ratio"
+    )]
     pub kl_cov_ratio: f64,
+    /// loss_mode = "kl_cov": the penalty's coefficient on |log π_θ − log π_old|
+    #[key(unit = "≥ 0", verl = "actor_rollout_ref.actor.policy_loss.ppo_kl_coef")]
     pub ppo_kl_coef: f64,
-    /// Clip-Cov's share of tokens and covariance range (verl's
-    /// `policy_loss.clip_cov_{ratio,lb,ub}`).
+    /// loss_mode = "clip_cov": the share of a micro-batch's response tokens
+    /// that lose their gradient (at least one per micro-batch, as in verl),
+    /// drawn (seeded by the optimizer step) among those whose
+    /// advantage/log-probability covariance lies in (clip_cov_lb, clip_cov_ub)
+    #[key(
+        unit = "(0, 1]",
+        verl = "actor_rollout_ref.actor.policy_loss.clip_cov_ratio"
+    )]
     pub clip_cov_ratio: f64,
+    /// loss_mode = "clip_cov": the covariance range's lower end
+    #[key(
+        unit = "< clip_cov_ub",
+        verl = "actor_rollout_ref.actor.policy_loss.clip_cov_lb"
+    )]
     pub clip_cov_lb: f64,
+    /// loss_mode = "clip_cov": the covariance range's upper end
+    #[key(
+        unit = "> clip_cov_lb",
+        verl = "actor_rollout_ref.actor.policy_loss.clip_cov_ub"
+    )]
     pub clip_cov_ub: f64,
-    /// SAPO's gate temperatures (verl's `actor.tau_pos`, `actor.tau_neg`).
+    /// loss_mode = "sapo": the gate's temperature for tokens of positive
+    /// advantage
+    #[key(unit = "[1e-6, 1e6]", verl = "actor_rollout_ref.actor.tau_pos")]
     pub tau_pos: f64,
+    /// loss_mode = "sapo": the gate's temperature for the others
+    #[key(unit = "[1e-6, 1e6]", verl = "actor_rollout_ref.actor.tau_neg")]
     pub tau_neg: f64,
+    /// entropy bonus coefficient
+    #[key(unit = "[-1, 1]", verl = "actor_rollout_ref.actor.entropy_coeff")]
     pub entropy_coeff: f64,
+    /// add a KL(actor ‖ reference) term to the loss (loads the reference model)
+    #[key(unit = "bool", verl = "actor_rollout_ref.actor.use_kl_loss")]
     pub use_kl_loss: bool,
+    /// coefficient of the KL loss
+    #[key(unit = "≥ 0", verl = "actor_rollout_ref.actor.kl_loss_coef")]
     pub kl_loss_coef: f64,
+    /// KL estimator of the loss
+    #[key(
+        unit = "\"k1\" (kl), \"abs\", \"k2\" (mse), \"k3\" (low_var_kl)",
+        verl = "actor_rollout_ref.actor.kl_loss_type"
+    )]
     pub kl_loss_type: KlEstimator,
 }
 
@@ -294,16 +493,40 @@ impl Default for RawActor {
 /// `[critic]`: PPO's value model (`algorithm.adv_estimator = "gae"`),
 /// verl's `critic.*`. Unset optimizer keys are the actor's; the schedule's
 /// shape and the betas are the actor's too.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawCritic {
+    /// the value model's learning rate (PPO with algorithm.adv_estimator =
+    /// "gae"; verl's default is 10× its actor's)
+    #[key(unit = "> 0", verl = "critic.optim.lr", unset = "actor.lr")]
     pub lr: Option<f64>,
+    /// its linear warmup (the schedule's shape and the betas are the actor's)
     #[serde(alias = "lr_warmup_steps")]
+    #[key(
+        unit = "optimiser steps",
+        verl = "critic.optim.lr_warmup_steps",
+        unset = "actor.warmup_steps"
+    )]
     pub warmup_steps: Option<usize>,
+    /// its AdamW weight decay
+    #[key(
+        unit = "[0, 1]",
+        verl = "critic.optim.weight_decay",
+        unset = "actor.weight_decay"
+    )]
     pub weight_decay: Option<f64>,
+    /// its gradient-norm clip
+    #[key(unit = "> 0", verl = "critic.grad_clip", unset = "actor.grad_clip")]
     pub grad_clip: Option<f64>,
-    /// The clip of the value loss around the old values.
+    /// the value loss's clip around the values the step started from
+    #[key(unit = "> 0", verl = "critic.cliprange_value")]
     pub cliprange_value: f64,
+    /// how the value loss is averaged over tokens
+    #[key(
+        unit = "as actor.loss_agg_mode",
+        verl = "critic.loss_agg_mode",
+        unset = "actor.loss_agg_mode"
+    )]
     pub loss_agg_mode: Option<LossAggMode>,
 }
 
@@ -322,18 +545,41 @@ impl Default for RawCritic {
 }
 
 /// `[algorithm]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawAlgorithm {
+    /// advantage estimator
+    #[key(
+        unit = "\"grpo\", \"rloo\", \"reinforce_plus_plus\", \"reinforce_plus_plus_baseline\", \"remax\", \"opo\", \"grpo_passk\", \"gpg\", \"gae\" (trains a critic)",
+        verl = "algorithm.adv_estimator"
+    )]
     pub adv_estimator: AdvEstimator,
+    /// discount (GAE, REINFORCE++)
+    #[key(unit = "[0, 1]", verl = "algorithm.gamma")]
     pub gamma: f64,
+    /// GAE λ
+    #[key(unit = "[0, 1]", verl = "algorithm.lam")]
     pub lam: f64,
+    /// divide GRPO advantages by the group's std (false: Dr. GRPO)
+    #[key(unit = "bool", verl = "algorithm.norm_adv_by_std_in_grpo")]
     pub norm_adv_by_std_in_grpo: bool,
+    /// subtract β·KL(actor ‖ reference) from the reward (loads the reference
+    /// model)
+    #[key(unit = "bool", verl = "algorithm.use_kl_in_reward")]
     pub use_kl_in_reward: bool,
+    /// KL estimator of the reward penalty
+    #[key(
+        unit = "\"k1\", \"abs\", \"k2\", \"k3\"",
+        verl = "algorithm.kl_penalty"
+    )]
     pub kl_penalty: KlEstimator,
+    #[key(table)]
     pub kl_ctrl: KlControlConfig,
+    #[key(table)]
     pub rollout_correction: RawRolloutCorrection,
+    #[key(table)]
     pub overlong_buffer: RawOverlongBuffer,
+    #[key(table)]
     pub filter_groups: RawFilterGroups,
 }
 
@@ -356,11 +602,23 @@ impl Default for RawAlgorithm {
 
 /// `[algorithm.overlong_buffer]`: DAPO's soft overlong punishment
 /// (`colo_algo::overlong`), verl's `reward_model.overlong_buffer`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawOverlongBuffer {
+    /// DAPO's soft overlong punishment of the training rewards: a response in
+    /// the last `len` tokens before rollout.max_new_tokens loses up to
+    /// penalty_factor, linearly (evaluations are not punished)
+    #[key(unit = "bool", verl = "reward_model.overlong_buffer.enable")]
     pub enable: bool,
+    /// tokens before the limit over which the punishment grows
+    #[key(
+        unit = "1 to rollout.max_new_tokens",
+        verl = "reward_model.overlong_buffer.len"
+    )]
     pub len: usize,
+    /// the punishment at the limit (DAPO: 1.0; verl's default 0 punishes
+    /// nothing)
+    #[key(unit = "≥ 0", verl = "reward_model.overlong_buffer.penalty_factor")]
     pub penalty_factor: f64,
 }
 
@@ -377,14 +635,30 @@ impl Default for RawOverlongBuffer {
 
 /// `[algorithm.filter_groups]`: DAPO's dynamic sampling
 /// (`colo_algo::dynamic_sampling`), verl's names.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawFilterGroups {
+    /// DAPO's dynamic sampling: a step trains only on prompts whose samples'
+    /// metric varies (a group that all scored the same has no advantage),
+    /// drawing generation batches of data.gen_batch_size prompts until it has
+    /// data.train_batch_size of them
+    #[key(unit = "bool", verl = "algorithm.filter_groups.enable")]
     pub enable: bool,
-    /// What must vary within a group: `acc`, `score`, `seq_reward`,
-    /// `seq_final_reward`, or a number the reward returns beside its score.
+    /// what must vary within a group: acc (right or not: the reward's `acc`,
+    /// else score ≥ 1), score (before the overlong punishment), seq_reward
+    /// (after it), seq_final_reward (after the KL penalty; not with
+    /// use_kl_in_reward), or a number the reward returns beside its score
+    #[key(
+        unit = "\"acc\", \"score\", \"seq_reward\", \"seq_final_reward\" or a reward extra's name",
+        verl = "algorithm.filter_groups.metric"
+    )]
     pub metric: String,
-    /// Generation batches a step may draw; ≤ 0 sets no limit (verl's).
+    /// the most generation batches a step may draw before the run stops with an
+    /// error (the data are too hard or too easy)
+    #[key(
+        unit = "batches; ≤ 0 no limit",
+        verl = "algorithm.filter_groups.max_num_gen_batches"
+    )]
     pub max_num_gen_batches: i64,
 }
 
@@ -400,10 +674,21 @@ impl Default for RawFilterGroups {
 }
 
 /// `[algorithm.rollout_correction]`: truncated importance sampling.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawRolloutCorrection {
+    /// truncated importance sampling between rollout and trainer probabilities
+    #[key(
+        unit = "\"token\" or \"sequence\"",
+        verl = "algorithm.rollout_correction.rollout_is",
+        unset = "off"
+    )]
     pub rollout_is: Option<IsLevel>,
+    /// the importance-weight cap C
+    #[key(
+        unit = "> 0",
+        verl = "algorithm.rollout_correction.rollout_is_threshold"
+    )]
     pub rollout_is_threshold: f64,
 }
 
@@ -459,18 +744,47 @@ pub enum OffloadPolicy {
 }
 
 /// `[memory]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawMemory {
+    /// device capacity the memory layer enforces; "auto": the device's memory
+    /// (the built-in model on the CPU: 72 MiB in f32, 44 MiB in bf16; otherwise
+    /// the machine's memory, or the GPU's)
+    #[key(unit = "\"auto\", bytes, or \"512 MiB\" / \"2 GB\"")]
     pub capacity: RawCapacity,
+    /// how trainer and rollout engine share the device
     #[serde(alias = "mode")]
+    #[key(unit = "\"naive\", \"restart\", \"sleep\", \"staged\"")]
     pub colocation: Colocation,
-    /// While generating: the trainer's parameters, gradients, optimiser
-    /// state and the reference model go to host memory.
+    /// while generating, the trainer's parameters go to host memory
+    #[key(
+        unit = "bool",
+        verl = "actor_rollout_ref.actor.fsdp_config.param_offload"
+    )]
     pub offload_train_param: bool,
+    /// while generating, the trainer's gradients go to host memory
+    #[key(unit = "bool")]
     pub offload_train_grad: bool,
+    /// while generating, the optimiser state goes to host memory
+    #[key(
+        unit = "bool",
+        verl = "actor_rollout_ref.actor.fsdp_config.optimizer_offload"
+    )]
     pub offload_train_optimizer: bool,
+    /// the reference model may wait in host memory between uses: after every
+    /// pass with offload_policy "always"; with "as_needed" only where no step
+    /// as large has run yet or its peak left no room for it, and at a switch
+    /// whose engine needs the room
+    #[key(
+        unit = "bool",
+        verl = "actor_rollout_ref.ref.fsdp_config.param_offload"
+    )]
     pub offload_ref: bool,
+    /// how much a train → rollout switch gives up (sleep, staged): "as_needed":
+    /// the training cache, a kept reference, then what the offload_* flags
+    /// allow (optimizer, grads, params), only as far as the rollout engine
+    /// needs the room; "always": all of it every switch
+    #[key(unit = "\"as_needed\", \"always\"")]
     pub offload_policy: OffloadPolicy,
 }
 
@@ -582,50 +896,126 @@ pub enum Loggers {
 }
 
 /// `[trainer]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawTrainer {
-    /// Wins over `total_epochs` when both are given (as in verl).
+    /// length of the run; wins over total_epochs
     #[serde(alias = "total_training_steps")]
+    #[key(
+        unit = "RL steps",
+        verl = "trainer.total_training_steps",
+        unset = "total_epochs, or 100 steps when neither is set"
+    )]
     pub total_steps: Option<usize>,
+    /// length of the run in passes over the training prompts (used when
+    /// total_steps is unset)
+    #[key(
+        unit = "epochs",
+        verl = "trainer.total_epochs",
+        unset = "total_steps decides"
+    )]
     pub total_epochs: Option<usize>,
-    /// Checkpoint every this many steps; `0` or `-1`: only at the end.
+    /// checkpoint every this many steps; -1 or 0: only at the end
+    #[key(unit = "steps", verl = "trainer.save_freq")]
     pub save_freq: i64,
-    /// Evaluate every this many steps; `0` or `-1`: only before and after.
+    /// evaluate every this many steps; -1 or 0: only before (val_before_train)
+    /// and at the end
+    #[key(unit = "steps", verl = "trainer.test_freq")]
     pub test_freq: i64,
+    /// evaluate the starting checkpoint
+    #[key(unit = "bool", verl = "trainer.val_before_train")]
     pub val_before_train: bool,
-    /// Evaluate the starting model on the held-out prompts, and stop.
+    /// evaluate model.path on the held-out prompts (an eval record in
+    /// metrics.jsonl, the generations in validation_data_dir if set) and train
+    /// nothing; to evaluate a run's checkpoint, set model.path to
+    /// checkpoints/step-N
+    #[key(
+        unit = "bool",
+        verl = "trainer.val_only (verl loads a resumed checkpoint; colo reads model.path)"
+    )]
     pub val_only: bool,
-    /// Continue from the latest checkpoint in `out_dir`.
+    /// continue from the latest checkpoint in out_dir (also: colo train
+    /// --resume)
+    #[key(unit = "bool", verl = "trainer.resume_mode = \"auto\"")]
     pub resume: bool,
-    /// Unset: `runs/{project_name}/{experiment_name}` when either is set
-    /// (verl's `checkpoints/${project_name}/${experiment_name}`), else
-    /// `runs/colo`.
+    /// run directory: metrics.jsonl, pictures, checkpoints/ (colo train --out
+    /// wins)
     #[serde(alias = "default_local_dir", skip_serializing_if = "Option::is_none")]
+    #[key(
+        unit = "path",
+        verl = "trainer.default_local_dir",
+        unset = "runs/{project_name}/{experiment_name} when either is set, else runs/colo"
+    )]
     pub out_dir: Option<PathBuf>,
+    /// the project's name; names the run directory when out_dir is not written
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[key(unit = "path component", verl = "trainer.project_name", unset = "none")]
     pub project_name: Option<String>,
+    /// the run's name; names the run directory when out_dir is not written
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[key(
+        unit = "path component",
+        verl = "trainer.experiment_name",
+        unset = "none"
+    )]
     pub experiment_name: Option<String>,
-    /// verl's `trainer.logger`: `"console"`, `"file"` or a list of them.
-    /// colo always writes both (the console and `metrics.jsonl`); other
-    /// backends (wandb, tensorboard, …) are an error, not ignored.
+    /// where metrics go: colo always writes the console and metrics.jsonl, so
+    /// only these two are accepted (other backends are an error)
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[key(
+        unit = "\"console\", \"file\" or a list of them",
+        verl = "trainer.logger",
+        unset = "both, always"
+    )]
     pub logger: Option<Loggers>,
-    /// Steps that train the critic only, before the actor's first update.
+    /// steps at the start that train only the critic, so the actor's first
+    /// update has learnt values (GAE)
+    #[key(
+        unit = "RL steps",
+        verl = "trainer.critic_warmup (verl updates the actor from step critic_warmup; colo after critic_warmup steps)"
+    )]
     pub critic_warmup: usize,
-    /// Every step's generations as `{step}.jsonl` in this directory.
+    /// every step's generations as {step}.jsonl in this directory (a relative
+    /// path is in the run directory, --out), one line a sample: input (the
+    /// prompt as the model saw it), output, gts, score (the training reward),
+    /// step and the reward's other numbers
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[key(
+        unit = "path",
+        verl = "trainer.rollout_data_dir",
+        unset = "not written"
+    )]
     pub rollout_data_dir: Option<PathBuf>,
-    /// Every evaluation's generations as `{step}.jsonl` in this directory.
+    /// every evaluation's greedy generations as {step}.jsonl in this directory
+    /// (a relative path is in the run directory), as rollout_data_dir's
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[key(
+        unit = "path",
+        verl = "trainer.validation_data_dir",
+        unset = "not written"
+    )]
     pub validation_data_dir: Option<PathBuf>,
+    /// seed of sampling and initialisation; data.seed defaults to it
+    #[key(unit = "integer", verl = "data.seed, actor_rollout_ref.rollout.seed")]
     pub seed: u64,
+    /// where the run computes
+    #[key(unit = "\"cpu\" or \"cuda\"")]
     pub device: Device,
+    /// dtype of weights and compute; bf16 is mixed precision (gradients,
+    /// optimiser moments and master weights stay f32); auto: bf16 where the
+    /// device multiplies bf16 natively (CUDA; a CPU with AVX512_BF16 or
+    /// AMX-BF16), else f32
     #[serde(alias = "model_dtype")]
+    #[key(
+        unit = "\"auto\", \"f32\" or \"bf16\"",
+        verl = "actor_rollout_ref.model.dtype"
+    )]
     pub dtype: Dtype,
-    /// On the CPU, the threads the trainer's passes split their rows over
-    /// (each with one libtorch intra-op thread); 0: OMP_NUM_THREADS, else one per core.
+    /// on the CPU, threads the trainer's passes split each micro-batch's rows
+    /// over, each running libtorch with one intra-op thread (many small ops:
+    /// lanes beat intra-op threads); 0: OMP_NUM_THREADS if set, else one per
+    /// core
+    #[key(unit = "threads")]
     pub cpu_threads: usize,
 }
 
@@ -656,16 +1046,27 @@ impl Default for RawTrainer {
 
 /// `[cluster]`: the devices of a data-parallel run (colo-py's controller on
 /// Ray). Absent: the in-process single-device run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawCluster {
-    /// Devices, one worker each; unset: the layout's, else 1 (the
-    /// in-process path).
+    /// data-parallel workers, one per device, on Ray (colo-py's controller); 1:
+    /// this process alone
+    #[key(
+        unit = "devices",
+        verl = "trainer.n_gpus_per_node × trainer.nnodes",
+        unset = "the layout's devices, else 1"
+    )]
     pub workers: Option<usize>,
-    /// A layout from `colo plan map`, `"p-t-d"` (pipeline, tensor, data);
-    /// colo train executes data-parallel layouts `"1-1-N"`.
+    /// a layout from `colo plan map` for the run to execute; data-parallel
+    /// "1-1-N" only
+    #[key(unit = "\"p-t-d\"", unset = "none")]
     pub layout: Option<String>,
-    /// A Ray cluster (`"auto"` or `host:port`); unset: a local one.
+    /// the Ray cluster to join
+    #[key(
+        unit = "\"auto\" or host:port",
+        verl = "ray_init / RAY_ADDRESS",
+        unset = "a local Ray instance, started and stopped by the run"
+    )]
     pub address: Option<String>,
 }
 

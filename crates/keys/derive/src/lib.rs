@@ -1,0 +1,261 @@
+//! `#[derive(Keys)]`: see colo-keys. Reads serde's attributes (`rename`,
+//! `rename_all`, `alias`, `skip`, `tag`) so that the listed keys are the
+//! ones serde reads.
+
+use proc_macro::TokenStream;
+use proc_macro2::TokenStream as Tokens;
+use quote::quote;
+use syn::meta::ParseNestedMeta;
+use syn::{parse_macro_input, Attribute, Data, DeriveInput, Error, Fields, LitStr, Result};
+
+#[proc_macro_derive(Keys, attributes(key))]
+pub fn derive_keys(input: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(input as DeriveInput);
+    expand(&input)
+        .unwrap_or_else(Error::into_compile_error)
+        .into()
+}
+
+/// What the attributes of a field (or a container) say.
+#[derive(Default)]
+struct Notes {
+    rename: Option<String>,
+    rename_all: Option<String>,
+    tag: Option<String>,
+    aliases: Vec<String>,
+    skip: bool,
+    doc: Vec<String>,
+    unit: String,
+    verl: String,
+    unset: String,
+    table: bool,
+    tag_doc: String,
+    tag_unit: String,
+    tag_verl: String,
+}
+
+/// One key as the derive emits it.
+struct KeyOut {
+    name: String,
+    notes: Notes,
+    kinds: Vec<String>,
+    ty: Option<syn::Type>,
+}
+
+fn expand(input: &DeriveInput) -> Result<Tokens> {
+    let container = notes(&input.attrs)?;
+    let keys = match &input.data {
+        Data::Struct(s) => fields(&s.fields, &container, None)?,
+        Data::Enum(e) => {
+            let Some(tag) = &container.tag else {
+                return Err(Error::new_spanned(
+                    &input.ident,
+                    "Keys on an enum needs #[serde(tag = \"…\")]",
+                ));
+            };
+            let mut keys: Vec<KeyOut> = Vec::new();
+            let mut kinds = Vec::new();
+            for v in &e.variants {
+                let vn = notes(&v.attrs)?;
+                let kind = match vn.rename {
+                    Some(r) => r,
+                    None => renamed(&v.ident.to_string(), container.rename_all.as_deref())
+                        .map_err(|m| Error::new_spanned(&input.ident, m))?,
+                };
+                kinds.push(kind.clone());
+                for k in fields(&v.fields, &Notes::default(), Some(&kind))? {
+                    match keys.iter_mut().find(|o| o.name == k.name) {
+                        Some(o) => o.kinds.push(kind.clone()),
+                        None => keys.push(k),
+                    }
+                }
+            }
+            let unit = match container.tag_unit.is_empty() {
+                false => container.tag_unit.clone(),
+                true => kinds
+                    .iter()
+                    .map(|k| format!("{k:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            };
+            let tag_key = KeyOut {
+                name: tag.clone(),
+                notes: Notes {
+                    doc: vec![container.tag_doc.clone()],
+                    unit,
+                    verl: container.tag_verl.clone(),
+                    ..Notes::default()
+                },
+                kinds: Vec::new(),
+                ty: None,
+            };
+            std::iter::once(tag_key).chain(keys).collect()
+        }
+        Data::Union(u) => {
+            return Err(Error::new_spanned(u.union_token, "Keys on a union"));
+        }
+    };
+    let items = keys.iter().map(key_tokens);
+    let ident = &input.ident;
+    let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
+    Ok(quote! {
+        impl #impl_generics ::colo_keys::Keys for #ident #ty_generics #where_clause {
+            fn keys() -> ::std::vec::Vec<::colo_keys::Key> {
+                ::std::vec![#(#items),*]
+            }
+        }
+    })
+}
+
+/// The keys of named fields; `kind` is the enum variant they belong to.
+fn fields(fields: &Fields, container: &Notes, kind: Option<&str>) -> Result<Vec<KeyOut>> {
+    let mut out = Vec::new();
+    for f in fields.iter() {
+        let Some(ident) = &f.ident else {
+            return Err(Error::new_spanned(f, "Keys needs named fields"));
+        };
+        let notes = notes(&f.attrs)?;
+        if notes.skip {
+            continue;
+        }
+        let name = match &notes.rename {
+            Some(r) => r.clone(),
+            None => renamed(&ident.to_string(), container.rename_all.as_deref())
+                .map_err(|m| Error::new_spanned(ident, m))?,
+        };
+        out.push(KeyOut {
+            name,
+            ty: notes.table.then(|| f.ty.clone()),
+            notes,
+            kinds: kind.map(str::to_owned).into_iter().collect(),
+        });
+    }
+    Ok(out)
+}
+
+fn key_tokens(k: &KeyOut) -> Tokens {
+    let n = &k.notes;
+    let (name, aliases, kinds) = (&k.name, &n.aliases, &k.kinds);
+    let doc = n
+        .doc
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let (unit, verl, unset) = (&n.unit, &n.verl, &n.unset);
+    let table = match &k.ty {
+        Some(ty) => quote!(::std::option::Option::Some(<#ty as ::colo_keys::Keys>::keys)),
+        None => quote!(::std::option::Option::None),
+    };
+    quote! {
+        ::colo_keys::Key {
+            name: #name,
+            aliases: &[#(#aliases),*],
+            doc: #doc,
+            unit: #unit,
+            verl: #verl,
+            unset: #unset,
+            kinds: &[#(#kinds),*],
+            table: #table,
+        }
+    }
+}
+
+/// serde's `rename_all` of a Rust name.
+fn renamed(ident: &str, rule: Option<&str>) -> std::result::Result<String, String> {
+    let ident = ident.trim_start_matches("r#");
+    let snake = || {
+        let mut s = String::new();
+        for (i, c) in ident.chars().enumerate() {
+            if c.is_uppercase() && i > 0 {
+                s.push('_');
+            }
+            s.extend(c.to_lowercase());
+        }
+        s
+    };
+    match rule {
+        None => Ok(ident.to_owned()),
+        Some("snake_case") => Ok(snake()),
+        Some("kebab-case") => Ok(snake().replace('_', "-")),
+        Some("lowercase") => Ok(ident.to_lowercase()),
+        Some(other) => Err(format!("Keys does not know rename_all = {other:?}")),
+    }
+}
+
+/// Reads `#[doc]`, `#[serde(...)]` and `#[key(...)]`.
+fn notes(attrs: &[Attribute]) -> Result<Notes> {
+    let mut n = Notes::default();
+    for attr in attrs {
+        if attr.path().is_ident("doc") {
+            if let syn::Meta::NameValue(nv) = &attr.meta {
+                if let syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(s),
+                    ..
+                }) = &nv.value
+                {
+                    n.doc.push(s.value());
+                }
+            }
+        } else if attr.path().is_ident("serde") {
+            attr.parse_nested_meta(|meta| serde_meta(&mut n, meta))?;
+        } else if attr.path().is_ident("key") {
+            attr.parse_nested_meta(|meta| key_meta(&mut n, meta))?;
+        }
+    }
+    Ok(n)
+}
+
+fn string(meta: &ParseNestedMeta) -> Result<String> {
+    Ok(meta.value()?.parse::<LitStr>()?.value())
+}
+
+fn serde_meta(n: &mut Notes, meta: ParseNestedMeta) -> Result<()> {
+    let p = &meta.path;
+    if p.is_ident("rename") && meta.input.peek(syn::Token![=]) {
+        n.rename = Some(string(&meta)?);
+    } else if p.is_ident("rename_all") && meta.input.peek(syn::Token![=]) {
+        n.rename_all = Some(string(&meta)?);
+    } else if p.is_ident("tag") {
+        n.tag = Some(string(&meta)?);
+    } else if p.is_ident("alias") {
+        n.aliases.push(string(&meta)?);
+    } else if p.is_ident("skip") || p.is_ident("skip_deserializing") {
+        n.skip = true;
+    } else if meta.input.peek(syn::Token![=]) {
+        meta.value()?.parse::<syn::Lit>()?;
+    } else if meta.input.peek(syn::token::Paren) {
+        meta.parse_nested_meta(|inner| {
+            if inner.input.peek(syn::Token![=]) {
+                inner.value()?.parse::<syn::Lit>()?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+fn key_meta(n: &mut Notes, meta: ParseNestedMeta) -> Result<()> {
+    let p = &meta.path;
+    let slot = if p.is_ident("table") {
+        n.table = true;
+        return Ok(());
+    } else if p.is_ident("unit") {
+        &mut n.unit
+    } else if p.is_ident("verl") {
+        &mut n.verl
+    } else if p.is_ident("unset") {
+        &mut n.unset
+    } else if p.is_ident("tag_doc") {
+        &mut n.tag_doc
+    } else if p.is_ident("tag_unit") {
+        &mut n.tag_unit
+    } else if p.is_ident("tag_verl") {
+        &mut n.tag_verl
+    } else {
+        return Err(meta.error("expected unit, verl, unset, table, tag_doc, tag_unit or tag_verl"));
+    };
+    *slot = string(&meta)?;
+    Ok(())
+}
