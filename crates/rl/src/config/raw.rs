@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use colo_algo::{AdvEstimator, IsLevel, KlControlConfig, KlEstimator, LossAggMode, PolicyLossMode};
 use colo_keys::Keys;
 use serde::{Deserialize, Serialize};
+use smart_default::SmartDefault;
 
 use crate::reward::RewardSpec;
 use crate::task::ArithmeticTask;
@@ -66,7 +67,7 @@ impl Files {
 }
 
 /// `[data]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawData {
     /// training prompts: JSONL files (one object per line) or parquet files
@@ -88,6 +89,7 @@ pub struct RawData {
     /// field holding the prompt: a string, or a chat (a list of {role, content}
     /// messages rendered with the tokenizer's chat template)
     #[key(unit = "JSON key", verl = "data.prompt_key")]
+    #[default = "prompt"]
     pub prompt_key: String,
     /// field holding the ground truth the reward compares with; a dotted path
     /// reaches into objects
@@ -95,9 +97,11 @@ pub struct RawData {
         unit = "JSON key or dotted path",
         verl = "reward_model.ground_truth (fixed in verl)"
     )]
+    #[default = "answer"]
     pub answer_key: String,
     /// prompts per RL step (each sampled rollout.n times)
     #[key(unit = "prompts", verl = "data.train_batch_size")]
+    #[default = 32]
     pub train_batch_size: usize,
     /// prompts per generation batch with dynamic sampling
     /// (algorithm.filter_groups); DAPO draws 3 × train_batch_size
@@ -114,6 +118,7 @@ pub struct RawData {
         unit = "tokens",
         verl = "data.max_prompt_length (with truncation = \"error\")"
     )]
+    #[default = 64]
     pub max_prompt_length: usize,
     /// leave out prompts longer than max_prompt_length (counted on stderr when
     /// the data are read) instead of stopping at the first
@@ -124,29 +129,11 @@ pub struct RawData {
     pub seed: Option<u64>,
     /// shuffle the prompts each epoch (else file order)
     #[key(unit = "bool", verl = "data.shuffle")]
+    #[default = true]
     pub shuffle: bool,
     /// The built-in task (used when `train_files` is empty).
     #[key(table)]
     pub builtin: ArithmeticTask,
-}
-
-impl Default for RawData {
-    fn default() -> Self {
-        RawData {
-            train_files: Files::default(),
-            val_files: Files::default(),
-            val_fraction: None,
-            prompt_key: "prompt".into(),
-            answer_key: "answer".into(),
-            train_batch_size: 32,
-            gen_batch_size: None,
-            max_prompt_length: 64,
-            filter_overlong_prompts: false,
-            seed: None,
-            shuffle: true,
-            builtin: ArithmeticTask::default(),
-        }
-    }
 }
 
 /// `[model]`.
@@ -172,26 +159,31 @@ pub struct RawModel {
 }
 
 /// `[rollout]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawRollout {
     /// samples generated per prompt
     #[key(unit = "samples", verl = "actor_rollout_ref.rollout.n")]
+    #[default = 8]
     pub n: usize,
     /// sampling temperature; 0 is greedy
     #[key(unit = "≥ 0", verl = "actor_rollout_ref.rollout.temperature")]
+    #[default = 1.0]
     pub temperature: f64,
     /// nucleus sampling: keep the smallest set of tokens with this much
     /// probability
     #[key(unit = "(0, 1]", verl = "actor_rollout_ref.rollout.top_p")]
+    #[default = 1.0]
     pub top_p: f64,
     /// keep the k most likely tokens; -1 or 0: off
     #[key(unit = "tokens", verl = "actor_rollout_ref.rollout.top_k")]
+    #[default(-1)]
     pub top_k: i64,
     /// longest response; with data.max_prompt_length at most the model's
     /// max_position_embeddings (a longer pair is refused, as verl refuses it)
     #[serde(alias = "response_length", alias = "max_response_length")]
     #[key(unit = "tokens", verl = "data.max_response_length")]
+    #[default = 6]
     pub max_new_tokens: usize,
     /// share of the device memory left after weights that the KV cache takes
     /// (ignored when max_kv_tokens is set)
@@ -200,6 +192,7 @@ pub struct RawRollout {
         unit = "fraction in (0, 1]",
         verl = "actor_rollout_ref.rollout.gpu_memory_utilization"
     )]
+    #[default = 0.5]
     pub mem_fraction: f64,
     /// KV-cache size in tokens, instead of mem_fraction
     #[key(unit = "tokens", unset = "the cache is sized by mem_fraction")]
@@ -208,6 +201,7 @@ pub struct RawRollout {
     /// short); the cache is sized for a step's samples at full length, and
     /// evaluation fits more of its short answers in it
     #[key(unit = "sequences", verl = "actor_rollout_ref.rollout.max_num_seqs")]
+    #[default = 1024]
     pub max_num_seqs: usize,
     /// on the CPU, threads each prefill and decode step splits its rows over,
     /// each running libtorch with one intra-op thread (decoding is many small
@@ -226,54 +220,29 @@ pub struct RawRollout {
     pub val_kwargs: RawValKwargs,
 }
 
-impl Default for RawRollout {
-    fn default() -> Self {
-        RawRollout {
-            n: 8,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: -1,
-            max_new_tokens: 6,
-            mem_fraction: 0.5,
-            max_kv_tokens: None,
-            max_num_seqs: 1024,
-            cpu_threads: 0,
-            enforce_eager: false,
-            val_kwargs: RawValKwargs::default(),
-        }
-    }
-}
-
 /// `[rollout.val_kwargs]`: greedy by default.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawValKwargs {
     /// evaluation: samples per held-out prompt (pass@n)
     #[key(unit = "samples", verl = "actor_rollout_ref.rollout.val_kwargs.n")]
+    #[default = 1]
     pub n: usize,
     /// evaluation: temperature; 0 is greedy
     #[key(
         unit = "≥ 0",
         verl = "actor_rollout_ref.rollout.val_kwargs.temperature"
     )]
+    #[default = 0.0]
     pub temperature: f64,
     /// evaluation: nucleus sampling
     #[key(unit = "(0, 1]", verl = "actor_rollout_ref.rollout.val_kwargs.top_p")]
+    #[default = 1.0]
     pub top_p: f64,
     /// evaluation: top-k; -1 or 0: off
     #[key(unit = "tokens", verl = "actor_rollout_ref.rollout.val_kwargs.top_k")]
+    #[default(-1)]
     pub top_k: i64,
-}
-
-impl Default for RawValKwargs {
-    fn default() -> Self {
-        RawValKwargs {
-            n: 1,
-            temperature: 0.0,
-            top_p: 1.0,
-            top_k: -1,
-        }
-    }
 }
 
 /// `[actor]`: optimiser, PPO batching and the actor loss.
@@ -296,11 +265,12 @@ pub fn default_micro_batch_samples(longest: usize, token_budget: usize) -> usize
     (token_budget / longest.max(1)).max(1)
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawActor {
     /// AdamW learning rate
     #[key(unit = "> 0", verl = "actor_rollout_ref.actor.optim.lr")]
+    #[default = 1e-4]
     pub lr: f64,
     /// linear learning-rate warmup
     #[serde(alias = "warmup", alias = "lr_warmup_steps")]
@@ -308,12 +278,15 @@ pub struct RawActor {
         unit = "optimiser steps",
         verl = "actor_rollout_ref.actor.optim.lr_warmup_steps"
     )]
+    #[default = 5]
     pub warmup_steps: usize,
     /// AdamW weight decay
     #[key(unit = "[0, 1]", verl = "actor_rollout_ref.actor.optim.weight_decay")]
+    #[default = 0.01]
     pub weight_decay: f64,
     /// gradient-norm clip
     #[key(unit = "> 0", verl = "actor_rollout_ref.actor.grad_clip")]
+    #[default = 1.0]
     pub grad_clip: f64,
     /// the learning rate after warmup: constant, or a half cosine that reaches
     /// min_lr_ratio × lr as the run ends
@@ -325,12 +298,14 @@ pub struct RawActor {
     pub warmup_style: colo_train::ScheduleKind,
     /// the cosine's floor as a fraction of lr
     #[key(unit = "[0, 1]", verl = "actor_rollout_ref.actor.optim.min_lr_ratio")]
+    #[default = 0.0]
     pub min_lr_ratio: f64,
     /// AdamW's (β₁, β₂)
     #[key(
         unit = "two numbers in [0, 1)",
         verl = "actor_rollout_ref.actor.optim.betas"
     )]
+    #[default(_code = "vec![0.9, 0.999]")]
     pub betas: Vec<f64>,
     /// prompts per optimiser step (× rollout.n samples); must divide
     /// data.train_batch_size
@@ -361,18 +336,22 @@ pub struct RawActor {
         unit = "tokens",
         verl = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
     )]
+    #[default = 16384]
     pub ppo_max_token_len_per_gpu: usize,
     /// passes over each step's samples
     #[key(unit = "epochs", verl = "actor_rollout_ref.actor.ppo_epochs")]
+    #[default = 1]
     pub ppo_epochs: usize,
     /// policy loss
     #[key(
         unit = "\"vanilla\" (PPO clip), \"gspo\", \"gpg\" (no ratio, no clip), \"cispo\" (clipped, stopped IS weight), \"kl_cov\" (no clip; a KL penalty on the tokens of largest covariance), \"clip_cov\" (PPO clip; a few tokens of large covariance lose their gradient), \"geo_mean\" (GMPO: the geometric mean of the token ratios, clipped in log space) or \"sapo\" (a soft gate of the ratio instead of the clip)",
         verl = "actor_rollout_ref.actor.policy_loss.loss_mode"
     )]
+    #[default(PolicyLossMode::Vanilla)]
     pub loss_mode: PolicyLossMode,
     /// PPO clip ε (both sides unless clip_ratio_low/high are set)
     #[key(unit = "ratio", verl = "actor_rollout_ref.actor.clip_ratio")]
+    #[default = 0.2]
     pub clip_ratio: f64,
     /// ε_low: the ratio floor is 1 − ε_low
     #[key(
@@ -390,6 +369,7 @@ pub struct RawActor {
     pub clip_ratio_high: Option<f64>,
     /// dual-clip bound c: for negative advantages the loss is at most −c·A
     #[key(unit = "> 1", verl = "actor_rollout_ref.actor.clip_ratio_c")]
+    #[default = 3.0]
     pub clip_ratio_c: f64,
     /// how per-token losses become a scalar (gspo and sapo always use
     /// seq-mean-token-mean, geo_mean a mean over sequences, as verl)
@@ -397,6 +377,7 @@ pub struct RawActor {
         unit = "\"token-mean\", \"seq-mean-token-sum\", \"seq-mean-token-mean\", \"seq-mean-token-sum-norm\"",
         verl = "actor_rollout_ref.actor.loss_agg_mode"
     )]
+    #[default(LossAggMode::TokenMean)]
     pub loss_agg_mode: LossAggMode,
     /// loss_mode = "kl_cov": the share of a micro-batch's response tokens,
     /// those of largest covariance between advantage and log-probability, that
@@ -405,9 +386,11 @@ pub struct RawActor {
         unit = "(0, 1]",
         verl = "actor_rollout_ref.actor.policy_loss.kl_cov_ratio"
     )]
+    #[default = 0.0002]
     pub kl_cov_ratio: f64,
     /// loss_mode = "kl_cov": the penalty's coefficient on |log π_θ − log π_old|
     #[key(unit = "≥ 0", verl = "actor_rollout_ref.actor.policy_loss.ppo_kl_coef")]
+    #[default = 0.1]
     pub ppo_kl_coef: f64,
     /// loss_mode = "clip_cov": the share of a micro-batch's response tokens
     /// that lose their gradient (at least one per micro-batch, as in verl),
@@ -417,83 +400,56 @@ pub struct RawActor {
         unit = "(0, 1]",
         verl = "actor_rollout_ref.actor.policy_loss.clip_cov_ratio"
     )]
+    #[default = 0.0002]
     pub clip_cov_ratio: f64,
     /// loss_mode = "clip_cov": the covariance range's lower end
     #[key(
         unit = "< clip_cov_ub",
         verl = "actor_rollout_ref.actor.policy_loss.clip_cov_lb"
     )]
+    #[default = 1.0]
     pub clip_cov_lb: f64,
     /// loss_mode = "clip_cov": the covariance range's upper end
     #[key(
         unit = "> clip_cov_lb",
         verl = "actor_rollout_ref.actor.policy_loss.clip_cov_ub"
     )]
+    #[default = 5.0]
     pub clip_cov_ub: f64,
     /// loss_mode = "sapo": the gate's temperature for tokens of positive
     /// advantage
     #[key(unit = "[1e-6, 1e6]", verl = "actor_rollout_ref.actor.tau_pos")]
+    #[default = 1.0]
     pub tau_pos: f64,
     /// loss_mode = "sapo": the gate's temperature for the others
     #[key(unit = "[1e-6, 1e6]", verl = "actor_rollout_ref.actor.tau_neg")]
+    #[default = 1.05]
     pub tau_neg: f64,
     /// entropy bonus coefficient
     #[key(unit = "[-1, 1]", verl = "actor_rollout_ref.actor.entropy_coeff")]
+    #[default = 0.0]
     pub entropy_coeff: f64,
     /// add a KL(actor ‖ reference) term to the loss (loads the reference model)
     #[key(unit = "bool", verl = "actor_rollout_ref.actor.use_kl_loss")]
+    #[default = true]
     pub use_kl_loss: bool,
     /// coefficient of the KL loss
     #[key(unit = "≥ 0", verl = "actor_rollout_ref.actor.kl_loss_coef")]
+    #[default = 0.001]
     pub kl_loss_coef: f64,
     /// KL estimator of the loss
     #[key(
         unit = "\"k1\" (kl), \"abs\", \"k2\" (mse), \"k3\" (low_var_kl)",
         verl = "actor_rollout_ref.actor.kl_loss_type"
     )]
+    #[default(KlEstimator::K3)]
     pub kl_loss_type: KlEstimator,
-}
-
-impl Default for RawActor {
-    fn default() -> Self {
-        RawActor {
-            lr: 1e-4,
-            warmup_steps: 5,
-            weight_decay: 0.01,
-            grad_clip: 1.0,
-            warmup_style: colo_train::ScheduleKind::Constant,
-            min_lr_ratio: 0.0,
-            betas: vec![0.9, 0.999],
-            ppo_mini_batch_size: None,
-            ppo_micro_batch_size: None,
-            use_dynamic_bsz: false,
-            ppo_max_token_len_per_gpu: 16384,
-            ppo_epochs: 1,
-            loss_mode: PolicyLossMode::Vanilla,
-            clip_ratio: 0.2,
-            clip_ratio_low: None,
-            clip_ratio_high: None,
-            clip_ratio_c: 3.0,
-            loss_agg_mode: LossAggMode::TokenMean,
-            kl_cov_ratio: 0.0002,
-            ppo_kl_coef: 0.1,
-            clip_cov_ratio: 0.0002,
-            clip_cov_lb: 1.0,
-            clip_cov_ub: 5.0,
-            tau_pos: 1.0,
-            tau_neg: 1.05,
-            entropy_coeff: 0.0,
-            use_kl_loss: true,
-            kl_loss_coef: 0.001,
-            kl_loss_type: KlEstimator::K3,
-        }
-    }
 }
 
 /// `[critic]`: PPO's value model (`algorithm.adv_estimator = "gae"`),
 /// verl's `critic.*`. Unset optimizer keys are the actor's; the schedule's
-/// shape and the betas are the actor's too.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
+/// shape and the betas are the actor's too. The clip is verl's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawCritic {
     /// the value model's learning rate (PPO with algorithm.adv_estimator =
@@ -520,6 +476,7 @@ pub struct RawCritic {
     pub grad_clip: Option<f64>,
     /// the value loss's clip around the values the step started from
     #[key(unit = "> 0", verl = "critic.cliprange_value")]
+    #[default = 0.5]
     pub cliprange_value: f64,
     /// how the value loss is averaged over tokens
     #[key(
@@ -530,22 +487,8 @@ pub struct RawCritic {
     pub loss_agg_mode: Option<LossAggMode>,
 }
 
-impl Default for RawCritic {
-    /// verl's clip; the actor's optimizer settings.
-    fn default() -> Self {
-        RawCritic {
-            lr: None,
-            warmup_steps: None,
-            weight_decay: None,
-            grad_clip: None,
-            cliprange_value: 0.5,
-            loss_agg_mode: None,
-        }
-    }
-}
-
 /// `[algorithm]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawAlgorithm {
     /// advantage estimator
@@ -553,15 +496,19 @@ pub struct RawAlgorithm {
         unit = "\"grpo\", \"rloo\", \"reinforce_plus_plus\", \"reinforce_plus_plus_baseline\", \"remax\", \"opo\", \"grpo_passk\", \"gpg\", \"gae\" (trains a critic)",
         verl = "algorithm.adv_estimator"
     )]
+    #[default(AdvEstimator::Grpo)]
     pub adv_estimator: AdvEstimator,
     /// discount (GAE, REINFORCE++)
     #[key(unit = "[0, 1]", verl = "algorithm.gamma")]
+    #[default = 1.0]
     pub gamma: f64,
     /// GAE λ
     #[key(unit = "[0, 1]", verl = "algorithm.lam")]
+    #[default = 1.0]
     pub lam: f64,
     /// divide GRPO advantages by the group's std (false: Dr. GRPO)
     #[key(unit = "bool", verl = "algorithm.norm_adv_by_std_in_grpo")]
+    #[default = true]
     pub norm_adv_by_std_in_grpo: bool,
     /// subtract β·KL(actor ‖ reference) from the reward (loads the reference
     /// model)
@@ -572,6 +519,7 @@ pub struct RawAlgorithm {
         unit = "\"k1\", \"abs\", \"k2\", \"k3\"",
         verl = "algorithm.kl_penalty"
     )]
+    #[default(KlEstimator::K1)]
     pub kl_penalty: KlEstimator,
     #[key(table)]
     pub kl_ctrl: KlControlConfig,
@@ -583,26 +531,10 @@ pub struct RawAlgorithm {
     pub filter_groups: RawFilterGroups,
 }
 
-impl Default for RawAlgorithm {
-    fn default() -> Self {
-        RawAlgorithm {
-            adv_estimator: AdvEstimator::Grpo,
-            gamma: 1.0,
-            lam: 1.0,
-            norm_adv_by_std_in_grpo: true,
-            use_kl_in_reward: false,
-            kl_penalty: KlEstimator::K1,
-            kl_ctrl: KlControlConfig::default(),
-            rollout_correction: RawRolloutCorrection::default(),
-            overlong_buffer: RawOverlongBuffer::default(),
-            filter_groups: RawFilterGroups::default(),
-        }
-    }
-}
-
 /// `[algorithm.overlong_buffer]`: DAPO's soft overlong punishment
-/// (`colo_algo::overlong`), verl's `reward_model.overlong_buffer`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
+/// (`colo_algo::overlong`), verl's `reward_model.overlong_buffer`. Off by
+/// default, with DAPO's factor (verl's default is 0, which punishes nothing).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawOverlongBuffer {
     /// DAPO's soft overlong punishment of the training rewards: a response in
@@ -619,23 +551,14 @@ pub struct RawOverlongBuffer {
     /// the punishment at the limit (DAPO: 1.0; verl's default 0 punishes
     /// nothing)
     #[key(unit = "≥ 0", verl = "reward_model.overlong_buffer.penalty_factor")]
+    #[default = 1.0]
     pub penalty_factor: f64,
 }
 
-impl Default for RawOverlongBuffer {
-    /// Off; DAPO's factor (verl's default is 0, which punishes nothing).
-    fn default() -> Self {
-        RawOverlongBuffer {
-            enable: false,
-            len: 0,
-            penalty_factor: 1.0,
-        }
-    }
-}
-
 /// `[algorithm.filter_groups]`: DAPO's dynamic sampling
-/// (`colo_algo::dynamic_sampling`), verl's names.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
+/// (`colo_algo::dynamic_sampling`), verl's names. Off by default, with
+/// DAPO's metric (verl has none by default).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawFilterGroups {
     /// DAPO's dynamic sampling: a step trains only on prompts whose samples'
@@ -652,6 +575,7 @@ pub struct RawFilterGroups {
         unit = "\"acc\", \"score\", \"seq_reward\", \"seq_final_reward\" or a reward extra's name",
         verl = "algorithm.filter_groups.metric"
     )]
+    #[default = "acc"]
     pub metric: String,
     /// the most generation batches a step may draw before the run stops with an
     /// error (the data are too hard or too easy)
@@ -662,19 +586,8 @@ pub struct RawFilterGroups {
     pub max_num_gen_batches: i64,
 }
 
-impl Default for RawFilterGroups {
-    /// Off; DAPO's metric (verl has none by default).
-    fn default() -> Self {
-        RawFilterGroups {
-            enable: false,
-            metric: "acc".into(),
-            max_num_gen_batches: 0,
-        }
-    }
-}
-
 /// `[algorithm.rollout_correction]`: truncated importance sampling.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawRolloutCorrection {
     /// truncated importance sampling between rollout and trainer probabilities
@@ -689,16 +602,8 @@ pub struct RawRolloutCorrection {
         unit = "> 0",
         verl = "algorithm.rollout_correction.rollout_is_threshold"
     )]
+    #[default = 2.0]
     pub rollout_is_threshold: f64,
-}
-
-impl Default for RawRolloutCorrection {
-    fn default() -> Self {
-        RawRolloutCorrection {
-            rollout_is: None,
-            rollout_is_threshold: 2.0,
-        }
-    }
 }
 
 /// A device capacity: `"auto"`, a number of bytes, or a size such as
@@ -744,13 +649,14 @@ pub enum OffloadPolicy {
 }
 
 /// `[memory]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawMemory {
     /// device capacity the memory layer enforces; "auto": the device's memory
     /// (the built-in model on the CPU: 72 MiB in f32, 44 MiB in bf16; otherwise
     /// the machine's memory, or the GPU's)
     #[key(unit = "\"auto\", bytes, or \"512 MiB\" / \"2 GB\"")]
+    #[default(RawCapacity::Text("auto".into()))]
     pub capacity: RawCapacity,
     /// how trainer and rollout engine share the device
     #[serde(alias = "mode")]
@@ -761,15 +667,18 @@ pub struct RawMemory {
         unit = "bool",
         verl = "actor_rollout_ref.actor.fsdp_config.param_offload"
     )]
+    #[default = true]
     pub offload_train_param: bool,
     /// while generating, the trainer's gradients go to host memory
     #[key(unit = "bool")]
+    #[default = true]
     pub offload_train_grad: bool,
     /// while generating, the optimiser state goes to host memory
     #[key(
         unit = "bool",
         verl = "actor_rollout_ref.actor.fsdp_config.optimizer_offload"
     )]
+    #[default = true]
     pub offload_train_optimizer: bool,
     /// the reference model may wait in host memory between uses: after every
     /// pass with offload_policy "always"; with "as_needed" only where no step
@@ -779,6 +688,7 @@ pub struct RawMemory {
         unit = "bool",
         verl = "actor_rollout_ref.ref.fsdp_config.param_offload"
     )]
+    #[default = true]
     pub offload_ref: bool,
     /// how much a train → rollout switch gives up (sleep, staged): "as_needed":
     /// the training cache, a kept reference, then what the offload_* flags
@@ -786,20 +696,6 @@ pub struct RawMemory {
     /// needs the room; "always": all of it every switch
     #[key(unit = "\"as_needed\", \"always\"")]
     pub offload_policy: OffloadPolicy,
-}
-
-impl Default for RawMemory {
-    fn default() -> Self {
-        RawMemory {
-            capacity: RawCapacity::Text("auto".into()),
-            colocation: Colocation::Staged,
-            offload_train_param: true,
-            offload_train_grad: true,
-            offload_train_optimizer: true,
-            offload_ref: true,
-            offload_policy: OffloadPolicy::AsNeeded,
-        }
-    }
 }
 
 /// Where the run computes.
@@ -896,7 +792,7 @@ pub enum Loggers {
 }
 
 /// `[trainer]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawTrainer {
     /// length of the run; wins over total_epochs
@@ -917,13 +813,16 @@ pub struct RawTrainer {
     pub total_epochs: Option<usize>,
     /// checkpoint every this many steps; -1 or 0: only at the end
     #[key(unit = "steps", verl = "trainer.save_freq")]
+    #[default = 50]
     pub save_freq: i64,
     /// evaluate every this many steps; -1 or 0: only before (val_before_train)
     /// and at the end
     #[key(unit = "steps", verl = "trainer.test_freq")]
+    #[default = 10]
     pub test_freq: i64,
     /// evaluate the starting checkpoint
     #[key(unit = "bool", verl = "trainer.val_before_train")]
+    #[default = true]
     pub val_before_train: bool,
     /// evaluate model.path on the held-out prompts (an eval record in
     /// metrics.jsonl, the generations in validation_data_dir if set) and train
@@ -997,6 +896,7 @@ pub struct RawTrainer {
     pub validation_data_dir: Option<PathBuf>,
     /// seed of sampling and initialisation; data.seed defaults to it
     #[key(unit = "integer", verl = "data.seed, actor_rollout_ref.rollout.seed")]
+    #[default = 1]
     pub seed: u64,
     /// where the run computes
     #[key(unit = "\"cpu\" or \"cuda\"")]
@@ -1017,31 +917,6 @@ pub struct RawTrainer {
     /// core
     #[key(unit = "threads")]
     pub cpu_threads: usize,
-}
-
-impl Default for RawTrainer {
-    fn default() -> Self {
-        RawTrainer {
-            total_steps: None,
-            total_epochs: None,
-            save_freq: 50,
-            test_freq: 10,
-            val_before_train: true,
-            val_only: false,
-            resume: false,
-            out_dir: None,
-            project_name: None,
-            experiment_name: None,
-            logger: None,
-            critic_warmup: 0,
-            rollout_data_dir: None,
-            validation_data_dir: None,
-            seed: 1,
-            device: Device::Cpu,
-            dtype: Dtype::Auto,
-            cpu_threads: 0,
-        }
-    }
 }
 
 /// `[cluster]`: the devices of a data-parallel run (colo-py's controller on
