@@ -41,6 +41,7 @@ mod locate;
 mod num;
 mod print;
 pub mod raw;
+mod summary;
 mod validate;
 
 use std::path::{Path, PathBuf};
@@ -539,7 +540,7 @@ impl Config {
 
     /// The resolved settings, one topic a line, for the console.
     pub fn summary(&self) -> String {
-        validate::summary(self)
+        summary::summary(self)
     }
 
     /// The whole resolved configuration as a TOML file with a comment per

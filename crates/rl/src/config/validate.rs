@@ -1,6 +1,7 @@
-//! [`RawConfig`] → [`Config`]: value checks, batch-size consistency, and the
-//! printed summary. Errors are `(field path, message)`; the caller adds the
-//! file and line.
+//! [`RawConfig`] → [`Config`]: each section's values, then the checks
+//! across sections (batch sizes against each other, the schedule against
+//! the run's length, the dumps, the critic, an evaluation-only run).
+//! Errors are `(field path, message)`; the caller adds the file and line.
 
 use colo_algo::{AdvEstimator, AdvantageConfig, PolicyLossConfig, RolloutCorrectionConfig};
 
@@ -160,96 +161,7 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
     if let Err((field, message)) = reward.validate() {
         return bad(&format!("reward.{field}"), message);
     }
-    let memory_cfg = memory_section(&memory)?;
-    let trainer_cfg = trainer_section(trainer)?;
-    if let RunLength::Steps(steps) = trainer_cfg.length {
-        let optimizer_steps = steps.saturating_mul(batch.optimizer_steps_per_step);
-        if let Some(why) = actor_cfg.optim.schedule_error(optimizer_steps) {
-            return bad("actor.warmup_steps", why);
-        }
-        if let Some(why) = critic_cfg.optim.schedule_error(optimizer_steps) {
-            return bad(
-                "critic.warmup_steps",
-                why.replace("actor.warmup_steps", "critic.warmup_steps"),
-            );
-        }
-    }
-    let t = &trainer_cfg;
-    if t.rollout_data_dir.is_some() && t.rollout_data_dir == t.validation_data_dir {
-        return bad(
-            "trainer.validation_data_dir",
-            "is trainer.rollout_data_dir too, where a step's samples and an evaluation's \
-             generations of the same step would overwrite each other's {step}.jsonl; name \
-             another directory",
-        );
-    }
-    let no_val = matches!(
-        data_cfg.source,
-        DataSource::Files {
-            val: ValSource::None,
-            ..
-        }
-    );
-    if t.validation_data_dir.is_some() && no_val {
-        return bad(
-            "trainer.validation_data_dir",
-            "would hold the evaluations' generations, and the run has no held-out prompts \
-             (data.val_files or data.val_fraction); set one, or leave the key out",
-        );
-    }
-    let gae = algorithm_cfg.advantage.adv_estimator == AdvEstimator::Gae;
-    if let (true, RunLength::Steps(steps)) = (gae, trainer_cfg.length) {
-        if trainer_cfg.critic_warmup >= steps {
-            return bad(
-                "trainer.critic_warmup",
-                format!(
-                    "{} steps of critic-only updates leave the actor none of the run's {steps} \
-                     (trainer.total_steps)",
-                    trainer_cfg.critic_warmup
-                ),
-            );
-        }
-    }
-    if trainer_cfg.critic_warmup > 0 && !gae {
-        return bad(
-            "trainer.critic_warmup",
-            format!(
-                "{} steps of critic-only updates need a critic, which only \
-                 algorithm.adv_estimator = \"gae\" trains",
-                trainer_cfg.critic_warmup
-            ),
-        );
-    }
-    let cluster_cfg = cluster_section(cluster, &batch)?;
-    if trainer_cfg.val_only {
-        let why = match (&data_cfg.source, trainer_cfg.resume, cluster_cfg.workers) {
-            (
-                DataSource::Files {
-                    val: ValSource::None,
-                    ..
-                },
-                ..,
-            ) => Some("needs held-out prompts: data.val_files or data.val_fraction".to_owned()),
-            (_, true, _) => Some(VAL_ONLY_RESUME.to_owned()),
-            (.., w) if w > 1 => Some(format!(
-                "evaluates in one process, and the run has {w} workers (cluster.workers or \
-                 cluster.layout)"
-            )),
-            _ => None,
-        };
-        if let Some(why) = why {
-            return bad("trainer.val_only", why);
-        }
-    }
-    let s = &rollout_cfg.sampling;
-    if algorithm_cfg.filter_groups.is_some() && (s.temperature == 0.0 || s.top_k == Some(1)) {
-        return bad(
-            "algorithm.filter_groups.enable",
-            "greedy sampling (rollout.temperature = 0 or rollout.top_k = 1) gives all of a \
-             prompt's samples one completion, so no group varies and no step could finish",
-        );
-    }
-    Ok(Config {
+    let config = Config {
         data: data_cfg,
         model: match model.path {
             Some(p) => ModelSource::Path(p),
@@ -260,11 +172,109 @@ pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
         critic: critic_cfg,
         algorithm: algorithm_cfg,
         reward,
-        memory: memory_cfg,
-        trainer: trainer_cfg,
-        cluster: cluster_cfg,
+        memory: memory_section(&memory)?,
+        trainer: trainer_section(trainer)?,
+        cluster: cluster_section(cluster, &batch)?,
         batch,
-    })
+    };
+    schedule_fits(&config)?;
+    dumps_fit(&config)?;
+    critic_warmup_fits(&config)?;
+    val_only_fits(&config)?;
+    let s = &config.rollout.sampling;
+    if config.algorithm.filter_groups.is_some() && (s.temperature == 0.0 || s.top_k == Some(1)) {
+        return bad(
+            "algorithm.filter_groups.enable",
+            "greedy sampling (rollout.temperature = 0 or rollout.top_k = 1) gives all of a \
+             prompt's samples one completion, so no group varies and no step could finish",
+        );
+    }
+    Ok(config)
+}
+
+/// A cosine schedule needs more optimizer steps than its warmup.
+fn schedule_fits(c: &Config) -> Check<()> {
+    let RunLength::Steps(steps) = c.trainer.length else {
+        return Ok(());
+    };
+    let optimizer_steps = steps.saturating_mul(c.batch.optimizer_steps_per_step);
+    if let Some(why) = c.actor.optim.schedule_error(optimizer_steps) {
+        return bad("actor.warmup_steps", why);
+    }
+    if let Some(why) = c.critic.optim.schedule_error(optimizer_steps) {
+        return bad(
+            "critic.warmup_steps",
+            why.replace("actor.warmup_steps", "critic.warmup_steps"),
+        );
+    }
+    Ok(())
+}
+
+/// The generation dumps need two directories, and held-out prompts for
+/// the evaluations'.
+fn dumps_fit(c: &Config) -> Check<()> {
+    let t = &c.trainer;
+    if t.rollout_data_dir.is_some() && t.rollout_data_dir == t.validation_data_dir {
+        return bad(
+            "trainer.validation_data_dir",
+            "is trainer.rollout_data_dir too, where a step's samples and an evaluation's \
+             generations of the same step would overwrite each other's {step}.jsonl; name \
+             another directory",
+        );
+    }
+    if t.validation_data_dir.is_some() && !c.evaluates() {
+        return bad(
+            "trainer.validation_data_dir",
+            "would hold the evaluations' generations, and the run has no held-out prompts \
+             (data.val_files or data.val_fraction); set one, or leave the key out",
+        );
+    }
+    Ok(())
+}
+
+/// Critic-only steps need a critic, and leave the actor some steps.
+fn critic_warmup_fits(c: &Config) -> Check<()> {
+    let warmup = c.trainer.critic_warmup;
+    let gae = c.algorithm.advantage.adv_estimator == AdvEstimator::Gae;
+    if let (true, RunLength::Steps(steps)) = (gae, c.trainer.length) {
+        if warmup >= steps {
+            return bad(
+                "trainer.critic_warmup",
+                format!(
+                    "{warmup} steps of critic-only updates leave the actor none of the run's \
+                     {steps} (trainer.total_steps)"
+                ),
+            );
+        }
+    }
+    if warmup > 0 && !gae {
+        return bad(
+            "trainer.critic_warmup",
+            format!(
+                "{warmup} steps of critic-only updates need a critic, which only \
+                 algorithm.adv_estimator = \"gae\" trains"
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// An evaluation-only run needs held-out prompts, and runs in one process
+/// from `model.path`.
+fn val_only_fits(c: &Config) -> Check<()> {
+    if !c.trainer.val_only {
+        return Ok(());
+    }
+    let why = match (c.evaluates(), c.trainer.resume, c.cluster.workers) {
+        (false, ..) => "needs held-out prompts: data.val_files or data.val_fraction".to_owned(),
+        (_, true, _) => VAL_ONLY_RESUME.to_owned(),
+        (.., w) if w > 1 => format!(
+            "evaluates in one process, and the run has {w} workers (cluster.workers or \
+             cluster.layout)"
+        ),
+        _ => return Ok(()),
+    };
+    bad("trainer.val_only", why)
 }
 
 /// The workers (from `workers` or the layout, which must agree) must split
@@ -465,11 +475,6 @@ fn rollout_section(rollout: &RawRollout, estimator: AdvEstimator) -> Check<Rollo
     Ok(rollout_cfg)
 }
 
-/// `n` and the noun in its number: "1 mini-batch", "2 mini-batches".
-fn count(n: usize, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
-
 /// The largest divisor of `whole` that is at most `limit`: an unset
 /// mini- or micro-batch size follows its default down to what divides the
 /// batch it cuts, as a user who shrinks the batch would expect (the
@@ -588,7 +593,40 @@ fn critic_section(critic: RawCritic, actor: &ActorConfig) -> Check<CriticConfig>
 }
 
 fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
-    above_zero("actor.lr", actor.lr)?;
+    Ok(ActorConfig {
+        optim: OptimConfig {
+            lr: above_zero("actor.lr", actor.lr)?,
+            warmup_steps: actor.warmup_steps,
+            weight_decay: in_range("actor.weight_decay", actor.weight_decay, 0.0, 1.0)?,
+            grad_clip: above_zero("actor.grad_clip", actor.grad_clip)?,
+            schedule: actor.warmup_style,
+            min_lr_ratio: in_range("actor.min_lr_ratio", actor.min_lr_ratio, 0.0, 1.0)?,
+            betas: match actor.betas[..] {
+                [b1, b2] => (beta("actor.betas", b1)?, beta("actor.betas", b2)?),
+                _ => {
+                    return bad(
+                        "actor.betas",
+                        format!("must be two numbers [β₁, β₂], got {:?}", actor.betas),
+                    )
+                }
+            },
+        },
+        ppo_epochs,
+        policy_loss: policy_loss(&actor)?,
+        entropy_coeff: in_range("actor.entropy_coeff", actor.entropy_coeff, -1.0, 1.0)?,
+        kl_loss: match actor.use_kl_loss {
+            true => Some(KlLoss {
+                coef: at_least_zero("actor.kl_loss_coef", actor.kl_loss_coef)?,
+                estimator: actor.kl_loss_type,
+            }),
+            false => None,
+        },
+        gradient_checkpointing: false,
+    })
+}
+
+/// The policy loss's settings, each loss mode's within its range.
+fn policy_loss(actor: &RawActor) -> Check<PolicyLossConfig> {
     let policy_loss = PolicyLossConfig {
         loss_mode: actor.loss_mode,
         clip_ratio: actor.clip_ratio,
@@ -604,6 +642,28 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
         tau_pos: gate_temperature("actor.tau_pos", actor.tau_pos)?,
         tau_neg: gate_temperature("actor.tau_neg", actor.tau_neg)?,
     };
+    covariance_settings(actor)?;
+    if let Err(colo_algo::Error::InvalidConfig {
+        field,
+        value,
+        reason,
+    }) = policy_loss.clip_range()
+    {
+        // An unset bound takes clip_ratio's value: name the key written.
+        let field = match field {
+            "clip_ratio_low" if actor.clip_ratio_low.is_none() => "clip_ratio",
+            "clip_ratio_high" if actor.clip_ratio_high.is_none() => "clip_ratio",
+            f => f,
+        };
+        // colo-algo writes the value with `{}`: every digit of 1e300.
+        let value = value.parse().map_or(value, |v: f64| Num(v).to_string());
+        return bad(&format!("actor.{field}"), format!("{reason}, got {value}"));
+    }
+    Ok(policy_loss)
+}
+
+/// Clip-Cov's and KL-Cov's shares of tokens and covariance range.
+fn covariance_settings(actor: &RawActor) -> Check<()> {
     if !(actor.clip_cov_ratio > 0.0 && actor.clip_cov_ratio <= 1.0) {
         return bad(
             "actor.clip_cov_ratio",
@@ -658,54 +718,7 @@ fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
             format!("must be a number ≥ 0, got {}", Num(actor.ppo_kl_coef)),
         );
     }
-    if let Err(colo_algo::Error::InvalidConfig {
-        field,
-        value,
-        reason,
-    }) = policy_loss.clip_range()
-    {
-        // An unset bound takes clip_ratio's value: name the key written.
-        let field = match field {
-            "clip_ratio_low" if actor.clip_ratio_low.is_none() => "clip_ratio",
-            "clip_ratio_high" if actor.clip_ratio_high.is_none() => "clip_ratio",
-            f => f,
-        };
-        // colo-algo writes the value with `{}`: every digit of 1e300.
-        let value = value.parse().map_or(value, |v: f64| Num(v).to_string());
-        return bad(&format!("actor.{field}"), format!("{reason}, got {value}"));
-    }
-    let actor_cfg = ActorConfig {
-        optim: OptimConfig {
-            lr: actor.lr,
-            warmup_steps: actor.warmup_steps,
-            weight_decay: in_range("actor.weight_decay", actor.weight_decay, 0.0, 1.0)?,
-            grad_clip: above_zero("actor.grad_clip", actor.grad_clip)?,
-            schedule: actor.warmup_style,
-            min_lr_ratio: in_range("actor.min_lr_ratio", actor.min_lr_ratio, 0.0, 1.0)?,
-            betas: match actor.betas[..] {
-                [b1, b2] => (beta("actor.betas", b1)?, beta("actor.betas", b2)?),
-                _ => {
-                    return bad(
-                        "actor.betas",
-                        format!("must be two numbers [β₁, β₂], got {:?}", actor.betas),
-                    )
-                }
-            },
-        },
-        ppo_epochs,
-        policy_loss,
-        entropy_coeff: in_range("actor.entropy_coeff", actor.entropy_coeff, -1.0, 1.0)?,
-        kl_loss: match actor.use_kl_loss {
-            true => Some(KlLoss {
-                coef: at_least_zero("actor.kl_loss_coef", actor.kl_loss_coef)?,
-                estimator: actor.kl_loss_type,
-            }),
-            false => None,
-        },
-        gradient_checkpointing: false,
-    };
-
-    Ok(actor_cfg)
+    Ok(())
 }
 
 fn algorithm_section(algorithm: RawAlgorithm, max_new_tokens: usize) -> Check<AlgorithmConfig> {
@@ -916,347 +929,4 @@ fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
         cpu_threads: (trainer.cpu_threads > 0).then_some(trainer.cpu_threads),
     };
     Ok(trainer_cfg)
-}
-
-/// What the summary says of the policy loss: the settings it uses.
-fn loss_settings(p: &colo_algo::PolicyLossConfig) -> String {
-    use colo_algo::PolicyLossMode as M;
-    let clip = format!(
-        "clip {}/{}",
-        Num(p.clip_ratio_low.unwrap_or(p.clip_ratio)),
-        Num(p.clip_ratio_high.unwrap_or(p.clip_ratio))
-    );
-    let agg = name(&p.loss_agg_mode);
-    match p.loss_mode {
-        M::Vanilla => format!("{clip}, dual clip {}, {agg}", Num(p.clip_ratio_c)),
-        M::Gspo => format!("{clip} on the sequence ratio, seq-mean-token-mean"),
-        M::Gpg => format!("no ratio, no clip, {agg}"),
-        M::Cispo => format!("IS weight {clip}, {agg}"),
-        M::KlCov => format!(
-            "KL penalty on {} of the tokens, × {}, {agg}",
-            Num(p.kl_cov_ratio),
-            Num(p.ppo_kl_coef)
-        ),
-        M::ClipCov => format!(
-            "{clip}, {} of the tokens of covariance in ({}, {}) dropped, {agg}",
-            Num(p.clip_cov_ratio),
-            Num(p.clip_cov_lb),
-            Num(p.clip_cov_ub)
-        ),
-        M::GeoMean => format!("{clip} in log space, mean over sequences"),
-        M::Sapo => format!(
-            "soft gate τ {}/{}, seq-mean-token-mean",
-            Num(p.tau_pos),
-            Num(p.tau_neg)
-        ),
-    }
-}
-
-/// The algorithm line's tail: a cosine schedule, and PPO's critic.
-fn schedule_text(c: &Config) -> String {
-    let o = &c.actor.optim;
-    let mut text = match o.schedule {
-        colo_train::ScheduleKind::Cosine => {
-            format!(", then cosine to {} × lr", Num(o.min_lr_ratio))
-        }
-        colo_train::ScheduleKind::Constant => String::new(),
-    };
-    if c.algorithm.advantage.adv_estimator == AdvEstimator::Gae {
-        text += &format!(", critic lr {}", Num(c.critic.optim.lr));
-        if c.trainer.critic_warmup > 0 {
-            text += &match c.trainer.critic_warmup {
-                1 => " (alone for the first step)".to_owned(),
-                n => format!(" (alone for the first {n} steps)"),
-            };
-        }
-    }
-    text
-}
-
-/// The reward as a person reads it: `numeric after "####", tolerance
-/// 1e-6`, `0.9 × numeric + 0.1 × format <answer>…</answer>`, `python
-/// compute_score of my_reward.py (4 workers)`; never its JSON.
-fn reward_text(r: &RewardSpec) -> String {
-    let default = |d: &Option<f32>| match d {
-        Some(d) => format!(", default_score {d}"),
-        None => String::new(),
-    };
-    let workers = |w: usize| match w {
-        1 => String::new(),
-        w => format!(", {w} workers"),
-    };
-    match r {
-        RewardSpec::ExactMatch {} => "exact_match".into(),
-        RewardSpec::Numeric { tolerance, after } => format!(
-            "numeric{}, tolerance {}",
-            after
-                .as_ref()
-                .map_or(" (the last number)".to_owned(), |a| format!(" after {a:?}")),
-            Num(*tolerance)
-        ),
-        RewardSpec::Boxed { tolerance } => format!("boxed, tolerance {}", Num(*tolerance)),
-        RewardSpec::Format { open, close } => format!("format {open}…{close}"),
-        RewardSpec::Weighted { terms } => (terms.iter())
-            .map(|t| format!("{} × {}", t.weight, reward_text(&t.reward)))
-            .collect::<Vec<_>>()
-            .join(" + "),
-        RewardSpec::Verl {} => "verl (the rule by each row's data_source)".into(),
-        RewardSpec::Python {
-            path,
-            name,
-            timeout_s,
-            default_score,
-            workers: w,
-            ..
-        } => format!(
-            "python {name} of {} (timeout {} s{}{})",
-            path.display(),
-            Num(*timeout_s),
-            default(default_score),
-            workers(*w)
-        ),
-        RewardSpec::External {
-            command,
-            timeout_s,
-            default_score,
-            workers: w,
-        } => format!(
-            "external `{}` (timeout {} s{}{})",
-            command.join(" "),
-            Num(*timeout_s),
-            default(default_score),
-            workers(*w)
-        ),
-    }
-}
-
-/// A value's config name (its serde form), e.g. `token-mean` or `staged`.
-fn name(v: &impl serde::Serialize) -> String {
-    match serde_json::to_value(v) {
-        Ok(serde_json::Value::String(s)) => s,
-        Ok(other) => other.to_string(),
-        Err(_) => "?".into(),
-    }
-}
-
-/// `bf16 (auto: …)`: what the run computes in, and why when it was chosen.
-fn dtype_text(dtype: Dtype, device: Device) -> String {
-    let resolved = dtype.resolve(device);
-    let why = match (dtype, resolved) {
-        (Dtype::Auto, Dtype::Bf16) => " (auto: the device multiplies bf16 natively)",
-        (Dtype::Auto, _) => " (auto: the device has no native bf16)",
-        _ => "",
-    };
-    let mixed = if resolved == Dtype::Bf16 {
-        ", mixed precision with f32 master weights"
-    } else {
-        ""
-    };
-    format!("{}{why}{mixed}", resolved.name())
-}
-
-fn sampling_text(s: &Sampling) -> String {
-    if s.temperature == 0.0 {
-        return "greedy".into();
-    }
-    let k = s.top_k.map_or("off".to_owned(), |k| k.to_string());
-    format!(
-        "temperature {}, top_p {}, top_k {k}",
-        s.temperature, s.top_p
-    )
-}
-
-pub(crate) fn summary(c: &Config) -> String {
-    let model = match &c.model {
-        ModelSource::Builtin => "built-in (Qwen2, 0.8M parameters, character tokenizer)".to_owned(),
-        ModelSource::Path(p) => p.display().to_string(),
-    };
-    let kl = match (&c.actor.kl_loss, &c.algorithm.kl_in_reward) {
-        (Some(k), _) => format!("KL loss {} × {}", name(&k.estimator), Num(k.coef)),
-        (None, Some(k)) => format!(
-            "KL in reward {}, β {}",
-            name(&k.estimator),
-            Num(k.ctrl.kl_coef)
-        ),
-        (None, None) => "no KL (no reference model)".into(),
-    };
-    [
-        format!("data       {}", data_text(c)),
-        format!("model      {model}"),
-        step_line(c),
-        update_line(c),
-        format!(
-            "algorithm  {} advantages, {} policy loss ({}), {kl}, lr {} (warmup {})",
-            c.algorithm.advantage.adv_estimator.name(),
-            name(&c.actor.policy_loss.loss_mode),
-            loss_settings(&c.actor.policy_loss),
-            Num(c.actor.optim.lr),
-            c.actor.optim.warmup_steps
-        ) + &schedule_text(c),
-        format!("reward     {}", reward_text(&c.reward)),
-        format!(
-            "compute    {}, {}",
-            name(&c.trainer.device),
-            dtype_text(c.trainer.dtype, c.trainer.device)
-        ),
-        memory_line(c),
-        run_line(c),
-    ]
-    .into_iter()
-    // An evaluation has no step, update or algorithm of its own.
-    .filter(|line| {
-        let training = ["step ", "update ", "algorithm "]
-            .iter()
-            .any(|t| line.starts_with(t));
-        !(c.trainer.val_only && training)
-    })
-    .collect::<Vec<_>>()
-    .join("\n")
-}
-
-/// The `data` line of [`summary`]: where the prompts come from.
-fn data_text(c: &Config) -> String {
-    match &c.data.source {
-        DataSource::Builtin(t) => {
-            format!(
-        "built-in arithmetic task (ops {}, operands 0..={}): {} train / {} held-out prompts",
-        name(&t.ops), t.max_operand, t.train_size, t.val_size
-    )
-        }
-        DataSource::Files { train, val } => {
-            let val = match val {
-                ValSource::Files(v) => format!("held-out {v:?}"),
-                ValSource::Fraction(f) => format!("{f} held out"),
-                ValSource::None => "no held-out set".to_owned(),
-            };
-            format!(
-                "{train:?}, {val}; prompt `{}`, answer `{}`",
-                c.data.fields.prompt_key, c.data.fields.answer_key
-            )
-        }
-    }
-}
-
-/// The `step` line of [`summary`]: the samples a step draws.
-fn step_line(c: &Config) -> String {
-    let b = &c.batch;
-    format!(
-        "step       {} prompts × n {} = {} samples, max {} new tokens, {}{}",
-        b.prompts_per_step,
-        b.n,
-        b.samples_per_step,
-        c.rollout.max_new_tokens,
-        sampling_text(&c.rollout.sampling),
-        match &c.algorithm.filter_groups {
-            None => String::new(),
-            Some(f) => format!(
-                "; dynamic sampling: batches of {} prompts until {} with varying {} ({})",
-                b.gen_batch_prompts,
-                b.prompts_per_step,
-                f.metric.name(),
-                match f.max_gen_batches {
-                    Some(m) => format!("at most {m} batches a step"),
-                    None => "no limit".into(),
-                }
-            ),
-        }
-    )
-}
-
-/// The `update` line of [`summary`]: how a step's samples are split.
-fn update_line(c: &Config) -> String {
-    let b = &c.batch;
-    format!(
-        "update     {} of {} prompts ({} samples) × {} = {}; {}",
-        count(b.mini_batches_per_step, "mini-batch", "mini-batches"),
-        b.mini_batch_prompts,
-        b.mini_batch_samples,
-        count(c.actor.ppo_epochs, "ppo epoch", "ppo epochs"),
-        count(
-            b.optimizer_steps_per_step,
-            "optimiser step",
-            "optimiser steps"
-        ),
-        match b.micro_batch_max_tokens {
-            Some(t) =>
-                format!("micro-batches of consecutive samples within {t} padded tokens each"),
-            None => format!(
-                "{} of {} samples each",
-                count(
-                    b.micro_batches_per_mini_batch,
-                    "micro-batch",
-                    "micro-batches"
-                ),
-                b.micro_batch_samples
-            ),
-        }
-    )
-}
-
-/// The `memory` line of [`summary`]: the colocation and the offloads.
-fn memory_line(c: &Config) -> String {
-    let m = &c.memory;
-    let on = |b: bool, what: &'static str| b.then_some(what);
-    let offload: Vec<&str> = [
-        on(m.offload_train_param, "params"),
-        on(m.offload_train_grad, "grads"),
-        on(m.offload_train_optimizer, "optimizer"),
-        on(m.offload_ref, "ref"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    format!(
-        "memory     {} colocation, capacity {}, offload during generation: {} ({})",
-        name(&m.colocation),
-        match m.capacity {
-            Capacity::Auto => "auto".to_owned(),
-            Capacity::Bytes(b) => colo_mem::fmt_bytes(b),
-        },
-        if offload.is_empty() {
-            "none".to_owned()
-        } else {
-            offload.join(", ")
-        },
-        match m.offload_policy {
-            OffloadPolicy::AsNeeded => "as needed",
-            OffloadPolicy::Always => "always",
-        }
-    )
-}
-
-/// The `run` line of [`summary`]: its length, evaluations and output.
-fn run_line(c: &Config) -> String {
-    let length = match c.trainer.length {
-        RunLength::Steps(s) => format!("{s} steps"),
-        RunLength::Epochs(e) => format!("{e} epochs"),
-    };
-    let freq = |f: Option<usize>| match f {
-        None => "end only".to_owned(),
-        Some(1) => "every step".to_owned(),
-        Some(f) => format!("every {f} steps"),
-    };
-    match c.trainer.val_only {
-        true => format!(
-            "run        evaluation only (trainer.val_only: nothing is trained), {}, seed {}, \
-             out {}",
-            sampling_text(&c.rollout.val_sampling),
-            c.trainer.seed,
-            c.trainer.out_dir.display()
-        ),
-        false => format!(
-            "run        {length}, {}, checkpoint {}, seed {}, out {}",
-            match c.evaluates() {
-                true => format!(
-                    "eval {} ({})",
-                    freq(c.trainer.test_freq),
-                    sampling_text(&c.rollout.val_sampling)
-                ),
-                false => "no evaluation (no held-out set)".to_owned(),
-            },
-            freq(c.trainer.save_freq),
-            c.trainer.seed,
-            c.trainer.out_dir.display()
-        ),
-    }
 }
