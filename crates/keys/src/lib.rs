@@ -6,7 +6,10 @@
 //! (`#[serde(rename)]`), the other names (`#[serde(alias)]`), the field's
 //! doc comment as its meaning, and what `#[key(...)]` adds:
 //!
-//! ```ignore
+//! ```
+//! use colo_keys::Keys;
+//! use serde::Deserialize;
+//!
 //! #[derive(Deserialize, Keys)]
 //! struct RawRollout {
 //!     /// longest response
@@ -17,6 +20,16 @@
 //!     #[key(table)]
 //!     val_kwargs: RawValKwargs,
 //! }
+//!
+//! #[derive(Deserialize, Keys)]
+//! struct RawValKwargs {
+//!     /// samples per prompt
+//!     n: usize,
+//! }
+//!
+//! let keys = RawRollout::keys();
+//! assert_eq!(keys[0].aliases, ["response_length"]);
+//! assert_eq!(keys[1].table.unwrap()()[0].doc, "samples per prompt");
 //! ```
 //!
 //! - `unit`: the unit or the accepted values;
