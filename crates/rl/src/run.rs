@@ -241,18 +241,92 @@ impl Before {
     }
 }
 
-/// [`run_until`] once the run directory is locked.
+/// [`run_until`] once the run directory is locked: what `--resume` finds
+/// (before anything is written), the model and the data, where the run
+/// starts, its records, then the device pool, the steps and the pictures.
 fn run_locked(asked: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<RunSummary> {
-    // The generation dumps go where the run directory says
-    // ([`crate::config::TrainerConfig::dumps_in`]); `config.toml` records
-    // the paths as asked.
-    let mut config = asked.clone();
-    let t = &mut config.trainer;
-    (t.rollout_data_dir, t.validation_data_dir) = asked.trainer.dumps_in(out);
-    let config = &config;
+    let config = &dumps_in_run_dir(asked, out);
     if config.trainer.val_only {
         return evaluate_only(config, asked, out, resume, stop);
     }
+    let looked = look_for_checkpoint(config, out, resume)?;
+    let ckpt_dir = out.join(checkpoints::DIR);
+    let leftovers = checkpoints::prepare_dir(&ckpt_dir, uses_critic(config))?;
+    let (model_dir, tokenizer) = open_model(config, &out.join("base"))?;
+    let (train, val) = load_data(config, out, &tokenizer)?;
+
+    // ---- resume: which checkpoint, and the records after it go -------------
+    let mut start = Start {
+        first_step: 0,
+        first_batch: 0,
+        total: total_steps(config, &train)?,
+        before: Earlier::default(),
+        notes: Vec::new(),
+    };
+    for note in leftovers {
+        start.say(note);
+    }
+    start.notes.extend(looked.skipped);
+    let resumed_config = match looked.found {
+        None => None,
+        Some(found) => match start.resume(config, out, found, looked.replaced, stop)? {
+            Resumed::Steps(c) => c,
+            Resumed::Complete(summary) => return Ok(summary),
+        },
+    };
+    let (metrics, mut timeline) = open_records(out, start.first_step)?;
+
+    // ---- device, worker, steps; the pictures however it ends ---------------
+    // The record holds what the user asked for (`auto` stays `auto`): the
+    // checkpoint's settling of it is said in its own note, not as a change.
+    if start.first_step > 0 {
+        if let Some(note) = run_config::changes(out, asked)? {
+            start.say(note);
+        }
+    }
+    run_config::write(out, asked)?;
+    let config = resumed_config.as_deref().unwrap_or(config);
+    make_dump_dirs(config)?;
+    let pool = crate::setup::make_pool(config)?;
+    // A resumed process's start-up belongs after its checkpoint's step.
+    pool.set_step(start.first_step as u64);
+    let setup = Setup {
+        model_dir,
+        tokenizer,
+        train,
+        val,
+        metrics,
+    };
+    let result = train_steps(config, out, &pool, setup, start, &mut timeline, stop);
+    with_pictures(result, out, &pool, &mut timeline)
+}
+
+/// The config the run uses: the generation dumps go where the run
+/// directory says ([`crate::config::TrainerConfig::dumps_in`]);
+/// `config.toml` records the paths as asked.
+fn dumps_in_run_dir(asked: &Config, out: &Path) -> Config {
+    let mut config = asked.clone();
+    let t = &mut config.trainer;
+    (t.rollout_data_dir, t.validation_data_dir) = asked.trainer.dumps_in(out);
+    config
+}
+
+/// What `--resume` found in `out/checkpoints`.
+struct Looked {
+    /// The newest complete checkpoint and the directories skipped (`None`
+    /// without `--resume`).
+    found: Option<checkpoints::Found>,
+    /// The notes said of the skipped directories, for the summary.
+    skipped: Vec<String>,
+    /// What `--resume` starts over where the run wrote no checkpoint.
+    replaced: Option<String>,
+}
+
+/// With `resume`, the newest complete checkpoint (the directories skipped
+/// said now: a refusal here follows from them); and the refusals due
+/// before anything is written: an earlier run's work overwritten by a run
+/// from scratch, a checkpoint of another model.
+fn look_for_checkpoint(config: &Config, out: &Path, resume: bool) -> Result<Looked> {
     let ckpt_dir = out.join(checkpoints::DIR);
     // Read only: nothing is written until the resume is known to make sense.
     let found = resume
@@ -283,11 +357,16 @@ fn run_locked(asked: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<R
         true => checkpoints::earlier_run(out)?,
         false => None,
     };
-    let leftovers = checkpoints::prepare_dir(&ckpt_dir, uses_critic(config))?;
-    let (model_dir, tokenizer) = open_model(config, &out.join("base"))?;
-    let (train, val) = load_data(config, out, &tokenizer)?;
+    Ok(Looked {
+        found,
+        skipped,
+        replaced,
+    })
+}
 
-    // ---- resume: which checkpoint, and the records after it go -------------
+/// The run's total steps over `train`; refused when the actor's
+/// learning-rate schedule does not fit their optimizer steps.
+fn total_steps(config: &Config, train: &Dataset) -> Result<usize> {
     let total = config.total_steps(train.len());
     // A run in epochs knows its optimizer steps only now.
     let optimizer_steps = total.saturating_mul(config.batch.optimizer_steps_per_step);
@@ -297,120 +376,146 @@ fn run_locked(asked: &Config, out: &Path, resume: bool, stop: &Stop) -> Result<R
             train.len()
         )));
     }
-    let metrics_path = out.join("metrics.jsonl");
-    let mut start = Start {
-        first_step: 0,
-        first_batch: 0,
-        total,
-        before: Earlier::default(),
-        notes: Vec::new(),
-    };
-    for note in leftovers {
-        start.say(note);
-    }
-    start.notes.extend(skipped);
-    let mut resumed_config = None;
-    if let Some(found) = found {
+    Ok(total)
+}
+
+/// What `--resume` leaves to do.
+enum Resumed {
+    /// The steps from [`Start::first_step`]; in the checkpoint's
+    /// configuration (its dtype for `auto`) when there is one, `None` from
+    /// scratch.
+    Steps(Option<Box<Config>>),
+    /// Nothing: the checkpoint is of the run's last step.
+    Complete(RunSummary),
+}
+
+impl Start {
+    /// Where `--resume` starts the run, from what it `found`: from scratch
+    /// without a complete checkpoint (over what an earlier run that wrote
+    /// none left: `replaced`); refused beyond the run's total steps; else
+    /// after the checkpoint.
+    fn resume(
+        &mut self,
+        config: &Config,
+        out: &Path,
+        found: checkpoints::Found,
+        replaced: Option<String>,
+        stop: &Stop,
+    ) -> Result<Resumed> {
+        let total = self.total;
         match found.latest {
-            None => start.say(match replaced {
-                None => format!(
-                    "--resume: no complete checkpoint in {}; starting from scratch",
-                    ckpt_dir.display()
-                ),
-                Some(what) => format!(
-                    "--resume: {} holds no checkpoint (its run wrote none); starting from \
-                     scratch, replacing its records ({what})",
-                    out.display()
-                ),
-            }),
-            Some((step, dir)) if step > total => {
-                return Err(Error::Resume(format!(
-                    "the newest checkpoint, {}, is at step {step}, beyond trainer.total_steps = {total}; \
-                     continuing would overwrite newer checkpoints with older steps. \
-                     Set trainer.total_steps to at least {step}, or use another run directory",
-                    dir.display()
-                )))
+            None => {
+                self.say(match replaced {
+                    None => format!(
+                        "--resume: no complete checkpoint in {}; starting from scratch",
+                        out.join(checkpoints::DIR).display()
+                    ),
+                    Some(what) => format!(
+                        "--resume: {} holds no checkpoint (its run wrote none); starting from \
+                         scratch, replacing its records ({what})",
+                        out.display()
+                    ),
+                });
+                Ok(Resumed::Steps(None))
             }
-            Some((step, dir)) => {
-                let (c, note) = checkpoints::resume_dtype(config, &dir)?;
-                resumed_config = Some(c);
-                if let Some(note) = note {
-                    start.say(note);
-                }
-                let dynamic = config.algorithm.filter_groups.is_some();
-                let (at, note) =
-                    DataState::resume(&dir, step, config.batch.gen_batch_prompts, dynamic)?;
-                // Only once the checkpoint is known to resume.
-                let removed = metrics::truncate_after(&metrics_path, step)?;
-                if let Some(note) = note {
-                    start.say(note);
-                }
-                (start.first_step, start.first_batch) = (step, at);
-                start.before = earlier(&metrics_path)?;
-                stop.saved(step);
-                start.say(format!(
-                    "--resume: continuing from {} (step {step} of {total}){}",
-                    dir.display(),
-                    match removed {
-                        0 => String::new(),
-                        1 => format!("; removed 1 record after step {step} from metrics.jsonl"),
-                        n => format!("; removed {n} records after step {step} from metrics.jsonl"),
-                    }
-                ));
-                if step == total {
-                    start.say(format!(
-                        "--resume: the run is already complete ({total} of {total} steps); nothing to do"
-                    ));
-                    return Ok(RunSummary {
-                        run_dir: out.to_owned(),
-                        steps: total,
-                        total_steps: total,
-                        resumed_from: Some(step),
-                        first_accuracy: start.before.first,
-                        last_accuracy: start.before.last,
-                        last_accuracy_by_source: BTreeMap::new(),
-                        peak_device_bytes: start.before.peak,
-                        peak_allocated_bytes: start.before.peak_allocated,
-                        reward_failures: start.before.reward_failures,
-                        notes: start.notes,
-                    });
-                }
-            }
+            Some((step, dir)) if step > total => Err(Error::Resume(format!(
+                "the newest checkpoint, {}, is at step {step}, beyond trainer.total_steps = {total}; \
+                 continuing would overwrite newer checkpoints with older steps. \
+                 Set trainer.total_steps to at least {step}, or use another run directory",
+                dir.display()
+            ))),
+            Some((step, dir)) => self.continue_from(config, out, step, &dir, stop),
         }
     }
-    let metrics = match start.first_step {
+
+    /// Starts after the checkpoint of `step` in `dir`: its dtype, its place
+    /// in the data, `metrics.jsonl` cut back to it and what its records
+    /// say; [`Resumed::Complete`] when it is of the last step.
+    fn continue_from(
+        &mut self,
+        config: &Config,
+        out: &Path,
+        step: usize,
+        dir: &Path,
+        stop: &Stop,
+    ) -> Result<Resumed> {
+        let total = self.total;
+        let metrics_path = out.join("metrics.jsonl");
+        let (resumed_config, note) = checkpoints::resume_dtype(config, dir)?;
+        if let Some(note) = note {
+            self.say(note);
+        }
+        let dynamic = config.algorithm.filter_groups.is_some();
+        let (at, note) = DataState::resume(dir, step, config.batch.gen_batch_prompts, dynamic)?;
+        // Only once the checkpoint is known to resume.
+        let removed = metrics::truncate_after(&metrics_path, step)?;
+        if let Some(note) = note {
+            self.say(note);
+        }
+        (self.first_step, self.first_batch) = (step, at);
+        self.before = earlier(&metrics_path)?;
+        stop.saved(step);
+        self.say(format!(
+            "--resume: continuing from {} (step {step} of {total}){}",
+            dir.display(),
+            match removed {
+                0 => String::new(),
+                1 => format!("; removed 1 record after step {step} from metrics.jsonl"),
+                n => format!("; removed {n} records after step {step} from metrics.jsonl"),
+            }
+        ));
+        if step != total {
+            return Ok(Resumed::Steps(Some(Box::new(resumed_config))));
+        }
+        self.say(format!(
+            "--resume: the run is already complete ({total} of {total} steps); nothing to do"
+        ));
+        Ok(Resumed::Complete(self.complete(out)))
+    }
+
+    /// The summary of a resumed run with no step left, from its records.
+    fn complete(&mut self, out: &Path) -> RunSummary {
+        RunSummary {
+            run_dir: out.to_owned(),
+            steps: self.total,
+            total_steps: self.total,
+            resumed_from: Some(self.first_step),
+            first_accuracy: self.before.first,
+            last_accuracy: self.before.last,
+            last_accuracy_by_source: BTreeMap::new(),
+            peak_device_bytes: self.before.peak,
+            peak_allocated_bytes: self.before.peak_allocated,
+            reward_failures: self.before.reward_failures,
+            notes: std::mem::take(&mut self.notes),
+        }
+    }
+}
+
+/// The run's records, `metrics.jsonl` and `timeline.jsonl`: new for a run
+/// from scratch, appended to after the checkpoint of `first_step`.
+fn open_records(out: &Path, first_step: usize) -> Result<(MetricsWriter, TimelineWriter)> {
+    let metrics_path = out.join("metrics.jsonl");
+    let metrics = match first_step {
         0 => MetricsWriter::create(&metrics_path)?,
         _ => MetricsWriter::append(&metrics_path)?,
     };
     let timeline_path = out.join("timeline.jsonl");
-    let mut timeline = match start.first_step {
+    let timeline = match first_step {
         0 => TimelineWriter::create(&timeline_path)?,
         step => TimelineWriter::resume(&timeline_path, step)?,
     };
+    Ok((metrics, timeline))
+}
 
-    // ---- device, worker, steps; the pictures however it ends ---------------
-    // The record holds what the user asked for (`auto` stays `auto`): the
-    // checkpoint's settling of it is said in its own note, not as a change.
-    if start.first_step > 0 {
-        if let Some(note) = run_config::changes(out, asked)? {
-            start.say(note);
-        }
-    }
-    run_config::write(out, asked)?;
-    let config = resumed_config.as_ref().unwrap_or(config);
-    make_dump_dirs(config)?;
-    let pool = crate::setup::make_pool(config)?;
-    // A resumed process's start-up belongs after its checkpoint's step.
-    pool.set_step(start.first_step as u64);
-    let setup = Setup {
-        model_dir,
-        tokenizer,
-        train,
-        val,
-        metrics,
-    };
-    let result = train_steps(config, out, &pool, setup, start, &mut timeline, stop);
-    match (result, draw(out, &pool, &mut timeline)) {
+/// The pictures, drawn after the steps however they ended: the steps'
+/// error, if any, is the run's (a failure to draw is then logged).
+fn with_pictures(
+    result: Result<RunSummary>,
+    out: &Path,
+    pool: &colo_mem::Pool,
+    timeline: &mut TimelineWriter,
+) -> Result<RunSummary> {
+    match (result, draw(out, pool, timeline)) {
         (Ok(summary), drawn) => drawn.map(|()| summary),
         (Err(e), Ok(())) => Err(e),
         (Err(e), Err(d)) => {

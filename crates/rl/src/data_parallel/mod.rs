@@ -41,6 +41,7 @@ use std::hash::Hasher;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use colo_model::Tokenizer;
 use colo_train::Collective;
 
 use crate::config::Config;
@@ -118,62 +119,18 @@ impl Rank {
         rank: usize,
         world: usize,
         resume_from: Option<usize>,
-        mut collective: impl FnMut() -> Box<dyn Collective>,
+        collective: impl FnMut() -> Box<dyn Collective>,
     ) -> Result<Self> {
-        if rank >= world {
-            return Err(Error::Cluster(format!(
-                "rank {rank} of a group of {world} workers: ranks count from 0 and stay below the \
-                 number of workers (world {world}{})",
-                if world == 0 {
-                    ", which must be at least 1"
-                } else {
-                    ""
-                }
-            )));
-        }
-        if out.as_os_str().is_empty() {
-            return Err(Error::Cluster(
-                "the run directory is empty; name one (the directory every rank shares)".into(),
-            ));
-        }
+        check_rank(out, rank, world)?;
         // As `colo train --resume`: `auto` continues in the checkpoint's
         // dtype, and the run's record keeps what the user asked for.
         let asked = config.clone();
-        let config = match resume_from {
-            Some(step) => {
-                let saved = checkpoints::step_dir(&out.join(checkpoints::DIR), step);
-                if let Some(why) =
-                    checkpoints::incomplete(&saved, step, crate::setup::uses_critic(&config))
-                {
-                    return Err(Error::Resume(format!(
-                        "no complete checkpoint of step {step} to resume from: {}: {why}",
-                        saved.display()
-                    )));
-                }
-                // (The controller says its note: `resume_notes`.)
-                checkpoints::resume_dtype(&config, &saved)?.0
-            }
-            None => config,
-        };
-        let mut local = rank_config(&config, world)?;
-        // Each rank dumps its share of the generations into a directory of
-        // its own, in the run directory when the path is relative.
-        let t = &mut local.trainer;
-        (t.rollout_data_dir, t.validation_data_dir) = config.trainer.dumps_in(out);
-        for d in [&mut t.rollout_data_dir, &mut t.validation_data_dir]
-            .into_iter()
-            .flatten()
-        {
-            *d = d.join(format!("rank-{rank}"));
-        }
+        let config = resumed_config(config, out, resume_from)?;
+        let local = local_config(&config, out, rank, world)?;
         // The run directory is readied, and the configuration recorded, as
         // `colo train` does it: once, by rank 0.
         if rank == 0 {
-            let ckpts = out.join(checkpoints::DIR);
-            for note in checkpoints::prepare_dir(&ckpts, crate::setup::uses_critic(&config))? {
-                crate::progress::say(&note);
-            }
-            crate::run_config::write(out, &asked)?;
+            ready_run_dir(&config, &asked, out)?;
         }
         let dir = out.join("workers").join(format!("rank-{rank}"));
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
@@ -182,43 +139,14 @@ impl Rank {
         // Python object cannot carry a lifetime).
         let global: &'static Config = Box::leak(Box::new(config));
         let local: &'static Config = Box::leak(Box::new(local));
-        // The built-in job's checkpoint and data are written out by each
-        // rank into its own directory: ranks start at once, and one must
-        // not read what another is writing.
-        let (model_dir, tokenizer) = open_model(global, &dir.join("base"))?;
-        let (train, val) = load_data(global, &dir, &tokenizer)?;
-        let val = Dataset {
-            prompts: val.prompts[shard(val.len(), rank, world)].to_vec(),
-            ..Dataset::default()
-        };
+        let (model, train, val) = rank_data(global, &dir, rank, world)?;
         let train: &'static Dataset = Box::leak(Box::new(train));
         let pool = make_pool(global)?;
         pool.set_step(resume_from.unwrap_or(0) as u64);
-        let records = dir.join("metrics.jsonl");
-        let timeline_path = dir.join("timeline.jsonl");
-        let (metrics, timeline) = match resume_from {
-            None => (
-                MetricsWriter::create(&records)?,
-                TimelineWriter::create(&timeline_path)?,
-            ),
-            Some(step) => {
-                crate::metrics::truncate_after(&records, step)?;
-                (
-                    MetricsWriter::append(&records)?,
-                    TimelineWriter::resume(&timeline_path, step)?,
-                )
-            }
-        };
+        let (metrics, timeline) = rank_records(&dir, resume_from)?;
         let total = global.total_steps(train.len());
-        let model = (model_dir, tokenizer);
         let mut run = Run::new(local, &dir, &pool, model, val, metrics, total)?;
-        run.worker.actor.set_collective(Some(collective()));
-        if let Some(c) = &mut run.worker.critic {
-            c.set_collective(Some(collective()));
-        }
-        if global.algorithm.filter_groups.is_some() {
-            run.peers = Some(collective());
-        }
+        join_ranks(&mut run, global, collective);
         let batches = Batches::of_run(train, global)?;
         Ok(Rank {
             run,
@@ -385,6 +313,124 @@ impl Rank {
     pub fn finish(&mut self) -> Result<PathBuf> {
         draw(&self.dir, self.run.worker.pool(), &mut self.timeline)?;
         Ok(self.dir.clone())
+    }
+}
+
+/// Refuses a rank outside `0..world` (and a world of none), and an empty
+/// run directory.
+fn check_rank(out: &Path, rank: usize, world: usize) -> Result<()> {
+    if rank >= world {
+        return Err(Error::Cluster(format!(
+            "rank {rank} of a group of {world} workers: ranks count from 0 and stay below the \
+             number of workers (world {world}{})",
+            if world == 0 {
+                ", which must be at least 1"
+            } else {
+                ""
+            }
+        )));
+    }
+    if out.as_os_str().is_empty() {
+        return Err(Error::Cluster(
+            "the run directory is empty; name one (the directory every rank shares)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The run's config from the checkpoint of `resume_from` (its dtype for
+/// `auto`), refused when that checkpoint is not complete; `config` itself
+/// from scratch.
+fn resumed_config(config: Config, out: &Path, resume_from: Option<usize>) -> Result<Config> {
+    let Some(step) = resume_from else {
+        return Ok(config);
+    };
+    let saved = checkpoints::step_dir(&out.join(checkpoints::DIR), step);
+    if let Some(why) = checkpoints::incomplete(&saved, step, crate::setup::uses_critic(&config)) {
+        return Err(Error::Resume(format!(
+            "no complete checkpoint of step {step} to resume from: {}: {why}",
+            saved.display()
+        )));
+    }
+    // (The controller says its note: `resume_notes`.)
+    Ok(checkpoints::resume_dtype(&config, &saved)?.0)
+}
+
+/// This rank's config ([`rank_config`]), which dumps its share of the
+/// generations into a directory of its own (`…/rank-R`), in the run
+/// directory when the path is relative.
+fn local_config(config: &Config, out: &Path, rank: usize, world: usize) -> Result<Config> {
+    let mut local = rank_config(config, world)?;
+    let t = &mut local.trainer;
+    (t.rollout_data_dir, t.validation_data_dir) = config.trainer.dumps_in(out);
+    for d in [&mut t.rollout_data_dir, &mut t.validation_data_dir]
+        .into_iter()
+        .flatten()
+    {
+        *d = d.join(format!("rank-{rank}"));
+    }
+    Ok(local)
+}
+
+/// Readies `out/checkpoints` (what it says of leftovers is said) and
+/// records the configuration as `asked`.
+fn ready_run_dir(config: &Config, asked: &Config, out: &Path) -> Result<()> {
+    let ckpts = out.join(checkpoints::DIR);
+    for note in checkpoints::prepare_dir(&ckpts, crate::setup::uses_critic(config))? {
+        crate::progress::say(&note);
+    }
+    crate::run_config::write(out, asked)
+}
+
+/// The model (its directory and tokenizer), the training data, and this
+/// rank's share of the held-out prompts. The built-in job's checkpoint and
+/// data are written out by each rank into its own directory `dir`: ranks
+/// start at once, and one must not read what another is writing.
+fn rank_data(
+    global: &Config,
+    dir: &Path,
+    rank: usize,
+    world: usize,
+) -> Result<((PathBuf, Tokenizer), Dataset, Dataset)> {
+    let (model_dir, tokenizer) = open_model(global, &dir.join("base"))?;
+    let (train, val) = load_data(global, dir, &tokenizer)?;
+    let val = Dataset {
+        prompts: val.prompts[shard(val.len(), rank, world)].to_vec(),
+        ..Dataset::default()
+    };
+    Ok(((model_dir, tokenizer), train, val))
+}
+
+/// This rank's `metrics.jsonl` and `timeline.jsonl` in `dir`: new from
+/// scratch, cut back to and appended after the step of `resume_from`.
+fn rank_records(dir: &Path, resume_from: Option<usize>) -> Result<(MetricsWriter, TimelineWriter)> {
+    let records = dir.join("metrics.jsonl");
+    let timeline_path = dir.join("timeline.jsonl");
+    Ok(match resume_from {
+        None => (
+            MetricsWriter::create(&records)?,
+            TimelineWriter::create(&timeline_path)?,
+        ),
+        Some(step) => {
+            crate::metrics::truncate_after(&records, step)?;
+            (
+                MetricsWriter::append(&records)?,
+                TimelineWriter::resume(&timeline_path, step)?,
+            )
+        }
+    })
+}
+
+/// Joins `run`'s trainers to the other ranks: the actor's collective, the
+/// critic's for PPO with GAE, and with dynamic sampling the peers a step
+/// asks whether every rank has its groups.
+fn join_ranks(run: &mut Run, global: &Config, mut collective: impl FnMut() -> Box<dyn Collective>) {
+    run.worker.actor.set_collective(Some(collective()));
+    if let Some(c) = &mut run.worker.critic {
+        c.set_collective(Some(collective()));
+    }
+    if global.algorithm.filter_groups.is_some() {
+        run.peers = Some(collective());
     }
 }
 
