@@ -7,10 +7,11 @@
 use std::path::{Path, PathBuf};
 
 use colo_rl::checkpoints::DataState;
-use colo_rl::metrics::{read, Record};
 use colo_rl::{Config, Error, StepMetrics};
 
 mod common;
+
+use common::steps_of;
 
 fn tmp(name: &str) -> PathBuf {
     common::tmp("dynamic-sampling", name)
@@ -33,46 +34,29 @@ fn config(dir: &Path, steps: usize, gen: usize, filter: &str) -> Config {
     let data = common::write_arith_data(dir, 16);
     let reward = dir.join("reward.py");
     std::fs::write(&reward, REWARD).unwrap();
-    let text = format!(
-        r#"
+    common::fixture_run(&data, 2)
+        .without("data", "val_fraction")
+        .with(&format!(
+            r#"
 [data]
-train_files = ["{data}"]
-train_batch_size = 2
 gen_batch_size = {gen}
-seed = 3
 
-{sections}
 [reward]
 kind = "python"
 path = "{reward}"
 timeout_s = 30
 
-[memory]
-capacity = "256MiB"
-
 [trainer]
 dtype = "f32"
 total_steps = {steps}
 save_freq = 1
-seed = 11
 
 [algorithm.filter_groups]
 {filter}
 "#,
-        data = data.display(),
-        sections = common::fixture_sections(2),
-        reward = reward.display(),
-    );
-    Config::from_toml(&text, &dir.join("run.toml")).unwrap()
-}
-
-fn steps_of(run: &Path) -> Vec<StepMetrics> {
-    (read(&run.join("metrics.jsonl")).unwrap().into_iter())
-        .filter_map(|r| match r {
-            Record::Step(s) => Some(*s),
-            Record::Eval(_) => None,
-        })
-        .collect()
+            reward = reward.display(),
+        ))
+        .config(dir)
 }
 
 fn data_state(run: &Path, step: usize) -> DataState {

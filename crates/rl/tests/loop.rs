@@ -9,41 +9,30 @@ use colo_rl::Config;
 
 mod common;
 
+use common::{evals_of, steps_of, RunToml};
+
 fn tmp(name: &str) -> PathBuf {
     common::tmp("loop", name)
 }
 
 /// A config for `steps` steps on a few arithmetic prompts.
 fn config(dir: &Path, steps: usize, mode: &str) -> Config {
-    config_with(dir, steps, mode, "grpo")
+    run_toml(dir, steps, mode, "grpo").config(dir)
 }
 
-fn config_with(dir: &Path, steps: usize, mode: &str, estimator: &str) -> Config {
-    let text = config_toml(dir, steps, mode, estimator);
-    Config::from_toml(&text, &dir.join("run.toml")).unwrap()
-}
-
-fn config_toml(dir: &Path, steps: usize, mode: &str, estimator: &str) -> String {
+/// 16 arithmetic prompts, a quarter held out, 2 a step; the parity
+/// reward; a checkpoint every step, an evaluation every 2.
+fn run_toml(dir: &Path, steps: usize, mode: &str, estimator: &str) -> RunToml {
     let data = common::write_arith_data(dir, 16);
     let script = common::write_parity_reward(dir, None);
-    let text = format!(
-        r#"
-[data]
-train_files = ["{data}"]
-val_fraction = 0.25
-train_batch_size = 2
-seed = 3
-
-{sections}
+    common::fixture_run(&data, 2)
+        .with(&common::python_reward(&script))
+        .with(&format!(
+            r#"
 [algorithm]
 adv_estimator = "{estimator}"
 
-[reward]
-kind = "external"
-command = ["python3", "{script}"]
-
 [memory]
-capacity = "256MiB"
 colocation = "{mode}"
 
 [trainer]
@@ -52,24 +41,8 @@ dtype = "f32"
 total_steps = {steps}
 save_freq = 1
 test_freq = 2
-seed = 11
-"#,
-        data = data.display(),
-        sections = common::fixture_sections(2),
-        script = script.display(),
-    );
-    text
-}
-
-fn steps_of(dir: &Path) -> Vec<colo_rl::StepMetrics> {
-    read(&dir.join("metrics.jsonl"))
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r {
-            Record::Step(s) => Some(*s),
-            Record::Eval(_) => None,
-        })
-        .collect()
+"#
+        ))
 }
 
 /// The metrics that must not depend on wall time.
@@ -95,17 +68,7 @@ fn a_run_writes_metrics_pictures_and_checkpoints() {
     let s = colo_rl::step::run(&config(&dir, 2, "staged"), &dir.join("run"), false).unwrap();
     let run = dir.join("run");
     assert_eq!(s.steps, 2);
-    let records = read(&run.join("metrics.jsonl")).unwrap();
-    let evals: Vec<usize> = records
-        .iter()
-        .filter_map(|r| {
-            if let Record::Eval(e) = r {
-                Some(e.step)
-            } else {
-                None
-            }
-        })
-        .collect();
+    let evals: Vec<usize> = evals_of(&run).iter().map(|e| e.step).collect();
     assert_eq!(
         evals,
         vec![0, 2],
@@ -200,9 +163,9 @@ fn gae_trains_a_critic_and_remax_uses_greedy_baselines() {
     ];
     for (estimator, loss) in runs {
         let dir = tmp(estimator);
-        let text = config_toml(&dir, 2, "staged", estimator)
-            .replace("[actor]\n", &format!("[actor]\nloss_mode = \"{loss}\"\n"));
-        let config = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+        let config = run_toml(&dir, 2, "staged", estimator)
+            .with(&format!("[actor]\nloss_mode = \"{loss}\""))
+            .config(&dir);
         colo_rl::step::run(&config, &dir.join("run"), false).unwrap();
         let steps = steps_of(&dir.join("run"));
         assert_eq!(steps.len(), 2, "{estimator}");
@@ -227,8 +190,9 @@ fn gae_trains_a_critic_and_remax_uses_greedy_baselines() {
 #[test]
 fn a_run_without_a_held_out_set_does_not_evaluate() {
     let dir = tmp("no-val");
-    let text = config_toml(&dir, 2, "staged", "grpo").replace("val_fraction = 0.25\n", "");
-    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    let cfg = run_toml(&dir, 2, "staged", "grpo")
+        .without("data", "val_fraction")
+        .config(&dir);
     assert!(!cfg.evaluates());
     assert!(
         cfg.summary().contains("no evaluation (no held-out set)"),
@@ -272,21 +236,16 @@ fn a_prompt_longer_than_max_prompt_length_is_an_error_naming_it() {
 #[test]
 fn a_reward_error_names_the_line_of_its_prompt() {
     let dir = tmp("reward-origin");
-    let text = config_toml(&dir, 1, "staged", "grpo");
+    let toml = run_toml(&dir, 1, "staged", "grpo");
     // Every answer of the arithmetic data made unreadable to `numeric`.
     let data = dir.join("train.jsonl");
     let words: Vec<String> = (std::fs::read_to_string(&data).unwrap().lines())
         .map(|l| format!("{}\"seven\"}}", &l[..l.find("\"answer\": ").unwrap() + 10]))
         .collect();
     std::fs::write(&data, words.join("\n")).unwrap();
-    let start = text.find("[reward]").unwrap();
-    let end = text.find("[memory]").unwrap();
-    let text = format!(
-        "{}[reward]\nkind = \"numeric\"\n\n{}",
-        &text[..start],
-        &text[end..]
-    );
-    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    let cfg = (toml.without("reward", "command"))
+        .with("[reward]\nkind = \"numeric\"")
+        .config(&dir);
     let err = colo_rl::step::run(&cfg, &dir.join("run"), false)
         .unwrap_err()
         .to_string();
@@ -334,19 +293,21 @@ fn sequences_longer_than_the_context_window_are_refused() {
 fn a_token_budget_trains_the_same_policy() {
     let dir = tmp("dynamic");
     // 2 prompts × 4 samples a mini-batch, all 8 in one micro-batch …
-    let text = config_toml(&dir, 1, "staged", "grpo")
-        .replace(
-            "ppo_mini_batch_size = 1\nppo_micro_batch_size = 2",
-            "ppo_mini_batch_size = 2\nppo_micro_batch_size = 8",
-        )
-        .replace("seed = 3\n", "seed = 3\nmax_prompt_length = 24\n");
-    let rows = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
-    // … or one at a time: 28 tokens hold one sample of up to 24 + 4.
-    let budget = text.replace(
-        "ppo_micro_batch_size = 8",
-        "ppo_micro_batch_size = 8\nuse_dynamic_bsz = true\nppo_max_token_len_per_gpu = 28",
+    let toml = run_toml(&dir, 1, "staged", "grpo").with(
+        r#"
+[data]
+max_prompt_length = 24
+
+[actor]
+ppo_mini_batch_size = 2
+ppo_micro_batch_size = 8
+"#,
     );
-    let tokens = Config::from_toml(&budget, &dir.join("run.toml")).unwrap();
+    let rows = toml.config(&dir);
+    // … or one at a time: 28 tokens hold one sample of up to 24 + 4.
+    let tokens = toml
+        .with("[actor]\nuse_dynamic_bsz = true\nppo_max_token_len_per_gpu = 28")
+        .config(&dir);
     assert_eq!(tokens.batch.micro_batch_max_tokens, Some(28));
     colo_rl::step::run(&rows, &dir.join("rows"), false).unwrap();
     colo_rl::step::run(&tokens, &dir.join("tokens"), false).unwrap();
@@ -370,13 +331,12 @@ fn a_token_budget_trains_the_same_policy() {
 #[test]
 fn the_overlong_buffer_lowers_the_rewards_of_long_responses() {
     let dir = tmp("overlong");
-    let plain = config_toml(&dir, 1, "staged", "grpo");
-    let shaped = format!(
-        "{plain}\n[algorithm.overlong_buffer]\nenable = true\nlen = 4\npenalty_factor = 0.5\n"
-    );
+    let plain = run_toml(&dir, 1, "staged", "grpo");
+    let shaped =
+        plain.with("[algorithm.overlong_buffer]\nenable = true\nlen = 4\npenalty_factor = 0.5");
     let mut firsts = Vec::new();
-    for (name, text) in [("plain", &plain), ("shaped", &shaped)] {
-        let cfg = Config::from_toml(text, &dir.join("run.toml")).unwrap();
+    for (name, toml) in [("plain", &plain), ("shaped", &shaped)] {
+        let cfg = toml.config(&dir);
         colo_rl::step::run(&cfg, &dir.join(name), false).unwrap();
         firsts.push(steps_of(&dir.join(name)).remove(0));
     }
@@ -430,15 +390,13 @@ fn a_run_directory_in_use_is_refused() {
 #[test]
 fn generations_are_dumped_as_verl_dumps_them() {
     let dir = tmp("dumps");
-    let text = config_toml(&dir, 2, "staged", "grpo").replace(
-        "[trainer]\n",
-        &format!(
-            "[trainer]\nrollout_data_dir = {:?}\nvalidation_data_dir = {:?}\n",
+    let cfg = run_toml(&dir, 2, "staged", "grpo")
+        .with(&format!(
+            "[trainer]\nrollout_data_dir = {:?}\nvalidation_data_dir = {:?}",
             dir.join("rollouts").display().to_string(),
             dir.join("val").display().to_string()
-        ),
-    );
-    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+        ))
+        .config(&dir);
     colo_rl::step::run(&cfg, &dir.join("run"), false).unwrap();
     let lines = |path: PathBuf| -> Vec<serde_json::Value> {
         (std::fs::read_to_string(&path).unwrap().lines())
@@ -471,13 +429,7 @@ fn generations_are_dumped_as_verl_dumps_them() {
             assert_eq!(r["score"].as_f64().unwrap(), parity, "{r}");
         }
     }
-    let evals: Vec<colo_rl::EvalRecord> = (read(&dir.join("run/metrics.jsonl")).unwrap())
-        .into_iter()
-        .filter_map(|r| match r {
-            Record::Eval(e) => Some(e),
-            Record::Step(_) => None,
-        })
-        .collect();
+    let evals = evals_of(&dir.join("run"));
     assert_eq!(evals.len(), 2, "before the first step and at the end");
     for e in evals {
         let rows = lines(dir.join(format!("val/{}.jsonl", e.step)));
@@ -493,11 +445,9 @@ fn generations_are_dumped_as_verl_dumps_them() {
 #[test]
 fn a_cosine_schedule_decays_over_the_runs_optimizer_steps() {
     let dir = tmp("cosine");
-    let text = config_toml(&dir, 3, "staged", "grpo").replace(
-        "warmup_steps = 0\n",
-        "warmup_steps = 0\nwarmup_style = \"cosine\"\nmin_lr_ratio = 0.1\n",
-    );
-    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    let toml = run_toml(&dir, 3, "staged", "grpo")
+        .with("[actor]\nwarmup_style = \"cosine\"\nmin_lr_ratio = 0.1");
+    let cfg = toml.config(&dir);
     colo_rl::step::run(&cfg, &dir.join("run"), false).unwrap();
     for m in steps_of(&dir.join("run")) {
         let progress = (2 * m.step - 1) as f64 / 6.0;
@@ -512,10 +462,9 @@ fn a_cosine_schedule_decays_over_the_runs_optimizer_steps() {
     }
     // A run in epochs learns its length from the data: a warmup longer than
     // it is refused before anything runs.
-    let epochs = text
-        .replace("total_steps = 3", "total_epochs = 1")
-        .replace("warmup_steps = 0\n", "warmup_steps = 40\n");
-    let cfg = Config::from_toml(&epochs, &dir.join("run.toml")).unwrap();
+    let cfg = (toml.without("trainer", "total_steps"))
+        .with("[trainer]\ntotal_epochs = 1\n[actor]\nwarmup_steps = 40")
+        .config(&dir);
     let e = colo_rl::step::run(&cfg, &dir.join("epochs"), false).unwrap_err();
     let msg = e.to_string();
     assert!(
@@ -534,10 +483,19 @@ fn a_cosine_schedule_decays_over_the_runs_optimizer_steps() {
 #[test]
 fn the_critic_has_its_own_learning_rate_and_warms_up_alone() {
     let dir = tmp("critic");
-    let text = config_toml(&dir, 3, "staged", "gae")
-        .replace("[trainer]\n", "[trainer]\ncritic_warmup = 2\n")
-        + "\n[critic]\nlr = 3e-3\nwarmup_steps = 0\ncliprange_value = 0.2\n";
-    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    let cfg = run_toml(&dir, 3, "staged", "gae")
+        .with(
+            r#"
+[trainer]
+critic_warmup = 2
+
+[critic]
+lr = 3e-3
+warmup_steps = 0
+cliprange_value = 0.2
+"#,
+        )
+        .config(&dir);
     colo_rl::step::run(&cfg, &dir.join("run"), false).unwrap();
     let steps = steps_of(&dir.join("run"));
     for m in &steps {
@@ -573,17 +531,15 @@ fn the_critic_has_its_own_learning_rate_and_warms_up_alone() {
 #[test]
 fn val_only_evaluates_a_checkpoint_and_trains_nothing() {
     let dir = tmp("val-only");
-    let text = config_toml(&dir, 1, "staged", "grpo");
-    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
-    let trained = colo_rl::step::run(&cfg, &dir.join("run"), false).unwrap();
+    let toml = run_toml(&dir, 1, "staged", "grpo");
+    let trained = colo_rl::step::run(&toml.config(&dir), &dir.join("run"), false).unwrap();
     let step = dir.join("run/checkpoints/step-1");
-    let only = text
-        .replace(
-            &format!("path = \"{}\"", common::fixture().display()),
-            &format!("path = \"{}\"", step.display()),
-        )
-        .replace("[trainer]\n", "[trainer]\nval_only = true\n");
-    let cfg = Config::from_toml(&only, &dir.join("run.toml")).unwrap();
+    let cfg = toml
+        .with(&format!(
+            "[model]\npath = \"{}\"\n[trainer]\nval_only = true",
+            step.display()
+        ))
+        .config(&dir);
     let s = colo_rl::step::run(&cfg, &dir.join("eval"), false).unwrap();
     assert_eq!(s.steps, 0);
     assert_eq!(s.last_accuracy, trained.last_accuracy);

@@ -14,42 +14,14 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 /// A run of `steps` steps on the fixture: 8 arithmetic prompts, 2 held out,
-/// 2 a step of 4 samples each; `extra` is appended to `[trainer]`.
-fn config(dir: &Path, steps: usize, reward: &str, extra: &str) -> Config {
-    let text = format!(
-        r#"
-[data]
-train_files = ["{data}"]
-val_fraction = 0.25
-train_batch_size = 2
-seed = 3
-
-{sections}
-[reward]
-{reward}
-
-[memory]
-capacity = "256MiB"
-
-[trainer]
-total_steps = {steps}
-seed = 11
-{extra}
-"#,
-        data = common::write_arith_data(dir, 8).display(),
-        sections = common::fixture_sections(4),
-    );
-    Config::from_toml(&text, &dir.join("run.toml")).unwrap()
-}
-
-/// An external reward whose every answer is garbage, scored `default_score`.
-fn garbage_reward(dir: &Path) -> String {
-    let script = dir.join("garbage.sh");
-    std::fs::write(&script, "while read line; do echo 'not json'; done\n").unwrap();
-    format!(
-        "kind = \"external\"\ncommand = [\"sh\", \"{}\"]\ndefault_score = 0.0",
-        script.display()
-    )
+/// 2 a step of 4 samples each; `reward` is its `[reward]` section, `more`
+/// what the test changes.
+fn config(dir: &Path, steps: usize, reward: &str, more: &str) -> Config {
+    common::fixture_run(&common::write_arith_data(dir, 8), 4)
+        .with(reward)
+        .with(&format!("[trainer]\ntotal_steps = {steps}"))
+        .with(more)
+        .config(dir)
 }
 
 /// Every sample whose reward failed and scored the default is in the
@@ -58,12 +30,12 @@ fn garbage_reward(dir: &Path) -> String {
 #[test]
 fn reward_failures_reach_the_summary() {
     let dir = tmp("failures");
-    let reward = garbage_reward(&dir);
+    let reward = common::garbage_reward(&dir);
     let run = dir.join("run");
-    let c = config(&dir, 1, &reward, "val_before_train = false");
+    let c = config(&dir, 1, &reward, "[trainer]\nval_before_train = false");
     let s = colo_rl::step::run(&c, &run, false).unwrap();
     assert_eq!(s.reward_failures, 8 + 2, "{s:?}");
-    let c = config(&dir, 2, &reward, "val_before_train = false");
+    let c = config(&dir, 2, &reward, "[trainer]\nval_before_train = false");
     let s = colo_rl::step::run(&c, &run, true).unwrap();
     assert_eq!(s.resumed_from, Some(1));
     assert_eq!(
@@ -82,8 +54,8 @@ fn the_run_header_is_words() {
     let c = config(
         &dir,
         1,
-        "kind = \"numeric\"\nafter = \"####\"",
-        "save_freq = 1",
+        "[reward]\nkind = \"numeric\"\nafter = \"####\"",
+        "[trainer]\nsave_freq = 1",
     );
     let s = c.summary();
     assert!(
@@ -97,7 +69,7 @@ fn the_run_header_is_words() {
     let weighted = config(
         &dir,
         1,
-        "kind = \"weighted\"\n[[reward.terms]]\nweight = 0.9\nreward = { kind = \"boxed\" }\n\
+        "[reward]\nkind = \"weighted\"\n[[reward.terms]]\nweight = 0.9\nreward = { kind = \"boxed\" }\n\
          [[reward.terms]]\nweight = 0.1\nreward = { kind = \"format\", open = \"<a>\", close = \"</a>\" }",
         "",
     );
@@ -119,8 +91,8 @@ fn a_stop_says_what_stopping_at_once_would_lose() {
     let c = config(
         &dir,
         3,
-        "kind = \"numeric\"",
-        "val_before_train = false\nsave_freq = -1",
+        "[reward]\nkind = \"numeric\"",
+        "[trainer]\nval_before_train = false\nsave_freq = -1",
     );
     let stop = colo_rl::step::Stop::new();
     assert_eq!(stop.stopped_now(), "no checkpoint was written");
@@ -148,7 +120,7 @@ fn listing(dir: &Path) -> Vec<String> {
 #[test]
 fn a_run_refused_before_its_first_step_leaves_nothing() {
     let dir = tmp("refused");
-    let reward = "kind = \"external\"\ncommand = [\"/nonexistent/reward\"]";
+    let reward = "[reward]\nkind = \"external\"\ncommand = [\"/nonexistent/reward\"]";
     let c = config(&dir, 1, reward, "");
     let fresh = dir.join("fresh");
     let e = colo_rl::step::run(&c, &fresh.join("deeper"), false).unwrap_err();
@@ -166,15 +138,9 @@ fn a_run_refused_before_its_first_step_leaves_nothing() {
     let mut text = std::fs::read_to_string(&data).unwrap();
     text.push_str("\n{\"prompt\": \"Question: what is 1 + 1? Answer:\", \"answer\": [2]}\n");
     std::fs::write(&data, text).unwrap();
-    let c = Config::from_toml(
-        &format!(
-            "[data]\ntrain_files = [\"{}\"]\ntrain_batch_size = 2\n{}\n[memory]\ncapacity = \"256MiB\"\n",
-            data.display(),
-            common::fixture_sections(4)
-        ),
-        &dir.join("run.toml"),
-    )
-    .unwrap();
+    let c = common::fixture_run(&data, 4)
+        .without("data", "val_fraction")
+        .config(&dir);
     let e = colo_rl::step::run(&c, &fresh, false).unwrap_err();
     assert!(
         e.to_string()
@@ -199,26 +165,21 @@ fn the_readmes_chat_example_runs_on_the_test_checkpoint() {
     let dir = tmp("readme-chat");
     let data = dir.join("train.jsonl");
     std::fs::write(&data, lines).unwrap();
-    let text = format!(
-        r#"
+    let c = common::fixture_run(&data, 4)
+        .without("data", "val_fraction")
+        .with(
+            r#"
 [data]
-train_files = ["{data}"]
 answer_key = "reward_model.ground_truth"
-train_batch_size = 2
-{sections}
+
 [reward]
 kind = "numeric"
-
-[memory]
-capacity = "256MiB"
 
 [trainer]
 total_steps = 1
 "#,
-        data = data.display(),
-        sections = common::fixture_sections(4),
-    );
-    let c = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+        )
+        .config(&dir);
     let s = colo_rl::step::run(&c, &dir.join("run"), false).unwrap();
     assert_eq!(s.steps, 1);
     std::fs::remove_dir_all(dir).unwrap();

@@ -6,10 +6,11 @@
 use std::path::{Path, PathBuf};
 
 use colo_rl::config::ModelSource;
-use colo_rl::metrics::{read, Record};
 use colo_rl::Config;
 
 mod common;
+
+use common::steps_of;
 
 fn tmp(name: &str) -> PathBuf {
     common::tmp("not-finite", name)
@@ -19,34 +20,18 @@ fn tmp(name: &str) -> PathBuf {
 /// one prompt an optimizer step), scored by `dir/reward.py`, checkpointed
 /// every step, evaluated at the end only.
 fn config(dir: &Path, steps: usize) -> Config {
-    let text = format!(
-        r#"
-[data]
-train_files = ["{data}"]
-val_fraction = 0.25
-train_batch_size = 2
-seed = 3
-
-{sections}
-[reward]
-kind = "external"
-command = ["python3", "{reward}"]
-
-[memory]
-capacity = "256MiB"
-
+    common::fixture_run(&common::write_arith_data(dir, 8), 4)
+        .with(&common::python_reward(&dir.join("reward.py")))
+        .with(&format!(
+            r#"
 [trainer]
 total_steps = {steps}
 save_freq = 1
 val_before_train = false
 dtype = "f32"
-seed = 11
-"#,
-        data = common::write_arith_data(dir, 8).display(),
-        sections = common::fixture_sections(4),
-        reward = dir.join("reward.py").display(),
-    );
-    Config::from_toml(&text, &dir.join("run.toml")).unwrap()
+"#
+        ))
+        .config(dir)
 }
 
 /// `dir/reward.py`: each sample's score is `score` (a Python expression of
@@ -60,15 +45,6 @@ fn write_reward(dir: &Path, score: &str) {
         ),
     )
     .unwrap();
-}
-
-fn steps_of(run: &Path) -> Vec<colo_rl::StepMetrics> {
-    (read(&run.join("metrics.jsonl")).unwrap().into_iter())
-        .filter_map(|r| match r {
-            Record::Step(s) => Some(*s),
-            Record::Eval(_) => None,
-        })
-        .collect()
 }
 
 /// An external reward's 1e300 is finite, but infinite as the float32 that

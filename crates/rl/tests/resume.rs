@@ -8,76 +8,38 @@
 
 use std::path::{Path, PathBuf};
 
-use colo_rl::metrics::{read, Record};
 use colo_rl::Config;
 
 mod common;
 
-use common::{fixture, write_parity_reward as write_reward};
+use common::{fixture, steps_of, write_parity_reward as write_reward, RunToml};
 
 fn tmp(name: &str) -> PathBuf {
     common::tmp("resume", name)
 }
 
-/// A run config: `steps` steps on the fixture; `extra` is appended TOML
-/// (later keys of a section are given as dotted keys under `[trainer]`…).
-fn config_text(dir: &Path, steps: usize, reward: &str, extra: &str) -> String {
-    format!(
-        r#"
-[data]
-train_files = ["{data}"]
-val_fraction = 0.25
-train_batch_size = 2
-seed = 3
+/// A run of `steps` steps on the fixture scored by `reward` (its
+/// `[reward]` section), checkpointed and evaluated every 2 steps.
+fn run_toml(dir: &Path, steps: usize, reward: &str) -> RunToml {
+    common::fixture_run(&common::write_arith_data(dir, 8), 4)
+        .with(reward)
+        .with(&format!(
+            "[trainer]\ntotal_steps = {steps}\nsave_freq = 2\ntest_freq = 2"
+        ))
+}
 
-{sections}
-[reward]
-{reward}
-
-[memory]
-capacity = "256MiB"
-
-[trainer]
-total_steps = {steps}
-save_freq = 2
-test_freq = 2
-seed = 11
-{extra}
-"#,
-        data = common::write_arith_data(dir, 8).display(),
-        sections = common::fixture_sections(4),
-    )
+/// `[reward]`: the parity reward, its script written in `dir`.
+fn parity_reward(dir: &Path) -> String {
+    common::python_reward(&write_reward(dir, None))
 }
 
 fn config(dir: &Path, steps: usize) -> Config {
-    let script = write_reward(dir, None);
-    let reward = format!(
-        "kind = \"external\"\ncommand = [\"python3\", \"{}\"]",
-        script.display()
-    );
-    Config::from_toml(&config_text(dir, steps, &reward, ""), &dir.join("run.toml")).unwrap()
+    run_toml(dir, steps, &parity_reward(dir)).config(dir)
 }
 
-fn steps_of(run: &Path) -> Vec<colo_rl::StepMetrics> {
-    read(&run.join("metrics.jsonl"))
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r {
-            Record::Step(s) => Some(*s),
-            Record::Eval(_) => None,
-        })
-        .collect()
-}
-
-fn evals_of(run: &Path) -> Vec<usize> {
-    read(&run.join("metrics.jsonl"))
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r {
-            Record::Eval(e) => Some(e.step),
-            Record::Step(_) => None,
-        })
-        .collect()
+/// The steps of `run`'s evaluations.
+fn eval_steps(run: &Path) -> Vec<usize> {
+    common::evals_of(run).iter().map(|e| e.step).collect()
 }
 
 fn timeline_of(run: &Path) -> Vec<colo_mem::Event> {
@@ -174,7 +136,7 @@ fn resume_never_goes_backwards_or_repeats_and_checkpoints_are_models() {
     // Resuming the finished run: nothing to do, the last evaluation once.
     let s = colo_rl::step::run(&config(&dir, 2), &run, true).unwrap();
     assert_eq!(
-        evals_of(&run),
+        eval_steps(&run),
         vec![0, 2],
         "one evaluation at the last step"
     );
@@ -208,7 +170,7 @@ fn a_killed_run_resumes_from_its_newest_complete_checkpoint_without_duplicates()
     let run = dir.join("run");
     colo_rl::step::run(&config(&dir, 3), &run, false).unwrap();
     let want: Vec<Vec<f64>> = steps_of(&run).iter().map(deterministic).collect();
-    assert_eq!(evals_of(&run), vec![0, 2, 3]);
+    assert_eq!(eval_steps(&run), vec![0, 2, 3]);
     let first = timeline_of(&run);
     let ckpts = run.join("checkpoints");
     std::fs::remove_file(ckpts.join("step-3/model.safetensors")).unwrap();
@@ -271,7 +233,7 @@ fn a_killed_run_resumes_from_its_newest_complete_checkpoint_without_duplicates()
     );
     let got: Vec<Vec<f64>> = steps_of(&run).iter().map(deterministic).collect();
     assert_eq!(got, want, "steps 1, 2, 3 once each, as uninterrupted");
-    assert_eq!(evals_of(&run), vec![0, 2, 3]);
+    assert_eq!(eval_steps(&run), vec![0, 2, 3]);
     assert!(
         colo_rl::checkpoints::incomplete(&ckpts.join("step-3"), 3, false).is_none(),
         "step-3 written again, complete"
@@ -303,12 +265,12 @@ fn a_resumed_run_makes_up_the_evaluation_its_checkpoint_was_due() {
         .map(str::to_owned)
         .collect();
     std::fs::write(&metrics, kept.join("\n") + "\n").unwrap();
-    assert_eq!(evals_of(&run), vec![0]);
+    assert_eq!(eval_steps(&run), vec![0]);
 
     let s = colo_rl::step::run(&config(&dir, 3), &run, true).unwrap();
     assert_eq!(s.resumed_from, Some(2));
     assert_eq!(
-        evals_of(&run),
+        eval_steps(&run),
         vec![0, 2, 3],
         "the due evaluation made up, once"
     );
@@ -323,14 +285,9 @@ fn a_resumed_run_makes_up_the_evaluation_its_checkpoint_was_due() {
 #[test]
 fn resume_from_nothing_starts_from_scratch_and_reward_failures_are_counted() {
     let dir = tmp("failures");
-    let script = dir.join("garbage.sh");
-    std::fs::write(&script, "while read line; do echo 'not json'; done\n").unwrap();
-    let reward = format!(
-        "kind = \"external\"\ncommand = [\"sh\", \"{}\"]\ndefault_score = 0.0",
-        script.display()
-    );
-    let text = config_text(&dir, 1, &reward, "val_before_train = false");
-    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    let cfg = run_toml(&dir, 1, &common::garbage_reward(&dir))
+        .with("[trainer]\nval_before_train = false")
+        .config(&dir);
     let run = dir.join("run");
     let s = colo_rl::step::run(&cfg, &run, true).unwrap();
     assert_eq!(s.resumed_from, None);
@@ -386,18 +343,17 @@ fn a_run_that_wrote_no_checkpoint_is_started_again_by_resume() {
     std::fs::create_dir_all(&dies).unwrap();
     // The step-0 evaluation scores 2 held-out prompts; step 1's first
     // sample finds the reward gone.
-    let script = write_reward(&dies, Some(2));
-    let reward = format!(
-        "kind = \"external\"\ncommand = [\"python3\", \"{}\"]",
-        script.display()
-    );
-    let text = config_text(&dir, 2, &reward, "");
-    let failing = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    let reward = common::python_reward(&write_reward(&dies, Some(2)));
+    let failing = run_toml(&dir, 2, &reward).config(&dir);
     let err = colo_rl::step::run(&failing, &run, false)
         .unwrap_err()
         .to_string();
     assert!(err.contains("reward"), "{err}");
-    assert_eq!(evals_of(&run), vec![0], "the step-0 evaluation was logged");
+    assert_eq!(
+        eval_steps(&run),
+        vec![0],
+        "the step-0 evaluation was logged"
+    );
     assert!(steps_of(&run).is_empty());
     assert!(colo_rl::checkpoints::step_dirs(&run.join("checkpoints"))
         .unwrap()
@@ -428,7 +384,7 @@ fn a_run_that_wrote_no_checkpoint_is_started_again_by_resume() {
     );
     let steps: Vec<usize> = steps_of(&run).iter().map(|m| m.step).collect();
     assert_eq!(steps, vec![1, 2]);
-    assert_eq!(evals_of(&run), vec![0, 2], "each evaluation once");
+    assert_eq!(eval_steps(&run), vec![0, 2], "each evaluation once");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -488,15 +444,11 @@ fn relative_dump_directories_are_in_the_run_directory() {
     let dir = tmp("dumps");
     // Unique, so that a dump into the working directory is seen.
     let name = format!("colo-dumps-{}", std::process::id());
-    let script = write_reward(&dir, None);
-    let reward = format!(
-        "kind = \"external\"\ncommand = [\"python3\", \"{}\"]",
-        script.display()
-    );
-    let extra =
-        format!("rollout_data_dir = \"{name}/train\"\nvalidation_data_dir = \"{name}/val\"");
-    let text = config_text(&dir, 1, &reward, &extra);
-    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    let cfg = run_toml(&dir, 1, &parity_reward(&dir))
+        .with(&format!(
+            "[trainer]\nrollout_data_dir = \"{name}/train\"\nvalidation_data_dir = \"{name}/val\""
+        ))
+        .config(&dir);
     let runs = [dir.join("a"), dir.join("b")];
     for run in &runs {
         colo_rl::step::run(&cfg, run, false).unwrap();
@@ -539,13 +491,10 @@ fn a_run_directory_that_is_a_file_is_refused() {
 #[test]
 fn a_failed_run_still_writes_its_timeline_and_pictures() {
     let dir = tmp("failed");
-    let script = write_reward(&dir, Some(8));
-    let reward = format!(
-        "kind = \"external\"\ncommand = [\"python3\", \"{}\"]",
-        script.display()
-    );
-    let text = config_text(&dir, 3, &reward, "val_before_train = false");
-    let cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+    let reward = common::python_reward(&write_reward(&dir, Some(8)));
+    let cfg = run_toml(&dir, 3, &reward)
+        .with("[trainer]\nval_before_train = false")
+        .config(&dir);
     let run = dir.join("run");
     let err = colo_rl::step::run(&cfg, &run, false)
         .unwrap_err()
@@ -635,14 +584,7 @@ fn filtered_overlong_prompts_are_left_out_and_counted() {
     }
     let summary = colo_rl::step::run(&cfg, &dir.join("run"), false).unwrap();
     assert_eq!(summary.steps, 1);
-    let evals: Vec<_> = colo_rl::metrics::read(&dir.join("run/metrics.jsonl"))
-        .unwrap()
-        .into_iter()
-        .filter_map(|r| match r {
-            Record::Eval(e) => Some(e),
-            Record::Step(_) => None,
-        })
-        .collect();
+    let evals = common::evals_of(&dir.join("run"));
     assert!(
         !evals.is_empty() && evals.iter().all(|e| e.n_samples == 1),
         "evaluated on the one prompt kept: {evals:?}"
@@ -677,15 +619,10 @@ fn filtered_overlong_prompts_are_left_out_and_counted() {
 #[test]
 fn a_gae_checkpoint_holds_the_critic() {
     let dir = tmp("gae");
-    let script = write_reward(&dir, None);
-    let reward = format!(
-        "kind = \"external\"\ncommand = [\"python3\", \"{}\"]",
-        script.display()
-    );
+    let reward = parity_reward(&dir);
     let gae = |steps: usize| {
-        let extra = "val_before_train = false\n[algorithm]\nadv_estimator = \"gae\"";
-        let text = config_text(&dir, steps, &reward, extra);
-        let mut cfg = Config::from_toml(&text, &dir.join("run.toml")).unwrap();
+        let more = "[trainer]\nval_before_train = false\n[algorithm]\nadv_estimator = \"gae\"";
+        let mut cfg = run_toml(&dir, steps, &reward).with(more).config(&dir);
         cfg.trainer.save_freq = Some(1);
         cfg
     };
@@ -736,23 +673,18 @@ fn resuming_a_run_without_a_critic_as_gae_is_refused() {
 fn auto_resumes_in_the_checkpoints_dtype() {
     let dir = tmp("dtype");
     let run = dir.join("run");
-    let script = write_reward(&dir, None);
-    let reward = format!(
-        "kind = \"external\"\ncommand = [\"python3\", \"{}\"]",
-        script.display()
-    );
-    let parse = |steps: usize, extra: &str| {
-        Config::from_toml(
-            &config_text(&dir, steps, &reward, extra),
-            &dir.join("run.toml"),
-        )
-        .unwrap()
+    let reward = parity_reward(&dir);
+    let parse = |steps: usize, dtype: &str| {
+        let more = match dtype {
+            "" => String::new(),
+            _ => format!("[trainer]\ndtype = \"{dtype}\""),
+        };
+        run_toml(&dir, steps, &reward).with(&more).config(&dir)
     };
-    colo_rl::step::run(&parse(2, "dtype = \"f32\""), &run, false).unwrap();
+    colo_rl::step::run(&parse(2, "f32"), &run, false).unwrap();
     let saved = run.join("checkpoints/step-2");
 
-    let (kept, _) =
-        colo_rl::checkpoints::resume_dtype(&parse(4, "dtype = \"bf16\""), &saved).unwrap();
+    let (kept, _) = colo_rl::checkpoints::resume_dtype(&parse(4, "bf16"), &saved).unwrap();
     assert_eq!(kept.trainer.dtype, colo_rl::config::Dtype::Bf16);
     let (settled, _) = colo_rl::checkpoints::resume_dtype(&parse(4, ""), &saved).unwrap();
     assert_eq!(settled.trainer.dtype, colo_rl::config::Dtype::F32);
@@ -761,9 +693,9 @@ fn auto_resumes_in_the_checkpoints_dtype() {
     // before anything is written (it failed on a tensor's name, after
     // config.toml had been rewritten).
     let bf16_run = dir.join("bf16");
-    colo_rl::step::run(&parse(2, "dtype = \"bf16\""), &bf16_run, false).unwrap();
+    colo_rl::step::run(&parse(2, "bf16"), &bf16_run, false).unwrap();
     let before = snapshot(&bf16_run);
-    let err = colo_rl::step::run(&parse(4, "dtype = \"f32\""), &bf16_run, true)
+    let err = colo_rl::step::run(&parse(4, "f32"), &bf16_run, true)
         .unwrap_err()
         .to_string();
     assert!(
@@ -776,7 +708,7 @@ fn auto_resumes_in_the_checkpoints_dtype() {
     );
 
     // The run directory records the resolved configuration it ran with.
-    let first = parse(2, "dtype = \"f32\"");
+    let first = parse(2, "f32");
     let saved_text = std::fs::read_to_string(run.join("config.toml")).unwrap();
     let read_back = Config::from_toml(&saved_text, &run.join("config.toml")).unwrap();
     assert_eq!(read_back.to_raw(), first.to_raw());
@@ -837,21 +769,26 @@ fn write_fading_reward(dir: &Path, varied: usize) -> PathBuf {
 fn a_stop_during_dynamic_sampling_keeps_the_finished_steps() {
     let dir = tmp("ds-stop");
     let run = dir.join("run");
-    let text = |steps: usize, script: &Path| {
-        format!(
-            "[data]\ntrain_files = [\"{data}\"]\ntrain_batch_size = 2\nseed = 3\n{sections}\n\
-             [reward]\nkind = \"external\"\ncommand = [\"python3\", \"{script}\"]\n\
-             [memory]\ncapacity = \"256MiB\"\n\
-             [algorithm.filter_groups]\nenable = true\nmax_num_gen_batches = 0\n\
-             [trainer]\ntotal_steps = {steps}\nsave_freq = 100\nseed = 11\n",
-            data = common::write_arith_data(&dir, 8).display(),
-            sections = common::fixture_sections(4),
-            script = script.display(),
-        )
+    let filtered = |steps: usize, script: &Path| {
+        common::fixture_run(&common::write_arith_data(&dir, 8), 4)
+            .without("data", "val_fraction")
+            .with(&common::python_reward(script))
+            .with(&format!(
+                r#"
+[algorithm.filter_groups]
+enable = true
+max_num_gen_batches = 0
+
+[trainer]
+total_steps = {steps}
+save_freq = 100
+"#
+            ))
+            .config(&dir)
     };
     // Two steps of one generation batch each (2 prompts × 4 samples).
     let fading = write_fading_reward(&dir, 16);
-    let config = Config::from_toml(&text(10, &fading), &dir.join("run.toml")).unwrap();
+    let config = filtered(10, &fading);
     let stop = colo_rl::step::Stop::new();
     let asker = {
         let (stop, run) = (stop.clone(), run.clone());
@@ -881,7 +818,7 @@ fn a_stop_during_dynamic_sampling_keeps_the_finished_steps() {
     assert_eq!(steps_of(&run).len(), 2);
     // Resumed with a reward that varies again, the run goes on from step 2.
     let varied = write_fading_reward(&dir, 1_000_000);
-    let config = Config::from_toml(&text(3, &varied), &dir.join("run.toml")).unwrap();
+    let config = filtered(3, &varied);
     let s = colo_rl::step::run(&config, &run, true).unwrap();
     assert_eq!((s.resumed_from, s.steps), (Some(2), 3));
     assert_eq!(steps_of(&run).len(), 3);

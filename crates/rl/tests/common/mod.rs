@@ -1,7 +1,13 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use colo_rl::metrics::{read, Record};
+use colo_rl::Config;
+
+mod run_toml;
+pub use run_toml::RunToml;
 
 /// A fresh directory under the system temp dir, removed on drop.
 pub struct TempDir(pub PathBuf);
@@ -47,7 +53,7 @@ pub fn tmp(suite: &str, name: &str) -> PathBuf {
 
 /// `n` arithmetic prompts ("Question: what is i + i+1? Answer:") in
 /// `dir/train.jsonl`.
-pub fn write_arith_data(dir: &std::path::Path, n: usize) -> PathBuf {
+pub fn write_arith_data(dir: &Path, n: usize) -> PathBuf {
     let data = dir.join("train.jsonl");
     let lines: Vec<String> = (0..n)
         .map(|i| {
@@ -65,7 +71,7 @@ pub fn write_arith_data(dir: &std::path::Path, n: usize) -> PathBuf {
 /// An external reward with variance on a random model (so GRPO has
 /// non-zero advantages and the updates matter): 1 for completions of even
 /// length. After `fail_after` answers the script exits with status 3.
-pub fn write_parity_reward(dir: &std::path::Path, fail_after: Option<usize>) -> PathBuf {
+pub fn write_parity_reward(dir: &Path, fail_after: Option<usize>) -> PathBuf {
     let script = dir.join("reward.py");
     let stop = match fail_after {
         Some(n) => format!("    if i >= {n}:\n        sys.exit(3)\n"),
@@ -104,4 +110,74 @@ ppo_micro_batch_size = {micro}
 "#,
         model = fixture().display()
     )
+}
+
+/// The tests' small run on the fixture: prompts from `data`, a quarter of
+/// them held out, 2 prompts a step (data seed 3), `fixture_sections(micro)`,
+/// 256 MiB of memory, trainer seed 11. No reward, no length: each test's
+/// `with` says them.
+pub fn fixture_run(data: &Path, micro: usize) -> RunToml {
+    RunToml::default().with(&format!(
+        r#"
+[data]
+train_files = ["{data}"]
+val_fraction = 0.25
+train_batch_size = 2
+seed = 3
+{sections}
+[memory]
+capacity = "256MiB"
+
+[trainer]
+seed = 11
+"#,
+        data = data.display(),
+        sections = fixture_sections(micro),
+    ))
+}
+
+impl RunToml {
+    /// The config read as `dir/run.toml`.
+    pub fn config(&self, dir: &Path) -> Config {
+        Config::from_toml(&self.text(), &dir.join("run.toml")).unwrap()
+    }
+}
+
+/// `[reward]`: `script` run with python3 (an external reward).
+pub fn python_reward(script: &Path) -> String {
+    format!(
+        "[reward]\nkind = \"external\"\ncommand = [\"python3\", \"{}\"]",
+        script.display()
+    )
+}
+
+/// `[reward]`: an external reward whose every answer is garbage, scored
+/// `default_score` 0 (its script is written in `dir`).
+pub fn garbage_reward(dir: &Path) -> String {
+    let script = dir.join("garbage.sh");
+    std::fs::write(&script, "while read line; do echo 'not json'; done\n").unwrap();
+    format!(
+        "[reward]\nkind = \"external\"\ncommand = [\"sh\", \"{}\"]\ndefault_score = 0.0",
+        script.display()
+    )
+}
+
+/// The step records of `run`'s `metrics.jsonl` (not its evaluations').
+pub fn steps_of(run: &Path) -> Vec<colo_rl::StepMetrics> {
+    (read(&run.join("metrics.jsonl")).unwrap().into_iter())
+        .filter_map(|r| match r {
+            Record::Step(s) => Some(*s),
+            Record::Eval(_) => None,
+        })
+        .collect()
+}
+
+/// The evaluation records of `run`'s `metrics.jsonl`.
+pub fn evals_of(run: &Path) -> Vec<colo_rl::EvalRecord> {
+    (read(&run.join("metrics.jsonl")).unwrap().into_iter())
+        .filter_map(|r| match r {
+            Record::Eval(e) => Some(e),
+            Record::Step(_) => None,
+        })
+        .collect()
 }
