@@ -2,15 +2,16 @@
 //! warnings and errors by default, filtered by `COLO_LOG`; the run's own
 //! report and error stay at every level.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
+
+mod common;
 
 /// A copy of the tiny Qwen2 checkpoint whose config.json has one layer
 /// fewer than its weights: it loads, with a warning naming the tensors
 /// the model leaves unused.
 fn checkpoint_with_unused_tensors(dir: &Path) {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny-qwen2");
-    for entry in std::fs::read_dir(&src).unwrap() {
+    for entry in std::fs::read_dir(common::fixture()).unwrap() {
         let path = entry.unwrap().path();
         std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
     }
@@ -77,47 +78,24 @@ fn train_with_unwritable_pictures(dir: &Path, colo_log: Option<&str>) -> Output 
     let long = r#"{"prompt": "1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1? Answer:", "answer": "21"}"#;
     let data = dir.join("train.jsonl");
     std::fs::write(&data, format!("{}\n{long}", rows.join("\n"))).unwrap();
-    let config = dir.join("run.toml");
-    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny-qwen2");
-    std::fs::write(
-        &config,
-        format!(
+    let config = common::fixture_run(&data)
+        .with(
             r#"
 [data]
-train_files = ["{data}"]
 val_fraction = 0.25
-train_batch_size = 2
 max_prompt_length = 32
 filter_overlong_prompts = true
-
-[model]
-path = "{model}"
-
-[rollout]
-n = 2
-max_new_tokens = 4
-max_kv_tokens = 256
-
-[actor]
-ppo_mini_batch_size = 2
-ppo_micro_batch_size = 4
 
 [reward]
 kind = "external"
 command = ["python3", "-c", "import sys; sys.exit(3)"]
 
-[memory]
-capacity = "256MiB"
-
 [trainer]
 total_steps = 1
 val_before_train = false
 "#,
-            data = data.display(),
-            model = model.display(),
-        ),
-    )
-    .unwrap();
+        )
+        .write(&dir.join("run.toml"));
     let out = dir.join("out");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(out.join("memory_timeline.svg")).unwrap();

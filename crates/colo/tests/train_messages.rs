@@ -6,21 +6,18 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny-qwen2")
-}
+mod common;
+
+use common::RunToml;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("colo-train-msg-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::tmp("train-msg", name)
 }
 
 /// A run config on the fixture: 8 training rows, 4 held-out ones, 2
-/// prompts × 2 samples a step; `reward` is the `[reward]` section's body
-/// and `trainer` lines are added to `[trainer]`.
-fn write_config(dir: &Path, reward: &str, trainer: &str) -> PathBuf {
+/// prompts × 2 samples a step; `reward` is its `[reward]` section, `more`
+/// what the test changes.
+fn run_toml(dir: &Path, reward: &str, more: &str) -> RunToml {
     let row = |i: usize| {
         format!(
             r#"{{"prompt": "Question: what is {i} + 1? Answer:", "answer": "{}"}}"#,
@@ -31,41 +28,15 @@ fn write_config(dir: &Path, reward: &str, trainer: &str) -> PathBuf {
     std::fs::write(&data, (0..8).map(row).collect::<Vec<_>>().join("\n")).unwrap();
     let val = dir.join("val.jsonl");
     std::fs::write(&val, (10..14).map(row).collect::<Vec<_>>().join("\n")).unwrap();
-    let path = dir.join("run.toml");
-    let text = format!(
-        r#"
-[data]
-train_files = ["{data}"]
-val_files = ["{val}"]
-train_batch_size = 2
+    common::fixture_run(&data)
+        .with(&format!("[data]\nval_files = [\"{}\"]", val.display()))
+        .with(reward)
+        .with(more)
+}
 
-[model]
-path = "{model}"
-
-[rollout]
-n = 2
-max_new_tokens = 4
-max_kv_tokens = 256
-
-[actor]
-ppo_mini_batch_size = 2
-ppo_micro_batch_size = 4
-
-[reward]
-{reward}
-
-[memory]
-capacity = "256MiB"
-
-[trainer]
-{trainer}
-"#,
-        data = data.display(),
-        val = val.display(),
-        model = fixture().display(),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+/// `run_toml(dir, reward, more)` written to `dir/run.toml`.
+fn write_config(dir: &Path, reward: &str, more: &str) -> PathBuf {
+    run_toml(dir, reward, more).write(&dir.join("run.toml"))
 }
 
 /// `colo train --config CONFIG --out OUT MORE…`.
@@ -98,13 +69,13 @@ fn failed_rewards_are_counted_on_the_progress_and_closing_lines() {
     let script = dir.join("garbage.sh");
     std::fs::write(&script, "while read line; do echo 'not json'; done\n").unwrap();
     let reward = format!(
-        "kind = \"external\"\ncommand = [\"sh\", \"{}\"]\ndefault_score = 0.0",
+        "[reward]\nkind = \"external\"\ncommand = [\"sh\", \"{}\"]\ndefault_score = 0.0",
         script.display()
     );
     let config = write_config(
         &dir,
         &reward,
-        "total_steps = 1\nval_before_train = false\nrollout_data_dir = \"samples\"",
+        "[trainer]\ntotal_steps = 1\nval_before_train = false\nrollout_data_dir = \"samples\"",
     );
     let out = dir.join("out");
     let o = train(&config, &out, &[]);
@@ -152,10 +123,10 @@ fn the_last_progress_line_has_the_last_evaluation() {
     )
     .unwrap();
     let reward = format!(
-        "kind = \"external\"\ncommand = [\"python3\", \"{}\"]",
+        "[reward]\nkind = \"external\"\ncommand = [\"python3\", \"{}\"]",
         script.display()
     );
-    let config = write_config(&dir, &reward, "total_steps = 1");
+    let config = write_config(&dir, &reward, "[trainer]\ntotal_steps = 1");
     let o = train(&config, &dir.join("out"), &[]);
     let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
     assert!(o.status.success(), "{stderr}");
@@ -184,17 +155,14 @@ fn the_last_progress_line_has_the_last_evaluation() {
 #[test]
 fn an_unreadable_model_is_said_once() {
     let dir = tmp("no-model");
-    let config = write_config(&dir, "kind = \"numeric\"", "total_steps = 1");
-    let text_of = std::fs::read_to_string(&config).unwrap();
     let missing = dir.join("no-such-model");
-    std::fs::write(
-        &config,
-        text_of.replace(
-            &fixture().display().to_string(),
-            &missing.display().to_string(),
-        ),
+    let config = run_toml(
+        &dir,
+        "[reward]\nkind = \"numeric\"",
+        "[trainer]\ntotal_steps = 1",
     )
-    .unwrap();
+    .with(&format!("[model]\npath = \"{}\"", missing.display()))
+    .write(&dir.join("run.toml"));
     let o = train(&config, &dir.join("out"), &[]);
     let stderr = text(&o.stderr);
     assert!(!o.status.success(), "{stderr}");
@@ -214,8 +182,8 @@ fn resumes_say_what_they_did() {
     let dir = tmp("resume");
     let config = write_config(
         &dir,
-        "kind = \"numeric\"",
-        "total_steps = 2\nsave_freq = 1\nval_before_train = false",
+        "[reward]\nkind = \"numeric\"",
+        "[trainer]\ntotal_steps = 2\nsave_freq = 1\nval_before_train = false",
     );
     let out = dir.join("out");
     let o = train(&config, &out, &[]);

@@ -6,20 +6,17 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny-qwen2")
-}
+mod common;
+
+use common::RunToml;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("colo-train-run-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::tmp("train-run", name)
 }
 
 /// A one-step run config on the fixture with `capacity`; its four
 /// held-out rows name two data sources.
-fn write_config(dir: &Path, capacity: &str) -> PathBuf {
+fn run_toml(dir: &Path, capacity: &str) -> RunToml {
     let row = |i: usize, source: &str| {
         format!(
             r#"{{"prompt": "Question: what is {i} + 1? Answer:", "answer": "{}", "data_source": "{source}"}}"#,
@@ -34,27 +31,10 @@ fn write_config(dir: &Path, capacity: &str) -> PathBuf {
         .map(|i| row(i, if i < 12 { "small" } else { "large" }))
         .collect();
     std::fs::write(&val, lines.join("\n")).unwrap();
-    let path = dir.join("run.toml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"
+    common::fixture_run(&data).with(&format!(
+        r#"
 [data]
-train_files = ["{data}"]
 val_files = ["{val}"]
-train_batch_size = 2
-
-[model]
-path = "{model}"
-
-[rollout]
-n = 2
-max_new_tokens = 4
-max_kv_tokens = 256
-
-[actor]
-ppo_mini_batch_size = 2
-ppo_micro_batch_size = 4
 
 [memory]
 capacity = "{capacity}"
@@ -63,13 +43,13 @@ capacity = "{capacity}"
 total_steps = 1
 val_before_train = false
 "#,
-            data = data.display(),
-            val = val.display(),
-            model = fixture().display(),
-        ),
-    )
-    .unwrap();
-    path
+        val = val.display(),
+    ))
+}
+
+/// `run_toml(dir, capacity)` written to `dir/run.toml`.
+fn write_config(dir: &Path, capacity: &str) -> PathBuf {
+    run_toml(dir, capacity).write(&dir.join("run.toml"))
 }
 
 fn colo(args: &[&str]) -> Output {
@@ -223,13 +203,10 @@ fn a_run_the_plan_says_cannot_fit_is_refused_before_loading() {
     );
     // A capacity too small for the engine's weights and one KV block is
     // refused in the run's own keys (the planner's is `kv_free_fraction`).
-    let config = write_config(&dir, "1KiB");
-    let toml = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(
-        &config,
-        toml.replace("max_kv_tokens = 256", "mem_fraction = 0.5"),
-    )
-    .unwrap();
+    let config = run_toml(&dir, "1KiB")
+        .without("rollout", "max_kv_tokens")
+        .with("[rollout]\nmem_fraction = 0.5")
+        .write(&dir.join("run.toml"));
     let o = train(&config, &out, &[]);
     let stderr = text(&o.stderr);
     assert!(!o.status.success(), "{stderr}");
@@ -267,10 +244,9 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 #[test]
 fn resume_without_config_continues_the_recorded_run() {
     let dir = tmp("resume-record");
-    let config = write_config(&dir, "256MiB");
-    let toml = std::fs::read_to_string(&config).unwrap();
-    let toml = toml.replace("total_steps = 1", "total_steps = 3\nsave_freq = 1");
-    std::fs::write(&config, toml).unwrap();
+    let config = run_toml(&dir, "256MiB")
+        .with("[trainer]\ntotal_steps = 3\nsave_freq = 1")
+        .write(&dir.join("run.toml"));
     let out = dir.join("out");
     let o = train(&config, &out, &[]);
     assert!(o.status.success(), "{}", text(&o.stderr));
@@ -324,30 +300,21 @@ fn resume_without_config_continues_the_recorded_run() {
 #[test]
 fn a_kv_cache_too_small_for_the_rollouts_is_refused_before_anything_starts() {
     let dir = tmp("kv-fit");
-    let config = write_config(&dir, "256MiB");
-    let toml = std::fs::read_to_string(&config).unwrap();
+    let toml = run_toml(&dir, "256MiB");
     let out = dir.join("out");
-    let cases: [(&[(&str, &str)], &str); 2] = [
+    let cases = [
         (
-            &[("n = 2", "n = 100000")],
+            "[rollout]\nn = 100000",
             "rollout.n = 100000 samples of a prompt need a KV block each at least, and the KV \
              cache holds 16 blocks of 16 tokens (rollout.max_kv_tokens = 256)",
         ),
         (
-            &[
-                ("max_kv_tokens = 256", "max_kv_tokens = 32"),
-                ("max_new_tokens = 4", "max_new_tokens = 64"),
-            ],
+            "[rollout]\nmax_kv_tokens = 32\nmax_new_tokens = 64",
             "KV blocks, and the KV cache holds 2 blocks of 16 tokens (rollout.max_kv_tokens = 32)",
         ),
     ];
-    for (edits, want) in cases {
-        let mut changed = toml.clone();
-        for (from, to) in edits {
-            assert!(changed.contains(from));
-            changed = changed.replace(from, to);
-        }
-        std::fs::write(&config, &changed).unwrap();
+    for (change, want) in cases {
+        let config = toml.with(change).write(&dir.join("run.toml"));
         let o = train(&config, &out, &[]);
         let stderr = text(&o.stderr);
         assert!(!o.status.success(), "{stderr}");
@@ -356,23 +323,9 @@ fn a_kv_cache_too_small_for_the_rollouts_is_refused_before_anything_starts() {
                 && stderr.contains(want),
             "{stderr}"
         );
-        assert!(!out.exists(), "{edits:?}: the run started");
+        assert!(!out.exists(), "{change:?}: the run started");
     }
     std::fs::remove_dir_all(dir).unwrap();
-}
-
-/// `total_steps` of the config `write_config` wrote.
-fn set_total_steps(config: &Path, total: usize) {
-    let text = std::fs::read_to_string(config).unwrap();
-    let text = text
-        .lines()
-        .map(|l| match l.starts_with("total_steps") {
-            true => format!("total_steps = {total}"),
-            false => l.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    std::fs::write(config, text).unwrap();
 }
 
 /// The steps of `metrics.jsonl`'s step records (not its evaluations').
@@ -419,8 +372,8 @@ fn signal(child: &std::process::Child, sig: &str) {
 #[test]
 fn an_interrupted_run_saves_its_steps_and_resumes() {
     let dir = tmp("interrupt");
-    let config = write_config(&dir, "256MiB");
-    set_total_steps(&config, 100_000);
+    let toml = run_toml(&dir, "256MiB");
+    let config = (toml.with("[trainer]\ntotal_steps = 100000")).write(&dir.join("run.toml"));
     let out = dir.join("out");
     let child = start_and_wait_for_a_step(&config, &out);
     signal(&child, "-INT");
@@ -442,7 +395,8 @@ fn an_interrupted_run_saves_its_steps_and_resumes() {
         ckpt.display()
     );
 
-    set_total_steps(&config, k + 1);
+    toml.with(&format!("[trainer]\ntotal_steps = {}", k + 1))
+        .write(&config);
     let o = train(&config, &out, &["--resume"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert_eq!(metrics_steps(&out), (1..=k as u64 + 1).collect::<Vec<_>>());
@@ -457,10 +411,9 @@ fn an_interrupted_run_saves_its_steps_and_resumes() {
 fn ctrl_c_ends_a_step_still_drawing_generation_batches() {
     use std::io::BufRead;
     let dir = tmp("interrupt-ds");
-    let config = write_config(&dir, "256MiB");
-    let text = std::fs::read_to_string(&config).unwrap();
-    let filter = "[algorithm.filter_groups]\nenable = true\nmax_num_gen_batches = 0\n";
-    std::fs::write(&config, format!("{text}{filter}")).unwrap();
+    let config = run_toml(&dir, "256MiB")
+        .with("[algorithm.filter_groups]\nenable = true\nmax_num_gen_batches = 0")
+        .write(&dir.join("run.toml"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_colo"))
         .args(["train", "--config", config.to_str().unwrap()])
         .args(["--out", dir.join("out").to_str().unwrap()])
@@ -510,8 +463,9 @@ fn ctrl_c_ends_a_step_still_drawing_generation_batches() {
 #[test]
 fn a_second_interrupt_stops_at_once_and_cleanly() {
     let dir = tmp("interrupt-twice");
-    let config = write_config(&dir, "256MiB");
-    set_total_steps(&config, 100_000);
+    let config = run_toml(&dir, "256MiB")
+        .with("[trainer]\ntotal_steps = 100000")
+        .write(&dir.join("run.toml"));
     let out = dir.join("out");
     let child = start_and_wait_for_a_step(&config, &out);
     for _ in 0..2 {
