@@ -40,7 +40,7 @@ use colo_algo::{compute_advantage, AdvEstimator, AdvantageInputs};
 use colo_model::Tokenizer;
 use colo_rollout::{FinishReason, Request, SamplingParams};
 use colo_train::{
-    CriticBatch, CriticLossConfig, CriticMetrics, PolicyBatch, PolicyMetrics, SeqBatch, TrainEngine,
+    CriticBatch, CriticLossConfig, CriticMetrics, PolicyBatch, PolicyMetrics, SeqBatch,
 };
 use tch::Tensor;
 
@@ -288,10 +288,7 @@ impl Run<'_> {
         let micro = self.config.batch.micro_split();
         let reference = self.worker.ref_log_probs(&seqs, micro)?;
         let ref_s = t.elapsed().as_secs_f64();
-        let values = match &mut self.worker.critic {
-            Some(c) => Some(c.values(&seqs)?), // (samples, seq)
-            None => None,
-        };
+        let values = self.worker.values(&seqs)?; // (samples, seq)
         let rollout = rollouts.to_token_layout(&rollouts.logprobs, 0..n, seqs.seq_len())?;
         Ok(LogProbs {
             seqs,
@@ -334,7 +331,7 @@ impl Run<'_> {
     fn score_old(&mut self, rollouts: &Rollouts, seqs: &SeqBatch, from: usize) -> Result<Tensor> {
         let n = rollouts.len();
         if from == 0 {
-            return Ok(self.worker.actor.score(seqs, false)?.log_probs);
+            return Ok(self.worker.score(seqs, false)?.log_probs);
         }
         let old = Tensor::f_zeros(
             [n as i64, seqs.seq_len() as i64],
@@ -342,7 +339,7 @@ impl Run<'_> {
         )?;
         if from < n {
             let rest = rollouts.seq_batch(from..n, self.pad)?;
-            let scored = self.worker.actor.score(&rest, false)?.log_probs;
+            let scored = self.worker.score(&rest, false)?.log_probs;
             old.f_narrow(0, from as i64, (n - from) as i64)?
                 .f_narrow(1, 0, rest.seq_len() as i64)?
                 .f_copy_(&scored)?;
@@ -461,13 +458,12 @@ impl Run<'_> {
                     pb = pb.old_from_update(); // fills `old`'s rows: Run::on_policy_rows
                 }
                 if actor_updates {
-                    actor.push(self.worker.actor.update_policy(&pb, &loss)?);
+                    actor.push(self.worker.update_policy(&pb, &loss)?);
                 }
-                if let (Some(c), Some(v), Some(ret)) =
-                    (&mut self.worker.critic, &lp.values, &adv.returns)
-                {
+                // Values exist when the worker has a critic.
+                if let (Some(v), Some(ret)) = (&lp.values, &adv.returns) {
                     let cb = CriticBatch::new(mb.clone(), &cut(v)?, &cut(ret)?)?;
-                    critic.push(c.update_critic(&cb, &critic_loss)?);
+                    critic.push(self.worker.update_critic(&cb, &critic_loss)?);
                 }
             }
         }
@@ -903,7 +899,7 @@ impl Run<'_> {
             ..EvalConfig::greedy(self.config.rollout.max_new_tokens, self.stop.clone())
         };
         eval::evaluate(
-            self.worker.engine()?,
+            self.worker.engine("evaluate")?,
             &self.val,
             &self.tokenizer,
             self.reward.as_mut(),

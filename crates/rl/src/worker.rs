@@ -19,14 +19,53 @@
 //! weights is gone before the KV cache comes back, so the peak is lower by
 //! the trainer's weight bytes. Offloads follow the config's
 //! `offload_train_param / grad / optimizer` (MindSpeed-RL's switches).
+//!
+//! ## The engines behind their traits
+//!
+//! `HybridWorker<T: TrainEngine = ColoTrainer, R: RolloutEngine = Engine>`:
+//! the worker drives its engines through colo-train's [`TrainEngine`]
+//! (scores, values, updates, offload and reload, the weights by name,
+//! checkpoints, the model written for a rollout engine) and colo-rollout's
+//! [`RolloutEngine`] (generate, release and resume, weight updates), so the
+//! choreography and the phase checks run on fake engines in the unit tests,
+//! and a sharded or LoRA engine that implements the traits slots in.
+//! Generic rather than concrete (with the rollout trait deleted) because
+//! all the choreography needs of its engines fits the traits once the
+//! training one says how to write a checkpoint with the caller's files and
+//! the model a rollout engine is built from
+//! ([`TrainEngine::save_checkpoint_with`], [`TrainEngine::save_model`]). What
+//! belongs to colo's own engines stays with [`HybridWorker::new`], which
+//! builds them from a checkpoint: the CUDA graphs captured at start, and
+//! `restart` mode's engine built from the actor's weights on disk (an
+//! [`EngineBuilder`]). [`HybridWorker::from_engines`] takes engines built
+//! elsewhere. The defaults keep the RL step and the harness on the
+//! concrete engines, where they also use what only those have (an
+//! evaluation on `&mut Engine`, the data-parallel ranks' collectives and
+//! raw tensors).
+//!
+//! ## Every engine call checks the phase
+//!
+//! The fields are private: the step and the harness reach the engines only
+//! through the worker's methods, and each one refuses a call in the wrong
+//! phase with [`Error::Phase`] naming the call and the phase it needs
+//! (training calls — [`HybridWorker::score`], [`HybridWorker::values`],
+//! [`HybridWorker::update_policy`], [`HybridWorker::update_critic`],
+//! [`HybridWorker::ref_log_probs`], checkpoints, [`HybridWorker::actor`] for
+//! the rest — need [`Phase::Train`]; [`HybridWorker::generate`] and
+//! [`HybridWorker::engine`] need [`Phase::Rollout`]). A call refused never
+//! reaches the engine, whose memory may be offloaded or asleep.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use colo_mem::{tags, Pool};
-use colo_rollout::{Engine, EngineConfig, Request, RequestOutput};
-use colo_train::{ColoTrainer, Offload, TrainEngine};
+use colo_rollout::{Engine, EngineConfig, Request, RequestOutput, RolloutEngine};
+use colo_train::{
+    Collective, ColoTrainer, CriticBatch, CriticLossConfig, CriticMetrics, LossConfig, Offload,
+    PolicyBatch, PolicyMetrics, Scores, SeqBatch, TrainEngine,
+};
+use tch::{Device, Kind, Tensor};
 
 use crate::config::{Colocation, MemoryConfig, OffloadPolicy};
 use crate::reference::Reference;
@@ -37,6 +76,26 @@ use crate::{Error, Result};
 pub enum Phase {
     Train,
     Rollout,
+}
+
+impl Phase {
+    /// The switch that enters this phase.
+    fn switch(self) -> &'static str {
+        match self {
+            Phase::Train => "to_train",
+            Phase::Rollout => "to_rollout",
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    /// "training" or "rollout".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Phase::Train => "training",
+            Phase::Rollout => "rollout",
+        })
+    }
 }
 
 /// Seconds spent in one switch.
@@ -66,16 +125,37 @@ pub struct WorkerSpec {
     pub scratch: PathBuf,
 }
 
-pub struct HybridWorker {
+/// Builds a rollout engine from a Hugging Face directory: `restart` mode's
+/// engine, from the actor's weights written to the scratch directory
+/// ([`TrainEngine::save_model`]).
+pub type EngineBuilder<R> = Box<dyn Fn(&Path) -> Result<R> + Send>;
+
+/// The engines of a worker besides the rollout engine, built
+/// ([`HybridWorker::from_engines`]).
+pub struct Engines<T, R> {
+    pub actor: T,
+    /// A value model for GAE, in the actor's tags.
+    pub critic: Option<T>,
+    /// The reference model, resident or offloaded.
+    pub reference: Option<Reference>,
+    /// `restart` mode's rollout engine, from the actor's weights on disk.
+    pub build_rollout: EngineBuilder<R>,
+}
+
+/// The actor, the critic, the reference and the rollout engine on one
+/// device, in one [`Phase`] at a time (the module documentation).
+pub struct HybridWorker<T: TrainEngine = ColoTrainer, R: RolloutEngine = Engine> {
     pool: Arc<Pool>,
-    pub actor: ColoTrainer,
+    actor: T,
     /// A value model for GAE: the same checkpoint with a value head. It
     /// lives in the actor's tags (`train_params`, `train_grads`,
     /// `optimizer`), so the actor's offloads and reloads move it too.
-    pub critic: Option<ColoTrainer>,
+    critic: Option<T>,
     /// `None` in `restart` mode while training.
-    rollout: Option<Engine>,
-    pub reference: Option<Reference>,
+    rollout: Option<R>,
+    reference: Option<Reference>,
+    /// `restart` mode builds the rollout engine with it each step.
+    build_rollout: EngineBuilder<R>,
     mode: Colocation,
     /// What the actor may give up during generation (the `offload_*`
     /// flags).
@@ -90,7 +170,6 @@ pub struct HybridWorker {
     step_tokens: Option<u64>,
     /// The largest step so far, for [`HybridWorker::room_for_the_reference`].
     largest: Option<StepSize>,
-    engine_cfg: EngineConfig,
     /// `restart` mode writes the actor here each step.
     scratch: PathBuf,
     phase: Phase,
@@ -142,37 +221,21 @@ impl HybridWorker {
         let (model_dir, memory) = (spec.model_dir.as_path(), &spec.memory);
         pool.set_phase("init_rollout");
         let (kind, device) = (spec.actor.kind, spec.actor.device);
-        let mut rollout = Some(Engine::from_dir_on(
-            model_dir,
-            kind,
-            device,
-            Arc::clone(&pool),
-            &spec.engine,
-        )?);
+        let build_rollout = engine_builder(&pool, &spec.engine, kind, device);
+        let mut rollout = build_rollout(model_dir)?;
         // On CUDA, the decode step's graphs for a step's samples at full
         // length, captured now as vLLM and SGLang capture theirs at start
         // (their memory sleeps and wakes with the KV cache); none on the
         // CPU. A restarted engine captures as it goes.
-        if let (Some(e), Some(len)) = (rollout.as_mut(), spec.engine.max_seq_len) {
+        if let Some(len) = spec.engine.max_seq_len {
             if memory.colocation != Colocation::Restart {
-                e.capture_cuda_graphs(spec.engine.validate()?.kv_seqs, len)?;
+                rollout.capture_cuda_graphs(spec.engine.validate()?.kv_seqs, len)?;
             }
         }
         // The engine sleeps before the trainer is built (and until the first
         // step wakes it), so start-up never holds both: a device that fits
         // the choreography fits its start too.
-        match memory.colocation {
-            Colocation::Naive => {}
-            Colocation::Restart => {
-                rollout = None;
-                pool.empty_cache();
-            }
-            Colocation::Sleep | Colocation::Staged => {
-                if let Some(e) = rollout.as_mut() {
-                    e.release(&[tags::KV_CACHE, tags::WEIGHTS])?;
-                }
-            }
-        }
+        let rollout = asleep(&pool, memory.colocation, rollout)?;
         pool.set_phase("init_trainer");
         let actor = ColoTrainer::from_dir(Arc::clone(&pool), model_dir, &spec.actor)?;
         let critic = spec
@@ -193,10 +256,102 @@ impl HybridWorker {
             false => None,
         };
         pool.set_phase("train");
-        Ok(HybridWorker {
+        let engines = Engines {
             actor,
             critic,
             reference,
+            build_rollout,
+        };
+        Ok(Self::assemble(
+            pool,
+            memory,
+            spec.scratch.clone(),
+            rollout,
+            engines,
+        ))
+    }
+}
+
+impl<R: RolloutEngine> HybridWorker<ColoTrainer, R> {
+    /// Joins the actor and the critic to the other ranks, each with a
+    /// collective of its own from `make`, the actor's first. No phase: it
+    /// moves no memory.
+    pub(crate) fn set_collectives(&mut self, mut make: impl FnMut() -> Box<dyn Collective>) {
+        self.actor.set_collective(Some(make()));
+        if let Some(c) = &mut self.critic {
+            c.set_collective(Some(make()));
+        }
+    }
+}
+
+/// The rollout engine of [`HybridWorker::new`], built from a directory in
+/// `kind` on `device` (the actor's), in `pool`, with `cfg`: the first one
+/// from the checkpoint, and `restart` mode's from the actor's weights.
+fn engine_builder(
+    pool: &Arc<Pool>,
+    cfg: &EngineConfig,
+    kind: Kind,
+    device: Device,
+) -> EngineBuilder<Engine> {
+    let (pool, cfg) = (Arc::clone(pool), cfg.clone());
+    Box::new(move |dir| {
+        Ok(Engine::from_dir_on(
+            dir,
+            kind,
+            device,
+            Arc::clone(&pool),
+            &cfg,
+        )?)
+    })
+}
+
+/// The rollout engine as a worker starts, in the training phase: awake in
+/// `naive` mode, dropped in `restart` mode (the first switch builds one),
+/// its KV cache and weights released in `sleep` and `staged` modes.
+fn asleep<R: RolloutEngine>(pool: &Pool, mode: Colocation, mut rollout: R) -> Result<Option<R>> {
+    match mode {
+        Colocation::Naive => {}
+        Colocation::Restart => {
+            drop(rollout);
+            pool.empty_cache();
+            return Ok(None);
+        }
+        Colocation::Sleep | Colocation::Staged => {
+            rollout.release(&[tags::KV_CACHE, tags::WEIGHTS])?;
+        }
+    }
+    Ok(Some(rollout))
+}
+
+impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
+    /// A worker on engines built elsewhere (another backend, fakes), in
+    /// the training phase, all in `pool`: `rollout` awake, put to sleep
+    /// (or dropped, `restart`) as [`HybridWorker::new`] leaves its own.
+    pub fn from_engines(
+        pool: Arc<Pool>,
+        memory: &MemoryConfig,
+        scratch: PathBuf,
+        rollout: R,
+        engines: Engines<T, R>,
+    ) -> Result<Self> {
+        let rollout = asleep(&pool, memory.colocation, rollout)?;
+        pool.set_phase("train");
+        Ok(Self::assemble(pool, memory, scratch, rollout, engines))
+    }
+
+    /// The worker of these engines, in the training phase.
+    fn assemble(
+        pool: Arc<Pool>,
+        memory: &MemoryConfig,
+        scratch: PathBuf,
+        rollout: Option<R>,
+        engines: Engines<T, R>,
+    ) -> Self {
+        HybridWorker {
+            actor: engines.actor,
+            critic: engines.critic,
+            reference: engines.reference,
+            build_rollout: engines.build_rollout,
             pool,
             rollout,
             mode: memory.colocation,
@@ -212,12 +367,11 @@ impl HybridWorker {
             offload_ref: memory.offload_ref && memory.colocation != Colocation::Naive,
             step_tokens: None,
             largest: None,
-            engine_cfg: spec.engine.clone(),
             offloaded: Offload::NONE,
             policy: memory.offload_policy,
-            scratch: spec.scratch.clone(),
+            scratch,
             phase: Phase::Train,
-        })
+        }
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -241,14 +395,81 @@ impl HybridWorker {
         self.phase
     }
 
+    /// The one phase check: `op` needs `phase`.
     fn expect(&self, op: &'static str, phase: Phase) -> Result<()> {
         if self.phase != phase {
             return Err(Error::Phase {
                 op,
-                state: format!("the worker is in the {:?} phase", self.phase),
+                state: format!(
+                    "it needs the {phase} phase and the worker is in the {} phase (switch with {} first)",
+                    self.phase,
+                    phase.switch()
+                ),
             });
         }
         Ok(())
+    }
+
+    /// The actor (training phase), for what [`TrainEngine`] does not cover
+    /// (a concrete engine's model, its raw tensors); `op` names the call.
+    pub fn actor(&self, op: &'static str) -> Result<&T> {
+        self.expect(op, Phase::Train)?;
+        Ok(&self.actor)
+    }
+
+    /// [`HybridWorker::actor`], to change it.
+    pub fn actor_mut(&mut self, op: &'static str) -> Result<&mut T> {
+        self.expect(op, Phase::Train)?;
+        Ok(&mut self.actor)
+    }
+
+    /// Whether the worker has a critic.
+    pub fn has_critic(&self) -> bool {
+        self.critic.is_some()
+    }
+
+    /// The actor's scores of `seqs`, no gradient (training phase): π_old.
+    pub fn score(&mut self, seqs: &SeqBatch, with_entropy: bool) -> Result<Scores> {
+        self.expect("score with the actor", Phase::Train)?;
+        Ok(self.actor.score(seqs, with_entropy)?)
+    }
+
+    /// The critic's value of each token of `seqs`, no gradient (training
+    /// phase); `None` without a critic.
+    pub fn values(&mut self, seqs: &SeqBatch) -> Result<Option<Tensor>> {
+        self.expect("score with the critic", Phase::Train)?;
+        match &mut self.critic {
+            Some(c) => Ok(Some(c.values(seqs)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// One optimizer step of the actor on the policy loss (training phase).
+    pub fn update_policy(
+        &mut self,
+        batch: &PolicyBatch,
+        loss: &LossConfig,
+    ) -> Result<PolicyMetrics> {
+        self.expect("update the policy", Phase::Train)?;
+        Ok(self.actor.update_policy(batch, loss)?)
+    }
+
+    /// One optimizer step of the critic on the value loss (training phase);
+    /// an error without a critic.
+    pub fn update_critic(
+        &mut self,
+        batch: &CriticBatch,
+        loss: &CriticLossConfig,
+    ) -> Result<CriticMetrics> {
+        const OP: &str = "update the critic";
+        self.expect(OP, Phase::Train)?;
+        let Some(c) = &mut self.critic else {
+            return Err(Error::Phase {
+                op: OP,
+                state: "the worker has no critic".into(),
+            });
+        };
+        Ok(c.update_critic(batch, loss)?)
     }
 
     /// Train → rollout, in the order the colocation mode says.
@@ -264,28 +485,21 @@ impl HybridWorker {
                 self.pool.set_phase("save_weights");
                 let t = Instant::now();
                 std::fs::create_dir_all(&self.scratch).map_err(|e| Error::io(&self.scratch, e))?;
-                let model = self.actor.model()?;
-                model.save_dir(&self.scratch)?;
-                let (kind, device) = (model.dtype(), model.device());
+                self.actor.save_model(&self.scratch)?;
                 self.offloaded = self.offload;
                 self.offload_actor(self.offload)?;
                 // The engine about to be built is not in the pool yet, so
                 // there is nothing to weigh the cache against: it goes.
                 self.actor.release_cache();
                 self.pool.set_phase("restart_engine");
-                self.rollout = Some(Engine::from_dir_on(
-                    &self.scratch,
-                    kind,
-                    device,
-                    Arc::clone(&self.pool),
-                    &self.engine_cfg,
-                )?);
+                self.rollout = Some((self.build_rollout)(&self.scratch)?);
                 t.elapsed().as_secs_f64()
             }
             Colocation::Sleep => {
                 let params = self.give_up_before_the_wake()?;
                 self.pool.set_phase("wake_all");
-                self.engine()?.resume(&[tags::WEIGHTS, tags::KV_CACHE])?;
+                self.rollout_engine()?
+                    .resume(&[tags::WEIGHTS, tags::KV_CACHE])?;
                 self.pool.set_phase("sync_weights");
                 let s = self.sync()?;
                 self.free_trainer_weights(params)?;
@@ -294,12 +508,12 @@ impl HybridWorker {
             Colocation::Staged => {
                 let params = self.give_up_before_the_wake()?;
                 self.pool.set_phase("wake_weights");
-                self.engine()?.resume(&[tags::WEIGHTS])?;
+                self.rollout_engine()?.resume(&[tags::WEIGHTS])?;
                 self.pool.set_phase("sync_weights");
                 let s = self.sync()?;
                 self.free_trainer_weights(params)?;
                 self.pool.set_phase("wake_kv_cache");
-                self.engine()?.resume(&[tags::KV_CACHE])?;
+                self.rollout_engine()?.resume(&[tags::KV_CACHE])?;
                 s
             }
         };
@@ -325,7 +539,8 @@ impl HybridWorker {
             }
             Colocation::Sleep | Colocation::Staged => {
                 self.pool.set_phase("sleep_engine");
-                self.engine()?.release(&[tags::KV_CACHE, tags::WEIGHTS])?;
+                self.rollout_engine()?
+                    .release(&[tags::KV_CACHE, tags::WEIGHTS])?;
                 self.reload_actor()?;
             }
         }
@@ -343,12 +558,21 @@ impl HybridWorker {
         requests: Vec<Request>,
     ) -> Result<Vec<colo_rollout::Result<RequestOutput>>> {
         self.expect("generate", Phase::Rollout)?;
-        Ok(self.engine()?.generate(requests)?)
+        Ok(self.rollout_engine()?.generate(requests)?)
+    }
+
+    /// The rollout engine (rollout phase), for what [`RolloutEngine`] does
+    /// not cover (an evaluation on a concrete engine, its model); `op`
+    /// names the call.
+    pub fn engine(&mut self, op: &'static str) -> Result<&mut R> {
+        self.expect(op, Phase::Rollout)?;
+        self.rollout_engine()
     }
 
     /// The rollout engine, if one exists right now (not in `restart` mode
-    /// during training).
-    pub fn engine(&mut self) -> Result<&mut Engine> {
+    /// during training), in either phase: the switches wake it and put it
+    /// to sleep.
+    fn rollout_engine(&mut self) -> Result<&mut R> {
         self.rollout.as_mut().ok_or(Error::Phase {
             op: "use the rollout engine",
             state: "it is not built (restart mode, training phase)".into(),
@@ -371,9 +595,9 @@ impl HybridWorker {
     /// when told; on a GPU each offload is two copies of the model a step.
     pub fn ref_log_probs(
         &mut self,
-        seqs: &colo_train::SeqBatch,
+        seqs: &SeqBatch,
         micro: impl Into<colo_train::Split>,
-    ) -> Result<Option<tch::Tensor>> {
+    ) -> Result<Option<Tensor>> {
         self.expect("score with the reference", Phase::Train)?;
         let Some(r) = &self.reference else {
             return Ok(None);
@@ -506,7 +730,7 @@ impl HybridWorker {
     fn sync(&mut self) -> Result<f64> {
         let t = Instant::now();
         let params = self.actor.named_parameters();
-        self.engine()?.update_weights(&params)?;
+        self.rollout_engine()?.update_weights(&params)?;
         Ok(t.elapsed().as_secs_f64())
     }
 
@@ -626,5 +850,387 @@ impl HybridWorker {
             self.actor.reload(what)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The worker on fake engines that record every call: a call in the
+    //! wrong phase is refused by name and never reaches an engine, and
+    //! the switches drive the engines through their traits.
+
+    use std::sync::Mutex;
+
+    use colo_mem::PoolConfig;
+    use colo_rollout::WeightUpdate;
+    use colo_train::SftMetrics;
+
+    use super::*;
+    use crate::checkpoints::DataState;
+    use crate::config::Capacity;
+
+    /// Every engine call, `role.method`, in order.
+    type Calls = Arc<Mutex<Vec<String>>>;
+
+    fn log(calls: &Calls, role: &str, method: &str) {
+        calls.lock().unwrap().push(format!("{role}.{method}"));
+    }
+
+    fn zeros(seqs: &SeqBatch) -> Tensor {
+        let shape = [seqs.batch_size() as i64, seqs.seq_len() as i64];
+        Tensor::zeros(shape, (Kind::Float, Device::Cpu))
+    }
+
+    struct FakeTrainer {
+        role: &'static str,
+        calls: Calls,
+    }
+
+    impl FakeTrainer {
+        fn log(&self, method: &str) {
+            log(&self.calls, self.role, method);
+        }
+    }
+
+    impl TrainEngine for FakeTrainer {
+        fn score(&mut self, batch: &SeqBatch, _entropy: bool) -> colo_train::Result<Scores> {
+            self.log("score");
+            Ok(Scores {
+                log_probs: zeros(batch),
+                entropy: None,
+            })
+        }
+        fn values(&mut self, batch: &SeqBatch) -> colo_train::Result<Tensor> {
+            self.log("values");
+            Ok(zeros(batch))
+        }
+        fn update_policy(
+            &mut self,
+            _: &PolicyBatch,
+            _: &LossConfig,
+        ) -> colo_train::Result<PolicyMetrics> {
+            self.log("update_policy");
+            Ok(PolicyMetrics::default())
+        }
+        fn update_critic(
+            &mut self,
+            _: &CriticBatch,
+            _: &CriticLossConfig,
+        ) -> colo_train::Result<CriticMetrics> {
+            self.log("update_critic");
+            Ok(CriticMetrics::default())
+        }
+        fn sft_step(&mut self, _: &SeqBatch) -> colo_train::Result<SftMetrics> {
+            self.log("sft_step");
+            Ok(SftMetrics::default())
+        }
+        fn offload(&mut self, _: Offload) -> colo_train::Result<()> {
+            self.log("offload");
+            Ok(())
+        }
+        fn reload(&mut self, _: Offload) -> colo_train::Result<()> {
+            self.log("reload");
+            Ok(())
+        }
+        fn release_cache(&mut self) -> u64 {
+            self.log("release_cache");
+            0
+        }
+        fn named_parameters(&self) -> Vec<(String, Tensor)> {
+            self.log("named_parameters");
+            Vec::new()
+        }
+        fn step(&self) -> u64 {
+            0
+        }
+        fn save_checkpoint(&self, _: &Path) -> colo_train::Result<()> {
+            self.log("save_checkpoint");
+            Ok(())
+        }
+        fn save_checkpoint_with<E: From<colo_train::Error>>(
+            &self,
+            dir: &Path,
+            _: Option<u64>,
+            extra: impl FnOnce(&Path) -> std::result::Result<(), E>,
+        ) -> std::result::Result<(), E> {
+            self.log("save_checkpoint");
+            extra(dir)
+        }
+        fn save_model(&self, _: &Path) -> colo_train::Result<()> {
+            self.log("save_model");
+            Ok(())
+        }
+        fn load_checkpoint(&mut self, _: &Path) -> colo_train::Result<()> {
+            self.log("load_checkpoint");
+            Ok(())
+        }
+    }
+
+    struct FakeRollout {
+        calls: Calls,
+    }
+
+    impl RolloutEngine for FakeRollout {
+        fn generate(
+            &mut self,
+            requests: Vec<Request>,
+        ) -> colo_rollout::Result<Vec<colo_rollout::Result<RequestOutput>>> {
+            log(&self.calls, "rollout", "generate");
+            Ok((requests.into_iter())
+                .map(|_| {
+                    Ok(RequestOutput {
+                        id: 0,
+                        completions: Vec::new(),
+                    })
+                })
+                .collect())
+        }
+        fn release(&mut self, _: &[&str]) -> colo_rollout::Result<()> {
+            log(&self.calls, "rollout", "release");
+            Ok(())
+        }
+        fn resume(&mut self, _: &[&str]) -> colo_rollout::Result<()> {
+            log(&self.calls, "rollout", "resume");
+            Ok(())
+        }
+        fn update_weights(&mut self, _: &[(String, Tensor)]) -> colo_rollout::Result<WeightUpdate> {
+            log(&self.calls, "rollout", "update_weights");
+            Ok(WeightUpdate {
+                tensors: 0,
+                bytes: 0,
+                buckets: 0,
+            })
+        }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("colo-worker-fake-{}-{name}", std::process::id()))
+    }
+
+    /// A worker on fakes with an actor and a critic, every offload allowed.
+    fn worker(
+        mode: Colocation,
+        name: &str,
+        calls: &Calls,
+    ) -> HybridWorker<FakeTrainer, FakeRollout> {
+        let pool = Pool::host(PoolConfig {
+            address_space: 1 << 30,
+            ..PoolConfig::default()
+        })
+        .unwrap();
+        let memory = MemoryConfig {
+            capacity: Capacity::Auto,
+            colocation: mode,
+            offload_train_param: true,
+            offload_train_grad: true,
+            offload_train_optimizer: true,
+            offload_ref: true,
+            offload_policy: OffloadPolicy::Always,
+        };
+        let fake = |role| FakeTrainer {
+            role,
+            calls: Arc::clone(calls),
+        };
+        let built = Arc::clone(calls);
+        let engines = Engines {
+            actor: fake("actor"),
+            critic: Some(fake("critic")),
+            reference: None,
+            build_rollout: Box::new(move |_| {
+                log(&built, "rollout", "build");
+                Ok(FakeRollout {
+                    calls: Arc::clone(&built),
+                })
+            }),
+        };
+        let rollout = FakeRollout {
+            calls: Arc::clone(calls),
+        };
+        HybridWorker::from_engines(pool, &memory, scratch(name), rollout, engines).unwrap()
+    }
+
+    fn seqs() -> SeqBatch {
+        SeqBatch::from_prompt_response(&[(&[1, 2][..], &[3, 4][..])], 0).unwrap()
+    }
+
+    /// `err` is the phase error of call `op`, which needs `needs`.
+    fn assert_refused(err: Option<Error>, op: &str, needs: Phase, is: Phase) {
+        let err = err.unwrap_or_else(|| panic!("{op}: accepted in the {is} phase"));
+        let text = err.to_string();
+        match err {
+            Error::Phase { op: named, state } => {
+                assert_eq!(named, op);
+                let needs =
+                    format!("it needs the {needs} phase and the worker is in the {is} phase");
+                assert!(state.starts_with(&needs), "{state}");
+                assert!(
+                    text.starts_with(&format!("hybrid worker: cannot {op}: ")),
+                    "{text}"
+                );
+            }
+            other => panic!("{op}: {other}"),
+        }
+    }
+
+    #[test]
+    fn a_training_call_in_the_rollout_phase_is_refused_by_name() {
+        let calls = Calls::default();
+        let mut w = worker(Colocation::Sleep, "train-calls", &calls);
+        let seqs = seqs();
+        let z = zeros(&seqs);
+        let pb = PolicyBatch::new(seqs.clone(), &z, &z, None, None).unwrap();
+        let cb = CriticBatch::new(seqs.clone(), &z, &z).unwrap();
+        let (loss, critic_loss) = (LossConfig::default(), CriticLossConfig::default());
+        w.to_rollout().unwrap();
+        let before = calls.lock().unwrap().len();
+        let data = DataState {
+            gen_batches: 0,
+            gen_batch_size: 1,
+        };
+        let nowhere = scratch("train-calls-nowhere");
+        let refused = [
+            ("score with the actor", w.score(&seqs, false).err()),
+            ("score with the critic", w.values(&seqs).err()),
+            ("update the policy", w.update_policy(&pb, &loss).err()),
+            (
+                "update the critic",
+                w.update_critic(&cb, &critic_loss).err(),
+            ),
+            ("score with the reference", w.ref_log_probs(&seqs, 1).err()),
+            ("read the weights", w.actor("read the weights").err()),
+            ("take an SFT step", w.actor_mut("take an SFT step").err()),
+            (
+                "save a checkpoint",
+                w.save_checkpoint(&nowhere, 1, &nowhere, &data).err(),
+            ),
+            ("load a checkpoint", w.load_checkpoint(&nowhere).err()),
+            ("switch to rollout", w.to_rollout().err()),
+        ];
+        for (op, err) in refused {
+            assert_refused(err, op, Phase::Train, Phase::Rollout);
+        }
+        assert_eq!(calls.lock().unwrap().len(), before, "no engine was called");
+        assert!(!nowhere.exists());
+
+        w.to_train().unwrap();
+        calls.lock().unwrap().clear();
+        w.score(&seqs, false).unwrap();
+        assert!(w.values(&seqs).unwrap().is_some());
+        w.update_policy(&pb, &loss).unwrap();
+        w.update_critic(&cb, &critic_loss).unwrap();
+        assert_eq!(
+            *calls.lock().unwrap(),
+            [
+                "actor.score",
+                "critic.values",
+                "actor.update_policy",
+                "critic.update_critic"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_generation_call_in_the_training_phase_is_refused_by_name() {
+        let calls = Calls::default();
+        let mut w = worker(Colocation::Naive, "generate", &calls);
+        let request = || vec![Request::new(vec![1, 2], Default::default())];
+        let refused = [
+            ("generate", w.generate(request()).err()),
+            ("evaluate", w.engine("evaluate").err()),
+            ("switch to training", w.to_train().err()),
+        ];
+        for (op, err) in refused {
+            assert_refused(err, op, Phase::Rollout, Phase::Train);
+        }
+        assert!(
+            calls.lock().unwrap().is_empty(),
+            "{:?}",
+            calls.lock().unwrap()
+        );
+
+        w.to_rollout().unwrap();
+        assert_eq!(w.generate(request()).unwrap().len(), 1);
+        assert!(w.engine("evaluate").is_ok());
+        assert_eq!(calls.lock().unwrap().last().unwrap(), "rollout.generate");
+    }
+
+    #[test]
+    fn a_critic_update_without_a_critic_is_refused() {
+        let calls = Calls::default();
+        let mut w = worker(Colocation::Naive, "no-critic", &calls);
+        w.critic = None;
+        let seqs = seqs();
+        let z = zeros(&seqs);
+        let cb = CriticBatch::new(seqs.clone(), &z, &z).unwrap();
+        assert!(!w.has_critic());
+        assert!(w.values(&seqs).unwrap().is_none());
+        let err = w.update_critic(&cb, &CriticLossConfig::default());
+        assert!(
+            matches!(&err, Err(Error::Phase { op: "update the critic", state }) if state == "the worker has no critic"),
+            "{err:?}"
+        );
+        assert!(calls.lock().unwrap().is_empty());
+    }
+
+    /// The switches through the traits, in each mode's order (the module
+    /// documentation's table).
+    #[test]
+    fn the_switches_drive_the_engines_in_the_modes_order() {
+        let cases: [(Colocation, &[&str], &[&str]); 3] = [
+            (
+                Colocation::Sleep,
+                &[
+                    "actor.release_cache",
+                    "actor.offload",
+                    "rollout.resume",
+                    "actor.named_parameters",
+                    "rollout.update_weights",
+                    "actor.offload",
+                ],
+                &["rollout.release", "actor.reload"],
+            ),
+            (
+                Colocation::Staged,
+                &[
+                    "actor.release_cache",
+                    "actor.offload",
+                    "rollout.resume",
+                    "actor.named_parameters",
+                    "rollout.update_weights",
+                    "actor.offload",
+                    "rollout.resume",
+                ],
+                &["rollout.release", "actor.reload"],
+            ),
+            (
+                Colocation::Restart,
+                &[
+                    "actor.save_model",
+                    "actor.offload",
+                    "actor.release_cache",
+                    "rollout.build",
+                ],
+                &["actor.reload"],
+            ),
+        ];
+        for (mode, to_rollout, to_train) in cases {
+            let calls = Calls::default();
+            let name = format!("{mode:?}");
+            let mut w = worker(mode, &name, &calls);
+            let started: &[&str] = match mode {
+                Colocation::Sleep | Colocation::Staged => &["rollout.release"],
+                _ => &[],
+            };
+            assert_eq!(*calls.lock().unwrap(), started, "{mode:?}: start");
+            assert_eq!(w.rollout.is_some(), mode != Colocation::Restart);
+            calls.lock().unwrap().clear();
+            w.to_rollout().unwrap();
+            assert_eq!(*calls.lock().unwrap(), to_rollout, "{mode:?}: to_rollout");
+            calls.lock().unwrap().clear();
+            w.to_train().unwrap();
+            assert_eq!(*calls.lock().unwrap(), to_train, "{mode:?}: to_train");
+            assert_eq!(w.rollout.is_some(), mode != Colocation::Restart);
+            let _ = std::fs::remove_dir_all(scratch(&name));
+        }
     }
 }

@@ -121,13 +121,14 @@ fn tokens(out: Vec<colo_rollout::Result<colo_rollout::RequestOutput>>) -> Vec<Ve
 /// What a fresh engine built from the actor's current weights generates.
 fn reference_tokens(w: &HybridWorker, prompts: &[Vec<u32>], tag: &str) -> Vec<Vec<u32>> {
     let dir = std::env::temp_dir().join(format!("colo-worker-ref-{}-{tag}", std::process::id()));
-    w.actor.model().unwrap().save_dir(&dir).unwrap();
+    let actor = w.actor("save the model").unwrap();
+    actor.model().unwrap().save_dir(&dir).unwrap();
     let pool = Pool::host(PoolConfig::default()).unwrap();
     let cfg = EngineConfig {
         max_kv_tokens: Some(512),
         ..EngineConfig::default()
     };
-    let kind = w.actor.model().unwrap().dtype();
+    let kind = actor.model().unwrap().dtype();
     let mut e = Engine::from_dir_on(&dir, kind, Device::Cpu, pool, &cfg).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     tokens(e.generate(greedy(prompts)).unwrap())
@@ -159,7 +160,10 @@ fn every_mode_generates_with_the_actors_current_weights() {
         let seqs = SeqBatch::from_prompt_response(&[(&prompts[0][..], &[7, 7, 7, 7, 7, 7][..])], 0)
             .unwrap();
         for _ in 0..20 {
-            w.actor.sft_step(&seqs).unwrap();
+            w.actor_mut("take an SFT step")
+                .unwrap()
+                .sft_step(&seqs)
+                .unwrap();
         }
         let after = reference_tokens(&w, &prompts, &format!("b{i}"));
         assert_ne!(after, before, "the update should change greedy output");
@@ -188,7 +192,7 @@ fn a_bf16_actor_generates_in_bf16() {
         let mut w = worker_in(mode, &format!("bf16-{i}"), 512, Kind::BFloat16);
         let expected = reference_tokens(&w, &prompts, &format!("bf16-{i}"));
         w.to_rollout().unwrap();
-        let engine = w.engine().unwrap();
+        let engine = w.engine("read the model").unwrap();
         assert_eq!(engine.model().unwrap().dtype(), Kind::BFloat16, "{mode:?}");
         assert_eq!(
             tokens(w.generate(greedy(&prompts)).unwrap()),
@@ -224,7 +228,10 @@ fn a_switch_gives_up_only_what_the_engine_needs_the_room_for() {
     let trained = |capacity: u64, name: &str| {
         let mut w = staged_as_needed(capacity, name, kv);
         w.ref_log_probs(&seqs, 4).unwrap();
-        w.actor.sft_step(&seqs).unwrap();
+        w.actor_mut("take an SFT step")
+            .unwrap()
+            .sft_step(&seqs)
+            .unwrap();
         w
     };
 
@@ -282,7 +289,10 @@ fn a_switch_gives_up_only_what_the_engine_needs_the_room_for() {
     assert_eq!(tokens(w.generate(greedy(&prompts)).unwrap()).len(), 1);
     w.to_train().unwrap();
     assert!(active(&w, tags::OPTIMIZER), "to_train brings it back");
-    w.actor.sft_step(&seqs).unwrap();
+    w.actor_mut("take an SFT step")
+        .unwrap()
+        .sft_step(&seqs)
+        .unwrap();
     assert!(w.pool().stats().peak_resident_bytes <= capacity);
     for name in ["plan-roomy", "plan-cache", "plan-optimizer"] {
         remove_scratch(name);
@@ -311,7 +321,10 @@ fn an_as_needed_reference_stays_while_a_step_as_large_had_room_for_it() {
     let step = |w: &mut HybridWorker, n: u64| {
         w.begin_step(n);
         w.ref_log_probs(&seqs, 4).unwrap();
-        w.actor.sft_step(&seqs).unwrap();
+        w.actor_mut("take an SFT step")
+            .unwrap()
+            .sft_step(&seqs)
+            .unwrap();
     };
     let make = staged_as_needed;
 
@@ -348,7 +361,10 @@ fn an_as_needed_reference_stays_while_a_step_as_large_had_room_for_it() {
         TagState::Paused,
         "a batch longer than any measured step may need more than its peak"
     );
-    w.actor.sft_step(&longer).unwrap();
+    w.actor_mut("take an SFT step")
+        .unwrap()
+        .sft_step(&longer)
+        .unwrap();
     step(&mut w, 5);
     assert_eq!(
         state(&w, tags::REF),
@@ -390,7 +406,7 @@ fn an_as_needed_reference_stays_while_a_step_as_large_had_room_for_it() {
     step(&mut w, 1);
     step(&mut w, 2);
     assert_eq!(state(&w, tags::REF), TagState::Active);
-    w.actor.release_cache();
+    w.actor_mut("release the cache").unwrap().release_cache();
     w.to_rollout().unwrap();
     assert_eq!(state(&w, tags::REF), TagState::Paused);
     let phases: Vec<String> = w.pool().timeline().into_iter().map(|e| e.phase).collect();
@@ -485,7 +501,7 @@ fn reference_scores_only_while_resident_and_offloads_after() {
     let seqs =
         SeqBatch::from_prompt_response(&[(&[278, 28, 274][..], &[272, 337][..])], 0).unwrap();
     let lp = w.ref_log_probs(&seqs, 4).unwrap().unwrap();
-    let actor = w.actor.score(&seqs, false).unwrap().log_probs;
+    let actor = w.score(&seqs, false).unwrap().log_probs;
     // Before any update the reference is the actor.
     let diff = (lp - actor).abs().max().double_value(&[]);
     assert!(diff < 1e-5, "{diff}");

@@ -139,6 +139,25 @@ pub trait TrainEngine {
     /// Writes model, optimizer and step atomically to `dir`.
     fn save_checkpoint(&self, dir: &Path) -> Result<()>;
 
+    /// [`TrainEngine::save_checkpoint`] with `global_step`, the caller's
+    /// step count, in the checkpoint's state, and `extra` run on the
+    /// temporary directory before the rename, so that the files a caller
+    /// adds (a tokenizer, its own state) are part of the same atomic
+    /// checkpoint.
+    fn save_checkpoint_with<E: From<crate::Error>>(
+        &self,
+        dir: &Path,
+        global_step: Option<u64>,
+        extra: impl FnOnce(&Path) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E>
+    where
+        Self: Sized;
+
+    /// Writes the model alone as a Hugging Face directory (`config.json`
+    /// and the weights, in the engine's kind): what a rollout engine is
+    /// built from. Needs the parameters resident.
+    fn save_model(&self, dir: &Path) -> Result<()>;
+
     /// Restores model, optimizer and step from a checkpoint of the same
     /// shapes.
     fn load_checkpoint(&mut self, dir: &Path) -> Result<()>;

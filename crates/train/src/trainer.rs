@@ -563,6 +563,19 @@ impl crate::TrainEngine for ColoTrainer {
         self.save(dir)
     }
 
+    fn save_checkpoint_with<E: From<crate::Error>>(
+        &self,
+        dir: &Path,
+        global_step: Option<u64>,
+        extra: impl FnOnce(&Path) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        ColoTrainer::save_checkpoint_with(self, dir, global_step, extra)
+    }
+
+    fn save_model(&self, dir: &Path) -> Result<()> {
+        Ok(self.model()?.save_dir(dir)?)
+    }
+
     fn load_checkpoint(&mut self, dir: &Path) -> Result<()> {
         self.load(dir)
     }

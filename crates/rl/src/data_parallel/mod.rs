@@ -255,7 +255,7 @@ impl Rank {
     /// Loads `out/checkpoints/step-N` (every rank); the next step is `N`.
     pub fn load(&mut self, step: usize) -> Result<()> {
         let dir = checkpoints::step_dir(&self.out.join(checkpoints::DIR), step);
-        let critic = self.run.worker.critic.is_some();
+        let critic = self.run.worker.has_critic();
         if let Some(why) = checkpoints::incomplete(&dir, step, critic) {
             return Err(Error::Phase {
                 op: "load the checkpoint",
@@ -425,10 +425,7 @@ fn rank_records(dir: &Path, resume_from: Option<usize>) -> Result<(MetricsWriter
 /// critic's for PPO with GAE, and with dynamic sampling the peers a step
 /// asks whether every rank has its groups.
 fn join_ranks(run: &mut Run, global: &Config, mut collective: impl FnMut() -> Box<dyn Collective>) {
-    run.worker.actor.set_collective(Some(collective()));
-    if let Some(c) = &mut run.worker.critic {
-        c.set_collective(Some(collective()));
-    }
+    run.worker.set_collectives(&mut collective);
     if global.algorithm.filter_groups.is_some() {
         run.peers = Some(collective());
     }

@@ -9,7 +9,7 @@
 //! made here, as the loop makes it.
 
 use colo_rollout::{Completion, Request, SamplingParams};
-use colo_train::{PolicyBatch, PolicyMetrics, SeqBatch, TrainEngine};
+use colo_train::{PolicyBatch, PolicyMetrics, SeqBatch};
 use tch::Tensor;
 
 use super::Rank;
@@ -195,7 +195,7 @@ impl Rank {
     ) -> Result<Vec<Vec<f32>>> {
         let r = self.samples("score samples", prompts, responses)?;
         let seqs = r.seq_batch(0..r.len(), self.run.pad)?;
-        let lp = self.run.worker.actor.score(&seqs, false)?.log_probs;
+        let lp = self.run.worker.score(&seqs, false)?.log_probs;
         r.from_token_layout(&lp)
     }
 
@@ -240,15 +240,16 @@ impl Rank {
             .transpose()?;
         let batch = PolicyBatch::new(seqs, &old, &adv, reference.as_ref(), None)?;
         let loss = loss_config(self.run.config);
-        Ok(self.run.worker.actor.update_policy(&batch, &loss)?)
+        self.run.worker.update_policy(&batch, &loss)
     }
 
     /// The actor's weights, by name: (shape, float32 values), copied out.
     pub fn weights(&self) -> Result<NamedWeights> {
-        self.expect_train("read the weights")?;
+        const OP: &str = "read the weights";
+        self.expect_train(OP)?;
         self.run
             .worker
-            .actor
+            .actor(OP)?
             .parameters()
             .into_iter()
             .map(|(n, t)| {
@@ -270,7 +271,7 @@ impl Rank {
     ) -> Result<()> {
         const OP: &str = "load weights";
         self.expect_train(OP)?;
-        let actor = &self.run.worker.actor;
+        let actor = self.run.worker.actor(OP)?;
         let params: std::collections::HashMap<String, Tensor> =
             actor.parameters().into_iter().collect();
         let masters: std::collections::HashMap<String, Tensor> =
@@ -322,8 +323,9 @@ impl Rank {
     /// by the next switch to the rollout phase, so a caller must not keep
     /// them past it.
     pub fn shared_tensors(&self, what: &str) -> Result<Vec<(String, Tensor)>> {
-        self.expect_train("view the training state")?;
-        let actor = &self.run.worker.actor;
+        const OP: &str = "view the training state";
+        self.expect_train(OP)?;
+        let actor = self.run.worker.actor(OP)?;
         Ok(match what {
             "weights" => actor.parameters(),
             "grads" => actor.gradients(),
@@ -350,7 +352,7 @@ impl Rank {
         responses: Vec<Vec<u32>>,
     ) -> Result<Rollouts> {
         self.expect_train(op)?;
-        let model = self.run.worker.actor.model()?.config();
+        let model = self.run.worker.actor(op)?.model()?.config();
         samples(op, model, prompts, responses)
     }
 
