@@ -1,7 +1,8 @@
 //! A whole run: where it starts (from scratch, or resumed from the newest
-//! complete checkpoint with `metrics.jsonl` cut back to it), the device
-//! pool, the worker, the evaluations and checkpoints around the steps, and
-//! the pictures however it ends. The step itself is `step.rs`.
+//! complete checkpoint with `metrics.jsonl` cut back to it), the run
+//! directory's records, the device pool, a stop request, and the pictures
+//! however it ends. The steps, and the loop over them with their
+//! checkpoints and evaluations, are `step.rs`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,12 +13,11 @@ use colo_model::Tokenizer;
 
 use crate::checkpoints::{self, DataState};
 use crate::config::Config;
-use crate::data::{Batches, Dataset};
+use crate::data::Dataset;
 use crate::metrics::{self, MetricsWriter, Record};
-use crate::progress::{Progress, Status};
 use crate::run_config;
 use crate::setup::{draw, load_data, open_model, uses_critic};
-use crate::step::Run;
+use crate::step::{train_steps, Run};
 use crate::timeline_file::TimelineWriter;
 use crate::{Error, Result};
 
@@ -106,30 +106,30 @@ impl Stop {
         }
     }
 
-    fn step_began(&self, step: usize) {
+    pub(crate) fn step_began(&self, step: usize) {
         self.0.began.store(true, Ordering::SeqCst);
         self.0.under_way.store(step, Ordering::SeqCst);
     }
 
-    fn step_ended(&self) {
+    pub(crate) fn step_ended(&self) {
         self.0.under_way.store(0, Ordering::SeqCst);
     }
 
-    fn saved(&self, step: usize) {
+    pub(crate) fn saved(&self, step: usize) {
         self.0.checkpoint.store(step, Ordering::SeqCst);
     }
 }
 
 /// Where a run starts, decided before anything is loaded.
-struct Start {
+pub(crate) struct Start {
     /// RL steps already done (the checkpoint's N; 0 from scratch).
-    first_step: usize,
+    pub(crate) first_step: usize,
     /// Generation batches already drawn from the training data.
-    first_batch: usize,
-    total: usize,
+    pub(crate) first_batch: usize,
+    pub(crate) total: usize,
     /// From the kept records of a resumed run.
-    before: Earlier,
-    notes: Vec<String>,
+    pub(crate) before: Earlier,
+    pub(crate) notes: Vec<String>,
 }
 
 impl Start {
@@ -596,27 +596,27 @@ fn evaluate_only(
 }
 
 /// What the steps are set up from.
-struct Setup {
-    model_dir: PathBuf,
-    tokenizer: Tokenizer,
-    train: Dataset,
-    val: Dataset,
-    metrics: MetricsWriter,
+pub(crate) struct Setup {
+    pub(crate) model_dir: PathBuf,
+    pub(crate) tokenizer: Tokenizer,
+    pub(crate) train: Dataset,
+    pub(crate) val: Dataset,
+    pub(crate) metrics: MetricsWriter,
 }
 
 /// What the records of a resumed run say.
 #[derive(Default)]
-struct Earlier {
+pub(crate) struct Earlier {
     /// The accuracy before the first step, and the last one.
-    first: Option<f64>,
-    last: Option<f64>,
+    pub(crate) first: Option<f64>,
+    pub(crate) last: Option<f64>,
     /// Peak device bytes over the steps, and of them allocated.
-    peak: u64,
-    peak_allocated: u64,
+    pub(crate) peak: u64,
+    pub(crate) peak_allocated: u64,
     /// Samples whose reward failed, over the steps.
-    reward_failures: u64,
+    pub(crate) reward_failures: u64,
     /// The last evaluation's step.
-    evaluated_at: Option<usize>,
+    pub(crate) evaluated_at: Option<usize>,
 }
 
 /// [`Earlier`] from the records in `metrics.jsonl`.
@@ -641,230 +641,4 @@ fn earlier(path: &Path) -> Result<Earlier> {
         }
     }
     Ok(e)
-}
-
-/// The worker, the evaluations and the steps from `start.first_step`.
-fn train_steps(
-    config: &Config,
-    out: &Path,
-    pool: &Arc<colo_mem::Pool>,
-    setup: Setup,
-    start: Start,
-    timeline: &mut TimelineWriter,
-    stop: &Stop,
-) -> Result<RunSummary> {
-    let Setup {
-        model_dir,
-        tokenizer,
-        train,
-        val,
-        metrics,
-    } = setup;
-    let (first_step, total) = (start.first_step, start.total);
-    let model = (model_dir, tokenizer);
-    let mut run = Run::new(config, out, pool, model, val, metrics, total)?;
-    run.stop_request = stop.clone();
-    let ckpt_dir = out.join(checkpoints::DIR);
-    if first_step > 0 {
-        let dir = checkpoints::step_dir(&ckpt_dir, first_step);
-        run.worker.load_checkpoint(&dir)?;
-    }
-    let batches = Batches::of_run(&train, config)?;
-    let mut steps = Steps {
-        config,
-        ckpt_dir,
-        first_step,
-        total,
-        next_batch: start.first_batch,
-        seen: start.before,
-        last: total,
-        score: None,
-        progress: Progress::stderr(total),
-    };
-    run.pending_eval = steps.first_eval();
-    for step in first_step..total {
-        if steps.step(&mut run, &batches, step, (pool, timeline), stop)? {
-            break;
-        }
-    }
-    if steps.last == total {
-        steps.finish(&mut run, stop)?;
-    }
-    Ok(RunSummary {
-        run_dir: out.to_owned(),
-        steps: steps.last,
-        total_steps: total,
-        resumed_from: (first_step > 0).then_some(first_step),
-        first_accuracy: steps.seen.first,
-        last_accuracy: steps.seen.last,
-        reward_failures: steps.reward_failures(&run),
-        last_accuracy_by_source: run.accuracy_by_source,
-        peak_device_bytes: steps.seen.peak,
-        peak_allocated_bytes: steps.seen.peak_allocated,
-        notes: start.notes,
-    })
-}
-
-/// The loop over a run's steps: where it is in the data, and what the
-/// progress line and the summary say.
-struct Steps<'c> {
-    config: &'c Config,
-    ckpt_dir: PathBuf,
-    /// The step the run starts from (a resumed run's checkpoint), and its
-    /// last.
-    first_step: usize,
-    total: usize,
-    /// The next generation batch to draw.
-    next_batch: usize,
-    /// The accuracies and peaks so far, the resumed run's included; its
-    /// `reward_failures` are the resumed run's only.
-    seen: Earlier,
-    /// The last step run: `total`, or the one a stop request ended at.
-    last: usize,
-    /// The last step's mean score.
-    score: Option<f64>,
-    progress: Progress,
-}
-
-impl Steps<'_> {
-    /// Whether an evaluation is due after `done` steps. Evaluations during
-    /// the run happen at the start of the next step's rollout phase (the
-    /// same weights, no switch of their own); the record comes before
-    /// that step's, as if evaluated in between.
-    fn test_step(&self, done: usize) -> bool {
-        self.config.evaluates()
-            && (self.config.trainer.test_freq).is_some_and(|f| done.is_multiple_of(f))
-    }
-
-    /// The evaluation due before the first step: before training when
-    /// `val_before_train`; for a resumed run, an evaluation of its
-    /// checkpoint's step that was due but not logged (a run stopped
-    /// between the checkpoint and the next step).
-    fn first_eval(&self) -> Option<usize> {
-        match self.first_step {
-            0 => (self.config.evaluates() && self.config.trainer.val_before_train).then_some(0),
-            k => (self.test_step(k) && self.seen.evaluated_at != Some(k)).then_some(k),
-        }
-    }
-
-    /// Where a checkpoint is in the data when the next batch is `next_batch`.
-    fn data_state(&self, next_batch: usize) -> DataState {
-        DataState {
-            gen_batches: next_batch,
-            gen_batch_size: self.config.batch.gen_batch_prompts,
-        }
-    }
-
-    /// Samples whose reward failed, over the whole run.
-    fn reward_failures(&self, run: &Run) -> u64 {
-        self.seen.reward_failures + run.reward.failures()
-    }
-
-    /// Step `step`, its records, and the checkpoint and evaluation due
-    /// after it; whether the run stops there (at the stop request).
-    fn step(
-        &mut self,
-        run: &mut Run,
-        batches: &Batches,
-        step: usize,
-        (pool, timeline): (&Arc<colo_mem::Pool>, &mut TimelineWriter),
-        stop: &Stop,
-    ) -> Result<bool> {
-        let total = self.total;
-        stop.step_began(step + 1);
-        let batch_at_start = self.next_batch;
-        let next_batch = &mut self.next_batch;
-        let mut draw = || {
-            let b = batches.batch(*next_batch);
-            *next_batch = next_batch.saturating_add(1);
-            b
-        };
-        let m = match run.step(step, &mut draw) {
-            Err(Error::StoppedMidStep(why)) => {
-                return Err(self.stopped_mid_step(run, step, batch_at_start, stop, why)?)
-            }
-            r => r.map_err(|e| e.explained_by(pool))?,
-        };
-        if let Some((at, accuracy)) = run.evaluated.take() {
-            if at == 0 {
-                self.seen.first = Some(accuracy);
-            }
-            self.seen.last = Some(accuracy);
-        }
-        self.seen.peak = self.seen.peak.max(m.peak_device_bytes);
-        self.seen.peak_allocated = self.seen.peak_allocated.max(m.peak_allocated_bytes);
-        run.metrics.step(&m)?;
-        timeline.append_new(pool)?;
-        let done = step + 1;
-        let stopping = stop.requested() && done < total;
-        let saves = (self.config.trainer.save_freq).is_some_and(|f| done.is_multiple_of(f));
-        if (saves || stopping) && done < total {
-            run.save(&self.ckpt_dir, done, &self.data_state(self.next_batch))?;
-            stop.saved(done);
-        }
-        stop.step_ended();
-        if self.test_step(done) && done < total {
-            // Made up by `--resume` when stopping here.
-            run.pending_eval = Some(done);
-        }
-        self.score = Some(m.score_mean);
-        // The last step's line waits for the evaluation at the end.
-        if done < total {
-            let status = Status {
-                score: m.score_mean,
-                accuracy: self.seen.last,
-                reward_failures: self.reward_failures(run),
-            };
-            self.progress.update(done, status);
-        }
-        if stopping {
-            self.last = done;
-        }
-        Ok(stopping)
-    }
-
-    /// Dynamic sampling still drawing batches when asked to stop: the step
-    /// under way is dropped, but the steps finished since the last
-    /// checkpoint are kept, as without dynamic sampling. The error to end
-    /// the run with.
-    fn stopped_mid_step(
-        &self,
-        run: &mut Run,
-        step: usize,
-        batch_at_start: usize,
-        stop: &Stop,
-        why: String,
-    ) -> Result<Error> {
-        let ckpt_dir = &self.ckpt_dir;
-        let unsaved = step > self.first_step && !checkpoints::step_dir(ckpt_dir, step).exists();
-        if !unsaved {
-            return Ok(Error::StoppedMidStep(why));
-        }
-        run.save(ckpt_dir, step, &self.data_state(batch_at_start))?;
-        stop.saved(step);
-        Ok(Error::StoppedMidStep(format!(
-            "{why}; a checkpoint of step {step}, the last one finished, was written"
-        )))
-    }
-
-    /// The end of a run that reached its last step: one evaluation, the
-    /// last checkpoint. (`run` returns early when a resumed run has no
-    /// step left, so this evaluation is the only one at `total`.)
-    fn finish(&mut self, run: &mut Run, stop: &Stop) -> Result<()> {
-        let total = self.total;
-        if self.config.evaluates() {
-            self.seen.last = Some(run.evaluate(total)?);
-        }
-        run.save(&self.ckpt_dir, total, &self.data_state(self.next_batch))?;
-        stop.saved(total);
-        if let Some(score) = self.score {
-            let status = Status {
-                score,
-                accuracy: self.seen.last,
-                reward_failures: self.reward_failures(run),
-            };
-            self.progress.update(total, status);
-        }
-        Ok(())
-    }
 }

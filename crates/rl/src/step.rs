@@ -1,12 +1,20 @@
 //! The RL loop: GRPO / PPO post-training with the trainer and the rollout
-//! engine sharing one device. Read it top to bottom; it is the whole step.
+//! engine sharing one device. Read it top to bottom; it is the whole step
+//! and the loop around it.
+//!
+//! `train_steps` builds the [`Run`] (the worker and everything the steps
+//! share) and runs the steps; `Steps::step` runs one and then what is due
+//! after it: its records, a checkpoint every `trainer.save_freq` steps, an
+//! evaluation every `trainer.test_freq`, the progress line, and a stop
+//! request's checkpoint. Where the run starts (a resumed checkpoint), its
+//! files and its pictures are the harness's (`run.rs`).
 //!
 //! `Run::step` calls the stages in order, one function each, and hands
 //! each stage's output to the next as a typed struct:
 //!
 //! 1. `generate_and_score`: n samples per prompt, scored, in the rollout
 //!    phase (with dynamic sampling, batch after batch until enough groups
-//!    vary: `sample`) → `Sampled`;
+//!    vary: `step/dynamic_sampling.rs`) → `Sampled`;
 //! 2. `rewards`: one training score per sample, the rows in the order the
 //!    updates take them → `Rewarded`;
 //! 3. `log_probs`: old, reference and rollout log-probs, and the critic's
@@ -44,18 +52,25 @@ use colo_train::{
 };
 use tch::Tensor;
 
-use crate::checkpoints::DataState;
+use crate::checkpoints::{self, DataState};
 use crate::config::{Config, FilterMetric};
-use crate::data::{Batch, Dataset, Prompt};
+use crate::data::{Batch, Batches, Dataset, Prompt};
 use crate::eval::{self, EvalConfig, Tally};
 use crate::finite;
 use crate::generations::Generation;
 use crate::metrics::{EvalRecord, EvalTallies, MetricsWriter, StepMetrics};
+use crate::progress::{Progress, Status};
 use crate::reward::{self, Reward, RewardInput, Scored};
 use crate::rollouts::Rollouts;
+use crate::run::{Earlier, Setup, Start};
 use crate::setup::{critic_config, loss_config, trainer_config, uses_critic};
+use crate::timeline_file::TimelineWriter;
 use crate::worker::{HybridWorker, SwitchTiming, WorkerSpec};
 use crate::{Error, Result};
+
+mod dynamic_sampling;
+
+use dynamic_sampling::Drawn;
 
 pub use crate::finite::MAX_SKIPPED_IN_A_ROW;
 pub use crate::run::{run, run_until, RunSummary, Stop};
@@ -160,6 +175,232 @@ impl<'a> Run<'a> {
             stop_file: None,
             skipped_in_a_row: 0,
         })
+    }
+}
+
+/// The worker, the evaluations and the steps from `start.first_step`.
+pub(crate) fn train_steps(
+    config: &Config,
+    out: &Path,
+    pool: &Arc<colo_mem::Pool>,
+    setup: Setup,
+    start: Start,
+    timeline: &mut TimelineWriter,
+    stop: &Stop,
+) -> Result<RunSummary> {
+    let Setup {
+        model_dir,
+        tokenizer,
+        train,
+        val,
+        metrics,
+    } = setup;
+    let (first_step, total) = (start.first_step, start.total);
+    let model = (model_dir, tokenizer);
+    let mut run = Run::new(config, out, pool, model, val, metrics, total)?;
+    run.stop_request = stop.clone();
+    let ckpt_dir = out.join(checkpoints::DIR);
+    if first_step > 0 {
+        let dir = checkpoints::step_dir(&ckpt_dir, first_step);
+        run.worker.load_checkpoint(&dir)?;
+    }
+    let batches = Batches::of_run(&train, config)?;
+    let mut steps = Steps {
+        config,
+        ckpt_dir,
+        first_step,
+        total,
+        next_batch: start.first_batch,
+        seen: start.before,
+        last: total,
+        score: None,
+        progress: Progress::stderr(total),
+    };
+    run.pending_eval = steps.first_eval();
+    for step in first_step..total {
+        if steps.step(&mut run, &batches, step, (pool, timeline), stop)? {
+            break;
+        }
+    }
+    if steps.last == total {
+        steps.finish(&mut run, stop)?;
+    }
+    Ok(RunSummary {
+        run_dir: out.to_owned(),
+        steps: steps.last,
+        total_steps: total,
+        resumed_from: (first_step > 0).then_some(first_step),
+        first_accuracy: steps.seen.first,
+        last_accuracy: steps.seen.last,
+        reward_failures: steps.reward_failures(&run),
+        last_accuracy_by_source: run.accuracy_by_source,
+        peak_device_bytes: steps.seen.peak,
+        peak_allocated_bytes: steps.seen.peak_allocated,
+        notes: start.notes,
+    })
+}
+
+/// The loop over a run's steps: where it is in the data, and what the
+/// progress line and the summary say.
+struct Steps<'c> {
+    config: &'c Config,
+    ckpt_dir: PathBuf,
+    /// The step the run starts from (a resumed run's checkpoint), and its
+    /// last.
+    first_step: usize,
+    total: usize,
+    /// The next generation batch to draw.
+    next_batch: usize,
+    /// The accuracies and peaks so far, the resumed run's included; its
+    /// `reward_failures` are the resumed run's only.
+    seen: Earlier,
+    /// The last step run: `total`, or the one a stop request ended at.
+    last: usize,
+    /// The last step's mean score.
+    score: Option<f64>,
+    progress: Progress,
+}
+
+impl Steps<'_> {
+    /// Whether an evaluation is due after `done` steps. Evaluations during
+    /// the run happen at the start of the next step's rollout phase (the
+    /// same weights, no switch of their own); the record comes before
+    /// that step's, as if evaluated in between.
+    fn test_step(&self, done: usize) -> bool {
+        self.config.evaluates()
+            && (self.config.trainer.test_freq).is_some_and(|f| done.is_multiple_of(f))
+    }
+
+    /// The evaluation due before the first step: before training when
+    /// `val_before_train`; for a resumed run, an evaluation of its
+    /// checkpoint's step that was due but not logged (a run stopped
+    /// between the checkpoint and the next step).
+    fn first_eval(&self) -> Option<usize> {
+        match self.first_step {
+            0 => (self.config.evaluates() && self.config.trainer.val_before_train).then_some(0),
+            k => (self.test_step(k) && self.seen.evaluated_at != Some(k)).then_some(k),
+        }
+    }
+
+    /// Where a checkpoint is in the data when the next batch is `next_batch`.
+    fn data_state(&self, next_batch: usize) -> DataState {
+        DataState {
+            gen_batches: next_batch,
+            gen_batch_size: self.config.batch.gen_batch_prompts,
+        }
+    }
+
+    /// Samples whose reward failed, over the whole run.
+    fn reward_failures(&self, run: &Run) -> u64 {
+        self.seen.reward_failures + run.reward.failures()
+    }
+
+    /// Step `step`, its records, and the checkpoint and evaluation due
+    /// after it; whether the run stops there (at the stop request).
+    fn step(
+        &mut self,
+        run: &mut Run,
+        batches: &Batches,
+        step: usize,
+        (pool, timeline): (&Arc<colo_mem::Pool>, &mut TimelineWriter),
+        stop: &Stop,
+    ) -> Result<bool> {
+        let total = self.total;
+        stop.step_began(step + 1);
+        let batch_at_start = self.next_batch;
+        let next_batch = &mut self.next_batch;
+        let mut draw = || {
+            let b = batches.batch(*next_batch);
+            *next_batch = next_batch.saturating_add(1);
+            b
+        };
+        let m = match run.step(step, &mut draw) {
+            Err(Error::StoppedMidStep(why)) => {
+                return Err(self.stopped_mid_step(run, step, batch_at_start, stop, why)?)
+            }
+            r => r.map_err(|e| e.explained_by(pool))?,
+        };
+        if let Some((at, accuracy)) = run.evaluated.take() {
+            if at == 0 {
+                self.seen.first = Some(accuracy);
+            }
+            self.seen.last = Some(accuracy);
+        }
+        self.seen.peak = self.seen.peak.max(m.peak_device_bytes);
+        self.seen.peak_allocated = self.seen.peak_allocated.max(m.peak_allocated_bytes);
+        run.metrics.step(&m)?;
+        timeline.append_new(pool)?;
+        let done = step + 1;
+        let stopping = stop.requested() && done < total;
+        let saves = (self.config.trainer.save_freq).is_some_and(|f| done.is_multiple_of(f));
+        if (saves || stopping) && done < total {
+            run.save(&self.ckpt_dir, done, &self.data_state(self.next_batch))?;
+            stop.saved(done);
+        }
+        stop.step_ended();
+        if self.test_step(done) && done < total {
+            // Made up by `--resume` when stopping here.
+            run.pending_eval = Some(done);
+        }
+        self.score = Some(m.score_mean);
+        // The last step's line waits for the evaluation at the end.
+        if done < total {
+            let status = Status {
+                score: m.score_mean,
+                accuracy: self.seen.last,
+                reward_failures: self.reward_failures(run),
+            };
+            self.progress.update(done, status);
+        }
+        if stopping {
+            self.last = done;
+        }
+        Ok(stopping)
+    }
+
+    /// Dynamic sampling still drawing batches when asked to stop: the step
+    /// under way is dropped, but the steps finished since the last
+    /// checkpoint are kept, as without dynamic sampling. The error to end
+    /// the run with.
+    fn stopped_mid_step(
+        &self,
+        run: &mut Run,
+        step: usize,
+        batch_at_start: usize,
+        stop: &Stop,
+        why: String,
+    ) -> Result<Error> {
+        let ckpt_dir = &self.ckpt_dir;
+        let unsaved = step > self.first_step && !checkpoints::step_dir(ckpt_dir, step).exists();
+        if !unsaved {
+            return Ok(Error::StoppedMidStep(why));
+        }
+        run.save(ckpt_dir, step, &self.data_state(batch_at_start))?;
+        stop.saved(step);
+        Ok(Error::StoppedMidStep(format!(
+            "{why}; a checkpoint of step {step}, the last one finished, was written"
+        )))
+    }
+
+    /// The end of a run that reached its last step: one evaluation, the
+    /// last checkpoint. (`run` returns early when a resumed run has no
+    /// step left, so this evaluation is the only one at `total`.)
+    fn finish(&mut self, run: &mut Run, stop: &Stop) -> Result<()> {
+        let total = self.total;
+        if self.config.evaluates() {
+            self.seen.last = Some(run.evaluate(total)?);
+        }
+        run.save(&self.ckpt_dir, total, &self.data_state(self.next_batch))?;
+        stop.saved(total);
+        if let Some(score) = self.score {
+            let status = Status {
+                score,
+                accuracy: self.seen.last,
+                reward_failures: self.reward_failures(run),
+            };
+            self.progress.update(total, status);
+        }
+        Ok(())
     }
 }
 
@@ -576,90 +817,6 @@ impl Run<'_> {
         })
     }
 
-    /// The step's scored samples (rollout phase): one generation batch's
-    /// from `draw`, or with dynamic sampling the first
-    /// `data.train_batch_size` groups whose metric varies, from as many
-    /// batches as that takes (verl's `RayDAPOTrainer.fit`).
-    fn sample<'p>(
-        &mut self,
-        step: usize,
-        draw: &mut dyn FnMut() -> Batch<'p>,
-        cost: &mut RewardCost,
-    ) -> Result<(Sampled<'p>, Drawn)> {
-        let cfg = self.config;
-        let target = cfg.batch.prompts_per_step;
-        let mut kept = Sampled::default();
-        let mut drawn = Drawn::default();
-        loop {
-            let batch = draw();
-            drawn.batches += 1;
-            drawn.epoch = batch.epoch;
-            let sampled = self.sample_batch(step, &batch, cost)?;
-            let Some(filter) = &cfg.algorithm.filter_groups else {
-                return Ok((sampled, drawn));
-            };
-            let values = self.filter_values(&filter.metric, &sampled)?;
-            let groups = colo_algo::groups_with_variance(&sampled.rollouts.batch_prompt, &values);
-            kept.append(sampled.select(&groups));
-            let (enough, stop) = self.agree(kept.prompts.len() >= target, self.stop_requested())?;
-            if enough {
-                let first: Vec<usize> = (0..target).collect();
-                return Ok((kept.select(&first), drawn));
-            }
-            let have = format!(
-                "step {}: {} of the {target} prompts {} had samples whose {} varied, after {} \
-                 generation batches of {} prompts",
-                step + 1,
-                kept.prompts.len(),
-                match self.peers {
-                    Some(_) => "of this worker's share of data.train_batch_size",
-                    None => "data.train_batch_size asks for",
-                },
-                filter.metric.name(),
-                drawn.batches,
-                cfg.batch.gen_batch_prompts,
-            );
-            if let Some(max) = filter.max_gen_batches.filter(|&m| drawn.batches >= m) {
-                return Err(Error::DynamicSampling(format!(
-                    "{have}, the most algorithm.filter_groups.max_num_gen_batches = {max} allows. \
-                     The prompts are too easy or too hard for the policy (all of a prompt's \
-                     samples score the same): use other data, raise max_num_gen_batches, or set \
-                     it to 0 for no limit"
-                )));
-            }
-            if stop {
-                // The step cannot finish without its groups; the
-                // checkpoints written so far are complete.
-                return Err(Error::StoppedMidStep(format!(
-                    "{have}; stopped at your request before the step could finish, so no \
-                     checkpoint of it was written (--resume continues from the last one)"
-                )));
-            }
-            if drawn.batches.is_multiple_of(10) {
-                crate::progress::say(&format!("{have}; generating more"));
-            }
-        }
-    }
-
-    /// Whether `enough` holds on every rank of a data-parallel run, and
-    /// whether any rank was asked to `stop` (this rank's own answers
-    /// without peers). Every rank calls it after each generation batch, so
-    /// the ranks draw the same batches and stop together.
-    fn agree(&mut self, enough: bool, stop: bool) -> Result<(bool, bool)> {
-        let Some(peers) = &mut self.peers else {
-            return Ok((enough, stop));
-        };
-        let mut any = [f64::from(u8::from(!enough)), f64::from(u8::from(stop))];
-        peers.all_reduce_values(&mut any, colo_train::ReduceOp::Max)?;
-        Ok((any[0] == 0.0, any[1] > 0.0))
-    }
-
-    /// Whether the run was asked to stop: Ctrl-C in this process, or the
-    /// stop file.
-    fn stop_requested(&self) -> bool {
-        self.stop_request.requested() || self.stop_file.as_ref().is_some_and(|f| f.exists())
-    }
-
     /// Generates `n` samples for each prompt of `batch` and scores them,
     /// for RL step `step` (0-based); a score that is not finite is an error.
     fn sample_batch<'p>(
@@ -730,38 +887,6 @@ impl Run<'_> {
             penalties,
             baselines,
         })
-    }
-
-    /// Each sample's value of dynamic sampling's `metric`.
-    fn filter_values(&self, metric: &FilterMetric, s: &Sampled) -> Result<Vec<f64>> {
-        (s.scored.iter().enumerate())
-            .map(|(i, sc)| match metric {
-                FilterMetric::Acc => Ok(match sc.extra.get("acc") {
-                    Some(&acc) => acc,
-                    None => f64::from(u8::from(sc.score >= eval::RIGHT)),
-                }),
-                FilterMetric::Score => Ok(f64::from(sc.score)),
-                FilterMetric::SeqReward | FilterMetric::SeqFinalReward => {
-                    Ok(f64::from(training_score(&s.scored, &s.penalties, i)))
-                }
-                FilterMetric::Extra(name) => sc.extra.get(name).copied().ok_or_else(|| {
-                    let returned: Vec<&str> = sc.extra.keys().map(String::as_str).collect();
-                    Error::Reward(reward::Error::Setup {
-                        reward: self.reward.name(),
-                        reason: format!(
-                            "algorithm.filter_groups.metric = {name:?} names a number the reward \
-                             returns beside its score, and it returned none for sample {i} \
-                             (prompt {}); it returned {}",
-                            s.rollouts.prompt_ids[i],
-                            match returned.is_empty() {
-                                true => "only its score".to_owned(),
-                                false => returned.join(", "),
-                            }
-                        ),
-                    })
-                }),
-            })
-            .collect()
     }
 
     /// Writes the step's samples to `dir/{step}.jsonl` (verl's
@@ -1111,15 +1236,6 @@ struct RewardCost {
     seconds: f64,
     /// Samples that failed and got the configured default.
     failures: u64,
-}
-
-/// What the step drew from the training data.
-#[derive(Default)]
-struct Drawn {
-    /// Generation batches (verl's `train/num_gen_batches`).
-    batches: usize,
-    /// The last one's epoch.
-    epoch: usize,
 }
 
 /// Sample `i`'s training reward: its score with DAPO's overlong punishment.
