@@ -10,10 +10,10 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`step`] | the RL step top to bottom (`step.rs`); `run(config, out, resume)`, a whole run around the steps (`run.rs`: resume, evaluations, checkpoints, pictures) |
+//! | [`step`] | the RL step and the loop over the steps, top to bottom (`step.rs`; DAPO's drawing of batches in `step/dynamic_sampling.rs`); `run(config, out, resume)`, the harness around them (`run.rs`: where a run starts, its records, the pool, a stop request, the pictures) |
 //! | [`data_parallel`] | one rank of a run on N devices: the step on a shard of the prompts, trainers joined by a collective; the worker's operations one by one (for colo-py) |
 //! | [`checkpoints`] | `checkpoints/step-N`: complete Hugging Face directories; the newest complete one for `--resume` |
-//! | [`worker`] | [`worker::HybridWorker`]: `to_rollout` / `to_train` in the colocation modes naive, restart, sleep, staged |
+//! | [`worker`] | [`worker::HybridWorker`]: `to_rollout` / `to_train` in the colocation modes naive, restart, sleep, staged; generic over its engines' traits, every engine call checked against the phase |
 //! | [`reference`](mod@reference) | the frozen reference model in tag `ref` |
 //! | [`rollouts`] | [`rollouts::Rollouts`]: the typed step data from generation to training |
 //! | [`eval`], [`sft`] | held-out greedy accuracy and pass@k; the supervised run behind `colo sft` |
@@ -52,6 +52,19 @@
 //!   the file with verl's names and refuses unknown keys (a typo must not
 //!   pass silently); [`Config`] holds checked values and the resolved
 //!   [`config::BatchPlan`]. Algorithm choices reuse `colo-algo`'s serde enums.
+//!   Each key is documented once, at its field (doc comment, `#[key]`,
+//!   `#[default]`); `--print-config` and the hints of config errors read
+//!   those declarations (colo-keys).
+//! - **The harness is modules, not a crate.** The step (`step.rs`) and the
+//!   harness around it (`run.rs`, [`config`], [`checkpoints`], [`metrics`],
+//!   [`plot`], [`progress`], [`run_lock`], [`run_config`],
+//!   [`timeline_file`]) share [`Config`] and [`Error`], and colo-py's
+//!   ranks need both halves; a crate boundary between them would move the
+//!   config and the error type out of the crate that defines the step, for
+//!   no caller that wants one without the other. The seam is the module:
+//!   the step files open no file themselves (they hand records, generation
+//!   dumps and checkpoints to the harness's writers), and `run.rs` holds
+//!   no stage of the step.
 //! - **Rewards in their own crate.** `colo-reward` needs no libtorch, so it
 //!   builds and tests without the tensor engine; its design decisions are
 //!   in its crate doc. Its errors come into this crate's [`Error`] as
