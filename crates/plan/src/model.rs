@@ -123,6 +123,7 @@ impl HfConfig {
             }
         };
         let qwen2 = matches!(self.model_type.as_deref(), Some("qwen2"));
+        let qk_norm = matches!(self.model_type.as_deref(), Some("qwen3"));
         let (qkv_bias, o_bias) = match self.attention_bias {
             Some(b) => (b, b),
             None => (qwen2, false),
@@ -139,6 +140,7 @@ impl HfConfig {
             tie_embeddings: self.tie_word_embeddings,
             qkv_bias,
             o_bias,
+            qk_norm,
         })
     }
 }
@@ -158,6 +160,9 @@ pub struct ModelSpec {
     pub tie_embeddings: bool,
     pub qkv_bias: bool,
     pub o_bias: bool,
+    /// Qwen3's RMSNorm over each head of q and k (`q_norm`, `k_norm`:
+    /// `head_dim` weights each per layer).
+    pub qk_norm: bool,
 }
 
 impl ModelSpec {
@@ -172,13 +177,15 @@ impl ModelSpec {
     }
 
     /// Parameters of one decoder layer: attention (q, k, v, o with their
-    /// biases), SwiGLU MLP (gate, up, down) and two RMSNorm weights.
+    /// biases, Qwen3's q/k norms), SwiGLU MLP (gate, up, down) and two
+    /// RMSNorm weights.
     pub fn layer_params(&self) -> u64 {
         let (h, q, kv) = (self.hidden, self.q_dim(), self.kv_dim());
         let attn = h * q + 2 * h * kv + q * h;
         let bias = if self.qkv_bias { q + 2 * kv } else { 0 } + if self.o_bias { h } else { 0 };
+        let qk_norm = if self.qk_norm { 2 * self.head_dim } else { 0 };
         let mlp = 3 * h * self.intermediate;
-        attn + bias + mlp + 2 * h
+        attn + bias + qk_norm + mlp + 2 * h
     }
 
     /// Parameters outside the decoder layers: the embedding, the LM head

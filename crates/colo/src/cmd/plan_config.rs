@@ -205,8 +205,14 @@ fn hf_config(m: &ModelConfig) -> HfConfig {
     // Qwen2's q/k/v biases without an o bias are what `model_type: qwen2`
     // means to colo-plan; anything else is Llama's `attention_bias`.
     let qwen2 = m.qkv_bias && !m.o_bias;
+    // Qwen3's q/k norms are what `model_type: qwen3` adds.
+    let model_type = match (qwen2, m.qk_norm()) {
+        (true, _) => Some("qwen2"),
+        (false, true) => Some("qwen3"),
+        (false, false) => None,
+    };
     HfConfig {
-        model_type: qwen2.then(|| "qwen2".into()),
+        model_type: model_type.map(Into::into),
         hidden_size: m.hidden_size as u64,
         intermediate_size: m.intermediate_size as u64,
         num_hidden_layers: m.num_layers as u64,
@@ -307,6 +313,18 @@ fn capacity(config: &Config) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The planner counts the parameters colo-model builds for every
+    /// family: Qwen2's biases, Llama's none, Qwen3's q/k norms.
+    #[test]
+    fn the_planner_counts_each_fixtures_parameters() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+        for name in ["tiny-qwen2", "tiny-llama", "tiny-llama3", "tiny-qwen3"] {
+            let m = ModelConfig::from_file(&root.join(name).join("config.json")).unwrap();
+            let spec = hf_config(&m).into_spec(name).unwrap();
+            assert_eq!(spec.params(), m.num_parameters() as u64, "{name}");
+        }
+    }
 
     /// The KV term is capped at a step's samples at full length, or at
     /// `rollout.max_num_seqs` of them where that is fewer (as the run's
