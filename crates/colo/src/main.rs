@@ -35,6 +35,8 @@ enum Command {
     GpuCheck(cmd::gpu_check::Args),
     /// Supervised fine-tuning of the built-in model on the built-in task (made `colo train`'s starting checkpoint).
     Sft(cmd::sft::Args),
+    /// Write a Hugging Face model directory with a preset's published shape (Qwen2.5, Qwen3, Llama 3.x): random weights, a small tokenizer and a run config.
+    InitModel(cmd::init_model::Args),
 }
 
 /// Errors are printed as one message with their causes (`a: b: c`), never
@@ -126,6 +128,7 @@ fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<()> {
         Command::Plan(a) => cmd::plan::run(*a, matches.subcommand_matches("plan")),
         Command::Sft(a) => cmd::sft::run(a),
         Command::GpuCheck(a) => cmd::gpu_check::run(a),
+        Command::InitModel(a) => cmd::init_model::run(a),
     }
 }
 

@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod generate;
 pub mod gpu_check;
 mod gpu_graphs;
+pub mod init_model;
 pub mod plan;
 pub mod plan_config;
 pub mod score;
