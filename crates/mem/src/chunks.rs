@@ -28,6 +28,8 @@ pub(crate) struct Block {
     pub len: usize,
     pub host: *mut u8,
     pub backup_len: usize,
+    /// Populate on resume even without a backup (`Overwrite` policy).
+    pub populate: bool,
 }
 
 /// A piece of a block: bytes `offset..offset+len`, of which the first
@@ -112,12 +114,16 @@ unsafe fn do_chunk(backend: &dyn Backend, c: &Chunk<'_>, work: Work) -> Result<(
                 }
                 backend.discard(dev, c.len)
             }
-            // Only memory about to be restored is populated up front. A
-            // chunk without a backup (a `Discard` tag such as the KV cache)
-            // gets its pages when it is first touched, so waking a large
-            // budget costs only the pages the next phase uses.
-            Work::Resume if c.copy_len > 0 => {
+            // Only memory about to be written is populated up front: restored
+            // from its backup, or overwritten by the caller (`Overwrite`). A
+            // `Discard` chunk (the KV cache) gets its pages when it is first
+            // touched, so waking a large budget costs only the pages the
+            // next phase uses.
+            Work::Resume if c.copy_len > 0 || c.block.populate => {
                 backend.populate(dev, c.len)?;
+                if c.copy_len == 0 {
+                    return Ok(());
+                }
                 backend.copy_from_host(dev, std::slice::from_raw_parts(host, c.copy_len))
             }
             Work::Resume => Ok(()),

@@ -14,6 +14,8 @@
 //!   is what multi-stage awake needs: weights first, then the trainer's copy
 //!   freed, then the KV cache.
 //! - **Content policy per tag.** `Policy::Discard` forgets contents;
+//!   `Policy::Overwrite` forgets them too but populates the pages on resume,
+//!   for memory the caller rewrites at once (the rollout engine's weights);
 //!   `Policy::Backup` copies them to a host buffer that is kept and reused by
 //!   later cycles, and restores them bit-exactly.
 //! - **A capacity.** Every map is checked against the device capacity; an

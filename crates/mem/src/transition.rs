@@ -29,6 +29,8 @@ struct Job {
     /// Whether the block is mapped (pause: from the start; resume: once
     /// this call has mapped it).
     mapped: bool,
+    /// Whether a resume populates it up front (`Overwrite` policy).
+    populate: bool,
     cached: bool,
 }
 
@@ -60,6 +62,7 @@ impl Pool {
                         tag: id,
                         backup: None,
                         mapped: true,
+                        populate: false,
                         cached: true,
                     });
                 }
@@ -218,6 +221,7 @@ impl Pool {
                     len: j.size as usize,
                     host,
                     backup_len,
+                    populate: j.populate,
                 }
             })
             .collect();
@@ -290,7 +294,7 @@ fn take_jobs(st: &mut State, ids: &[TagId]) -> Vec<Job> {
                 tags[a.tag].backup_bytes -= b.len() as u64;
                 Some(b)
             }
-            Policy::Discard => None,
+            Policy::Discard | Policy::Overwrite => None,
         };
         jobs.push(Job {
             addr,
@@ -299,6 +303,7 @@ fn take_jobs(st: &mut State, ids: &[TagId]) -> Vec<Job> {
             tag: a.tag,
             backup,
             mapped: false,
+            populate: tags[a.tag].policy == Policy::Overwrite,
             cached: false,
         });
     }

@@ -210,7 +210,7 @@ impl Worker<'_> {
                     (Ok(()), true) => {
                         let m = &mut self.tags[t];
                         m.paused = false;
-                        if m.policy == Policy::Discard {
+                        if m.policy != Policy::Backup {
                             m.live.values_mut().for_each(|l| l.fill = 0);
                         }
                         Ok(())
@@ -221,7 +221,8 @@ impl Worker<'_> {
             13 if self.tags[t].flips => {
                 let to = match self.tags[t].policy {
                     Policy::Backup => Policy::Discard,
-                    Policy::Discard => Policy::Backup,
+                    Policy::Discard => Policy::Overwrite,
+                    Policy::Overwrite => Policy::Backup,
                 };
                 self.note(format!("set_policy {name} {to:?}"));
                 match (pool.set_policy(&name, to), self.tags[t].paused) {
@@ -229,7 +230,7 @@ impl Worker<'_> {
                     (Ok(()), false) => {
                         let m = &mut self.tags[t];
                         m.policy = to;
-                        if to == Policy::Discard {
+                        if to != Policy::Backup {
                             m.live.values_mut().for_each(|l| l.backed = false);
                         }
                         Ok(())
@@ -425,6 +426,7 @@ fn run(seed: u64, capacity: u64, rounds: usize) -> Result<(), String> {
                     tags: [
                         ("backup", Policy::Backup, false),
                         ("discard", Policy::Discard, false),
+                        ("overwrite", Policy::Overwrite, false),
                         ("flip", Policy::Backup, true),
                     ]
                     .into_iter()

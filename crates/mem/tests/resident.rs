@@ -83,6 +83,38 @@ fn waking_a_discard_tag_costs_only_the_pages_then_touched() {
     assert!(b.iter().all(|&x| x == 0), "an untouched page reads as zero");
 }
 
+/// `Overwrite`: contents are forgotten as with `Discard`, but the wake
+/// provides every page at once (the rollout engine's weights, rewritten
+/// by the weight update right after), and a pause still returns them all.
+#[test]
+fn waking_an_overwrite_tag_provides_its_pages_up_front() {
+    let p = Pool::host(PoolConfig::default()).unwrap();
+    p.set_policy("weights", Policy::Overwrite).unwrap();
+    let w = p.alloc("weights", 96 * MIB).unwrap();
+    p.write(w, 0, &vec![7; 96 * MIB]).unwrap();
+    p.pause(&["weights"]).unwrap();
+    let paused = os_resident(&p);
+    assert_eq!(
+        p.stats().tag("weights").unwrap().backup_bytes,
+        0,
+        "no backup"
+    );
+    p.resume(&["weights"]).unwrap();
+    let woken = os_resident(&p) - paused;
+    assert!(
+        woken >= 96 * MIB as u64,
+        "{woken} bytes provided by the wake, before any write"
+    );
+    let mut b = vec![9u8; MIB];
+    p.read(w, 50 * MIB, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0), "contents are not kept");
+    p.pause(&["weights"]).unwrap();
+    assert!(
+        os_resident(&p) <= paused + MIB as u64,
+        "a pause returns them"
+    );
+}
+
 #[test]
 fn freed_cache_is_resident_until_empty_cache() {
     let p = Pool::host(PoolConfig::default()).unwrap();

@@ -37,8 +37,10 @@ pub struct EngineConfig {
     pub kv_seqs: Option<usize>,
     /// Bytes of weights converted and copied per bucket in `update_weights`.
     pub weight_bucket_bytes: usize,
-    /// What `release(["weights"])` does with their contents: `discard` (the
-    /// RL default: `update_weights` overwrites them anyway) or `backup`.
+    /// What `release(["weights"])` does with their contents: `overwrite`
+    /// (the RL default: `update_weights` rewrites them all after the wake,
+    /// so the wake populates their pages up front, off the copy's path),
+    /// `discard`, or `backup`.
     pub weights_policy: Policy,
     /// On the CPU, the threads a prefill or decode step splits its rows
     /// over, each running libtorch with one intra-op thread (see
@@ -60,7 +62,7 @@ impl Default for EngineConfig {
             max_seq_len: None,
             kv_seqs: None,
             weight_bucket_bytes: 64 << 20,
-            weights_policy: Policy::Discard,
+            weights_policy: Policy::Overwrite,
             cpu_threads: 0,
             enforce_eager: false,
         }

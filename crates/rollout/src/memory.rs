@@ -54,7 +54,7 @@ impl Engine {
             .pool()
             .stats()
             .tag(WEIGHTS)
-            .is_some_and(|t| t.policy == Policy::Discard);
+            .is_some_and(|t| t.policy != Policy::Backup);
         if tags.contains(&WEIGHTS) && discarded {
             self.weights_mut().mark_all_stale();
         }
