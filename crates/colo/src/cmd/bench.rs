@@ -15,6 +15,8 @@ pub enum Bench {
     Colocate(super::bench_colocate::Args),
     /// Pause/resume bandwidth of the memory layer against plain copies.
     Mem(super::bench_mem::Args),
+    /// Issue 36's job at a real size (Qwen2.5-0.5B by default): each phase's time and share of the step, the weight sync against memcpy, the plan against the measured peak; `--trl` against TRL's GRPOTrainer.
+    Real(super::bench_real::Args),
     /// Rollout tokens/s on a GRPO-shaped load against a static-batch, contiguous-cache baseline.
     Rollout(super::bench_rollout::Args),
     /// Training-step throughput (6·N·tokens/s) against a float32 matrix product.
@@ -26,6 +28,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::Cluster { args } => super::cluster::python_module("colo.bench", &args),
         Bench::Colocate(a) => super::bench_colocate::run(a),
         Bench::Mem(a) => super::bench_mem::run(a),
+        Bench::Real(a) => super::bench_real::run(a),
         Bench::Rollout(a) => super::bench_rollout::run(a),
         Bench::Train(a) => super::bench_train::run(a),
     }

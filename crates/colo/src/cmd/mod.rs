@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_colocate;
 pub mod bench_mem;
+pub mod bench_real;
 pub mod bench_rollout;
 pub mod bench_train;
 pub mod cluster;

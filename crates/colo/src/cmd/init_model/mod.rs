@@ -53,7 +53,7 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use config_json::config_json;
-use run_toml::run_toml;
+pub(crate) use run_toml::run_toml;
 use tokenizer::SmallTokenizer;
 use weights::{numel, write_weights, INDEX_FILE};
 
@@ -288,7 +288,7 @@ fn preset_table() -> String {
 }
 
 /// `1234567` as `1,234,567`.
-fn thousands(n: u64) -> String {
+pub(crate) fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {

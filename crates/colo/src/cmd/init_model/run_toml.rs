@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 /// A `colo train` run of the model in `dir`: issue 36's job (4 prompts × 4
 /// samples × 16 new tokens, one optimiser step a step) on the built-in
 /// arithmetic task, whose prompts the byte-level tokenizer encodes.
-pub(super) fn run_toml(dir: &Path, name: &str) -> Result<String> {
+pub(crate) fn run_toml(dir: &Path, name: &str) -> Result<String> {
     let abs = std::path::absolute(dir)
         .with_context(|| format!("the absolute path of {}", dir.display()))?;
     let path = toml_string(&abs.to_string_lossy());
