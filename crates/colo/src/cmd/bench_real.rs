@@ -44,10 +44,13 @@ use colo_plan::presets::Published;
 use colo_rl::config::{Colocation, DataSource, Dtype, OffloadPolicy, RunLength};
 use colo_rl::Config;
 
+mod figures;
 mod report;
+mod table;
 mod trl;
 
-use report::{ColoRun, Job, Machine, MemoryFigures, ModelInfo, Report, SyncFigures};
+use figures::{Figures, MemoryFigures, SyncFigures};
+use report::{ColoRun, Job, Machine, ModelInfo, Report};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -202,9 +205,9 @@ fn measure(config: &Config, model: &Path, name: &str, a: &Args) -> Result<Report
     colo_rl::step::run(config, &out, false).context("colo bench real: colo's run")?;
     let run_s = t.elapsed().as_secs_f64();
     let load_end = super::load_avg_1m();
-    let records = report::step_records(&out.join("metrics.jsonl"))?;
+    let records = figures::step_records(&out.join("metrics.jsonl"))?;
     let timed = WARMUP_STEPS + 1..=steps;
-    let figures = report::Figures::of(&records, timed.clone())?;
+    let figures = Figures::of(&records, timed.clone())?;
     let memory = MemoryFigures::of(&records, plan);
     let sync = SyncFigures::of(weight_bytes, figures.sync_s, memcpy_gib_s);
     Ok(Report {
