@@ -110,6 +110,16 @@ impl Rollouts {
             .max(1)
     }
 
+    /// The padded tokens of all rows as one trainer batch: rows × the
+    /// longest prompt and response (what [`Rollouts::seq_batch`] makes).
+    pub fn padded_tokens(&self) -> u64 {
+        let longest = (self.prompts.iter().zip(&self.responses))
+            .map(|(p, r)| p.len() + r.len())
+            .max()
+            .unwrap_or(0);
+        (self.len() as u64).saturating_mul(longest as u64)
+    }
+
     /// Rows `rows` as the trainer's right-padded sequences.
     pub fn seq_batch(&self, rows: std::ops::Range<usize>, pad_id: u32) -> Result<SeqBatch> {
         let pairs: Vec<(&[u32], &[u32])> = rows

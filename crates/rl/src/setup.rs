@@ -371,6 +371,21 @@ pub(crate) fn critic_config(config: &Config, total_steps: usize) -> colo_train::
 /// one (the first is often the evaluation before training), else the
 /// first. Where the whole run's picture is too long to read, this one shows
 /// the choreography (wake, sync, free, KV cache, generate, sleep, train).
+/// Whether the last phase of `events` is a stage of a train → rollout
+/// switch that comes before its sync.
+fn after_a_switch_stage(events: &[colo_mem::Event]) -> bool {
+    let last = events
+        .iter()
+        .rev()
+        .find(|p| p.kind == colo_mem::EventKind::Phase);
+    last.is_some_and(|p| {
+        matches!(
+            p.phase.as_str(),
+            "wake_weights" | "wake_all" | "offload_optimizer" | "offload_ref" | "release_cache"
+        )
+    })
+}
+
 fn one_step(events: &[colo_mem::Event]) -> Option<&[colo_mem::Event]> {
     const SWITCH_STARTS: [&str; 3] = ["offload_optimizer", "sync_weights", "save_weights"];
     let starts: Vec<usize> = events
@@ -380,9 +395,9 @@ fn one_step(events: &[colo_mem::Event]) -> Option<&[colo_mem::Event]> {
             e.kind == colo_mem::EventKind::Phase
                 && SWITCH_STARTS.contains(&e.phase.as_str())
                 // `sync_weights` starts a switch only in naive mode, where
-                // nothing comes before it.
-                && (e.phase != "sync_weights"
-                    || !events[..*i].iter().rev().find(|p| p.kind == colo_mem::EventKind::Phase).is_some_and(|p| p.phase == "wake_weights" || p.phase == "wake_all"))
+                // nothing comes before it (in the others a wake does, or,
+                // with the engine's weights kept resident, the offloads).
+                && (e.phase != "sync_weights" || !after_a_switch_stage(&events[..*i]))
         })
         .map(|(i, _)| i)
         .collect();

@@ -456,7 +456,7 @@ impl Run<'_> {
             }
             r => r?,
         };
-        let to_train = self.worker.to_train()?;
+        let to_train = (self.worker).to_train_for_update(sampled.rollouts.padded_tokens())?;
         let gen_s = t.elapsed().as_secs_f64() - eval_s - reward.seconds;
         let sampling = Sampling {
             drawn,

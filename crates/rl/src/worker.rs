@@ -170,6 +170,9 @@ pub struct HybridWorker<T: TrainEngine = ColoTrainer, R: RolloutEngine = Engine>
     step_tokens: Option<u64>,
     /// The largest step so far, for [`HybridWorker::room_for_the_reference`].
     largest: Option<StepSize>,
+    /// The rollout engine's weights stayed resident through the training
+    /// phase under way or last ended ([`HybridWorker::to_train_for_update`]).
+    weights_kept: bool,
     /// `restart` mode writes the actor here each step.
     scratch: PathBuf,
     phase: Phase,
@@ -192,6 +195,10 @@ struct MemoryState {
     largest: Option<StepSize>,
     /// The reference stayed resident after the last pass.
     reference_kept: bool,
+    /// The rollout engine's weights stayed resident through the last update
+    /// (absent in checkpoints written before it existed: false).
+    #[serde(default)]
+    weights_kept: bool,
 }
 
 /// The file of [`MemoryState`] in a checkpoint (absent in checkpoints
@@ -367,6 +374,7 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
             offload_ref: memory.offload_ref && memory.colocation != Colocation::Naive,
             step_tokens: None,
             largest: None,
+            weights_kept: false,
             offloaded: Offload::NONE,
             policy: memory.offload_policy,
             scratch,
@@ -498,8 +506,11 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
             Colocation::Sleep => {
                 let params = self.give_up_before_the_wake()?;
                 self.pool.set_phase("wake_all");
-                self.rollout_engine()?
-                    .resume(&[tags::WEIGHTS, tags::KV_CACHE])?;
+                let tags: &[&str] = match self.weights_kept {
+                    true => &[tags::KV_CACHE],
+                    false => &[tags::WEIGHTS, tags::KV_CACHE],
+                };
+                self.rollout_engine()?.resume(tags)?;
                 self.pool.set_phase("sync_weights");
                 let s = self.sync()?;
                 self.free_trainer_weights(params)?;
@@ -507,8 +518,10 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
             }
             Colocation::Staged => {
                 let params = self.give_up_before_the_wake()?;
-                self.pool.set_phase("wake_weights");
-                self.rollout_engine()?.resume(&[tags::WEIGHTS])?;
+                if !self.weights_kept {
+                    self.pool.set_phase("wake_weights");
+                    self.rollout_engine()?.resume(&[tags::WEIGHTS])?;
+                }
                 self.pool.set_phase("sync_weights");
                 let s = self.sync()?;
                 self.free_trainer_weights(params)?;
@@ -527,6 +540,26 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
 
     /// Rollout → train: the engine's memory goes, the actor's comes back.
     pub fn to_train(&mut self) -> Result<SwitchTiming> {
+        self.to_train_keeping(false)
+    }
+
+    /// Rollout → train before an update of `tokens` padded tokens. As
+    /// [`HybridWorker::to_train`], except that with `offload_policy =
+    /// "as_needed"` the rollout engine's weights stay resident (only the
+    /// KV cache goes to sleep) when a step at least as large has run and
+    /// its allocated peak plus the weights fits the capacity: the next
+    /// switch to rollout then neither wakes nor populates them, and the
+    /// weight sync writes into resident pages. On a tight device they go,
+    /// as before.
+    pub fn to_train_for_update(&mut self, tokens: u64) -> Result<SwitchTiming> {
+        self.expect("switch to training", Phase::Rollout)?;
+        self.step_tokens = Some(self.step_tokens.unwrap_or(0).max(tokens));
+        let keep = self.room_for_the_engine_weights(tokens);
+        self.to_train_keeping(keep)
+    }
+
+    /// Rollout → train, the engine's weights kept resident or not.
+    fn to_train_keeping(&mut self, keep_weights: bool) -> Result<SwitchTiming> {
         self.expect("switch to training", Phase::Rollout)?;
         let start = Instant::now();
         match self.mode {
@@ -539,8 +572,12 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
             }
             Colocation::Sleep | Colocation::Staged => {
                 self.pool.set_phase("sleep_engine");
-                self.rollout_engine()?
-                    .release(&[tags::KV_CACHE, tags::WEIGHTS])?;
+                let tags: &[&str] = match keep_weights {
+                    true => &[tags::KV_CACHE],
+                    false => &[tags::KV_CACHE, tags::WEIGHTS],
+                };
+                self.rollout_engine()?.release(tags)?;
+                self.weights_kept = keep_weights;
                 self.reload_actor()?;
             }
         }
@@ -639,9 +676,16 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
         let reference = stats
             .tag(tags::REF)
             .map_or(0, |t| t.resident_bytes + t.paused_bytes);
+        let weights = stats.tag(tags::WEIGHTS).map_or(0, |t| t.resident_bytes);
         let peak = match self.reference_kept() {
             true => stats.peak_allocated_bytes.saturating_sub(reference),
             false => stats.peak_allocated_bytes,
+        };
+        // Kept through the update, the weights were in its peak: the
+        // room checks add them back.
+        let peak = match self.weights_kept {
+            true => peak.saturating_sub(weights),
+            false => peak,
         };
         Some(match self.largest {
             None => StepSize { tokens, peak },
@@ -663,7 +707,41 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
         }
         let stats = self.pool.stats();
         let reference = stats.tag(tags::REF).map_or(0, |t| t.resident_bytes);
-        largest.peak.saturating_add(reference) <= stats.capacity_bytes
+        let weights = match self.weights_kept {
+            true => stats.tag(tags::WEIGHTS).map_or(0, |t| t.resident_bytes),
+            false => 0,
+        };
+        largest
+            .peak
+            .saturating_add(reference)
+            .saturating_add(weights)
+            <= stats.capacity_bytes
+    }
+
+    /// Whether the rollout engine's weights may stay resident through the
+    /// update of a batch of `tokens` padded tokens (see
+    /// [`HybridWorker::to_train_for_update`]): the reference's rule, with
+    /// a kept reference counted too.
+    fn room_for_the_engine_weights(&self, tokens: u64) -> bool {
+        let (Some(largest), OffloadPolicy::AsNeeded) = (self.largest, self.policy) else {
+            return false;
+        };
+        if !matches!(self.mode, Colocation::Sleep | Colocation::Staged) || tokens > largest.tokens {
+            return false;
+        }
+        let stats = self.pool.stats();
+        let weights = stats
+            .tag(tags::WEIGHTS)
+            .map_or(0, |t| t.resident_bytes + t.paused_bytes);
+        let reference = match self.reference_kept() {
+            true => stats.tag(tags::REF).map_or(0, |t| t.resident_bytes),
+            false => 0,
+        };
+        largest
+            .peak
+            .saturating_add(weights)
+            .saturating_add(reference)
+            <= stats.capacity_bytes
     }
 
     /// Writes the checkpoint of RL step `step` into `dir` (training phase),
@@ -683,6 +761,7 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
         let memory = MemoryState {
             largest: self.largest_with_this_step(),
             reference_kept: self.reference_kept(),
+            weights_kept: self.weights_kept,
         };
         self.actor
             .save_checkpoint_with(dir, Some(step as u64), |tmp| -> Result<()> {
@@ -722,7 +801,23 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
                     r.reload()?;
                 }
             }
+            if memory.weights_kept && !self.weights_kept {
+                self.keep_engine_weights()?;
+            }
         }
+        Ok(())
+    }
+
+    /// The engine's weights awake through the training phase, as a run
+    /// that kept them through its last update had them (a resumed run's
+    /// start-up): the next switch syncs into them without a wake.
+    fn keep_engine_weights(&mut self) -> Result<()> {
+        if !matches!(self.mode, Colocation::Sleep | Colocation::Staged) {
+            return Ok(());
+        }
+        self.pool.set_phase("wake_weights");
+        self.rollout_engine()?.resume(&[tags::WEIGHTS])?;
+        self.weights_kept = true;
         Ok(())
     }
 

@@ -539,3 +539,75 @@ fn start_up_never_holds_the_engine_and_the_trainer_together() {
         "start-up peak {startup_peak} > max(engine {engine}, trainer {trainer}) + {loading}"
     );
 }
+
+/// `as_needed` and the rollout engine's weights: once a step at least as
+/// large has run and its allocated peak plus the weights fits, the weights
+/// stay resident through the update (only the KV cache sleeps), so the
+/// next switch neither wakes nor populates them; the engine still
+/// generates with the actor's current weights (the sync rewrites them in
+/// place). A longer batch than any so far, or no room, sends them to sleep
+/// as before.
+#[test]
+fn as_needed_engine_weights_stay_resident_while_a_step_as_large_had_room() {
+    let prompts = vec![vec![278, 28, 274, 272, 337], vec![54, 74, 71, 223, 83, 87]];
+    let seqs =
+        SeqBatch::from_prompt_response(&[(&prompts[0][..], &[7, 7, 7, 7, 7, 7][..])], 0).unwrap();
+    let tokens_of = |s: &SeqBatch| (s.batch_size() * s.seq_len()) as u64;
+    let state = |w: &HybridWorker| w.pool().tag_state(tags::WEIGHTS).unwrap();
+    let resumes = |w: &HybridWorker| w.pool().stats().tag(tags::WEIGHTS).unwrap().resumes;
+    // A step: the rollout phase, then an update of `seqs` (SFT steps that
+    // change the greedy output).
+    let step = |w: &mut HybridWorker, n: u64, tokens: u64| {
+        w.begin_step(n);
+        w.to_rollout().unwrap();
+        let generated = self::tokens(w.generate(greedy(&prompts)).unwrap());
+        w.to_train_for_update(tokens).unwrap();
+        w.ref_log_probs(&seqs, 4).unwrap();
+        for _ in 0..10 {
+            w.actor_mut("take an SFT step")
+                .unwrap()
+                .sft_step(&seqs)
+                .unwrap();
+        }
+        generated
+    };
+
+    let mut w = staged_as_needed(u64::MAX, "weights-roomy", 512);
+    step(&mut w, 1, tokens_of(&seqs));
+    assert_eq!(state(&w), TagState::Paused, "no step's peak known yet");
+    step(&mut w, 2, tokens_of(&seqs));
+    assert_eq!(state(&w), TagState::Active, "kept through the update");
+    let woken = resumes(&w);
+    let current = reference_tokens(&w, &prompts, "weights-roomy");
+    let generated = step(&mut w, 3, tokens_of(&seqs));
+    assert_eq!(resumes(&w), woken, "a kept tag is not woken again");
+    assert_eq!(generated, current, "generation with the synced weights");
+    step(&mut w, 4, 10 * tokens_of(&seqs));
+    assert_eq!(
+        state(&w),
+        TagState::Paused,
+        "a batch longer than any measured step may need more than its peak"
+    );
+    let current = reference_tokens(&w, &prompts, "weights-roomy-2");
+    let generated = step(&mut w, 5, tokens_of(&seqs));
+    assert_eq!(generated, current, "woken and synced again");
+    remove_scratch("weights-roomy");
+
+    // No room for the weights beside the peak: they sleep every update.
+    let mut probe = staged_as_needed(u64::MAX, "weights-probe", 512);
+    step(&mut probe, 1, tokens_of(&seqs));
+    let peak = probe.pool().stats().peak_allocated_bytes;
+    let weights = probe
+        .pool()
+        .stats()
+        .tag(tags::WEIGHTS)
+        .unwrap()
+        .paused_bytes;
+    remove_scratch("weights-probe");
+    let mut w = staged_as_needed(peak + weights / 2, "weights-tight", 512);
+    for n in 1..=3 {
+        step(&mut w, n, tokens_of(&seqs));
+        assert_eq!(state(&w), TagState::Paused, "step {n}");
+    }
+    remove_scratch("weights-tight");
+}
