@@ -697,51 +697,43 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
     }
 
     /// Whether the reference may stay resident through the update of a
-    /// batch of `tokens` padded tokens (see [`HybridWorker::ref_log_probs`]).
+    /// batch of `tokens` padded tokens (see [`HybridWorker::ref_log_probs`]),
+    /// beside the engine's weights if they stay too.
     fn room_for_the_reference(&self, tokens: u64) -> bool {
-        let (Some(largest), OffloadPolicy::AsNeeded) = (self.largest, self.policy) else {
-            return false;
-        };
-        if !matches!(self.mode, Colocation::Sleep | Colocation::Staged) || tokens > largest.tokens {
-            return false;
-        }
         let stats = self.pool.stats();
         let reference = stats.tag(tags::REF).map_or(0, |t| t.resident_bytes);
         let weights = match self.weights_kept {
             true => stats.tag(tags::WEIGHTS).map_or(0, |t| t.resident_bytes),
             false => 0,
         };
-        largest
-            .peak
-            .saturating_add(reference)
-            .saturating_add(weights)
-            <= stats.capacity_bytes
+        self.room_beside_the_largest_step(tokens, reference + weights)
     }
 
     /// Whether the rollout engine's weights may stay resident through the
     /// update of a batch of `tokens` padded tokens (see
-    /// [`HybridWorker::to_train_for_update`]): the reference's rule, with
-    /// a kept reference counted too.
+    /// [`HybridWorker::to_train_for_update`]), beside a kept reference.
     fn room_for_the_engine_weights(&self, tokens: u64) -> bool {
+        let stats = self.pool.stats();
+        let weights = (stats.tag(tags::WEIGHTS)).map_or(0, |t| t.resident_bytes + t.paused_bytes);
+        let reference = match self.reference_kept() {
+            true => stats.tag(tags::REF).map_or(0, |t| t.resident_bytes),
+            false => 0,
+        };
+        self.room_beside_the_largest_step(tokens, weights + reference)
+    }
+
+    /// `as_needed`'s rule for keeping `bytes` resident through an update of
+    /// `tokens` padded tokens: a sleep or staged worker, a measured step at
+    /// least as large, and its allocated peak plus `bytes` within the
+    /// capacity.
+    fn room_beside_the_largest_step(&self, tokens: u64, bytes: u64) -> bool {
         let (Some(largest), OffloadPolicy::AsNeeded) = (self.largest, self.policy) else {
             return false;
         };
         if !matches!(self.mode, Colocation::Sleep | Colocation::Staged) || tokens > largest.tokens {
             return false;
         }
-        let stats = self.pool.stats();
-        let weights = stats
-            .tag(tags::WEIGHTS)
-            .map_or(0, |t| t.resident_bytes + t.paused_bytes);
-        let reference = match self.reference_kept() {
-            true => stats.tag(tags::REF).map_or(0, |t| t.resident_bytes),
-            false => 0,
-        };
-        largest
-            .peak
-            .saturating_add(weights)
-            .saturating_add(reference)
-            <= stats.capacity_bytes
+        largest.peak.saturating_add(bytes) <= self.pool.stats().capacity_bytes
     }
 
     /// Writes the checkpoint of RL step `step` into `dir` (training phase),
