@@ -28,8 +28,8 @@
 //!   `colo plan --config` and `colo train`'s plan check compute it),
 //!   against the largest `memory/peak_allocated_bytes` and
 //!   `memory/peak_device_bytes` (mapped) over all the run's steps.
-//! - **`--trl`** then runs TRL's GRPOTrainer on the same model and job
-//!   (`bench/trl/grpo_step.py` in `bench/trl/.venv`), after colo's run,
+//! - **`--trl`** runs TRL's GRPOTrainer on the same model and job
+//!   (`bench/trl/grpo_step.py` in `bench/trl/.venv`) before colo's run,
 //!   never beside it, and compares the mean steps.
 //!
 //! The load average (1 minute) is read at the start and end of each run:
@@ -85,17 +85,24 @@ pub fn run(a: Args) -> Result<()> {
         .context("colo bench real: a temporary directory")?;
     let (model_dir, name) = model_dir(&a, work.path())?;
     let config = run_config(&model_dir, &name, work.path(), a.steps)?;
-    let mut report = measure(&config, &model_dir, &name, &a)?;
-    let trl_failed = match a.trl {
-        true => {
-            let job = trl::Job::of(&config, a.steps, work.path())?;
-            let result = trl::run(&model_dir, &job);
-            let failed = result.as_ref().err().map(|e| format!("{e:#}"));
-            report.set_trl(result);
-            failed
-        }
+    // TRL first, in a process of its own that has exited (and freed its
+    // memory) before colo's run starts: colo's process keeps what its run
+    // mapped (see `rss_after_run_bytes`), and a 0.5 B model's two runs do
+    // not fit a 23 GiB machine side by side.
+    let trl = match a.trl {
+        true => Some(trl::run(
+            &model_dir,
+            &trl::Job::of(&config, a.steps, work.path())?,
+        )),
         false => None,
     };
+    let mut report = measure(&config, &model_dir, &name, &a)?;
+    let trl_failed = trl.map(|result| {
+        let failed = result.as_ref().err().map(|e| format!("{e:#}"));
+        report.set_trl(result);
+        failed
+    });
+    let trl_failed = trl_failed.flatten();
     report.say_what_was_not_measured();
     report.seconds = started.elapsed().as_secs_f64();
     match a.json {
@@ -204,6 +211,7 @@ fn measure(config: &Config, model: &Path, name: &str, a: &Args) -> Result<Report
     let t = Instant::now();
     colo_rl::step::run(config, &out, false).context("colo bench real: colo's run")?;
     let run_s = t.elapsed().as_secs_f64();
+    let rss_after_run_bytes = colo_mem::os::resident_bytes().ok();
     let load_end = super::load_avg_1m();
     let records = figures::step_records(&out.join("metrics.jsonl"))?;
     let timed = WARMUP_STEPS + 1..=steps;
@@ -225,6 +233,7 @@ fn measure(config: &Config, model: &Path, name: &str, a: &Args) -> Result<Report
             load_avg_1m_start: load_start,
             load_avg_1m_end: load_end,
             run_s,
+            rss_after_run_bytes,
             figures,
         },
         sync,

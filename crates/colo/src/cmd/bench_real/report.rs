@@ -95,6 +95,9 @@ pub(super) struct ColoRun {
     pub(super) load_avg_1m_end: Option<f64>,
     /// The whole run: setup, steps, the evaluation and checkpoint at the end.
     pub(super) run_s: f64,
+    /// The process's resident bytes once the run has returned: what it
+    /// left mapped (none of it is needed after the run).
+    pub(super) rss_after_run_bytes: Option<u64>,
     #[serde(flatten)]
     pub(super) figures: Figures,
 }

@@ -38,7 +38,8 @@ impl Report {
              job: {} prompts x {} samples x {} new tokens, {}, colocation {} (offload_policy {}), \
              {} steps: 1-{} warm up, {}-{} timed\n\
              colo's run: {:.1} s in all (setup, the evaluation and checkpoint at the end \
-             included); load average (1 min) {} at its start, {} at its end\n",
+             included); load average (1 min) {} at its start, {} at its end; the process's \
+             resident memory after it: {}\n",
             m.name,
             crate::cmd::init_model::thousands(m.parameters),
             m.dtype,
@@ -63,6 +64,7 @@ impl Report {
             c.run_s,
             load(c.load_avg_1m_start),
             load(c.load_avg_1m_end),
+            c.rss_after_run_bytes.map_or("-".into(), fmt_bytes),
         );
     }
 
