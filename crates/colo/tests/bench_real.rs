@@ -66,6 +66,8 @@ fn the_tiny_job_reports_consistent_phases_sync_and_memory() {
         (f(&colo["step_min_s"]), f(&colo["step_max_s"])),
         (step, step)
     );
+    assert!(f(&colo["run_s"]) > steps.iter().sum::<f64>());
+    assert!(u(&colo["rss_after_run_bytes"]) > 0);
 
     // The phases: in order, none negative, their shares adding up to one.
     let phases = colo["phases"].as_array().unwrap();
