@@ -161,12 +161,68 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
             prompt_rows,
             fused_head,
         );
-        // Every lane but the last holds its part's gradients (in the
-        // parameters' kind) while the others finish.
-        let grads = m.params() * plan.param_dtype.bytes();
-        sizes.train_activations += (lanes - 1) * grads;
+        sizes.train_activations =
+            eager_training_peak(plan, sizes.train_activations, seq_len, lanes);
     }
     sizes
+}
+
+/// The share of the fitted terms (the activations' and the logits'
+/// components, which count what libtorch's passes save and were checked
+/// against real runs within 10%) that a plan adds as its margin: a phase
+/// fits when its total and this share of its activations fit the device.
+/// Every other component is the size of allocations the code makes
+/// (parameters, gradients, optimizer state, weights, KV cache: exact up
+/// to the pool's page rounding).
+pub const ACTIVATION_MARGIN: f64 = 0.10;
+
+/// The margin a phase with these components needs ([`ACTIVATION_MARGIN`]).
+pub fn phase_margin(components: &BTreeMap<Component, u64>) -> u64 {
+    let fitted = [Component::Activations, Component::Logits]
+        .iter()
+        .filter_map(|c| components.get(c))
+        .sum::<u64>();
+    (fitted as f64 * ACTIVATION_MARGIN).ceil() as u64
+}
+
+/// The `activations` tag's high-water mark in an eager training pass:
+/// the larger of the graph (`graph`: [`eager_activations`], at the start
+/// of the backward, every lane at once) and the end of the backward.
+///
+/// At the end the graph is freed and the gradients are all there: each
+/// lane's `run_backward` (colo-train's `ColoTrainer::train_step`) returns
+/// every parameter's gradient in the parameters' kind, and every lane's
+/// are held until `param_lanes::accumulate` adds them into the float32
+/// accumulators. The embedding's backward comes last (libtorch's
+/// `embedding_dense_backward`), and holds twice its gradient's bytes
+/// (`vocab × h` elements) at its peak; with tied embeddings the LM head's
+/// partial gradient of the same matrix is alive beside it until autograd
+/// adds the two. So a lane ends at its gradients plus one `vocab × h`
+/// (untied) or two (tied) — measured to the MiB at Qwen2.5-0.5B's shape in
+/// bf16 (942 MiB of gradients and 519 MiB a lane) and on `plan_vs_run`'s
+/// real-vocabulary models. At that shape the end outweighs a small job's
+/// graph; the lanes reach it at different moments or at once (both seen on
+/// issue 36's job), so all of them at once is the bound. A micro-batch of
+/// fewer rows than lanes runs on as many lanes as rows. With activation
+/// checkpointing `graph` already holds one lane's gradients, summed piece
+/// by piece beside the recomputed layer; the other lanes hold theirs
+/// beside it.
+fn eager_training_peak(plan: &Plan, graph: u64, seq: u64, lanes: u64) -> u64 {
+    let m = &plan.model;
+    let b = plan.param_dtype.bytes();
+    let rows = plan.tokens_per_micro_batch.div_ceil(seq).max(1);
+    let lanes = lanes.min(rows);
+    let grads = m.params() * b;
+    let embedding = m.vocab * m.hidden * b;
+    let beyond = match m.tie_embeddings {
+        true => 2 * embedding,
+        false => embedding,
+    };
+    let graph_side = match plan.activation_checkpointing {
+        true => graph + (lanes - 1) * grads,
+        false => graph,
+    };
+    graph_side.max(lanes * (grads + beyond))
 }
 
 /// Activations of an eager trainer (colo's, on libtorch): the graph of a
@@ -211,9 +267,15 @@ fn eager_activations(
     let f = DType::F32.bytes();
     // The LM head's window, per token. Fused (colo-kernels' loss head, the CPU):
     // the logits, kept for the backward, and their gradient in it: 8 bytes
-    // per vocabulary entry in float32 and, measured (plan_vs_run), in
-    // bf16 as well (the head's bf16 product has a float32 result on the
-    // way). Otherwise the float32 log-softmax is kept, and the backward
+    // per vocabulary entry in float32 and, fitted on the toy runs' mapped
+    // peaks (plan_vs_run), in bf16 as well. The kernel itself holds 4 in
+    // bf16 (the logits and `dx`, csrc/token_logprobs.cpp; measured alone
+    // and on a real-vocabulary model of width 64); the other 4 stand for
+    // what the fit absorbed, the cached blocks of the toy runs and, at
+    // Qwen2.5-0.5B's width on two lanes, each lane's LM-head weight
+    // gradient beside its logits (there the graph of 32 rows measured
+    // 2,667 MiB allocated against 2,720 planned, BENCHMARKS.md "Plan against
+    // run"). Otherwise the float32 log-softmax is kept, and the backward
     // makes the gather's and the log-softmax's gradients (`3 · vocab`
     // float32); in a reduced precision also ~2.5 vocabulary-sized float32
     // tensors of the casts to and from it, 10 bytes per element (measured
@@ -473,13 +535,18 @@ pub fn estimate(plan: &Plan) -> Result<MemoryReport> {
         }
     });
     let (peak_bytes, peak_phase) = (peak.total_bytes, peak.name.clone());
+    // What each phase needs with its margin: the most of that is what the
+    // device must hold.
+    let needs = |p: &PhaseMemory| p.total_bytes + phase_margin(&p.components);
+    let need = phases.iter().map(needs).max().unwrap_or(0);
     // Weights + KV equal `fraction × device` wherever the KV cache is
     // resident, so each such phase bounds the fraction by what the rest of
-    // it leaves; phases without the KV cache must fit on their own.
+    // it (and its margin) leaves; phases without the KV cache must fit on
+    // their own.
     let mut max_fraction = Some(1.0f64);
     for p in &phases {
         let has_kv = p.get(KvCache) > 0;
-        let rest = p.total_bytes
+        let rest = needs(p)
             - if has_kv {
                 p.get(KvCache) + p.get(RolloutWeights)
             } else {
@@ -487,7 +554,7 @@ pub fn estimate(plan: &Plan) -> Result<MemoryReport> {
             };
         let bound = if has_kv {
             device.saturating_sub(rest) as f64 / device as f64
-        } else if p.total_bytes <= device {
+        } else if needs(p) <= device {
             1.0
         } else {
             0.0
@@ -499,8 +566,9 @@ pub fn estimate(plan: &Plan) -> Result<MemoryReport> {
     Ok(MemoryReport {
         peak_bytes,
         peak_phase,
+        margin_bytes: need - peak_bytes,
         device_bytes: device,
-        fits: peak_bytes <= device,
+        fits: need <= device,
         mem_fraction: fraction,
         max_mem_fraction,
         kv_cache_bytes: kv_bytes,
@@ -670,14 +738,103 @@ mod tests {
         let (shared, _) = eager(Some(8), None);
         assert!(shared.train_activations < full.train_activations / 2);
         assert!(shared.forward_activations < full.forward_activations);
-        let (lanes, _) = eager(Some(8), Some(3));
-        assert_eq!(
-            lanes.train_activations,
-            shared.train_activations + 2 * grads
-        );
         let (ckpt, _) = eager_with(Some(8), None, true);
         assert!(ckpt.train_activations < shared.train_activations);
         assert_eq!(ckpt.forward_activations, shared.forward_activations);
+        // Qwen2.5-7B's 15 GB of bf16 gradients a lane outweigh the graph
+        // of 8 × 1024 tokens: three lanes end the backward holding three
+        // sets, each with the embedding's backward's second `vocab × h`
+        // (untied embeddings: no partial of the LM head beside it).
+        let (lanes, _) = eager(Some(8), Some(3));
+        let embedding = 152_064 * 3584 * 2;
+        assert!(shared.train_activations < 3 * grads);
+        assert_eq!(lanes.train_activations, 3 * (grads + embedding));
+        // With checkpointing the graph holds one lane's gradients already.
+        let (ckpt_lanes, _) = eager_with(Some(8), Some(3), true);
+        assert_eq!(
+            ckpt_lanes.train_activations,
+            (ckpt.train_activations + 2 * grads).max(3 * (grads + embedding))
+        );
+    }
+
+    /// The end of the backward at Qwen2.5-0.5B's shape in bf16 (tied
+    /// embeddings): every lane's gradients and two `vocab × h` beside them
+    /// (the embedding's backward's second copy and the LM head's partial
+    /// gradient), against the graph of issue 36's job (16 rows
+    /// of 22 tokens, 16 of them the response, 4 rows a prompt) and of a
+    /// larger one (64 rows of 38 tokens), whose graph is the larger.
+    #[test]
+    fn the_backwards_end_holds_every_lanes_gradients_and_the_tied_partials() {
+        let q05 = |rows: u64, response: u64, lanes: u64| {
+            let p = plan(|i| {
+                i.model = ModelSource::Preset("qwen2.5-0.5b".into());
+                i.devices = 1;
+                i.optimizer = "adamw-mixed-fp32-grads".into();
+                i.activation_model = "eager".into();
+                i.activation_checkpointing = false;
+                i.seq_len = Some(6 + response);
+                i.response_len = Some(response);
+                i.tokens_per_micro_batch = rows * (6 + response);
+                i.logprob_tokens_per_micro_batch = Some(rows * (6 + response));
+                i.shared_prompt_rows = Some(4);
+                i.train_lanes = Some(lanes);
+            });
+            let m = &p.model;
+            let end = m.params() * 2 + 2 * m.vocab * m.hidden * 2;
+            (component_sizes(&p).train_activations, end)
+        };
+        let (two, end) = q05(16, 16, 2);
+        assert_eq!(two, 2 * end);
+        // 942 MiB of gradients and 519 MiB beside them a lane.
+        assert_eq!(end >> 20, 942 + 519);
+        let (one, _) = q05(16, 16, 1);
+        assert_eq!(one, end);
+        // Two rows run on two lanes at most.
+        let (rows, _) = q05(2, 16, 4);
+        assert_eq!(rows, 2 * end);
+        // 64 rows of 32 response tokens: the graph (the head's window of
+        // 2,048 tokens × 151,936 entries × 8 bytes alone is 2.3 GiB).
+        let (big, _) = q05(64, 32, 2);
+        assert!(big > 2 * end, "{big} vs {}", 2 * end);
+    }
+
+    /// A phase fits with its margin: a tenth of its activations on top of
+    /// its total. A device between the peak and the peak with its margin
+    /// does not fit; the margin is zero where the peak has no activations.
+    #[test]
+    fn the_margin_is_a_tenth_of_the_peaks_activations() {
+        let p = plan(|i| {
+            i.model = ModelSource::Preset("qwen2.5-0.5b".into());
+            i.devices = 1;
+            i.runtime_overhead_gib = 0.0;
+            i.activation_model = "eager".into();
+            i.seq_len = Some(22);
+            i.response_len = Some(16);
+            i.tokens_per_micro_batch = 16 * 22;
+            i.kv_tokens = Some(2048);
+        });
+        let r = estimate(&p).unwrap();
+        assert_eq!(r.peak_phase, "training");
+        let act = r.phase("training").unwrap().get(Component::Activations);
+        assert_eq!(
+            r.margin_bytes,
+            (act as f64 * ACTIVATION_MARGIN).ceil() as u64
+        );
+        let at = |device: u64| {
+            let mut q = p.clone();
+            q.device_bytes = device;
+            estimate(&q).unwrap()
+        };
+        assert!(at(r.peak_bytes + r.margin_bytes).fits);
+        assert!(!at(r.peak_bytes + r.margin_bytes - 1).fits);
+        assert!(!at(r.peak_bytes).fits);
+        // A KV cache of 2 M tokens (23 GiB) makes waking it the peak: no
+        // activations there, and training with its margin stays below.
+        let mut q = p.clone();
+        q.kv_budget = KvBudget::Tokens(2_000_000);
+        let kv = estimate(&q).unwrap();
+        assert_eq!(kv.peak_phase, "wake_kv");
+        assert_eq!(kv.margin_bytes, 0);
     }
 
     #[test]

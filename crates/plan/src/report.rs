@@ -98,8 +98,14 @@ impl PhaseMemory {
 pub struct MemoryReport {
     pub peak_bytes: u64,
     pub peak_phase: String,
+    /// What the device must hold beyond `peak_bytes`: the most any phase's
+    /// total plus its margin ([`crate::memory::ACTIVATION_MARGIN`] of its
+    /// activations) exceeds the peak by. A capacity of `peak_bytes +
+    /// margin_bytes` is what the plan says suffices.
+    pub margin_bytes: u64,
     pub device_bytes: u64,
-    /// Whether the peak fits in the device.
+    /// Whether every phase with its margin fits in the device
+    /// (`peak_bytes + margin_bytes <= device_bytes`).
     pub fits: bool,
     /// Bytes the engine holds for weights + KV, as a fraction of the device
     /// (SGLang's `mem_fraction_static`).
@@ -183,9 +189,17 @@ impl MemoryReport {
             };
             let _ = writeln!(out, "  {:>7}{mark}", gib(p.total_bytes));
         }
+        let margin = match self.margin_bytes {
+            0 => String::new(),
+            m => format!(
+                " + margin {} ({:.0}% of the activations)",
+                sized(m),
+                100.0 * crate::memory::ACTIVATION_MARGIN
+            ),
+        };
         let _ = writeln!(
             out,
-            "\npeak {} {unit} in `{}` of {} per device: {}",
+            "\npeak {} {unit} in `{}`{margin} of {} per device: {}",
             gib(self.peak_bytes),
             self.peak_phase,
             sized(self.device_bytes),
@@ -218,20 +232,22 @@ impl MemoryReport {
             format!("{:.1} {unit}", b as f64 / scale as f64)
         };
         let device = self.device_bytes;
+        // A phase's total with its margin.
+        let need = |p: &PhaseMemory| p.total_bytes + crate::memory::phase_margin(&p.components);
         let alone =
-            (self.phases.iter()).find(|p| p.get(Component::KvCache) == 0 && p.total_bytes > device);
+            (self.phases.iter()).find(|p| p.get(Component::KvCache) == 0 && need(p) > device);
         if let Some(p) = alone {
             return format!(
                 "`{}` needs {} without the KV cache, more than the {} of a device, \
                  whatever the fraction (lower its micro-batch, offload, or shard over more devices)",
                 p.name,
-                sized(p.total_bytes),
+                sized(need(p)),
                 sized(device)
             );
         }
         let beside = |p: &PhaseMemory| {
             let engine = p.get(Component::KvCache) + p.get(Component::RolloutWeights);
-            p.total_bytes.saturating_sub(engine)
+            need(p).saturating_sub(engine)
         };
         let tightest = (self.phases.iter())
             .filter(|p| p.get(Component::KvCache) > 0)
@@ -299,6 +315,7 @@ mod tests {
         let mut r = MemoryReport {
             peak_bytes: 90 * GIB,
             peak_phase: "training".into(),
+            margin_bytes: 9 * GIB,
             device_bytes: 80 * GIB,
             fits: false,
             mem_fraction: 0.5,
@@ -319,7 +336,7 @@ mod tests {
         };
         let t = r.table();
         assert!(
-            t.contains("no mem fraction fits: `training` needs 90.0 GiB without the KV cache, more than the 80.0 GiB of a device"),
+            t.contains("no mem fraction fits: `training` needs 99.0 GiB without the KV cache, more than the 80.0 GiB of a device"),
             "{t}"
         );
         r.phases.pop();
@@ -330,7 +347,8 @@ mod tests {
         );
     }
 
-    /// A 4.4 MiB peak on a 24 GiB device: the table in MiB, not zeros in GiB.
+    /// A 4.4 MiB peak on a 24 GiB device: the table in MiB, not zeros in
+    /// GiB, and the margin in a unit of its own.
     #[test]
     fn a_small_run_on_a_large_device_is_tabled_in_mib() {
         let mut components = std::collections::BTreeMap::new();
@@ -338,6 +356,7 @@ mod tests {
         let report = MemoryReport {
             peak_bytes: 4_600_000,
             peak_phase: "training".into(),
+            margin_bytes: 460_000,
             device_bytes: 24 * GIB,
             fits: true,
             mem_fraction: 2.2e-5,
@@ -353,7 +372,7 @@ mod tests {
         };
         let t = report.table();
         assert!(
-            t.contains("peak 4.4 MiB in `training` of 24.0 GiB per device: fits")
+            t.contains("peak 4.4 MiB in `training` + margin 449.2 KiB (10% of the activations) of 24.0 GiB per device: fits")
                 && t.contains("KV cache 320.0 KiB = 1280 tokens"),
             "{t}"
         );

@@ -27,7 +27,11 @@
 //! - activations are the eager model (every op's output kept for
 //!   backward) over micro-batches of `ppo_micro_batch_size` sequences as
 //!   long as the longest prompt of the training data plus
-//!   `max_new_tokens` — the longest a micro-batch can be padded to.
+//!   `max_new_tokens` — the longest a micro-batch can be padded to — split
+//!   over the trainer's lanes (`trainer.cpu_threads`), each of which ends
+//!   its backward holding a full set of gradients in the parameters' kind;
+//! - the plan check adds colo-plan's margin (a tenth of the activations)
+//!   to the peak: the capacity must hold both.
 
 use std::path::{Path, PathBuf};
 
