@@ -540,7 +540,7 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
 
     /// Rollout → train: the engine's memory goes, the actor's comes back.
     pub fn to_train(&mut self) -> Result<SwitchTiming> {
-        self.to_train_keeping(false)
+        self.enter_training(false)
     }
 
     /// Rollout → train before an update of `tokens` padded tokens. As
@@ -555,11 +555,11 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
         self.expect("switch to training", Phase::Rollout)?;
         self.step_tokens = Some(self.step_tokens.unwrap_or(0).max(tokens));
         let keep = self.room_for_the_engine_weights(tokens);
-        self.to_train_keeping(keep)
+        self.enter_training(keep)
     }
 
     /// Rollout → train, the engine's weights kept resident or not.
-    fn to_train_keeping(&mut self, keep_weights: bool) -> Result<SwitchTiming> {
+    fn enter_training(&mut self, keep_weights: bool) -> Result<SwitchTiming> {
         self.expect("switch to training", Phase::Rollout)?;
         let start = Instant::now();
         match self.mode {
