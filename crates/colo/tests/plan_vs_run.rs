@@ -34,21 +34,8 @@ fn tmp(name: &str) -> PathBuf {
 
 /// `colo plan --config FILE --json` → (peak bytes, peak phase).
 fn plan(config: &Path) -> (u64, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_colo"))
-        .args(["plan", "--json", "--config"])
-        .arg(config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "colo plan failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    (
-        v["peak_bytes"].as_u64().unwrap(),
-        v["peak_phase"].as_str().unwrap().to_string(),
-    )
+    let (peak, _, phase) = plan_with_margin(config);
+    (peak, phase)
 }
 
 /// Runs the config and returns (timeline max resident, metrics max peak).

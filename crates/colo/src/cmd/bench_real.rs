@@ -200,7 +200,7 @@ fn measure(config: &Config, model: &Path, name: &str, a: &Args) -> Result<Report
     let params = colo_model::ModelConfig::from_file(&model.join("config.json"))?.num_parameters();
     let dtype = config.trainer.dtype.resolve(config.trainer.device);
     let weight_bytes = params as u64 * dtype_bytes(dtype);
-    let memcpy_gib_s = memcpy_gib_s(weight_bytes as usize);
+    let memcpy_gib_s = super::bench_mem::memcpy_gib_s(weight_bytes as usize);
     let plan = plan(config);
     let load_start = super::load_avg_1m();
     let out = config.trainer.out_dir.clone();
@@ -249,22 +249,6 @@ fn dtype_bytes(dtype: Dtype) -> u64 {
         Dtype::Bf16 => 2,
         _ => 4,
     }
-}
-
-/// A single-thread copy of `n` bytes between two buffers whose pages are
-/// present, best of 3, in GiB/s (as `colo bench mem`'s memcpy).
-fn memcpy_gib_s(n: usize) -> f64 {
-    let n = n.max(1);
-    let src: Vec<u8> = (0..n).map(|i| i as u8).collect();
-    let mut dst = vec![1u8; n];
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let t = Instant::now();
-        dst.copy_from_slice(&src);
-        std::hint::black_box(&dst);
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    n as f64 / (1u64 << 30) as f64 / best
 }
 
 /// colo-plan's predicted peak for the run and its phase, as `colo train`'s
@@ -337,7 +321,7 @@ mod tests {
 
     #[test]
     fn memcpy_is_timed_over_the_buffer() {
-        let gib_s = memcpy_gib_s(1 << 20);
+        let gib_s = super::super::bench_mem::memcpy_gib_s(1 << 20);
         assert!(gib_s.is_finite() && gib_s > 0.1, "{gib_s}");
     }
 }
