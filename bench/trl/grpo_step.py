@@ -43,6 +43,18 @@ import time
 import warnings
 from collections import defaultdict
 
+# Nothing leaves this machine: the model is a local directory, so the
+# Hugging Face libraries have no reason to reach the hub, and no telemetry.
+for _key in (
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "HF_HUB_DISABLE_TELEMETRY",
+    "DO_NOT_TRACK",
+):
+    os.environ.setdefault(_key, "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+
 PHASES = [
     "generate",
     "ref_logps",
