@@ -128,9 +128,90 @@ fn the_tiny_job_reports_consistent_phases_sync_and_memory() {
     assert!(close(f(&m["mapped_vs_plan"]), vs(mapped)));
     assert!(m["plan_error"].is_null());
 
+    check_flops(&r, phase("update_actor").0, phase("ref").0);
+    check_decode(&r, params * width);
+
     assert!(r["trl"].is_null());
     let not = r["not_measured"].to_string();
     assert!(not.contains("TRL") && not.contains("computed"), "{not}");
+    assert!(
+        not.contains("model FLOPs") && not.contains("decode"),
+        "{not}"
+    );
+}
+
+fn positive(v: &Value) -> f64 {
+    let x = f(v);
+    assert!(x.is_finite() && x > 0.0, "not a positive number: {v}");
+    x
+}
+
+/// Training FLOP/s: the update's and the reference's FLOPs over their
+/// phases' times, the matmul measured, the ratios of the printed parts.
+fn check_flops(r: &Value, update_s: f64, ref_s: f64) {
+    let fl = &r["flops"];
+    // The tiny model's head is tied: every parameter multiplies.
+    assert_eq!(u(&fl["matmul_parameters"]), u(&r["model"]["parameters"]));
+    let t = &fl["tokens"];
+    assert_eq!(t["source"], "metrics", "{t}");
+    let (tokens, per_sample) = (positive(&t["per_step"]), positive(&t["per_sample"]));
+    assert!(close(per_sample, tokens / 16.0), "{t}");
+    // Each sample is its prompt and its response of at most 16 tokens.
+    let response = positive(&t["response_per_sample"]);
+    assert!(response <= 16.0 && per_sample > response, "{t}");
+    assert_eq!(u(&fl["ppo_epochs"]), 1);
+    let n = u(&fl["matmul_parameters"]) as f64;
+    let update = positive(&fl["update_flops"]);
+    // 6N a token at least (attention on top), under 6N + 12·L·A·S.
+    assert!(update > 6.0 * n * tokens, "{fl}");
+    assert!(
+        update < (6.0 * n + 12.0 * 2.0 * 64.0 * per_sample) * tokens * 1.000001,
+        "{fl}"
+    );
+    assert!(close(f(&fl["update_s"]), update_s));
+    let update_rate = positive(&fl["update_flop_s"]);
+    assert!(close(update_rate, update / update_s));
+    let ref_flops = positive(&fl["ref_flops"]);
+    assert!(close(ref_flops, update / 3.0), "{fl}");
+    let ref_rate = positive(&fl["ref_flop_s"]);
+    assert!(close(ref_rate, ref_flops / ref_s));
+    let m = &fl["matmul"];
+    assert_eq!(m["dtype"], r["model"]["dtype"]);
+    assert_eq!((u(&m["k"]), u(&m["n"])), (64, 128), "hidden x intermediate");
+    assert!(u(&m["m"]) > 0 && u(&m["lanes"]) >= 1, "{m}");
+    let matmul = positive(&m["flop_s"]);
+    assert!(close(f(&fl["update_vs_matmul"]), update_rate / matmul));
+    assert!(close(f(&fl["ref_vs_matmul"]), ref_rate / matmul));
+}
+
+/// Decode: the job's 16 rows, steps timed, the bound the weights over the
+/// fastest copy, the ratio of the two.
+fn check_decode(r: &Value, weight_bytes: u64) {
+    let d = &r["decode"];
+    assert_eq!(u(&d["rows"]), 16, "{d}");
+    assert!(u(&d["prompt_tokens"]) >= 1, "{d}");
+    // 16 new tokens: the first comes with the prefill's step.
+    let steps = u(&d["steps"]);
+    assert!((8..=15).contains(&steps), "{d}");
+    let step = positive(&d["step_s"]);
+    assert!(positive(&d["step_min_s"]) <= step, "{d}");
+    assert_eq!(u(&d["preemptions"]), 0);
+    assert_eq!(u(&d["weight_bytes_read"]), weight_bytes);
+    let copies = d["copies"].as_array().unwrap();
+    assert!(!copies.is_empty(), "{d}");
+    assert_eq!(copies[0]["what"], "single-thread memcpy");
+    assert_eq!(copies[0]["gib_s"], r["sync"]["memcpy_gib_s"]);
+    let fastest = copies
+        .iter()
+        .map(|c| positive(&c["gib_s"]))
+        .fold(0.0, f64::max);
+    assert_eq!(f(&d["bandwidth_gib_s"]), fastest);
+    let bound = positive(&d["bound_s"]);
+    assert!(close(
+        bound,
+        weight_bytes as f64 / (1u64 << 30) as f64 / fastest
+    ));
+    assert!(close(f(&d["vs_bound"]), step / bound));
 }
 
 #[test]
@@ -147,6 +228,12 @@ fn the_table_says_what_it_measured_and_what_not() {
         "switch train -> rollout",
         "  of which the weight sync",
         "x memcpy (issue 36: at least 0.5x)",
+        "training FLOP/s (model FLOPs",
+        "update / matmul: ",
+        "(issue 36: at least 0.5); reference / matmul: ",
+        "decode: 16 rows after a prefill",
+        "decode / bound: ",
+        "(issue 36: at most 1.5)",
         "colo-plan's predicted peak",
         "TRL: not run",
         "not measured here:",

@@ -41,16 +41,19 @@ use std::time::Instant;
 use anyhow::{bail, ensure, Context, Result};
 use colo_plan::model::ModelSpec;
 use colo_plan::presets::Published;
-use colo_rl::config::{Colocation, DataSource, Dtype, OffloadPolicy, RunLength};
+use colo_rl::config::{Colocation, DataSource, Device, Dtype, OffloadPolicy, RunLength};
 use colo_rl::Config;
 
 mod figures;
+mod probes;
 mod report;
 mod table;
 mod trl;
+mod yardsticks;
 
 use figures::{Figures, MemoryFigures, SyncFigures};
 use report::{ColoRun, Job, Machine, ModelInfo, Report};
+use yardsticks::{Copy, DecodeFigures, FlopFigures, Shape, Tokens};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -69,6 +72,11 @@ pub struct Args {
     /// (bench/trl/.venv, made by bench/trl/setup.sh) and compare.
     #[arg(long)]
     trl: bool,
+    /// Where the run goes: `cpu`, or `cuda` (a build with the `cuda`
+    /// feature, on a machine with an NVIDIA GPU); default: the run
+    /// config's `trainer.device`.
+    #[arg(long, value_parser = super::bench::parse_device)]
+    device: Option<Device>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -84,7 +92,10 @@ pub fn run(a: Args) -> Result<()> {
         .tempdir()
         .context("colo bench real: a temporary directory")?;
     let (model_dir, name) = model_dir(&a, work.path())?;
-    let config = run_config(&model_dir, &name, work.path(), a.steps)?;
+    let mut config = run_config(&model_dir, &name, work.path(), a.steps)?;
+    if let Some(device) = a.device {
+        config.trainer.device = device;
+    }
     // TRL first, in a process of its own that has exited (and freed its
     // memory) before colo's run starts: colo's process keeps what its run
     // mapped (see `rss_after_run_bytes`), and a 0.5 B model's two runs do
@@ -194,18 +205,28 @@ fn run_config(model: &Path, name: &str, work: &Path, steps: usize) -> Result<Con
     Ok(config)
 }
 
-/// The memcpy baseline, the plan, colo's run and its figures.
+/// The memcpy baseline, the plan, colo's run and its figures, then the
+/// yardsticks measured after it.
 fn measure(config: &Config, model: &Path, name: &str, a: &Args) -> Result<Report> {
     let steps = a.steps;
-    let params = colo_model::ModelConfig::from_file(&model.join("config.json"))?.num_parameters();
-    let dtype = config.trainer.dtype.resolve(config.trainer.device);
+    let model_cfg = colo_model::ModelConfig::from_file(&model.join("config.json"))?;
+    let params = model_cfg.num_parameters();
+    let device = config.trainer.device;
+    let dtype = config.trainer.dtype.resolve(device);
     let weight_bytes = params as u64 * dtype_bytes(dtype);
-    let memcpy_gib_s = super::bench_mem::memcpy_gib_s(weight_bytes as usize);
+    // On the CPU the copies run before the run, while the machine's memory
+    // is free (their buffers are unmapped when dropped); on CUDA after it,
+    // so that libtorch's cache does not hold their buffers through it.
+    let host_copies = match device {
+        Device::Cpu => host_copies(config, weight_bytes),
+        Device::Cuda => Vec::new(),
+    };
     let plan = plan(config);
     let load_start = super::load_avg_1m();
     let out = config.trainer.out_dir.clone();
     eprintln!(
-        "colo bench real: colo's run, {steps} steps, into {}",
+        "colo bench real: colo's run, {steps} steps on {}, into {}",
+        device.name(),
         out.display()
     );
     let t = Instant::now();
@@ -217,7 +238,16 @@ fn measure(config: &Config, model: &Path, name: &str, a: &Args) -> Result<Report
     let timed = WARMUP_STEPS + 1..=steps;
     let figures = Figures::of(&records, timed.clone())?;
     let memory = MemoryFigures::of(&records, plan);
-    let sync = SyncFigures::of(weight_bytes, figures.sync_s, memcpy_gib_s);
+    let copies = match device {
+        Device::Cpu => host_copies,
+        Device::Cuda => vec![probes::device_copy(weight_bytes, device)?],
+    };
+    let sync = SyncFigures::of(weight_bytes, figures.sync_s, &copies[0]);
+    let tokens = Tokens::of(&records, timed.clone(), config.batch.samples_per_step, {
+        let new = config.rollout.max_new_tokens;
+        (config.data.max_prompt_length + new, new)
+    });
+    let (flops, decode) = yardsticks(config, model, &model_cfg, tokens, &figures, copies)?;
     Ok(Report {
         model: ModelInfo {
             name: name.to_owned(),
@@ -238,10 +268,62 @@ fn measure(config: &Config, model: &Path, name: &str, a: &Args) -> Result<Report
         },
         sync,
         memory,
+        flops,
+        decode,
         trl: None,
         not_measured: Vec::new(),
         seconds: 0.0,
     })
+}
+
+/// On the CPU: a single-thread memcpy of `bytes` (bench mem's, the weight
+/// sync's yardstick) and, where generation runs on more than one lane, a
+/// copy on that many threads.
+fn host_copies(config: &Config, bytes: u64) -> Vec<Copy> {
+    let threads =
+        colo_model::lanes::count(tch::Device::Cpu, config.rollout.cpu_threads.unwrap_or(0));
+    let one = Copy {
+        what: "single-thread memcpy".into(),
+        bytes,
+        gib_s: super::bench_mem::memcpy_gib_s(bytes as usize),
+    };
+    std::iter::once(one)
+        .chain(probes::threaded_copy(bytes, threads))
+        .collect()
+}
+
+/// Training FLOP/s against a matrix product and decode against its bound,
+/// measured after the run: the product at a micro-batch's tokens (the
+/// run's mean sample), the decode on prompts of the run's mean prompt.
+fn yardsticks(
+    config: &Config,
+    model: &Path,
+    cfg: &colo_model::ModelConfig,
+    tokens: Tokens,
+    figures: &Figures,
+    copies: Vec<Copy>,
+) -> Result<(FlopFigures, DecodeFigures)> {
+    let device = config.trainer.device;
+    let kind = config.trainer.dtype.kind(device);
+    let micro_tokens = match config.batch.micro_batch_max_tokens {
+        Some(t) => t,
+        None => (config.batch.micro_batch_samples as f64 * tokens.per_sample).round() as usize,
+    };
+    let lanes = colo_model::lanes::count(device.torch(), config.trainer.cpu_threads.unwrap_or(0));
+    let shape = (micro_tokens.max(1), cfg.hidden_size, cfg.intermediate_size);
+    let matmul = probes::matmul(shape, kind, device, lanes).context("the matmul")?;
+    let prompt = tokens.prompt_per_sample().round() as usize;
+    let flops = FlopFigures::of(
+        Shape::of(cfg),
+        tokens,
+        config.actor.ppo_epochs,
+        (figures.phase("update_actor"), figures.phase("ref")),
+        matmul,
+    );
+    eprintln!("colo bench real: decode steps of the rollout engine, after the run");
+    let run = probes::decode(config, model, prompt).context("the decode")?;
+    let read = Shape::of(cfg).matmul_params * dtype_bytes(config.trainer.dtype.resolve(device));
+    Ok((flops, DecodeFigures::of(run, read, copies)))
 }
 
 fn dtype_bytes(dtype: Dtype) -> u64 {
@@ -306,6 +388,7 @@ mod tests {
             model: None,
             steps: 3,
             trl: false,
+            device: None,
             json: true,
         };
         let (dir, name) = model_dir(&args, work.path()).unwrap();

@@ -120,6 +120,13 @@ fn parts(r: &Map<String, Value>) -> [f64; 9] {
 }
 
 impl Figures {
+    /// The mean seconds of phase `name` (one of [`PHASES`]).
+    pub(super) fn phase(&self, name: &str) -> f64 {
+        (self.phases.iter())
+            .find(|p| p.name == name)
+            .map_or(0.0, |p| p.seconds)
+    }
+
     /// The figures of `records`' steps `timed` (1-based).
     pub(super) fn of(records: &[Map<String, Value>], timed: RangeInclusive<usize>) -> Result<Self> {
         ensure!(
@@ -172,21 +179,25 @@ pub(super) struct SyncFigures {
     pub(super) bytes: u64,
     pub(super) seconds: f64,
     pub(super) gib_s: f64,
-    /// One thread, pages present, a buffer of `bytes`, best of 3, in this
-    /// process before the run.
+    /// The copy the sync is held against, of a buffer of `bytes` in this
+    /// process: on the CPU a single-thread memcpy, pages present, best of
+    /// 3, before the run; on CUDA a device-to-device copy, best of 3, after
+    /// it.
+    pub(super) memcpy: String,
     pub(super) memcpy_gib_s: f64,
     pub(super) vs_memcpy: f64,
 }
 
 impl SyncFigures {
-    pub(super) fn of(bytes: u64, seconds: f64, memcpy_gib_s: f64) -> Self {
+    pub(super) fn of(bytes: u64, seconds: f64, memcpy: &super::yardsticks::Copy) -> Self {
         let gib_s = bytes as f64 / (1u64 << 30) as f64 / seconds;
         SyncFigures {
             bytes,
             seconds,
             gib_s,
-            memcpy_gib_s,
-            vs_memcpy: gib_s / memcpy_gib_s,
+            memcpy: memcpy.what.clone(),
+            memcpy_gib_s: memcpy.gib_s,
+            vs_memcpy: gib_s / memcpy.gib_s,
         }
     }
 }
@@ -278,6 +289,7 @@ mod tests {
         assert_eq!(get("update_actor"), 3.0);
         assert_eq!(get("other"), 10.0 - 2.75 - 1.5 - 0.75 - 0.5 - 3.0);
         assert_eq!(f.sync_s, 1.0);
+        assert_eq!((f.phase("ref"), f.phase("no such phase")), (0.5, 0.0));
         assert_eq!(f.switches_share, 0.225);
         let sum: f64 = f.phases.iter().map(|p| p.share).sum();
         assert!((sum - 1.0).abs() < 1e-12, "{sum}");

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::figures::{Figures, MemoryFigures, SyncFigures};
 use super::trl::TrlRun;
+use super::yardsticks::{DecodeFigures, FlopFigures};
 
 #[derive(Serialize)]
 pub(super) struct Report {
@@ -18,6 +19,10 @@ pub(super) struct Report {
     pub(super) colo: ColoRun,
     pub(super) sync: SyncFigures,
     pub(super) memory: MemoryFigures,
+    /// Training FLOP/s against matmul FLOP/s (issue 36, item 4).
+    pub(super) flops: FlopFigures,
+    /// Decode against the memory-bandwidth bound (issue 36, item 4).
+    pub(super) decode: DecodeFigures,
     /// `None` without `--trl`.
     pub(super) trl: Option<TrlOutcome>,
     /// What the figures above are not, said with them.
@@ -134,8 +139,13 @@ impl Report {
             "the weight bytes synced are computed (parameters x dtype bytes), not counted by the \
              sync"
                 .to_owned(),
-            "training FLOP/s against matmul FLOP/s and decode against the memory-bandwidth bound \
-             (issue 36, item 4): not here (colo bench train, colo bench rollout)"
+            "the FLOPs are model FLOPs (6N + 12LAS a token for the update, a third for the \
+             reference), not counted by the run; colo's passes compute fewer (a shared prompt \
+             once, the LM head over responses only)"
+                .to_owned(),
+            "the decode is timed on the rollout engine after the run, on synthetic prompts of \
+             the run's mean prompt length, not inside the run's generation; its bound leaves \
+             out the KV cache's reads"
                 .to_owned(),
             "the memory peaks are over every step, warm-up included, not over the timed steps \
              alone"

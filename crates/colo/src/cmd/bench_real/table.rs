@@ -12,6 +12,8 @@ const SWITCHES_MAX_SHARE: f64 = 0.05;
 const SYNC_MIN_VS_MEMCPY: f64 = 0.5;
 const PLAN_MAX_ERROR: f64 = 0.10;
 const TRL_MIN_SPEEDUP: f64 = 3.0;
+const UPDATE_MIN_VS_MATMUL: f64 = 0.5;
+const DECODE_MAX_VS_BOUND: f64 = 1.5;
 
 impl Report {
     /// The report as the table `colo bench real` prints.
@@ -20,6 +22,8 @@ impl Report {
         self.head(&mut out);
         self.phase_table(&mut out);
         self.sync_and_memory(&mut out);
+        self.flop_lines(&mut out);
+        self.decode_lines(&mut out);
         self.trl_lines(&mut out);
         out.push_str("\nnot measured here:\n");
         for line in &self.not_measured {
@@ -121,8 +125,8 @@ impl Report {
             out,
             "weight sync: {} in {:.3} s = {:.2} GiB/s; memcpy {:.2} GiB/s: {:.2}x memcpy \
              (issue 36: at least {SYNC_MIN_VS_MEMCPY}x)\n  \
-             bytes: parameters x {} bytes of {}, computed (the run does not count them); memcpy: \
-             one thread, pages present, a buffer of that size, best of 3, before the run\n",
+             bytes: parameters x {} bytes of {}, computed (the run does not count them); against a \
+             {}, a buffer of that size, best of 3, {} the run\n",
             fmt_bytes(s.bytes),
             s.seconds,
             s.gib_s,
@@ -130,6 +134,11 @@ impl Report {
             s.vs_memcpy,
             s.bytes / self.model.parameters.max(1),
             self.model.dtype,
+            s.memcpy,
+            match self.job.device {
+                "cpu" => "pages present, before",
+                _ => "after",
+            },
         );
         let pct = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:+.1}%", 100.0 * v));
         match (&m.plan_peak_bytes, &m.plan_peak_phase) {
@@ -169,6 +178,102 @@ impl Report {
         out.push('\n');
     }
 
+    fn flop_lines(&self, out: &mut String) {
+        let f = &self.flops;
+        let (t, m) = (&f.tokens, &f.matmul);
+        let tf = |v: f64| format!("{}FLOP/s", si(v));
+        let _ = writeln!(
+            out,
+            "training FLOP/s (model FLOPs: (6N + 12LAS) x T an update epoch, (2N + 4LAS) x T the \
+             reference; N = {} multiplying parameters, T = {:.0} tokens a step ({}), S = {:.1} a \
+             sample):",
+            crate::cmd::init_model::thousands(f.matmul_parameters),
+            t.per_step,
+            match t.source {
+                "metrics" => "perf/throughput x timing_s/step",
+                _ => "the job's longest samples: no throughput in metrics.jsonl",
+            },
+            t.per_sample,
+        );
+        let _ = writeln!(
+            out,
+            "  actor update: {}FLOP ({} epoch(s)) in {:.3} s = {}",
+            si(f.update_flops),
+            f.ppo_epochs,
+            f.update_s,
+            tf(f.update_flop_s)
+        );
+        match (f.ref_flops, f.ref_flop_s) {
+            (Some(flops), Some(rate)) => {
+                let _ = writeln!(
+                    out,
+                    "  reference:    {}FLOP in {:.3} s = {}",
+                    si(flops),
+                    f.ref_s,
+                    tf(rate)
+                );
+            }
+            _ => out.push_str(
+                "  reference:    skipped by the run
+",
+            ),
+        }
+        let _ = writeln!(
+            out,
+            "  {} matmul [{} x {}] @ [{} x {}] on {} lane(s): {} (best of {} timings of {} \
+             products, after the run)",
+            m.dtype,
+            m.m,
+            m.k,
+            m.k,
+            m.n,
+            m.lanes,
+            tf(m.flop_s),
+            m.timings,
+            m.products,
+        );
+        let _ = writeln!(
+            out,
+            "  update / matmul: {:.2} (issue 36: at least {UPDATE_MIN_VS_MATMUL}){}\n",
+            f.update_vs_matmul,
+            f.ref_vs_matmul
+                .map_or(String::new(), |r| format!("; reference / matmul: {r:.2}")),
+        );
+    }
+
+    fn decode_lines(&self, out: &mut String) {
+        let d = &self.decode;
+        let copies: Vec<String> = (d.copies.iter())
+            .map(|c| format!("{} {:.2} GiB/s", c.what, c.gib_s))
+            .collect();
+        let _ = writeln!(
+            out,
+            "decode: {} rows after a prefill of {}-token prompts, {} decode-only steps timed \
+             (Engine::step: forward, sampling, scheduling{}): mean {:.3} ms (min {:.3}){}\n  \
+             bound: {} of {} weights read a step / {:.2} GiB/s (the fastest of: {}) = {:.3} ms\n  \
+             decode / bound: {:.2} (issue 36: at most {DECODE_MAX_VS_BOUND})\n",
+            d.run.rows,
+            d.run.prompt_tokens,
+            d.run.steps,
+            match d.run.cuda_graphs {
+                0 => String::new(),
+                g => format!("; {g} CUDA graphs"),
+            },
+            1e3 * d.run.step_s,
+            1e3 * d.run.step_min_s,
+            match d.run.preemptions {
+                0 => String::new(),
+                p => format!(" ({p} preemptions)"),
+            },
+            fmt_bytes(d.weight_bytes_read),
+            self.model.dtype,
+            d.bandwidth_gib_s,
+            copies.join(", "),
+            1e3 * d.bound_s,
+            d.vs_bound,
+        );
+    }
+
     fn trl_lines(&self, out: &mut String) {
         let Some(t) = &self.trl else {
             let _ = writeln!(
@@ -198,5 +303,24 @@ impl Report {
                 let _ = writeln!(out, "TRL: failed: {why}");
             }
         }
+    }
+}
+
+/// `v` with an SI prefix and a space: "1.23 T", "45.6 G".
+fn si(v: f64) -> String {
+    let (scale, prefix) = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
+        .into_iter()
+        .find(|&(s, _)| v.abs() >= s)
+        .unwrap_or((1.0, ""));
+    format!("{:.3} {prefix}", v / scale)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn flops_are_printed_with_their_prefix() {
+        assert_eq!(super::si(1.234e12), "1.234 T");
+        assert_eq!(super::si(45.6e9), "45.600 G");
+        assert_eq!(super::si(12.0), "12.000 ");
     }
 }
