@@ -13,11 +13,16 @@
 //! bytes released as the OS counts them (`/proc/self/smaps`), and a soak of
 //! many cycles checking that resident memory and the number of mappings do
 //! not grow.
+//!
+//! `--device cuda` measures colo-mem's CUDA backend instead ([`cuda`]).
 
 use anyhow::{ensure, Context, Result};
 use colo_mem::{os, Policy, Pool, PoolConfig};
 use serde::Serialize;
 use std::time::Instant;
+
+#[cfg(feature = "cuda")]
+mod cuda;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -33,6 +38,11 @@ pub struct Args {
     /// Size of the soak's buffers, in MiB.
     #[arg(long, default_value_t = 16, value_parser = super::bench::count::<1, 65536>)]
     soak_size_mib: usize,
+    /// Where the pool is: `cpu` (anonymous host memory), or `cuda`
+    /// (colo-mem's CUDA backend, its backups in host memory; a build with
+    /// the `cuda` feature; no soak).
+    #[arg(long, default_value = "cpu", value_parser = super::bench::parse_device)]
+    device: colo_rl::config::Device,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -194,6 +204,15 @@ pub fn run(a: Args) -> Result<()> {
         a.size_mib > 0 && a.cycles >= 2,
         "--size-mib must be positive and --cycles at least 2"
     );
+    if a.device == colo_rl::config::Device::Cuda {
+        #[cfg(feature = "cuda")]
+        return cuda::run(&a);
+        #[cfg(not(feature = "cuda"))]
+        anyhow::bail!(
+            "--device cuda: this colo was built without the `cuda` feature \
+             (./x cargo build --release -p colo --features cuda)"
+        );
+    }
     let n = a.size_mib << 20;
     let gib = n as f64 / GIB;
     let (memcpy, fresh) = baselines(n).context("baseline copies")?;
@@ -274,4 +293,31 @@ fn print_table(r: &Report) {
         "  soak: {} cycles, rss growth {} B, mapping growth {}",
         r.soak_cycles, r.soak_rss_growth_bytes, r.soak_mapping_growth
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    /// `--device` is parsed, and a build without CUDA says what it lacks
+    /// before measuring anything.
+    #[test]
+    fn the_device_is_parsed_and_cuda_needs_its_feature() {
+        let a = Cli::try_parse_from(["mem", "--device", "cuda", "--size-mib", "1"])
+            .unwrap()
+            .args;
+        assert_eq!(a.device, colo_rl::config::Device::Cuda);
+        assert!(Cli::try_parse_from(["mem", "--device", "tpu"]).is_err());
+        if cfg!(not(feature = "cuda")) {
+            let e = run(a).unwrap_err().to_string();
+            assert!(e.contains("`cuda` feature"), "{e}");
+        }
+    }
 }
