@@ -254,4 +254,18 @@ fn too_few_steps_and_unknown_presets_are_refused() {
         said.contains("qwen2.5-0.5b") && said.contains("tiny"),
         "{said}"
     );
+    let out = bench_real(&["--preset", "tiny", "--steps", "3", "--device", "tpu"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("cpu or cuda"),
+        "{said}"
+    );
+    if cfg!(not(feature = "cuda")) {
+        let out = bench_real(&["--preset", "tiny", "--steps", "3", "--device", "cuda"]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && said.contains("`cuda` feature"),
+            "{said}"
+        );
+    }
 }
