@@ -3,13 +3,14 @@
 //! the first time a std::string crosses into libtorch), and links the
 //! crate's own tests against libtorch.
 
-const SOURCES: [&str; 6] = [
+const SOURCES: [&str; 7] = [
     "csrc/sdp_backend.cpp",
     "csrc/fused_adamw.cpp",
     "csrc/rms_norm.cpp",
     "csrc/token_logprobs.cpp",
     "csrc/rope.cpp",
     "csrc/paged_attention.cpp",
+    "csrc/skinny_linear.cpp",
 ];
 const HEADERS: [&str; 3] = ["csrc/shim_error.h", "csrc/vec_math.h", "csrc/bf16_bits.h"];
 

@@ -10,6 +10,7 @@
 //! | [`rope`] | colo-model's rotary embedding | `rope.cpp` |
 //! | [`token_logprobs`] | colo-train's loss head | `token_logprobs.cpp` |
 //! | [`paged_attention`] | colo-rollout's decode attention | `paged_attention.cpp` |
+//! | [`skinny_linear`] | colo-model's projections for a few rows (decode) | `skinny_linear.cpp` |
 //! | [`fused_adamw`] | colo-train's AdamW | `fused_adamw.cpp` |
 //! | [`set_cudnn_attention`] | colo-rl's CUDA runs | `sdp_backend.cpp` |
 //!
@@ -69,6 +70,7 @@ mod paged_attention;
 mod rms_norm;
 mod rope;
 mod shim;
+mod skinny_linear;
 #[cfg(test)]
 mod test_util;
 mod token_logprobs;
@@ -79,4 +81,7 @@ pub use error::{Error, Result};
 pub use paged_attention::{paged_attention, paged_attention_fits};
 pub use rms_norm::{rms_norm, rms_norm_fits};
 pub use rope::{rope, rope_fits};
+pub use skinny_linear::{
+    skinny_linear, skinny_linear_fits, skinny_linear_max_rows, skinny_linear_supported,
+};
 pub use token_logprobs::{token_logprobs, token_logprobs_fits};

@@ -718,7 +718,7 @@ impl Model {
     /// (batch, seq, vocab).
     pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
         let w = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        Ok(hidden.f_linear(w, None::<&Tensor>)?)
+        crate::layers::linear(hidden, w, None)
     }
 
     // ------------------------------------------------------------ forwards
