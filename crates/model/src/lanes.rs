@@ -101,6 +101,29 @@ pub fn run<T: Send, W: FnOnce() -> T + Send>(work: Vec<W>) -> Vec<T> {
 /// runs on the caller's thread), so the first pass does not start them.
 /// The program calls it once at its start, with the process's share
 /// ([`count`]); a later pass with more lanes still gets a larger pool.
+/// Runs `f` on the calling thread as one pass whose large matrix
+/// products split their *columns* over `threads` lanes ([`wide`]):
+/// for a pass bound by reading large weights once (a decode step of a
+/// model far larger than the CPU's caches), where lanes of rows would
+/// each read every weight and share the memory bandwidth reading them
+/// twice. The pass's other ops stay on the calling thread, and no OpenMP
+/// team is formed (see the module doc).
+pub fn run_wide<T>(threads: usize, f: impl FnOnce() -> T) -> T {
+    one_intra_op_thread();
+    let before = WIDE.replace(threads.max(1));
+    let out = f();
+    WIDE.set(before);
+    out
+}
+
+thread_local!(static WIDE: std::cell::Cell<usize> = const { std::cell::Cell::new(1) });
+
+/// The lanes a matrix product of the current pass may split its columns
+/// over: `threads` inside [`run_wide`], else 1.
+pub fn wide() -> usize {
+    WIDE.get()
+}
+
 pub fn start(lanes: usize) {
     if lanes > 1 {
         lane_threads(lanes - 1);

@@ -22,11 +22,35 @@ use crate::{Error, Result};
 /// layout where libtorch's matmul repacks it on every call: 1.5–1.8× the
 /// speed at 4–16 rows of Qwen2.5-0.5B's weights (`colo-kernels`' example
 /// `skinny_linear`). The two differ by at most a bfloat16 rounding.
+///
+/// Inside a wide pass (`crate::lanes::run_wide`) the kernel's columns (rows
+/// of `w`) are split over the pass's lanes, so that each weight is read
+/// once by one core.
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    if colo_kernels::skinny_linear_fits(x, w, b) {
+    if !colo_kernels::skinny_linear_fits(x, w, b) {
+        return Ok(x.f_linear(w, b)?);
+    }
+    let out = usize::try_from(w.size()[0]).unwrap_or(0);
+    // Fewer columns than this each are not worth a hand-off to a lane.
+    const MIN_COLUMNS: usize = 256;
+    let lanes = crate::lanes::wide().min(out / MIN_COLUMNS);
+    if lanes <= 1 {
         return Ok(colo_kernels::skinny_linear(x, w, b)?);
     }
-    Ok(x.f_linear(w, b)?)
+    let work: Vec<_> = crate::lanes::split(0, out, lanes)
+        .into_iter()
+        .map(|(start, len)| {
+            let (start, len) = (start as i64, len as i64);
+            let x = x.shallow_clone();
+            let w = w.narrow(0, start, len);
+            let b = b.map(|b| b.narrow(0, start, len));
+            move || colo_kernels::skinny_linear(&x, &w, b.as_ref())
+        })
+        .collect();
+    let parts = crate::lanes::run(work)
+        .into_iter()
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(Tensor::f_cat(&parts, -1)?)
 }
 
 /// `y = x Wᵀ + b`, weight stored (out, in) as in PyTorch.
@@ -373,6 +397,33 @@ mod tests {
 
     fn rows3(t: &Tensor) -> Vec<Vec<Vec<f32>>> {
         Vec::try_from(&t.to_kind(Kind::Float)).unwrap()
+    }
+
+    /// A decode step's projection: the kernel where it fits (bfloat16, a
+    /// few rows, no autograd), split by columns over a wide pass's lanes
+    /// with the same bits, and libtorch's `linear` (to a rounding) where
+    /// it does not fit or a gradient is wanted.
+    #[test]
+    fn linear_of_a_few_rows_is_the_same_split_or_not() {
+        tch::manual_seed(5);
+        let bf16 = |s: &[i64]| Tensor::randn(s, (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16);
+        let (x, w, b) = (bf16(&[6, 1, 96]), bf16(&[1000, 96]), bf16(&[1000]));
+        let one = linear(&x, &w, Some(&b)).unwrap();
+        let wide = crate::lanes::run_wide(3, || linear(&x, &w, Some(&b)).unwrap());
+        assert_eq!(crate::lanes::wide(), 1, "the wide pass ended");
+        assert!(one.equal(&wide), "the column split changed the result");
+        assert_eq!(wide.size(), [6, 1, 1000]);
+        let libtorch = x.linear(&w, Some(&b)).to_kind(Kind::Float);
+        let diff = (one.to_kind(Kind::Float) - &libtorch)
+            .abs()
+            .max()
+            .double_value(&[]);
+        let scale = libtorch.abs().max().double_value(&[]);
+        assert!(diff <= scale / 128.0, "{diff} against {scale}");
+        // With a gradient wanted, libtorch's linear and its graph.
+        let leaf = w.to_kind(Kind::Float).set_requires_grad(true);
+        let y = linear(&x.to_kind(Kind::Float), &leaf, None).unwrap();
+        assert!(y.requires_grad());
     }
 
     #[test]
