@@ -7,15 +7,16 @@
 // is bound by memory bandwidth. libtorch's bfloat16 matmul (oneDNN's
 // brgemm) first copies w's blocks into its own packed layout on each call
 // (`copy_b_chunk_in_buffer` in a profile): over a Qwen2.5-0.5B decode
-// step's weights on one core of the AVX-512 EPYC, 8 rows ran at 12 GB/s
-// of weights against this kernel's 22, 16 rows at 11 against 15
-// (`cargo run --release -p colo-kernels --example skinny_linear`).
+// step's weights (988 MB) on one core of the AVX-512 EPYC, 8 rows ran at
+// 13–14 GB/s of weights against this kernel's 26–27, 16 rows at 9–12
+// against 17, 32 rows alike (`cargo run --release -p colo-kernels
+// --example skinny_linear`; a one-thread copy read 20 GB/s).
 //
 // How: each output y[i][j] is the dot product of row i of x and row j of
 // w along `in`, whose bfloat16 pairs `vdpbf16ps` multiplies and adds into
 // sixteen float32 partial sums; a tile of kRows rows of x by kCols rows of
 // w keeps kRows · kCols such sums in registers while it walks `in` 32
-// values at a time (the tail under a mask), prefetching the next tile's
+// values at a time (the tail under a mask), prefetching the next kCols
 // rows of w; the partial sums are added up at the end of the row. Each
 // output is one tile's work in a fixed order, so the result does not
 // depend on the thread count; it is rounded to bfloat16 once, after the
@@ -47,11 +48,11 @@ constexpr int kCols = 4;  // rows of w a tile holds
 #define COLO_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 // The float32 sums of one tile: rows [0, R) of x against rows [0, C) of w,
-// both with row stride `k`, into out[i * ldo + j]. With `prefetch`, the C
-// rows of w after these are fetched into the cache on the way.
-template <int R, int C, bool prefetch>
+// both with row stride `k`, into out[i * ldo + j]; on the way, `lines`
+// cache lines from `pf` on are prefetched each step along `in`.
+template <int R, int C>
 COLO_BF16 inline void tile(const uint16_t* x, const uint16_t* w, int64_t k, float* out,
-                           int64_t ldo) {
+                           int64_t ldo, const char* pf, int64_t lines) {
   __m512 acc[R][C];
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
@@ -62,10 +63,8 @@ COLO_BF16 inline void tile(const uint16_t* x, const uint16_t* w, int64_t k, floa
     __mmask32 m = k - kk >= 32 ? ~__mmask32{0} : (__mmask32{1} << (k - kk)) - 1;
     __m512bh wv[C];
 #pragma GCC unroll 8
-    for (int j = 0; j < C; ++j) {
-      wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(m, w + j * k + kk);
-      if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(w + (C + j) * k + kk), _MM_HINT_T0);
-    }
+    for (int j = 0; j < C; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(m, w + j * k + kk);
+    for (int64_t l = 0; l < lines; ++l, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + i * k + kk);
@@ -79,19 +78,23 @@ COLO_BF16 inline void tile(const uint16_t* x, const uint16_t* w, int64_t k, floa
     for (int j = 0; j < C; ++j) out[i * ldo + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-// Sums for all `rows` rows of x against C rows of w; the first tile, which
-// reads those rows of w from memory, prefetches the next C.
+// Sums for all `rows` rows of x against the C rows of w at `w`. The next C
+// rows of w (contiguous after these) are prefetched, spread evenly over
+// the tiles' steps, so that memory streams them while these compute: with
+// the prefetch in the first tile only, a Qwen2.5-0.5B decode step of 8
+// rows ran at 22 GB/s of weights, spread at 27.
 template <int C>
 COLO_BF16 void columns(const uint16_t* x, int64_t rows, const uint16_t* w, int64_t k,
                        float* out, int64_t ldo) {
+  const int64_t tiles = (rows + kRows - 1) / kRows, steps = (k + 31) / 32;
+  const int64_t next_lines = (C * k * 2 + 63) / 64;
+  const int64_t lines = (next_lines + tiles * steps - 1) / (tiles * steps);
+  const char* pf = reinterpret_cast<const char*>(w + C * k);
   int64_t i = 0;
-  for (; i + kRows <= rows; i += kRows) {
-    if (i == 0)
-      tile<kRows, C, true>(x, w, k, out, ldo);
-    else
-      tile<kRows, C, false>(x + i * k, w, k, out + i * ldo, ldo);
-  }
-  for (; i < rows; ++i) tile<1, C, false>(x + i * k, w, k, out + i * ldo, ldo);
+  for (; i + kRows <= rows; i += kRows, pf += lines * steps * 64)
+    tile<kRows, C>(x + i * k, w, k, out + i * ldo, ldo, pf, lines);
+  for (; i < rows; ++i, pf += lines * steps * 64)
+    tile<1, C>(x + i * k, w, k, out + i * ldo, ldo, pf, lines);
 }
 
 inline uint16_t to_bf16(float v) {

@@ -19,8 +19,8 @@ use crate::{Error, Result};
 /// `x · wᵀ + b`: libtorch's `linear` (`addmm`), or for a few rows of
 /// bfloat16 without autograd (a decode step's projections and LM head on
 /// the CPU) colo-kernels' `skinny_linear`, which reads `w` once in its own
-/// layout where libtorch's matmul repacks it on every call: 1.5–1.8× the
-/// speed at 4–16 rows of Qwen2.5-0.5B's weights (`colo-kernels`' example
+/// layout where libtorch's matmul repacks it on every call: 1.5–2.3× the
+/// speed at 1–16 rows of Qwen2.5-0.5B's weights (`colo-kernels`' example
 /// `skinny_linear`). The two differ by at most a bfloat16 rounding.
 ///
 /// Inside a wide pass (`crate::lanes::run_wide`) the kernel's columns (rows
