@@ -135,14 +135,23 @@ pub enum IsLevel {
     Sequence,
 }
 
-/// verl's `algorithm.rollout_correction` subset: `rollout_is = "token"` enables
-/// TIS; absent (or `None`) disables it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+/// verl's `algorithm.rollout_correction` subset, as written in the config
+/// file: `rollout_is = "token"` enables TIS; absent (or `None`) disables it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, colo_keys::Keys)]
+#[serde(default, deny_unknown_fields)]
 pub struct RolloutCorrectionConfig {
-    /// Granularity, or `None` for no correction.
+    /// truncated importance sampling between rollout and trainer probabilities
+    #[key(
+        unit = "\"token\" or \"sequence\"",
+        verl = "algorithm.rollout_correction.rollout_is",
+        unset = "off"
+    )]
     pub rollout_is: Option<IsLevel>,
-    /// The cap C (verl's default 2.0).
+    /// the importance-weight cap C
+    #[key(
+        unit = "> 0",
+        verl = "algorithm.rollout_correction.rollout_is_threshold"
+    )]
     pub rollout_is_threshold: f64,
 }
 
