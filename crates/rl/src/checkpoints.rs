@@ -424,13 +424,12 @@ pub fn write_model_files(source: &Path, dst: &Path) -> Result<()> {
 /// of the run directory is written. (Loading it failed on a tensor's
 /// shape, after `config.toml` had been rewritten.)
 pub fn check_same_model(config: &crate::Config, dir: &Path) -> Result<()> {
-    use crate::config::ModelSource;
-    let (start, named) = match &config.model {
-        ModelSource::Builtin => (
+    let (start, named) = match &config.model.path {
+        None => (
             crate::task::model_config(),
             "the built-in model (no model.path)".to_owned(),
         ),
-        ModelSource::Path(p) => (
+        Some(p) => (
             ModelConfig::from_file(&p.join("config.json"))?,
             format!("model.path = {}", p.display()),
         ),

@@ -48,13 +48,16 @@
 //!
 //! ## Design decisions
 //!
-//! - **Config is raw, then validated, once.** [`config::RawConfig`] mirrors
-//!   the file with verl's names and refuses unknown keys (a typo must not
-//!   pass silently); [`Config`] holds checked values and the resolved
-//!   [`config::BatchPlan`]. Algorithm choices reuse `colo-algo`'s serde enums.
-//!   Each key is documented once, at its field (doc comment, `#[key]`,
-//!   `#[default]`); `--print-config` and the hints of config errors read
-//!   those declarations (colo-keys).
+//! - **Config from one source.** [`Config`] is the file's serde structs
+//!   ([`config::sections`]), with verl's names, unknown keys refused (a
+//!   typo must not pass silently), validated once: the values an unset key
+//!   resolves to are written in and [`config::BatchPlan`] is derived; what
+//!   the run reads in another shape (the optimizer, the KV budget, the run
+//!   length) is a method of its section. Algorithm choices and engine
+//!   sections reuse `colo-algo`'s serde types. Each key is documented once,
+//!   at its field (doc comment, `#[key]`, `#[default]`); `--print-config`
+//!   (the structs serialised) and the hints of config errors read those
+//!   declarations (colo-keys).
 //! - **The harness is modules, not a crate.** The step (`step.rs`) and the
 //!   harness around it (`run.rs`, [`config`], [`checkpoints`], [`metrics`],
 //!   [`plot`], [`progress`], [`run_lock`], [`run_config`],

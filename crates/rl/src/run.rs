@@ -370,7 +370,9 @@ fn total_steps(config: &Config, train: &Dataset) -> Result<usize> {
     let total = config.total_steps(train.len());
     // A run in epochs knows its optimizer steps only now.
     let optimizer_steps = total.saturating_mul(config.batch.optimizer_steps_per_step);
-    if let Some(why) = config.actor.optim.schedule_error(optimizer_steps) {
+    if let Some(why) =
+        crate::config::schedule_error(&config.actor.optim(), "actor", optimizer_steps)
+    {
         return Err(Error::Dataset(format!(
             "{} training prompts make {total} steps: {why}",
             train.len()
@@ -445,7 +447,7 @@ impl Start {
         if let Some(note) = note {
             self.say(note);
         }
-        let dynamic = config.algorithm.filter_groups.is_some();
+        let dynamic = config.algorithm.filter_groups.enable;
         let (at, note) = DataState::resume(dir, step, config.batch.gen_batch_prompts, dynamic)?;
         // Only once the checkpoint is known to resume.
         let removed = metrics::truncate_after(&metrics_path, step)?;

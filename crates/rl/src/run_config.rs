@@ -40,7 +40,7 @@ pub fn changes(out: &Path, config: &Config) -> Result<Option<String>> {
             )));
         }
     };
-    let now = toml::Table::try_from(config.to_raw()).map_err(|e| Error::Config {
+    let now = toml::Table::try_from(config).map_err(|e| Error::Config {
         path: path.clone(),
         line: None,
         field: "<file>".into(),
@@ -94,7 +94,7 @@ mod tests {
         write(&dir, &first).unwrap();
         assert_eq!(changes(&dir, &first).unwrap(), None);
         let mut longer = first.clone();
-        longer.trainer.length = crate::config::RunLength::Steps(200);
+        longer.trainer.total_steps = Some(200);
         let note = changes(&dir, &longer).unwrap().unwrap();
         assert!(
             note.contains("in trainer.total_steps: 100 → 200;"),

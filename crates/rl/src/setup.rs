@@ -11,7 +11,7 @@ use colo_model::Tokenizer;
 use colo_rollout::EngineConfig;
 use colo_train::LossConfig;
 
-use crate::config::{Capacity, Config, DataSource, KvBudget, ModelSource, ValSource};
+use crate::config::{Capacity, Config, DataSource, KvBudget, ValSource};
 use crate::data::Dataset;
 use crate::reward::{verl, RewardSpec};
 use crate::timeline_file::TimelineWriter;
@@ -53,10 +53,10 @@ pub(crate) fn load_data(
     let read = |files: &[PathBuf]| {
         let data = Dataset::from_files_max_len(
             files,
-            &config.data.fields,
+            &config.fields(),
             tokenizer,
             config.data.max_prompt_length,
-            config.data.overlong,
+            config.data.overlong(),
         )?;
         if data.dropped_overlong > 0 {
             crate::progress::say(&format!(
@@ -68,7 +68,7 @@ pub(crate) fn load_data(
         }
         Ok::<_, Error>(data)
     };
-    let (train, val) = match &config.data.source {
+    let (train, val) = match &config.data.source() {
         DataSource::Builtin(task) => {
             let (train, val) = task.write_jsonl(&out.join("data"))?;
             (read(&[train])?, read(&[val])?)
@@ -77,7 +77,7 @@ pub(crate) fn load_data(
             let data = read(train)?;
             match val {
                 ValSource::Files(v) => (data, read(v)?),
-                ValSource::Fraction(f) => data.split(*f, config.data.seed)?,
+                ValSource::Fraction(f) => data.split(*f, config.data_seed())?,
                 ValSource::None => (data, Dataset::default()),
             }
         }
@@ -139,9 +139,9 @@ pub fn builtin_capacity(config: &Config) -> u64 {
 /// --config` plans with the same number.
 pub fn device_capacity(config: &Config) -> Result<u64> {
     let device = config.trainer.device;
-    match (config.memory.capacity, &config.model) {
+    match (config.memory.capacity, &config.model.path) {
         (Capacity::Bytes(b), _) => Ok(b),
-        (Capacity::Auto, ModelSource::Builtin) if device == crate::config::Device::Cpu => {
+        (Capacity::Auto, None) if device == crate::config::Device::Cpu => {
             Ok(builtin_capacity(config))
         }
         (Capacity::Auto, _) => device_memory(device),
@@ -176,27 +176,20 @@ fn no_cuda() -> crate::Error {
 /// The actor's engine for a run of `total_steps` RL steps (the cosine
 /// schedule decays over their optimizer steps).
 pub(crate) fn trainer_config(config: &Config, total_steps: usize) -> colo_train::TrainerConfig {
-    engine_for(config, &config.actor.optim, total_steps)
+    engine_for(config, config.actor.optim(), total_steps)
 }
 
 /// An engine with the optimizer `a` for a run of `total_steps` RL steps.
 fn engine_for(
     config: &Config,
-    a: &crate::config::OptimConfig,
+    optim: colo_train::OptimConfig,
     total_steps: usize,
 ) -> colo_train::TrainerConfig {
     let optimizer_steps = total_steps.saturating_mul(config.batch.optimizer_steps_per_step);
     colo_train::TrainerConfig {
         optim: colo_train::OptimConfig {
-            lr: a.lr,
-            betas: a.betas,
-            weight_decay: a.weight_decay,
-            warmup_steps: a.warmup_steps as u64,
-            schedule: a.schedule,
             total_steps: Some(optimizer_steps as u64),
-            min_lr_ratio: a.min_lr_ratio,
-            grad_clip: (a.grad_clip > 0.0).then_some(a.grad_clip),
-            ..colo_train::OptimConfig::default()
+            ..optim
         },
         micro_batch: colo_train::MicroBatchConfig {
             micro_batch_size: config.batch.micro_batch_samples,
@@ -206,8 +199,8 @@ fn engine_for(
         value_head: None,
         kind: config.trainer.dtype.kind(config.trainer.device),
         device: config.trainer.device.torch(),
-        cpu_threads: config.trainer.cpu_threads.unwrap_or(0),
-        gradient_checkpointing: config.actor.gradient_checkpointing,
+        cpu_threads: config.trainer.cpu_threads,
+        gradient_checkpointing: config.model.enable_gradient_checkpointing,
     }
 }
 
@@ -278,7 +271,7 @@ pub(crate) fn kv_seqs(config: &Config) -> usize {
 
 /// The rollout engine's configuration for a run.
 pub fn engine_config(config: &Config) -> EngineConfig {
-    let (mem_fraction, max_kv_tokens) = match config.rollout.kv {
+    let (mem_fraction, max_kv_tokens) = match config.rollout.kv() {
         KvBudget::Fraction(f) => (Some(f), None),
         KvBudget::Tokens(t) => (None, Some(t)),
     };
@@ -293,7 +286,7 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         // once as `max_num_seqs` and the cache's blocks allow.
         max_seq_len: Some(config.data.max_prompt_length + config.rollout.max_new_tokens),
         kv_seqs: Some(kv_seqs(config)),
-        cpu_threads: config.rollout.cpu_threads.unwrap_or(0),
+        cpu_threads: config.rollout.cpu_threads,
         enforce_eager: config.rollout.enforce_eager,
         ..EngineConfig::default()
     }
@@ -302,13 +295,14 @@ pub fn engine_config(config: &Config) -> EngineConfig {
 pub(crate) fn loss_config(config: &Config) -> LossConfig {
     let a = &config.actor;
     LossConfig {
-        policy: a.policy_loss.clone(),
+        policy: a.policy_loss(),
         entropy_coeff: a.entropy_coeff,
-        use_kl_loss: a.kl_loss.is_some(),
-        kl_loss_coef: a.kl_loss.map_or(0.0, |k| k.coef),
-        kl_loss_type: a
-            .kl_loss
-            .map_or(LossConfig::default().kl_loss_type, |k| k.estimator),
+        use_kl_loss: a.use_kl_loss,
+        kl_loss_coef: if a.use_kl_loss { a.kl_loss_coef } else { 0.0 },
+        kl_loss_type: match a.use_kl_loss {
+            true => a.kl_loss_type,
+            false => LossConfig::default().kl_loss_type,
+        },
         rollout_correction: config.algorithm.rollout_correction.clone(),
         loss_scale_factor: None,
     }
@@ -355,14 +349,14 @@ pub(crate) fn draw(out: &Path, pool: &Pool, timeline: &mut TimelineWriter) -> Re
 
 /// Whether the run trains a critic (GAE needs its values).
 pub(crate) fn uses_critic(config: &Config) -> bool {
-    config.algorithm.advantage.adv_estimator == AdvEstimator::Gae
+    config.algorithm.adv_estimator == AdvEstimator::Gae
 }
 
 /// The critic's engine: its optimizer (`[critic]`) plus a value head.
 pub(crate) fn critic_config(config: &Config, total_steps: usize) -> colo_train::TrainerConfig {
     colo_train::TrainerConfig {
         value_head: Some(Default::default()),
-        ..engine_for(config, &config.critic.optim, total_steps)
+        ..engine_for(config, config.critic_optim(), total_steps)
     }
 }
 

@@ -148,7 +148,7 @@ impl<'a> Run<'a> {
             critic: uses_critic(config).then(|| critic_config(config, total_steps)),
             engine: engine_config(config),
             memory: config.memory.clone(),
-            reference: config.algorithm.needs_ref(&config.actor),
+            reference: config.needs_ref(),
             scratch: out.join("scratch"),
         };
         Ok(Run {
@@ -160,11 +160,8 @@ impl<'a> Run<'a> {
             val,
             stop,
             pad,
-            kl_ctrl: config
-                .algorithm
-                .kl_in_reward
-                .as_ref()
-                .map(|k| KlController::new(&k.ctrl))
+            kl_ctrl: (config.algorithm.use_kl_in_reward)
+                .then(|| KlController::new(&config.algorithm.kl_ctrl))
                 .transpose()?,
             metrics,
             pending_eval: None,
@@ -268,7 +265,7 @@ impl Steps<'_> {
     /// that step's, as if evaluated in between.
     fn test_step(&self, done: usize) -> bool {
         self.config.evaluates()
-            && (self.config.trainer.test_freq).is_some_and(|f| done.is_multiple_of(f))
+            && (self.config.trainer.test_every()).is_some_and(|f| done.is_multiple_of(f))
     }
 
     /// The evaluation due before the first step: before training when
@@ -332,7 +329,7 @@ impl Steps<'_> {
         timeline.append_new(pool)?;
         let done = step + 1;
         let stopping = stop.requested() && done < total;
-        let saves = (self.config.trainer.save_freq).is_some_and(|f| done.is_multiple_of(f));
+        let saves = (self.config.trainer.save_every()).is_some_and(|f| done.is_multiple_of(f));
         if (saves || stopping) && done < total {
             run.save(&self.ckpt_dir, done, &self.data_state(self.next_batch))?;
             stop.saved(done);
@@ -554,10 +551,10 @@ impl Run<'_> {
     /// no actor (so nothing computes π_old for the mismatch metrics either).
     fn on_policy_rows(&self, step: usize, n: usize) -> usize {
         match (
-            &self.config.algorithm.kl_in_reward,
+            self.config.algorithm.use_kl_in_reward,
             self.actor_updates(step),
         ) {
-            (None, true) => self.config.batch.mini_batch_samples.min(n),
+            (false, true) => self.config.batch.mini_batch_samples.min(n),
             _ => 0,
         }
     }
@@ -598,8 +595,8 @@ impl Run<'_> {
         let t = Instant::now();
         let (mut rewards, resp_mask) =
             rollouts.response_layout(&rollouts.outcome_rewards(&r.scores))?;
-        if let (Some(kl), Some(ref_lp), Some(ctrl)) = (
-            &cfg.algorithm.kl_in_reward,
+        if let (true, Some(ref_lp), Some(ctrl)) = (
+            cfg.algorithm.use_kl_in_reward,
             &lp.reference,
             &mut self.kl_ctrl,
         ) {
@@ -611,7 +608,7 @@ impl Run<'_> {
                 &old_r,
                 &ref_r,
                 &resp_mask,
-                kl.estimator,
+                cfg.algorithm.kl_penalty,
                 ctrl.value(),
             )?;
             ctrl.update(p.kl, n);
@@ -625,7 +622,7 @@ impl Run<'_> {
         // (dynamic sampling across an epoch's end) is two groups, as in verl.
         let groups: Vec<u64> = rollouts.batch_prompt.iter().map(|&k| k as u64).collect();
         let adv = compute_advantage(
-            &cfg.algorithm.advantage,
+            &cfg.algorithm.advantage(),
             &AdvantageInputs {
                 token_level_rewards: &rewards,
                 response_mask: &resp_mask,
@@ -676,7 +673,7 @@ impl Run<'_> {
         let loss = loss_config(cfg);
         let critic_loss = CriticLossConfig {
             cliprange_value: cfg.critic.cliprange_value,
-            loss_agg_mode: cfg.critic.loss_agg_mode,
+            loss_agg_mode: cfg.critic_loss_agg_mode(),
         };
         let actor_updates = self.actor_updates(step);
         let (mut actor, mut critic) = (Vec::new(), Vec::new());
@@ -776,8 +773,7 @@ impl Run<'_> {
         Ok(StepMetrics {
             step: step + 1,
             epoch: sampling.drawn.epoch,
-            num_gen_batches: (cfg.algorithm.filter_groups.is_some())
-                .then_some(sampling.drawn.batches),
+            num_gen_batches: (cfg.algorithm.filter_groups.enable).then_some(sampling.drawn.batches),
             timing_step: step_s,
             timing_gen: sampling.gen_s,
             timing_update_weights: sampling.to_rollout.sync_s,
@@ -850,7 +846,7 @@ impl Run<'_> {
         let scored = (self.reward.score_batch_extra(&inputs))
             .and_then(|s| reward::finite(&self.reward.name(), &inputs, s))
             .map_err(named)?;
-        let penalties = match &cfg.algorithm.overlong_buffer {
+        let penalties = match &cfg.algorithm.overlong_punishment() {
             Some(buffer) => (rollouts.responses.iter())
                 .map(|r| buffer.penalty(r.len(), cfg.rollout.max_new_tokens))
                 .collect(),
@@ -945,9 +941,9 @@ impl Run<'_> {
             let params = SamplingParams {
                 n: cfg.batch.n,
                 max_new_tokens: cfg.rollout.max_new_tokens,
-                temperature: cfg.rollout.sampling.temperature,
-                top_p: cfg.rollout.sampling.top_p,
-                top_k: cfg.rollout.sampling.top_k,
+                temperature: cfg.rollout.temperature,
+                top_p: cfg.rollout.top_p,
+                top_k: cfg.rollout.sampling().top_k,
                 stop_token_ids: self.stop.clone(),
                 stop_strings: Vec::new(),
                 // Seeded by run, generation batch (the step's, without
@@ -958,7 +954,7 @@ impl Run<'_> {
             requests.push(Request::new(ids, params));
         }
         let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
-        let remax = cfg.algorithm.advantage.adv_estimator == AdvEstimator::Remax;
+        let remax = cfg.algorithm.adv_estimator == AdvEstimator::Remax;
         if remax {
             for p in &prompts {
                 let greedy = SamplingParams {

@@ -102,7 +102,7 @@ fn task_data_go_through_the_user_loader() {
     let b = Batches::new(
         &train,
         c.batch.prompts_per_step,
-        c.data.seed,
+        c.data_seed(),
         c.data.shuffle,
         "data.train_batch_size",
     )

@@ -6,8 +6,7 @@ use std::path::Path;
 
 use colo_algo::{AdvEstimator, KlEstimator, LossAggMode};
 use colo_rl::config::{
-    Capacity, Colocation, DataSource, FilterGroups, FilterMetric, KvBudget, ModelSource, RunLength,
-    ValSource,
+    Capacity, Colocation, DataSource, FilterMetric, KvBudget, RunLength, ValSource,
 };
 use colo_rl::{Config, Error, RewardSpec};
 use common::TempDir;
@@ -33,11 +32,11 @@ fn err(text: &str) -> (Option<usize>, String, String) {
 fn empty_file_is_the_builtin_run() {
     let c = parse("").unwrap();
     assert_eq!(c, Config::builtin());
-    assert!(matches!(c.data.source, DataSource::Builtin(_)));
-    assert_eq!(c.model, ModelSource::Builtin);
+    assert!(matches!(c.data.source(), DataSource::Builtin(_)));
+    assert_eq!(c.model.path, None);
     assert_eq!(c.reward, RewardSpec::ExactMatch {});
     assert_eq!(c.memory.colocation, Colocation::Staged);
-    assert_eq!(c.algorithm.advantage.adv_estimator, AdvEstimator::Grpo);
+    assert_eq!(c.algorithm.adv_estimator, AdvEstimator::Grpo);
     let b = c.batch;
     assert_eq!(
         (
@@ -107,26 +106,27 @@ default_local_dir = "runs/x"
     )
     .unwrap();
     assert_eq!(
-        c.data.source,
+        c.data.source(),
         DataSource::Files {
             train: vec!["train.jsonl".into()],
             val: ValSource::Fraction(0.05)
         }
     );
-    assert_eq!(c.data.fields.answer_key, "reward_model.ground_truth");
-    assert_eq!(c.model, ModelSource::Path("/models/qwen".into()));
-    assert_eq!(c.rollout.sampling.top_k, Some(50));
-    assert_eq!(c.rollout.kv, KvBudget::Fraction(0.6));
+    assert_eq!(c.data.answer_key, "reward_model.ground_truth");
+    assert_eq!(c.model.path, Some("/models/qwen".into()));
+    assert_eq!(c.rollout.sampling().top_k, Some(50));
+    assert_eq!(c.rollout.kv(), KvBudget::Fraction(0.6));
     assert_eq!(c.rollout.max_new_tokens, 512);
-    assert_eq!(c.actor.policy_loss.clip_ratio_high, Some(0.28));
+    assert_eq!(c.actor.policy_loss().clip_ratio_high, Some(0.28));
     assert_eq!(
-        c.actor.policy_loss.loss_agg_mode,
+        c.actor.policy_loss().loss_agg_mode,
         LossAggMode::SeqMeanTokenSumNorm
     );
-    assert_eq!(c.actor.kl_loss.unwrap().estimator, KlEstimator::K3);
+    assert!(c.actor.use_kl_loss);
+    assert_eq!(c.actor.kl_loss_type, KlEstimator::K3);
     assert_eq!(c.memory.capacity, Capacity::Bytes(24 << 30));
-    assert_eq!(c.trainer.length, RunLength::Epochs(3));
-    assert_eq!(c.trainer.save_freq, None);
+    assert_eq!(c.trainer.length(), RunLength::Epochs(3));
+    assert_eq!(c.trainer.save_every(), None);
     assert_eq!(c.total_steps(1000), 3 * 15);
     assert_eq!(
         (
@@ -414,9 +414,9 @@ fn unset_batch_sizes_fit_the_batch_they_cut() {
 /// (and `--print-config` shows it).
 #[test]
 fn gradient_checkpointing_is_read_from_the_model_section() {
-    assert!(!parse("").unwrap().actor.gradient_checkpointing);
+    assert!(!parse("").unwrap().model.enable_gradient_checkpointing);
     let c = parse("[model]\nenable_gradient_checkpointing = true\n").unwrap();
-    assert!(c.actor.gradient_checkpointing);
+    assert!(c.model.enable_gradient_checkpointing);
     let toml = c.to_toml().unwrap();
     assert!(
         toml.contains("enable_gradient_checkpointing = true"),
@@ -584,7 +584,7 @@ fn from_file_reads_or_names_the_missing_file() {
     let dir = TempDir::new("cfg");
     let p = dir.write("run.toml", "[trainer]\ntotal_steps = 7\n");
     assert_eq!(
-        Config::from_file(&p).unwrap().trainer.length,
+        Config::from_file(&p).unwrap().trainer.length(),
         RunLength::Steps(7)
     );
     let e = Config::from_file(&dir.0.join("nope.toml")).unwrap_err();
@@ -628,10 +628,10 @@ device = \"cuda\"
 #[test]
 fn a_cluster_must_split_every_step_into_whole_prompts() {
     let c = parse("[cluster]\nworkers = 4\naddress = \"auto\"\n").unwrap();
-    assert_eq!(c.cluster.workers, 4);
+    assert_eq!(c.cluster.workers(), 4);
     assert_eq!(c.cluster.address.as_deref(), Some("auto"));
     assert_eq!(
-        parse("").unwrap().cluster.workers,
+        parse("").unwrap().cluster.workers(),
         1,
         "no [cluster]: one device"
     );
@@ -661,11 +661,11 @@ fn a_cluster_must_split_every_step_into_whole_prompts() {
 fn a_layout_from_colo_plan_map_sets_the_workers_or_is_refused() {
     let c = parse("[cluster]\nlayout = \"1-1-4\"\n").unwrap();
     assert_eq!(
-        (c.cluster.workers, c.cluster.layout.as_deref()),
+        (c.cluster.workers(), c.cluster.layout.as_deref()),
         (4, Some("1-1-4"))
     );
     let c = parse("[cluster]\nworkers = 2\nlayout = \"1-1-2\"\n").unwrap();
-    assert_eq!(c.cluster.workers, 2);
+    assert_eq!(c.cluster.workers(), 2);
 
     let (line, field, msg) = err("[cluster]\nlayout = \"1-2-2\"\n");
     assert_eq!((line, field.as_str()), (Some(2), "cluster.layout"), "{msg}");
@@ -695,7 +695,7 @@ fn a_layout_from_colo_plan_map_sets_the_workers_or_is_refused() {
 /// written.
 #[test]
 fn project_and_experiment_names_name_the_run_directory() {
-    let dir = |text: &str| parse(text).unwrap().trainer.out_dir;
+    let dir = |text: &str| parse(text).unwrap().out_dir().to_owned();
     assert_eq!(dir(""), Path::new("runs/colo"));
     let both = "[trainer]\nproject_name = \"gsm8k\"\nexperiment_name = \"qwen-grpo\"\n";
     assert_eq!(dir(both), Path::new("runs/gsm8k/qwen-grpo"));
@@ -757,12 +757,12 @@ fn verl_loggers_colo_has_are_accepted_and_others_refused() {
 /// enabled, the factor DAPO's 1.0 unless given.
 #[test]
 fn the_overlong_buffer_is_off_until_enabled() {
-    assert_eq!(parse("").unwrap().algorithm.overlong_buffer, None);
+    assert_eq!(parse("").unwrap().algorithm.overlong_punishment(), None);
     let off = parse("[algorithm.overlong_buffer]\nlen = 4\n").unwrap();
-    assert_eq!(off.algorithm.overlong_buffer, None);
+    assert_eq!(off.algorithm.overlong_punishment(), None);
     let on = parse("[algorithm.overlong_buffer]\nenable = true\nlen = 4\n").unwrap();
     assert_eq!(
-        on.algorithm.overlong_buffer,
+        on.algorithm.overlong_punishment(),
         Some(colo_algo::OverlongBuffer {
             len: 4,
             penalty_factor: 1.0
@@ -776,7 +776,7 @@ fn the_overlong_buffer_is_off_until_enabled() {
 #[test]
 fn dynamic_sampling_is_off_until_enabled_and_sizes_generation_batches() {
     let c = parse("").unwrap();
-    assert_eq!(c.algorithm.filter_groups, None);
+    assert!(!c.algorithm.filter_groups.enable);
     assert_eq!(c.batch.gen_batch_prompts, c.batch.prompts_per_step);
     let on = parse(
         "[data]\ntrain_batch_size = 8\ngen_batch_size = 24\n\
@@ -784,11 +784,11 @@ fn dynamic_sampling_is_off_until_enabled_and_sizes_generation_batches() {
     )
     .unwrap();
     assert_eq!(
-        on.algorithm.filter_groups,
-        Some(FilterGroups {
-            metric: FilterMetric::Acc,
-            max_gen_batches: Some(10)
-        })
+        (
+            &on.algorithm.filter_groups.metric,
+            on.algorithm.filter_groups.max_gen_batches()
+        ),
+        (&FilterMetric::Acc, Some(10))
     );
     assert_eq!(
         (on.batch.prompts_per_step, on.batch.gen_batch_prompts),
@@ -811,8 +811,8 @@ fn dynamic_sampling_is_off_until_enabled_and_sizes_generation_batches() {
         let text = format!(
             "[algorithm.filter_groups]\nenable = true\nmetric = \"{metric}\"\nmax_num_gen_batches = -1\n"
         );
-        let f = parse(&text).unwrap().algorithm.filter_groups.unwrap();
-        assert_eq!((f.metric, f.max_gen_batches), (want, None), "{metric}");
+        let f = parse(&text).unwrap().algorithm.filter_groups;
+        assert_eq!((&f.metric, f.max_gen_batches()), (&want, None), "{metric}");
     }
 }
 
@@ -874,7 +874,7 @@ fn generation_dumps_are_off_unless_a_directory_is_named() {
 /// have no steps left after its warmup is refused.
 #[test]
 fn the_learning_rate_schedule_and_betas_are_verls() {
-    let c = parse("").unwrap().actor.optim;
+    let c = parse("").unwrap().actor.optim();
     assert_eq!(
         (c.schedule, c.min_lr_ratio, c.betas),
         (colo_train::ScheduleKind::Constant, 0.0, (0.9, 0.999))
@@ -882,7 +882,7 @@ fn the_learning_rate_schedule_and_betas_are_verls() {
     for key in ["warmup_style", "lr_scheduler_type"] {
         let text =
             format!("[actor]\n{key} = \"cosine\"\nmin_lr_ratio = 0.1\nbetas = [0.9, 0.95]\n");
-        let c = parse(&text).unwrap().actor.optim;
+        let c = parse(&text).unwrap().actor.optim();
         assert_eq!(
             (c.schedule, c.min_lr_ratio, c.betas),
             (colo_train::ScheduleKind::Cosine, 0.1, (0.9, 0.95))
@@ -912,17 +912,18 @@ fn the_learning_rate_schedule_and_betas_are_verls() {
 #[test]
 fn the_critic_takes_the_actors_optimizer_but_for_what_it_sets() {
     let c = parse("[actor]\nlr = 2e-6\nloss_agg_mode = \"seq-mean-token-mean\"\n").unwrap();
-    assert_eq!(c.critic.optim, c.actor.optim);
+    assert_eq!(c.critic_optim(), c.actor.optim());
     assert_eq!(c.critic.cliprange_value, 0.5);
-    assert_eq!(c.critic.loss_agg_mode, LossAggMode::SeqMeanTokenMean);
+    assert_eq!(c.critic_loss_agg_mode(), LossAggMode::SeqMeanTokenMean);
     assert_eq!(c.trainer.critic_warmup, 0);
     let c = parse(
         "[algorithm]\nadv_estimator = \"gae\"\n[critic]\nlr = 1e-5\ngrad_clip = 0.5\n\
          [trainer]\ncritic_warmup = 3\n",
     )
     .unwrap();
-    assert_eq!((c.critic.optim.lr, c.critic.optim.grad_clip), (1e-5, 0.5));
-    assert_eq!(c.critic.optim.warmup_steps, c.actor.optim.warmup_steps);
+    let (critic, actor) = (c.critic_optim(), c.actor.optim());
+    assert_eq!((critic.lr, critic.grad_clip), (1e-5, Some(0.5)));
+    assert_eq!(critic.warmup_steps, actor.warmup_steps);
     assert_eq!(c.trainer.critic_warmup, 3);
     assert!(
         c.summary()

@@ -115,7 +115,7 @@ fn structured_ground_truths_are_refused_unless_the_reward_takes_them() {
     let takes = |reward: &str| {
         let text = format!("[reward]\n{reward}\n");
         let c = colo_rl::Config::from_toml(&text, std::path::Path::new("run.toml")).unwrap();
-        c.data.fields.structured_answers
+        c.fields().structured_answers
     };
     assert!(!takes("kind = \"numeric\""));
     assert!(!takes("kind = \"exact_match\""));

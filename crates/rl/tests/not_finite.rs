@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 
-use colo_rl::config::ModelSource;
 use colo_rl::Config;
 
 mod common;
@@ -124,7 +123,7 @@ fn optimizer_steps_skipped_three_times_in_a_row_stop_the_run() {
     // mini-batch has a gradient.
     write_reward(&dir, "float(r['id'] % 2)");
     let mut cfg = config(&dir, 4);
-    cfg.model = ModelSource::Path(overflowing_checkpoint(&dir));
+    cfg.model.path = Some(overflowing_checkpoint(&dir));
     let err = colo_rl::step::run(&cfg, &run, false)
         .unwrap_err()
         .to_string();

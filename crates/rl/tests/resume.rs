@@ -154,7 +154,7 @@ fn resume_never_goes_backwards_or_repeats_and_checkpoints_are_models() {
 
     // A run from the checkpoint as its model.
     let mut cfg = config(&dir, 1);
-    cfg.model = colo_rl::config::ModelSource::Path(ckpt);
+    cfg.model.path = Some(ckpt);
     let s = colo_rl::step::run(&cfg, &dir.join("from-ckpt"), false).unwrap();
     assert_eq!(s.steps, 1);
     std::fs::remove_dir_all(dir).unwrap();
@@ -522,9 +522,7 @@ fn prompts_longer_than_max_prompt_length_are_refused_when_read() {
     )
     .unwrap();
     let mut cfg = config(&dir, 1);
-    if let colo_rl::config::DataSource::Files { val: v, .. } = &mut cfg.data.source {
-        *v = colo_rl::config::ValSource::Files(vec![val.clone()]);
-    }
+    cfg.data.val_files = colo_rl::config::Files::Many(vec![val.clone()]);
     let started = std::time::Instant::now();
     let err = colo_rl::step::run(&cfg, &dir.join("run"), false)
         .unwrap_err()
@@ -578,10 +576,8 @@ fn filtered_overlong_prompts_are_left_out_and_counted() {
     );
 
     let mut cfg = config(&dir, 1);
-    cfg.data.overlong = colo_rl::Overlong::Drop;
-    if let colo_rl::config::DataSource::Files { val: v, .. } = &mut cfg.data.source {
-        *v = colo_rl::config::ValSource::Files(vec![val.clone()]);
-    }
+    cfg.data.filter_overlong_prompts = true;
+    cfg.data.val_files = colo_rl::config::Files::Many(vec![val.clone()]);
     let summary = colo_rl::step::run(&cfg, &dir.join("run"), false).unwrap();
     assert_eq!(summary.steps, 1);
     let evals = common::evals_of(&dir.join("run"));
@@ -623,7 +619,7 @@ fn a_gae_checkpoint_holds_the_critic() {
     let gae = |steps: usize| {
         let more = "[trainer]\nval_before_train = false\n[algorithm]\nadv_estimator = \"gae\"";
         let mut cfg = run_toml(&dir, steps, &reward).with(more).config(&dir);
-        cfg.trainer.save_freq = Some(1);
+        cfg.trainer.save_freq = 1;
         cfg
     };
     let (full, cut) = (dir.join("full"), dir.join("cut"));
@@ -652,7 +648,7 @@ fn resuming_a_run_without_a_critic_as_gae_is_refused() {
     colo_rl::step::run(&config(&dir, 2), &run, false).unwrap();
     let before = snapshot(&run);
     let mut gae = config(&dir, 3);
-    gae.algorithm.advantage.adv_estimator = colo_algo::AdvEstimator::Gae;
+    gae.algorithm.adv_estimator = colo_algo::AdvEstimator::Gae;
     let err = colo_rl::step::run(&gae, &run, true)
         .unwrap_err()
         .to_string();
@@ -711,7 +707,7 @@ fn auto_resumes_in_the_checkpoints_dtype() {
     let first = parse(2, "f32");
     let saved_text = std::fs::read_to_string(run.join("config.toml")).unwrap();
     let read_back = Config::from_toml(&saved_text, &run.join("config.toml")).unwrap();
-    assert_eq!(read_back.to_raw(), first.to_raw());
+    assert_eq!(read_back, first);
 
     let s = colo_rl::step::run(&parse(4, ""), &run, true).unwrap();
     // Continuing under other settings is said: the user's keys are

@@ -41,7 +41,7 @@ use std::time::Instant;
 use anyhow::{bail, ensure, Context, Result};
 use colo_plan::model::ModelSpec;
 use colo_plan::presets::Published;
-use colo_rl::config::{Colocation, DataSource, Device, Dtype, OffloadPolicy, RunLength};
+use colo_rl::config::{Colocation, DataSource, Device, Dtype, OffloadPolicy};
 use colo_rl::Config;
 
 mod figures;
@@ -189,18 +189,19 @@ fn run_config(model: &Path, name: &str, work: &Path, steps: usize) -> Result<Con
             Config::from_toml(&text, &work.join("run.toml"))?
         }
     };
-    config.trainer.length = RunLength::Steps(steps);
+    config.trainer.total_steps = Some(steps);
     let optimizer_steps = steps.saturating_mul(config.batch.optimizer_steps_per_step);
-    if let Some(why) = config.actor.optim.schedule_error(optimizer_steps) {
+    let optim = config.actor.optim();
+    if let Some(why) = colo_rl::config::schedule_error(&optim, "actor", optimizer_steps) {
         bail!("--steps {steps}: {why}");
     }
     ensure!(
-        config.cluster.workers == 1,
+        config.cluster.workers() == 1,
         "{}: a run on {} workers; colo bench real measures one",
         path.display(),
-        config.cluster.workers
+        config.cluster.workers()
     );
-    config.trainer.out_dir = work.join("run");
+    config.trainer.out_dir = Some(work.join("run"));
     config.trainer.resume = false;
     Ok(config)
 }
@@ -223,7 +224,7 @@ fn measure(config: &Config, model: &Path, name: &str, a: &Args) -> Result<Report
     };
     let plan = plan(config);
     let load_start = super::load_avg_1m();
-    let out = config.trainer.out_dir.clone();
+    let out = config.out_dir().to_owned();
     eprintln!(
         "colo bench real: colo's run, {steps} steps on {}, into {}",
         device.name(),
@@ -280,8 +281,7 @@ fn measure(config: &Config, model: &Path, name: &str, a: &Args) -> Result<Report
 /// sync's yardstick) and, where generation runs on more than one lane, a
 /// copy on that many threads.
 fn host_copies(config: &Config, bytes: u64) -> Vec<Copy> {
-    let threads =
-        colo_model::lanes::count(tch::Device::Cpu, config.rollout.cpu_threads.unwrap_or(0));
+    let threads = colo_model::lanes::count(tch::Device::Cpu, config.rollout.cpu_threads);
     let one = Copy {
         what: "single-thread memcpy".into(),
         bytes,
@@ -309,7 +309,7 @@ fn yardsticks(
         Some(t) => t,
         None => (config.batch.micro_batch_samples as f64 * tokens.per_sample).round() as usize,
     };
-    let lanes = colo_model::lanes::count(device.torch(), config.trainer.cpu_threads.unwrap_or(0));
+    let lanes = colo_model::lanes::count(device.torch(), config.trainer.cpu_threads);
     let shape = (micro_tokens.max(1), cfg.hidden_size, cfg.intermediate_size);
     let matmul = probes::matmul(shape, kind, device, lanes).context("the matmul")?;
     let prompt = tokens.prompt_per_sample().round() as usize;
@@ -366,7 +366,7 @@ fn memory_mode(config: &Config) -> (&'static str, &'static str) {
 /// The built-in task's training prompts as JSONL (`prompt`, `answer`), for
 /// TRL to draw from the same problems; `None` for a run on files.
 fn builtin_train_jsonl(config: &Config, dir: &Path) -> Result<Option<PathBuf>> {
-    match &config.data.source {
+    match &config.data.source() {
         DataSource::Builtin(task) => Ok(Some(task.write_jsonl(dir)?.0)),
         DataSource::Files { .. } => Ok(None),
     }
@@ -398,7 +398,7 @@ mod tests {
         let config = run_config(&dir, &name, work.path(), 3).unwrap();
         assert_eq!(config.total_steps(0), 3);
         assert_eq!((config.batch.prompts_per_step, config.rollout.n), (4, 4));
-        assert_eq!(config.trainer.out_dir, work.path().join("run"));
+        assert_eq!(config.out_dir(), work.path().join("run"));
         assert!(preset("gpt-5").unwrap_err().to_string().contains("tiny"));
     }
 

@@ -153,8 +153,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + a.max_new_tokens;
     let colo_threads = a
         .threads
-        .or(colo_rl::Config::builtin().rollout.cpu_threads)
-        .unwrap_or(0);
+        .unwrap_or(colo_rl::Config::builtin().rollout.cpu_threads);
     let ecfg = EngineConfig {
         max_batch: a.batch,
         cpu_threads: colo_threads,

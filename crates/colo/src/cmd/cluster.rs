@@ -99,7 +99,7 @@ pub fn run(config_path: &Path, config: &Config, out: &Path, resume: bool) -> Res
         .arg("--out")
         .arg(out)
         .arg("--workers")
-        .arg(config.cluster.workers.to_string())
+        .arg(config.cluster.workers().to_string())
         .arg("--stop-file")
         .arg(&stop_file);
     if let Some(a) = &config.cluster.address {

@@ -252,7 +252,7 @@ fn train(a: &Args) -> Result<String> {
     let mut config = colo_rl::Config::builtin();
     config.trainer.device = colo_rl::config::Device::Cuda;
     if !a.full {
-        config.trainer.length = colo_rl::config::RunLength::Steps(5);
+        config.trainer.total_steps = Some(5);
     }
     let t = Instant::now();
     let s = colo_rl::step::run(&config, &a.out, false).context("colo train on CUDA")?;
@@ -261,7 +261,7 @@ fn train(a: &Args) -> Result<String> {
     // activations cache must be empty (a cuBLAS workspace or a MemPool the
     // caching allocator kept would pin a segment of it).
     config.memory.offload_policy = colo_rl::config::OffloadPolicy::Always;
-    config.trainer.length = colo_rl::config::RunLength::Steps(2);
+    config.trainer.total_steps = Some(2);
     let always = a.out.join("always");
     colo_rl::step::run(&config, &always, false).context("colo train on CUDA, always")?;
     let emptied = emptied_caches(&always.join("timeline.jsonl"))?;

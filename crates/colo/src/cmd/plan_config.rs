@@ -39,9 +39,7 @@ use anyhow::{bail, Context, Result};
 use colo_model::{ModelConfig, Tokenizer};
 use colo_plan::config::{GraphCapture, ModelSource, Offload, PlanInput, WeightSync, GIB};
 use colo_plan::model::HfConfig;
-use colo_rl::config::{
-    Colocation, Config, DataSource, Device, Dtype, KvBudget, ModelSource as RunModel, ValSource,
-};
+use colo_rl::config::{Colocation, Config, DataSource, Device, Dtype, KvBudget, ValSource};
 
 /// The planner's input for a run, and what was read to build it.
 #[derive(Debug, Clone)]
@@ -86,7 +84,7 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         // colo-rl's worker keeps the reference resident in naive too.
         ref_param: !naive && mem.offload_ref,
     };
-    let (kv_free_fraction, kv_tokens) = match config.rollout.kv {
+    let (kv_free_fraction, kv_tokens) = match config.rollout.kv() {
         KvBudget::Fraction(f) => (Some(f), None),
         KvBudget::Tokens(t) => (None, Some(t as u64)),
     };
@@ -110,7 +108,7 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
             _ => "adamw-fp32",
         }
         .into(),
-        activation_checkpointing: config.actor.gradient_checkpointing,
+        activation_checkpointing: config.model.enable_gradient_checkpointing,
         tokens_per_micro_batch: micro_tokens,
         logprob_tokens_per_micro_batch: Some(micro_tokens),
         kv_free_fraction,
@@ -127,10 +125,9 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         // colo-train runs a GRPO group's prompt once per micro-batch part
         // when its rows share prompts two to one or more.
         shared_prompt_rows: (config.rollout.n >= 2).then_some(config.rollout.n as u64),
-        train_lanes: Some(colo_model::lanes::count(
-            tch::Device::Cpu,
-            config.trainer.cpu_threads.unwrap_or(0),
-        ) as u64),
+        train_lanes: Some(
+            colo_model::lanes::count(tch::Device::Cpu, config.trainer.cpu_threads) as u64,
+        ),
         // colo-train's loss head is colo-kernels' fused kernel on the CPU.
         fused_loss_head: Some(config.trainer.device == Device::Cpu),
         mode: mode.into(),
@@ -140,7 +137,7 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         } else {
             WeightSync::InPlace
         },
-        reference: config.algorithm.needs_ref(&config.actor),
+        reference: config.needs_ref(),
         cuda_graphs: cuda_graphs(config, &engine, prompts.held_out),
         ..PlanInput::default()
     };
@@ -160,7 +157,7 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
 pub fn kv_shortfall(config: &Config, run: &RunPlan, kv_tokens: u64) -> Option<String> {
     let block = run.input.kv_block_tokens.max(1);
     let blocks = kv_tokens / block;
-    let budget = match config.rollout.kv {
+    let budget = match config.rollout.kv() {
         KvBudget::Tokens(t) => format!("rollout.max_kv_tokens = {t}"),
         KvBudget::Fraction(f) => format!(
             "rollout.mem_fraction = {f} of memory.capacity = {}",
@@ -189,9 +186,9 @@ pub fn kv_shortfall(config: &Config, run: &RunPlan, kv_tokens: u64) -> Option<St
 
 /// The model's config, and its directory (none for the built-in model).
 fn model(config: &Config) -> Result<(ModelConfig, Option<PathBuf>)> {
-    match &config.model {
-        RunModel::Builtin => Ok((colo_rl::task::model_config(), None)),
-        RunModel::Path(dir) => {
+    match &config.model.path {
+        None => Ok((colo_rl::task::model_config(), None)),
+        Some(dir) => {
             let file = dir.join("config.json");
             let cfg = ModelConfig::from_file(&file).with_context(|| {
                 format!(
@@ -277,10 +274,9 @@ fn prompts(config: &Config, model_dir: Option<&Path>) -> Result<Prompts> {
             Tokenizer::from_dir(dir.path())?
         }
     };
-    let read = |files: &[PathBuf]| {
-        colo_rl::Dataset::from_files(files, &config.data.fields, Some(&tokenizer))
-    };
-    let (lengths, held_out): (Vec<usize>, usize) = match &config.data.source {
+    let read =
+        |files: &[PathBuf]| colo_rl::Dataset::from_files(files, &config.fields(), Some(&tokenizer));
+    let (lengths, held_out): (Vec<usize>, usize) = match &config.data.source() {
         DataSource::Builtin(task) => {
             let (train, val) = task.generate()?;
             let lengths = (train.iter())

@@ -60,10 +60,7 @@ pub fn run(a: Args) -> Result<()> {
         print!("{}", config.to_toml()?);
         return Ok(());
     }
-    let mut out = a
-        .out
-        .clone()
-        .unwrap_or_else(|| config.trainer.out_dir.clone());
+    let mut out = a.out.clone().unwrap_or_else(|| config.out_dir().to_owned());
     let resume = a.resume || config.trainer.resume;
     // A run into a directory the user named refuses to overwrite an earlier
     // run there (colo-rl); the default directory is numbered instead, so
@@ -80,7 +77,7 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     // The summary names the directory the run writes to, `--out` included.
-    config.trainer.out_dir = out.clone();
+    config.trainer.out_dir = Some(out.clone());
     eprintln!("{}", config.summary());
     eprintln!("run directory: {}", out.display());
     if let Some(path) = &recorded {
@@ -94,10 +91,10 @@ pub fn run(a: Args) -> Result<()> {
         // One worker's share of a data-parallel run is what one device holds.
         plan_check(&colo_rl::data_parallel::rank_config(
             &config,
-            config.cluster.workers,
+            config.cluster.workers(),
         )?)?;
     }
-    if config.cluster.workers > 1 {
+    if config.cluster.workers() > 1 {
         let path = config_path
             .as_deref()
             .expect("[cluster] comes from a config file");

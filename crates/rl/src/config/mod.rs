@@ -4,7 +4,6 @@
 //! ```toml
 //! [data]
 //! train_files = ["data/train.jsonl"]
-//! val_files = ["data/val.jsonl"]
 //! train_batch_size = 32          # prompts per step
 //!
 //! [model]
@@ -12,15 +11,10 @@
 //!
 //! [rollout]
 //! n = 8
-//! temperature = 1.0
 //!
 //! [actor]
 //! lr = 1e-6
 //! ppo_mini_batch_size = 16       # prompts; × n samples
-//! ppo_micro_batch_size = 32      # samples
-//!
-//! [algorithm]
-//! adv_estimator = "grpo"
 //!
 //! [reward]
 //! kind = "numeric"
@@ -28,33 +22,35 @@
 //! ```
 //!
 //! Every key has a default, and the defaults are the built-in task's run, so
-//! an empty file (or none) is `colo train`'s default. The raw file
-//! ([`RawConfig`], unknown keys refused) is turned once into [`Config`],
-//! which checks values and batch sizes (prompts per step × n against the
-//! mini- and micro-batches) and resolves derived numbers ([`BatchPlan`]);
-//! [`Config::summary`] prints them, and [`Config::to_toml`] prints the
-//! whole resolved file with a comment per key (`colo train --print-config`).
-//! Errors carry the file, the line and the field
-//! ([`Error::Config`](crate::Error::Config)).
+//! an empty file (or none) is `colo train`'s default. The serde structs of
+//! [`sections`] are the one source: their doc comments and `#[key(...)]`
+//! notes document each key (colo-keys' derive), and the deserialised file,
+//! validated, *is* the [`Config`]. Validation checks values and batch sizes
+//! (prompts per step × n against the mini- and micro-batches), writes the
+//! values an unset key resolves to into the structs (`data.seed`, the
+//! batch sizes, the critic's optimizer, `trainer.out_dir`, …) and derives
+//! [`BatchPlan`]; what the run reads in another shape (a [`KvBudget`], a
+//! [`RunLength`], the optimizer) is a method computing it. So
+//! `--print-config` ([`Config::to_toml`]) and a run directory's
+//! `config.toml` are the structs serialised. Errors carry the file, the
+//! line and the field ([`Error::Config`](crate::Error::Config)).
 
 mod locate;
 mod num;
 mod print;
-pub mod raw;
+pub mod sections;
 mod summary;
 mod validate;
 
 use std::path::{Path, PathBuf};
 
-use colo_algo::{
-    AdvantageConfig, KlControlConfig, KlEstimator, LossAggMode, PolicyLossConfig,
-    RolloutCorrectionConfig,
-};
+use colo_keys::Keys;
+use serde::{Deserialize, Serialize};
 
-pub use raw::{Colocation, Device, Dtype, OffloadPolicy, RawConfig};
+pub use sections::*;
 pub(crate) use validate::VAL_ONLY_RESUME;
 
-use crate::data::{Fields, Overlong};
+use crate::data::Fields;
 use crate::reward::RewardSpec;
 use crate::task::ArithmeticTask;
 use crate::{Error, Result};
@@ -66,35 +62,36 @@ pub const DEFAULT_OUT_DIR: &str = "runs/colo";
 /// Steps of the run when neither `total_steps` nor `total_epochs` is given.
 pub const DEFAULT_TOTAL_STEPS: usize = 100;
 
-/// A validated run configuration.
-#[derive(Debug, Clone, PartialEq)]
+/// The whole file, validated.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, Keys)]
+#[serde(default, deny_unknown_fields)]
 pub struct Config {
+    #[key(table)]
     pub data: DataConfig,
-    pub model: ModelSource,
+    #[key(table)]
+    pub model: ModelConfig,
+    #[key(table)]
     pub rollout: RolloutConfig,
+    #[key(table)]
     pub actor: ActorConfig,
+    #[key(table)]
     pub critic: CriticConfig,
+    #[key(table)]
     pub algorithm: AlgorithmConfig,
+    #[key(table)]
     pub reward: RewardSpec,
+    #[key(table)]
     pub memory: MemoryConfig,
+    #[key(table)]
     pub trainer: TrainerConfig,
+    #[key(table)]
     pub cluster: ClusterConfig,
     /// Batch sizes resolved from `data`, `rollout` and `actor`.
+    #[serde(skip)]
     pub batch: BatchPlan,
 }
 
-/// `[cluster]`: how many devices, through which Ray cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterConfig {
-    /// Data-parallel workers, one per device; 1 runs in this process.
-    pub workers: usize,
-    /// The `colo plan map` layout the run executes (`"1-1-N"`), if given.
-    pub layout: Option<String>,
-    /// A Ray cluster to join (`"auto"` or `host:port`); `None` starts a
-    /// local one for the run.
-    pub address: Option<String>,
-}
-
+/// Where the prompts come from ([`DataConfig::source`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum DataSource {
     /// The built-in arithmetic task, generated into the run directory.
@@ -116,51 +113,7 @@ pub enum ValSource {
     None,
 }
 
-impl Config {
-    /// Whether the run has held-out prompts to evaluate on.
-    pub fn evaluates(&self) -> bool {
-        !matches!(
-            self.data.source,
-            DataSource::Files {
-                val: ValSource::None,
-                ..
-            }
-        )
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct DataConfig {
-    pub source: DataSource,
-    pub fields: Fields,
-    pub max_prompt_length: usize,
-    /// What a longer prompt does when the data are read.
-    pub overlong: Overlong,
-    pub seed: u64,
-    pub shuffle: bool,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum ModelSource {
-    /// The built-in model ([`crate::task::model_config`]) from its committed
-    /// SFT checkpoint.
-    Builtin,
-    Path(PathBuf),
-}
-
-impl ModelSource {
-    /// The checkpoint directory to load. The built-in model is written out
-    /// into `scratch` (a directory of the run) by
-    /// [`crate::task::builtin_checkpoint`], so both sources load the same way.
-    pub fn resolve(&self, scratch: &Path) -> Result<PathBuf> {
-        match self {
-            ModelSource::Builtin => crate::task::builtin_checkpoint(scratch),
-            ModelSource::Path(p) => Ok(p.clone()),
-        }
-    }
-}
-
-/// Token sampling settings.
+/// Token sampling settings ([`RolloutConfig::sampling`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampling {
     /// 0 is greedy.
@@ -169,7 +122,7 @@ pub struct Sampling {
     pub top_k: Option<usize>,
 }
 
-/// The KV cache's size.
+/// The KV cache's size ([`RolloutConfig::kv`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KvBudget {
     /// A share of the device memory left after weights.
@@ -177,115 +130,10 @@ pub enum KvBudget {
     Tokens(usize),
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct RolloutConfig {
-    pub n: usize,
-    pub sampling: Sampling,
-    pub max_new_tokens: usize,
-    pub kv: KvBudget,
-    /// Most sequences generated at once (`rollout.max_num_seqs`).
-    pub max_num_seqs: usize,
-    /// Threads generation splits its rows over on the CPU (`None`: one
-    /// per core), each with one intra-op thread (`colo_model::lanes`).
-    pub cpu_threads: Option<usize>,
-    /// On CUDA, decode eagerly: no CUDA graphs (`rollout.enforce_eager`).
-    pub enforce_eager: bool,
-    /// Evaluation: samples per prompt and their sampling.
-    pub val_n: usize,
-    pub val_sampling: Sampling,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct OptimConfig {
-    pub lr: f64,
-    /// Optimizer steps of linear warmup.
-    pub warmup_steps: usize,
-    pub weight_decay: f64,
-    pub grad_clip: f64,
-    /// What follows the warmup (verl's `warmup_style`).
-    pub schedule: colo_train::ScheduleKind,
-    /// The cosine's floor as a fraction of `lr`.
-    pub min_lr_ratio: f64,
-    pub betas: (f64, f64),
-}
-
-impl OptimConfig {
-    /// Why a run of `optimizer_steps` cannot take this schedule, if it
-    /// cannot: a cosine decays after the warmup, so it needs more steps.
-    pub fn schedule_error(&self, optimizer_steps: usize) -> Option<String> {
-        (self.schedule == colo_train::ScheduleKind::Cosine && optimizer_steps <= self.warmup_steps)
-            .then(|| {
-                format!(
-                    "actor.warmup_style = \"cosine\" decays over the run's optimizer steps, \
-                     {optimizer_steps}, which must be more than actor.warmup_steps = {}",
-                    self.warmup_steps
-                )
-            })
-    }
-}
-
-/// The KL term of the actor loss (verl's `use_kl_loss`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct KlLoss {
-    pub coef: f64,
-    pub estimator: KlEstimator,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ActorConfig {
-    pub optim: OptimConfig,
-    pub ppo_epochs: usize,
-    pub policy_loss: PolicyLossConfig,
-    pub entropy_coeff: f64,
-    pub kl_loss: Option<KlLoss>,
-    /// `model.enable_gradient_checkpointing`: the actor's and the
-    /// critic's training passes keep each layer's input and recompute the
-    /// layer for the backward (colo-train's `checkpointing.rs`).
-    pub gradient_checkpointing: bool,
-}
-
-/// `[critic]`: the value model's training (GAE runs only).
-#[derive(Debug, Clone, PartialEq)]
-pub struct CriticConfig {
-    /// The actor's, but for what `[critic]` sets.
-    pub optim: OptimConfig,
-    pub cliprange_value: f64,
-    pub loss_agg_mode: LossAggMode,
-}
-
-/// KL as a reward penalty (verl's `use_kl_in_reward`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct KlInReward {
-    pub estimator: KlEstimator,
-    pub ctrl: KlControlConfig,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct AlgorithmConfig {
-    pub advantage: AdvantageConfig,
-    pub kl_in_reward: Option<KlInReward>,
-    pub rollout_correction: RolloutCorrectionConfig,
-    /// DAPO's soft overlong punishment of the training rewards (not the
-    /// evaluations').
-    pub overlong_buffer: Option<colo_algo::OverlongBuffer>,
-    /// DAPO's dynamic sampling, when enabled.
-    pub filter_groups: Option<FilterGroups>,
-}
-
-/// `[algorithm.filter_groups]`: a step trains on `data.train_batch_size`
-/// prompts whose samples' `metric` varies, drawing generation batches of
-/// `data.gen_batch_size` prompts until it has them
-/// (`colo_algo::dynamic_sampling`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct FilterGroups {
-    pub metric: FilterMetric,
-    /// The most generation batches a step may draw (`None`: no limit).
-    pub max_gen_batches: Option<usize>,
-}
-
 /// What must vary within a group for it to be trained on (verl's
-/// `filter_groups.metric`).
-#[derive(Debug, Clone, PartialEq)]
+/// `filter_groups.metric`), by name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FilterMetric {
     /// Whether the sample is right: the number the reward returns as
     /// `acc` beside its score when it returns one (a verl function's
@@ -300,20 +148,11 @@ pub enum FilterMetric {
     /// without `use_kl_in_reward`, where it is `SeqReward`.
     SeqFinalReward,
     /// A number the reward returns beside its score, by name.
+    #[serde(untagged)]
     Extra(String),
 }
 
 impl FilterMetric {
-    pub fn parse(name: &str) -> Self {
-        match name {
-            "acc" => FilterMetric::Acc,
-            "score" => FilterMetric::Score,
-            "seq_reward" => FilterMetric::SeqReward,
-            "seq_final_reward" => FilterMetric::SeqFinalReward,
-            other => FilterMetric::Extra(other.to_owned()),
-        }
-    }
-
     pub fn name(&self) -> &str {
         match self {
             FilterMetric::Acc => "acc",
@@ -325,89 +164,73 @@ impl FilterMetric {
     }
 }
 
-impl AlgorithmConfig {
-    /// Whether the reference model's log-probabilities are needed.
-    pub fn needs_ref(&self, actor: &ActorConfig) -> bool {
-        self.kl_in_reward.is_some() || actor.kl_loss.is_some()
-    }
-}
-
-/// The device capacity the memory layer enforces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The device capacity the memory layer enforces: written `"auto"`, a
+/// number of bytes, or a size with a unit (`512MiB`, `2 GB`, `1.5GiB`: the
+/// `bytesize` crate's parser, KB, MB, … decimal; KiB, MiB, … binary);
+/// printed in whole binary units where it is a whole number of one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "toml::Value", into = "toml::Value")]
 pub enum Capacity {
     /// The device's memory (CUDA), or on the CPU a capacity chosen by the
     /// run to make the choreography matter.
+    #[default]
     Auto,
     Bytes(u64),
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct MemoryConfig {
-    pub capacity: Capacity,
-    pub colocation: Colocation,
-    pub offload_train_param: bool,
-    pub offload_train_grad: bool,
-    pub offload_train_optimizer: bool,
-    pub offload_ref: bool,
-    pub offload_policy: OffloadPolicy,
+impl TryFrom<toml::Value> for Capacity {
+    type Error = String;
+    fn try_from(v: toml::Value) -> std::result::Result<Self, String> {
+        let text = match v {
+            toml::Value::Integer(b) if b > 0 => return Ok(Capacity::Bytes(b as u64)),
+            toml::Value::Integer(_) => return Err("must be positive".into()),
+            toml::Value::String(t) => t.trim().to_owned(),
+            other => {
+                return Err(format!(
+                    "expected \"auto\" or a size like \"512MiB\", got {other}"
+                ))
+            }
+        };
+        if text.eq_ignore_ascii_case("auto") {
+            return Ok(Capacity::Auto);
+        }
+        match text.parse::<bytesize::ByteSize>().map(|b| b.as_u64()) {
+            Ok(0) => Err(format!("must be positive, got {text:?}")),
+            // The parser saturates on overflow.
+            Ok(u64::MAX) => Err(format!("{text:?} is too large")),
+            Ok(b) => Ok(Capacity::Bytes(b)),
+            Err(_) => Err(format!(
+                "expected \"auto\" or a size like \"512MiB\" (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), got {text:?}"
+            )),
+        }
+    }
 }
 
-/// How long the run is.
+impl From<Capacity> for toml::Value {
+    /// `"24 GiB"` where the bytes are a whole number of a binary unit, else
+    /// the number of bytes: either reads back to the same capacity.
+    fn from(c: Capacity) -> toml::Value {
+        let Capacity::Bytes(b) = c else {
+            return toml::Value::String("auto".into());
+        };
+        for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+            if b >= 1 << shift && b.is_multiple_of(1 << shift) {
+                return toml::Value::String(format!("{} {unit}", b >> shift));
+            }
+        }
+        i64::try_from(b).map_or(toml::Value::String(format!("{b} B")), toml::Value::Integer)
+    }
+}
+
+/// How long the run is ([`TrainerConfig::length`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunLength {
     Steps(usize),
     Epochs(usize),
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct TrainerConfig {
-    pub length: RunLength,
-    /// `None`: checkpoint only at the end.
-    pub save_freq: Option<usize>,
-    /// `None`: evaluate only before (if `val_before_train`) and at the end.
-    pub test_freq: Option<usize>,
-    pub val_before_train: bool,
-    /// Evaluate the starting model only (`colo train` trains nothing).
-    pub val_only: bool,
-    pub resume: bool,
-    pub out_dir: PathBuf,
-    /// verl's run names; with no `out_dir` written they name it.
-    pub project_name: Option<String>,
-    pub experiment_name: Option<String>,
-    /// verl's `trainer.logger` as written (`"console"`, `"file"`): what
-    /// colo writes anyway, kept so `--print-config` shows it.
-    pub logger: Option<Vec<String>>,
-    /// Steps at the start that update the critic only (GAE runs).
-    pub critic_warmup: usize,
-    /// verl's dumps of the generations, `{step}.jsonl` in these directories
-    /// (see [`crate::generations`]): every step's, every evaluation's. As
-    /// written: a relative path is in the run directory
-    /// ([`TrainerConfig::dumps_in`]).
-    pub rollout_data_dir: Option<PathBuf>,
-    pub validation_data_dir: Option<PathBuf>,
-    pub seed: u64,
-    pub device: Device,
-    pub dtype: Dtype,
-    /// `None`: `OMP_NUM_THREADS`, else one per core.
-    pub cpu_threads: Option<usize>,
-}
-
-impl TrainerConfig {
-    /// `rollout_data_dir` and `validation_data_dir` where a run into the
-    /// run directory `out` writes them: a relative path is in `out`, so
-    /// that two runs with other `--out` keep their dumps apart; an absolute
-    /// one is kept.
-    pub fn dumps_in(&self, out: &Path) -> (Option<PathBuf>, Option<PathBuf>) {
-        let place = |d: &Option<PathBuf>| d.as_ref().map(|d| out.join(d));
-        (
-            place(&self.rollout_data_dir),
-            place(&self.validation_data_dir),
-        )
-    }
-}
-
 /// The batch sizes of one RL step, in prompts and samples.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BatchPlan {
     /// `data.train_batch_size`.
     pub prompts_per_step: usize,
@@ -447,6 +270,24 @@ impl BatchPlan {
             None => colo_train::Split::Rows(self.micro_batch_samples),
         }
     }
+}
+
+/// Why a run of `optimizer_steps` cannot take the optimizer `o`'s schedule
+/// of `key` (`actor`, `critic`), if it cannot: a cosine decays after the
+/// warmup, so it needs more steps.
+pub fn schedule_error(
+    o: &colo_train::OptimConfig,
+    key: &str,
+    optimizer_steps: usize,
+) -> Option<String> {
+    (o.schedule == colo_train::ScheduleKind::Cosine && optimizer_steps as u64 <= o.warmup_steps)
+        .then(|| {
+            format!(
+                "{key}.warmup_style = \"cosine\" decays over the run's optimizer steps, \
+                 {optimizer_steps}, which must be more than {key}.warmup_steps = {}",
+                o.warmup_steps
+            )
+        })
 }
 
 impl Config {
@@ -506,8 +347,7 @@ impl Config {
 
     /// Parses and validates TOML text, whatever this machine's devices.
     fn parse(text: &str, path: &Path) -> Result<Self> {
-        let raw: RawConfig =
-            toml::from_str(text).map_err(|e| locate::toml_error(&e, text, path))?;
+        let raw: Config = toml::from_str(text).map_err(|e| locate::toml_error(&e, text, path))?;
         validate::validate(raw).map_err(|(field, message)| {
             let line = locate::key_line(text, &field);
             let message = match line {
@@ -525,17 +365,65 @@ impl Config {
 
     /// The built-in task's run (an empty file).
     pub fn builtin() -> Self {
-        validate::validate(RawConfig::default()).expect("the defaults are valid")
+        validate::validate(Config::default()).expect("the defaults are valid")
     }
 
     /// Steps of the run for a training set of `train_prompts` prompts.
     pub fn total_steps(&self, train_prompts: usize) -> usize {
-        match self.trainer.length {
+        match self.trainer.length() {
             RunLength::Steps(s) => s,
             // A pass over the prompts is this many generation batches
             // (verl's dataloader length, also with dynamic sampling).
             RunLength::Epochs(e) => e * (train_prompts / self.batch.gen_batch_prompts),
         }
+    }
+
+    /// Whether the run has held-out prompts to evaluate on.
+    pub fn evaluates(&self) -> bool {
+        let d = &self.data;
+        d.train_files.is_empty() || !d.val_files.is_empty() || d.val_fraction.is_some()
+    }
+
+    /// How the data's rows are read: the keys, and whether the reward takes
+    /// a structured ground truth.
+    pub fn fields(&self) -> Fields {
+        Fields {
+            prompt_key: self.data.prompt_key.clone(),
+            answer_key: self.data.answer_key.clone(),
+            structured_answers: self.reward.takes_structured_ground_truth(),
+        }
+    }
+
+    /// The seed of the epoch shuffles and the held-out split.
+    pub fn data_seed(&self) -> u64 {
+        self.data.seed.unwrap_or(self.trainer.seed)
+    }
+
+    /// The critic's optimizer: the actor's, but for what `[critic]` sets.
+    pub fn critic_optim(&self) -> colo_train::OptimConfig {
+        let (c, a) = (&self.critic, self.actor.optim());
+        colo_train::OptimConfig {
+            lr: c.lr.unwrap_or(a.lr),
+            warmup_steps: c.warmup_steps.map_or(a.warmup_steps, |w| w as u64),
+            weight_decay: c.weight_decay.unwrap_or(a.weight_decay),
+            grad_clip: c.grad_clip.or(a.grad_clip),
+            ..a
+        }
+    }
+
+    /// How the value loss is averaged over tokens.
+    pub fn critic_loss_agg_mode(&self) -> colo_algo::LossAggMode {
+        (self.critic.loss_agg_mode).unwrap_or(self.actor.loss_agg_mode)
+    }
+
+    /// Whether the reference model's log-probabilities are needed.
+    pub fn needs_ref(&self) -> bool {
+        self.algorithm.use_kl_in_reward || self.actor.use_kl_loss
+    }
+
+    /// The run directory (`colo train --out` sets it).
+    pub fn out_dir(&self) -> &Path {
+        (self.trainer.out_dir.as_deref()).unwrap_or(Path::new(DEFAULT_OUT_DIR))
     }
 
     /// The resolved settings, one topic a line, for the console.
@@ -553,11 +441,5 @@ impl Config {
             field: "<file>".into(),
             message,
         })
-    }
-
-    /// The raw form of this configuration: every value explicit, as
-    /// [`Config::to_toml`] prints it.
-    pub fn to_raw(&self) -> RawConfig {
-        print::to_raw(self)
     }
 }

@@ -47,15 +47,14 @@ fn loss_settings(p: &colo_algo::PolicyLossConfig) -> String {
 
 /// The algorithm line's tail: a cosine schedule, and PPO's critic.
 fn schedule_text(c: &Config) -> String {
-    let o = &c.actor.optim;
-    let mut text = match o.schedule {
+    let mut text = match c.actor.warmup_style {
         colo_train::ScheduleKind::Cosine => {
-            format!(", then cosine to {} × lr", Num(o.min_lr_ratio))
+            format!(", then cosine to {} × lr", Num(c.actor.min_lr_ratio))
         }
         colo_train::ScheduleKind::Constant => String::new(),
     };
-    if c.algorithm.advantage.adv_estimator == AdvEstimator::Gae {
-        text += &format!(", critic lr {}", Num(c.critic.optim.lr));
+    if c.algorithm.adv_estimator == AdvEstimator::Gae {
+        text += &format!(", critic lr {}", Num(c.critic_optim().lr));
         if c.trainer.critic_warmup > 0 {
             text += &match c.trainer.critic_warmup {
                 1 => " (alone for the first step)".to_owned(),
@@ -160,18 +159,23 @@ fn sampling_text(s: &Sampling) -> String {
 }
 
 pub(crate) fn summary(c: &Config) -> String {
-    let model = match &c.model {
-        ModelSource::Builtin => "built-in (Qwen2, 0.8M parameters, character tokenizer)".to_owned(),
-        ModelSource::Path(p) => p.display().to_string(),
+    let model = match &c.model.path {
+        None => "built-in (Qwen2, 0.8M parameters, character tokenizer)".to_owned(),
+        Some(p) => p.display().to_string(),
     };
-    let kl = match (&c.actor.kl_loss, &c.algorithm.kl_in_reward) {
-        (Some(k), _) => format!("KL loss {} × {}", name(&k.estimator), Num(k.coef)),
-        (None, Some(k)) => format!(
-            "KL in reward {}, β {}",
-            name(&k.estimator),
-            Num(k.ctrl.kl_coef)
+    let (a, alg) = (&c.actor, &c.algorithm);
+    let kl = match (a.use_kl_loss, alg.use_kl_in_reward) {
+        (true, _) => format!(
+            "KL loss {} × {}",
+            name(&a.kl_loss_type),
+            Num(a.kl_loss_coef)
         ),
-        (None, None) => "no KL (no reference model)".into(),
+        (false, true) => format!(
+            "KL in reward {}, β {}",
+            name(&alg.kl_penalty),
+            Num(alg.kl_ctrl.kl_coef)
+        ),
+        (false, false) => "no KL (no reference model)".into(),
     };
     [
         format!("data       {}", data_text(c)),
@@ -180,11 +184,11 @@ pub(crate) fn summary(c: &Config) -> String {
         update_line(c),
         format!(
             "algorithm  {} advantages, {} policy loss ({}), {kl}, lr {} (warmup {})",
-            c.algorithm.advantage.adv_estimator.name(),
-            name(&c.actor.policy_loss.loss_mode),
-            loss_settings(&c.actor.policy_loss),
-            Num(c.actor.optim.lr),
-            c.actor.optim.warmup_steps
+            c.algorithm.adv_estimator.name(),
+            name(&c.actor.loss_mode),
+            loss_settings(&c.actor.policy_loss()),
+            Num(c.actor.lr),
+            c.actor.warmup_steps
         ) + &schedule_text(c),
         format!("reward     {}", reward_text(&c.reward)),
         format!(
@@ -209,7 +213,7 @@ pub(crate) fn summary(c: &Config) -> String {
 
 /// The `data` line of [`summary`]: where the prompts come from.
 fn data_text(c: &Config) -> String {
-    match &c.data.source {
+    match &c.data.source() {
         DataSource::Builtin(t) => {
             format!(
         "built-in arithmetic task (ops {}, operands 0..={}): {} train / {} held-out prompts",
@@ -224,7 +228,7 @@ fn data_text(c: &Config) -> String {
             };
             format!(
                 "{train:?}, {val}; prompt `{}`, answer `{}`",
-                c.data.fields.prompt_key, c.data.fields.answer_key
+                c.data.prompt_key, c.data.answer_key
             )
         }
     }
@@ -239,15 +243,15 @@ fn step_line(c: &Config) -> String {
         b.n,
         b.samples_per_step,
         c.rollout.max_new_tokens,
-        sampling_text(&c.rollout.sampling),
+        sampling_text(&c.rollout.sampling()),
         match &c.algorithm.filter_groups {
-            None => String::new(),
-            Some(f) => format!(
+            f if !f.enable => String::new(),
+            f => format!(
                 "; dynamic sampling: batches of {} prompts until {} with varying {} ({})",
                 b.gen_batch_prompts,
                 b.prompts_per_step,
                 f.metric.name(),
-                match f.max_gen_batches {
+                match f.max_gen_batches() {
                     Some(m) => format!("at most {m} batches a step"),
                     None => "no limit".into(),
                 }
@@ -320,7 +324,7 @@ fn memory_line(c: &Config) -> String {
 
 /// The `run` line of [`summary`]: its length, evaluations and output.
 fn run_line(c: &Config) -> String {
-    let length = match c.trainer.length {
+    let length = match c.trainer.length() {
         RunLength::Steps(s) => format!("{s} steps"),
         RunLength::Epochs(e) => format!("{e} epochs"),
     };
@@ -333,23 +337,23 @@ fn run_line(c: &Config) -> String {
         true => format!(
             "run        evaluation only (trainer.val_only: nothing is trained), {}, seed {}, \
              out {}",
-            sampling_text(&c.rollout.val_sampling),
+            sampling_text(&c.rollout.val_sampling()),
             c.trainer.seed,
-            c.trainer.out_dir.display()
+            c.out_dir().display()
         ),
         false => format!(
             "run        {length}, {}, checkpoint {}, seed {}, out {}",
             match c.evaluates() {
                 true => format!(
                     "eval {} ({})",
-                    freq(c.trainer.test_freq),
-                    sampling_text(&c.rollout.val_sampling)
+                    freq(c.trainer.test_every()),
+                    sampling_text(&c.rollout.val_sampling())
                 ),
                 false => "no evaluation (no held-out set)".to_owned(),
             },
-            freq(c.trainer.save_freq),
+            freq(c.trainer.save_every()),
             c.trainer.seed,
-            c.trainer.out_dir.display()
+            c.out_dir().display()
         ),
     }
 }

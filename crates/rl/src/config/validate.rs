@@ -1,15 +1,13 @@
-//! [`RawConfig`] → [`Config`]: each section's values, then the checks
-//! across sections (batch sizes against each other, the schedule against
-//! the run's length, the dumps, the critic, an evaluation-only run).
+//! The checks of a deserialised [`Config`]: each section's values, then
+//! the checks across sections (batch sizes against each other, the
+//! schedule against the run's length, the dumps, the critic, an
+//! evaluation-only run). What an unset key resolves to is written into
+//! the config, so that it prints as it runs; [`BatchPlan`] is derived.
 //! Errors are `(field path, message)`; the caller adds the file and line.
 
-use colo_algo::{AdvEstimator, AdvantageConfig, PolicyLossConfig, RolloutCorrectionConfig};
+use colo_algo::AdvEstimator;
 
 use super::num::Num;
-use super::raw::{
-    default_micro_batch_samples, Loggers, RawActor, RawAlgorithm, RawCapacity, RawCluster,
-    RawConfig, RawCritic, RawData, RawMemory, RawRollout, RawTrainer, DEFAULT_MINI_BATCH_PROMPTS,
-};
 use super::*;
 
 type Check<T> = std::result::Result<T, (String, String)>;
@@ -19,10 +17,10 @@ fn bad<T>(field: &str, message: impl Into<String>) -> Check<T> {
 }
 
 fn positive(field: &str, v: usize) -> Check<usize> {
-    if v == 0 {
-        return bad(field, "must be at least 1");
+    match v {
+        0 => bad(field, "must be at least 1"),
+        v => Ok(v),
     }
-    Ok(v)
 }
 
 /// A finite `v > 0`.
@@ -31,22 +29,6 @@ fn above_zero(field: &str, v: f64) -> Check<f64> {
         return bad(
             field,
             format!("must be a finite number > 0, got {}", Num(v)),
-        );
-    }
-    Ok(v)
-}
-
-/// SAPO's gate temperature: within [1e-6, 1e6], so that the gate
-/// σ(τ(r − 1))·4/τ, computed in float32, stays finite and nonzero.
-fn gate_temperature(field: &str, v: f64) -> Check<f64> {
-    if !(v.is_finite() && (1e-6..=1e6).contains(&v)) {
-        return bad(
-            field,
-            format!(
-                "must be a number in [1e-6, 1e6] (SAPO's gate temperature; verl's are 1.0 \
-                 and 1.05), got {}",
-                Num(v)
-            ),
         );
     }
     Ok(v)
@@ -65,147 +47,101 @@ fn at_least_zero(field: &str, v: f64) -> Check<f64> {
 
 fn in_range(field: &str, v: f64, lo: f64, hi: f64) -> Check<f64> {
     if !(v.is_finite() && v >= lo && v <= hi) {
-        return bad(
-            field,
-            format!("must be in [{}, {}], got {}", Num(lo), Num(hi), Num(v)),
-        );
+        let range = format!("[{}, {}]", Num(lo), Num(hi));
+        return bad(field, format!("must be in {range}, got {}", Num(v)));
     }
     Ok(v)
 }
 
-fn sampling(prefix: &str, temperature: f64, top_p: f64, top_k: i64) -> Check<Sampling> {
-    let temperature = in_range(&format!("{prefix}temperature"), temperature, 0.0, 100.0)?;
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return bad(
-            &format!("{prefix}top_p"),
-            format!("must be in (0, 1], got {top_p}"),
-        );
+/// A share in (0, 1].
+fn share(field: &str, v: f64, what: &str) -> Check<()> {
+    match v > 0.0 && v <= 1.0 {
+        true => Ok(()),
+        false => bad(field, format!("{what}in (0, 1], got {v}")),
     }
-    let top_k = match top_k {
-        -1 | 0 => None,
-        k if k > 0 => Some(k as usize),
-        k => {
-            return bad(
-                &format!("{prefix}top_k"),
-                format!("must be -1 (off) or positive, got {k}"),
-            )
-        }
-    };
-    Ok(Sampling {
-        temperature,
-        top_p,
-        top_k,
-    })
 }
 
-/// `-1` / `0` → `None` (verl's "never" for frequencies).
-fn frequency(field: &str, v: i64) -> Check<Option<usize>> {
+/// SAPO's gate temperature: within [1e-6, 1e6], so that the gate
+/// σ(τ(r − 1))·4/τ, computed in float32, stays finite and nonzero.
+fn gate_temperature(field: &str, v: f64) -> Check<()> {
+    if !(v.is_finite() && (1e-6..=1e6).contains(&v)) {
+        return bad(
+            field,
+            format!(
+                "must be a number in [1e-6, 1e6] (SAPO's gate temperature; verl's are 1.0 \
+                 and 1.05), got {}",
+                Num(v)
+            ),
+        );
+    }
+    Ok(())
+}
+
+fn sampling(prefix: &str, temperature: f64, top_p: f64, top_k: i64) -> Check<()> {
+    in_range(&format!("{prefix}temperature"), temperature, 0.0, 100.0)?;
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        let field = format!("{prefix}top_p");
+        return bad(&field, format!("must be in (0, 1], got {top_p}"));
+    }
+    if top_k < -1 {
+        let field = format!("{prefix}top_k");
+        return bad(&field, format!("must be -1 (off) or positive, got {top_k}"));
+    }
+    Ok(())
+}
+
+/// `-1` / `0` is "never" (verl's), a positive number a period.
+fn frequency(field: &str, v: i64) -> Check<()> {
     match v {
-        -1 | 0 => Ok(None),
-        v if v > 0 => Ok(Some(v as usize)),
+        v if v >= -1 => Ok(()),
         v => bad(field, format!("must be -1 (off) or positive, got {v}")),
     }
 }
 
-/// `"auto"`, bytes, or a size with a unit (`512MiB`, `2 GB`, `1.5GiB`):
-/// the `bytesize` crate's parser (KB, MB, … decimal; KiB, MiB, … binary).
-pub(crate) fn capacity(raw: &RawCapacity) -> Check<Capacity> {
-    let text = match raw {
-        RawCapacity::Bytes(0) => return bad("memory.capacity", "must be positive"),
-        RawCapacity::Bytes(b) => return Ok(Capacity::Bytes(*b)),
-        RawCapacity::Text(t) => t.trim(),
-    };
-    if text.eq_ignore_ascii_case("auto") {
-        return Ok(Capacity::Auto);
-    }
-    match text.parse::<bytesize::ByteSize>().map(|b| b.as_u64()) {
-        Ok(0) => bad("memory.capacity", format!("must be positive, got {text:?}")),
-        // The parser saturates on overflow.
-        Ok(u64::MAX) => bad("memory.capacity", format!("{text:?} is too large")),
-        Ok(b) => Ok(Capacity::Bytes(b)),
-        Err(_) => bad(
-            "memory.capacity",
-            format!(
-                "expected \"auto\" or a size like \"512MiB\" (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), got {text:?}"
-            ),
-        ),
-    }
-}
-
-pub(crate) fn validate(raw: RawConfig) -> Check<Config> {
-    let RawConfig {
-        data,
-        model,
-        rollout,
-        actor,
-        critic,
-        algorithm,
-        reward,
-        memory,
-        trainer,
-        cluster,
-    } = raw;
-    let prompts = data.train_batch_size;
-    let gen_batch_size = data.gen_batch_size;
-    let mut data_cfg = data_section(data, trainer.seed)?;
-    data_cfg.fields.structured_answers = reward.takes_structured_ground_truth();
-    let rollout_cfg = rollout_section(&rollout, algorithm.adv_estimator)?;
-    let longest = data_cfg.max_prompt_length + rollout_cfg.max_new_tokens;
-    let mut batch = batch_plan(prompts, rollout_cfg.n, longest, &actor)?;
-    let ppo_epochs = batch.optimizer_steps_per_step / batch.mini_batches_per_step;
-    let mut actor_cfg = actor_section(actor, ppo_epochs)?;
-    actor_cfg.gradient_checkpointing = model.enable_gradient_checkpointing;
-    let critic_cfg = critic_section(critic, &actor_cfg)?;
-    let algorithm_cfg = algorithm_section(algorithm, rollout_cfg.max_new_tokens)?;
-    batch.gen_batch_prompts = gen_batch(gen_batch_size, prompts, &algorithm_cfg)?;
-    if let Err((field, message)) = reward.validate() {
+/// Checks `c`, writes in what its unset keys resolve to, and derives its
+/// batch plan.
+pub(crate) fn validate(mut c: Config) -> Check<Config> {
+    data_section(&c.data)?;
+    c.data.seed = Some(c.data_seed());
+    rollout_section(&c.rollout, c.algorithm.adv_estimator)?;
+    let longest = c.data.max_prompt_length + c.rollout.max_new_tokens;
+    c.batch = batch_plan(&c.data, c.rollout.n, longest, &c.actor)?;
+    c.actor.ppo_mini_batch_size = Some(c.batch.mini_batch_prompts);
+    c.actor.ppo_micro_batch_size = Some(c.batch.micro_batch_samples);
+    actor_section(&c.actor)?;
+    critic_section(&mut c)?;
+    algorithm_section(&c.algorithm, c.rollout.max_new_tokens)?;
+    c.batch.gen_batch_prompts = gen_batch(&c)?;
+    if let Err((field, message)) = c.reward.validate() {
         return bad(&format!("reward.{field}"), message);
     }
-    let config = Config {
-        data: data_cfg,
-        model: match model.path {
-            Some(p) => ModelSource::Path(p),
-            None => ModelSource::Builtin,
-        },
-        rollout: rollout_cfg,
-        actor: actor_cfg,
-        critic: critic_cfg,
-        algorithm: algorithm_cfg,
-        reward,
-        memory: memory_section(&memory)?,
-        trainer: trainer_section(trainer)?,
-        cluster: cluster_section(cluster, &batch)?,
-        batch,
-    };
-    schedule_fits(&config)?;
-    dumps_fit(&config)?;
-    critic_warmup_fits(&config)?;
-    val_only_fits(&config)?;
-    let s = &config.rollout.sampling;
-    if config.algorithm.filter_groups.is_some() && (s.temperature == 0.0 || s.top_k == Some(1)) {
+    trainer_section(&mut c.trainer)?;
+    cluster_section(&mut c.cluster, &c.batch)?;
+    schedule_fits(&c)?;
+    dumps_fit(&c)?;
+    critic_warmup_fits(&c)?;
+    val_only_fits(&c)?;
+    let s = c.rollout.sampling();
+    if c.algorithm.filter_groups.enable && (s.temperature == 0.0 || s.top_k == Some(1)) {
         return bad(
             "algorithm.filter_groups.enable",
             "greedy sampling (rollout.temperature = 0 or rollout.top_k = 1) gives all of a \
              prompt's samples one completion, so no group varies and no step could finish",
         );
     }
-    Ok(config)
+    Ok(c)
 }
 
 /// A cosine schedule needs more optimizer steps than its warmup.
 fn schedule_fits(c: &Config) -> Check<()> {
-    let RunLength::Steps(steps) = c.trainer.length else {
+    let RunLength::Steps(steps) = c.trainer.length() else {
         return Ok(());
     };
     let optimizer_steps = steps.saturating_mul(c.batch.optimizer_steps_per_step);
-    if let Some(why) = c.actor.optim.schedule_error(optimizer_steps) {
-        return bad("actor.warmup_steps", why);
-    }
-    if let Some(why) = c.critic.optim.schedule_error(optimizer_steps) {
-        return bad(
-            "critic.warmup_steps",
-            why.replace("actor.warmup_steps", "critic.warmup_steps"),
-        );
+    for (key, o) in [("actor", c.actor.optim()), ("critic", c.critic_optim())] {
+        if let Some(why) = schedule_error(&o, key, optimizer_steps) {
+            return bad(&format!("{key}.warmup_steps"), why);
+        }
     }
     Ok(())
 }
@@ -235,8 +171,8 @@ fn dumps_fit(c: &Config) -> Check<()> {
 /// Critic-only steps need a critic, and leave the actor some steps.
 fn critic_warmup_fits(c: &Config) -> Check<()> {
     let warmup = c.trainer.critic_warmup;
-    let gae = c.algorithm.advantage.adv_estimator == AdvEstimator::Gae;
-    if let (true, RunLength::Steps(steps)) = (gae, c.trainer.length) {
+    let gae = c.algorithm.adv_estimator == AdvEstimator::Gae;
+    if let (true, RunLength::Steps(steps)) = (gae, c.trainer.length()) {
         if warmup >= steps {
             return bad(
                 "trainer.critic_warmup",
@@ -265,7 +201,7 @@ fn val_only_fits(c: &Config) -> Check<()> {
     if !c.trainer.val_only {
         return Ok(());
     }
-    let why = match (c.evaluates(), c.trainer.resume, c.cluster.workers) {
+    let why = match (c.evaluates(), c.trainer.resume, c.cluster.workers()) {
         (false, ..) => "needs held-out prompts: data.val_files or data.val_fraction".to_owned(),
         (_, true, _) => VAL_ONLY_RESUME.to_owned(),
         (.., w) if w > 1 => format!(
@@ -280,7 +216,7 @@ fn val_only_fits(c: &Config) -> Check<()> {
 /// The workers (from `workers` or the layout, which must agree) must split
 /// every step's prompts and every mini-batch into whole prompts (each
 /// worker holds complete GRPO groups).
-fn cluster_section(cluster: RawCluster, batch: &BatchPlan) -> Check<ClusterConfig> {
+fn cluster_section(cluster: &mut ClusterConfig, batch: &BatchPlan) -> Check<()> {
     let from_layout = match &cluster.layout {
         None => None,
         Some(l) => Some(layout_devices(l)?),
@@ -311,18 +247,11 @@ fn cluster_section(cluster: RawCluster, batch: &BatchPlan) -> Check<ClusterConfi
             );
         }
     }
-    if cluster
-        .address
-        .as_deref()
-        .is_some_and(|a| a != "auto" && !a.contains(':'))
-    {
+    if (cluster.address.as_deref()).is_some_and(|a| a != "auto" && !a.contains(':')) {
         return bad("cluster.address", "expected \"auto\" or host:port");
     }
-    Ok(ClusterConfig {
-        workers: w,
-        layout: cluster.layout,
-        address: cluster.address,
-    })
+    cluster.workers = Some(w);
+    Ok(())
 }
 
 /// The devices of a `"p-t-d"` layout that colo train can execute: data
@@ -349,50 +278,38 @@ fn layout_devices(layout: &str) -> Check<usize> {
     }
 }
 
-fn data_section(data: RawData, default_seed: u64) -> Check<DataConfig> {
-    let train = data.train_files.to_vec();
-    let val = data.val_files.to_vec();
-    let source = match (train.is_empty(), val.is_empty(), data.val_fraction) {
-        (true, true, None) => DataSource::Builtin(data.builtin.clone()),
-        (true, _, _) => return bad(
+fn data_section(data: &DataConfig) -> Check<()> {
+    let (train, val) = (!data.train_files.is_empty(), !data.val_files.is_empty());
+    match (train, val, data.val_fraction) {
+        (false, false, None) => {
+            let t = &data.builtin;
+            if t.train_size + t.val_size > t.space() {
+                return bad(
+                    "data.builtin.train_size",
+                    format!(
+                        "train_size + val_size exceed the task's {} distinct problems",
+                        t.space()
+                    ),
+                );
+            }
+            if t.ops.is_empty() {
+                return bad("data.builtin.ops", "needs at least one of \"+\", \"-\"");
+            }
+        }
+        (false, ..) => return bad(
             "data.train_files",
             "held-out data are given but no training files (leave both out for the built-in task)",
         ),
-        (false, false, Some(_)) => {
+        (true, true, Some(_)) => {
             return bad(
                 "data.val_fraction",
                 "give val_files or val_fraction, not both",
             )
         }
-        (false, false, None) => DataSource::Files {
-            train,
-            val: ValSource::Files(val),
-        },
-        (false, true, Some(f)) if f > 0.0 && f < 1.0 => DataSource::Files {
-            train,
-            val: ValSource::Fraction(f),
-        },
-        (false, true, Some(f)) => {
+        (true, false, Some(f)) if !(f > 0.0 && f < 1.0) => {
             return bad("data.val_fraction", format!("must be in (0, 1), got {f}"))
         }
-        (false, true, None) => DataSource::Files {
-            train,
-            val: ValSource::None,
-        },
-    };
-    if let DataSource::Builtin(t) = &source {
-        if t.train_size + t.val_size > t.space() {
-            return bad(
-                "data.builtin.train_size",
-                format!(
-                    "train_size + val_size exceed the task's {} distinct problems",
-                    t.space()
-                ),
-            );
-        }
-        if t.ops.is_empty() {
-            return bad("data.builtin.ops", "needs at least one of \"+\", \"-\"");
-        }
+        _ => {}
     }
     for (field, v) in [
         ("data.prompt_key", &data.prompt_key),
@@ -402,27 +319,11 @@ fn data_section(data: RawData, default_seed: u64) -> Check<DataConfig> {
             return bad(field, "must not be empty");
         }
     }
-    let data_cfg = DataConfig {
-        source,
-        fields: Fields {
-            prompt_key: data.prompt_key,
-            answer_key: data.answer_key,
-            // The reward's (below).
-            structured_answers: false,
-        },
-        max_prompt_length: positive("data.max_prompt_length", data.max_prompt_length)?,
-        overlong: match data.filter_overlong_prompts {
-            true => Overlong::Drop,
-            false => Overlong::Error,
-        },
-        seed: data.seed.unwrap_or(default_seed),
-        shuffle: data.shuffle,
-    };
-
-    Ok(data_cfg)
+    positive("data.max_prompt_length", data.max_prompt_length)?;
+    Ok(())
 }
 
-fn rollout_section(rollout: &RawRollout, estimator: AdvEstimator) -> Check<RolloutConfig> {
+fn rollout_section(rollout: &RolloutConfig, estimator: AdvEstimator) -> Check<()> {
     let n = positive("rollout.n", rollout.n)?;
     let group = matches!(
         estimator,
@@ -442,11 +343,9 @@ fn rollout_section(rollout: &RawRollout, estimator: AdvEstimator) -> Check<Rollo
             ),
         );
     }
-    let kv = match rollout.max_kv_tokens {
-        Some(t) => KvBudget::Tokens(positive("rollout.max_kv_tokens", t)?),
-        None if rollout.mem_fraction > 0.0 && rollout.mem_fraction <= 1.0 => {
-            KvBudget::Fraction(rollout.mem_fraction)
-        }
+    match rollout.max_kv_tokens {
+        Some(t) => _ = positive("rollout.max_kv_tokens", t)?,
+        None if rollout.mem_fraction > 0.0 && rollout.mem_fraction <= 1.0 => {}
         None => {
             return bad(
                 "rollout.mem_fraction",
@@ -455,24 +354,12 @@ fn rollout_section(rollout: &RawRollout, estimator: AdvEstimator) -> Check<Rollo
         }
     };
     let v = &rollout.val_kwargs;
-    let rollout_cfg = RolloutConfig {
-        n,
-        sampling: sampling(
-            "rollout.",
-            rollout.temperature,
-            rollout.top_p,
-            rollout.top_k,
-        )?,
-        max_new_tokens: positive("rollout.max_new_tokens", rollout.max_new_tokens)?,
-        kv,
-        max_num_seqs: positive("rollout.max_num_seqs", rollout.max_num_seqs)?,
-        cpu_threads: (rollout.cpu_threads > 0).then_some(rollout.cpu_threads),
-        enforce_eager: rollout.enforce_eager,
-        val_n: positive("rollout.val_kwargs.n", v.n)?,
-        val_sampling: sampling("rollout.val_kwargs.", v.temperature, v.top_p, v.top_k)?,
-    };
-
-    Ok(rollout_cfg)
+    let r = rollout;
+    sampling("rollout.", r.temperature, r.top_p, r.top_k)?;
+    positive("rollout.max_new_tokens", rollout.max_new_tokens)?;
+    positive("rollout.max_num_seqs", rollout.max_num_seqs)?;
+    positive("rollout.val_kwargs.n", v.n)?;
+    sampling("rollout.val_kwargs.", v.temperature, v.top_p, v.top_k)
 }
 
 /// The largest divisor of `whole` that is at most `limit`: an unset
@@ -488,9 +375,9 @@ fn fitting(limit: usize, whole: usize) -> usize {
 
 /// Prompts per step → mini-batches (prompts) → micro-batches (samples, or
 /// a token budget that must hold the `longest` sample).
-fn batch_plan(prompts: usize, n: usize, longest: usize, actor: &RawActor) -> Check<BatchPlan> {
-    let prompts = positive("data.train_batch_size", prompts)?;
-    let mini = match actor.ppo_mini_batch_size {
+fn batch_plan(data: &DataConfig, n: usize, longest: usize, a: &ActorConfig) -> Check<BatchPlan> {
+    let prompts = positive("data.train_batch_size", data.train_batch_size)?;
+    let mini = match a.ppo_mini_batch_size {
         Some(m) => positive("actor.ppo_mini_batch_size", m)?,
         None => fitting(DEFAULT_MINI_BATCH_PROMPTS, prompts),
     };
@@ -500,25 +387,25 @@ fn batch_plan(prompts: usize, n: usize, longest: usize, actor: &RawActor) -> Che
             format!("{mini} prompts must divide data.train_batch_size ({prompts} prompts)"),
         );
     }
-    let micro = match actor.ppo_micro_batch_size {
+    let micro = match a.ppo_micro_batch_size {
         Some(m) => positive("actor.ppo_micro_batch_size", m)?,
         None => fitting(
-            default_micro_batch_samples(longest, actor.ppo_max_token_len_per_gpu),
+            default_micro_batch_samples(longest, a.ppo_max_token_len_per_gpu),
             mini * n,
         ),
     };
-    let max_tokens = match actor.use_dynamic_bsz {
+    let max_tokens = match a.use_dynamic_bsz {
         false => None,
-        true if actor.ppo_max_token_len_per_gpu < longest => {
+        true if a.ppo_max_token_len_per_gpu < longest => {
             return bad(
                 "actor.ppo_max_token_len_per_gpu",
                 format!(
                     "{} tokens cannot hold the longest sample: data.max_prompt_length + rollout.max_new_tokens = {longest} tokens",
-                    actor.ppo_max_token_len_per_gpu
+                    a.ppo_max_token_len_per_gpu
                 ),
             )
         }
-        true => Some(actor.ppo_max_token_len_per_gpu),
+        true => Some(a.ppo_max_token_len_per_gpu),
     };
     // With a token budget the sample count is not used (as in verl).
     if max_tokens.is_none() && !(mini * n).is_multiple_of(micro) {
@@ -530,8 +417,8 @@ fn batch_plan(prompts: usize, n: usize, longest: usize, actor: &RawActor) -> Che
             ),
         );
     }
-    let ppo_epochs = positive("actor.ppo_epochs", actor.ppo_epochs)?;
-    let batch = BatchPlan {
+    let ppo_epochs = positive("actor.ppo_epochs", a.ppo_epochs)?;
+    Ok(BatchPlan {
         prompts_per_step: prompts,
         n,
         samples_per_step: prompts * n,
@@ -546,17 +433,7 @@ fn batch_plan(prompts: usize, n: usize, longest: usize, actor: &RawActor) -> Che
         },
         micro_batch_max_tokens: max_tokens,
         optimizer_steps_per_step: prompts / mini * ppo_epochs,
-    };
-
-    Ok(batch)
-}
-
-/// An Adam β: in [0, 1).
-fn beta(field: &str, b: f64) -> Check<f64> {
-    match (0.0..1.0).contains(&b) {
-        true => Ok(b),
-        false => bad(field, format!("each must be in [0, 1), got {}", Num(b))),
-    }
+    })
 }
 
 /// Why `val_only` does not resume (said by the config and by `--resume`).
@@ -564,115 +441,87 @@ pub(crate) const VAL_ONLY_RESUME: &str = "evaluates model.path and does not resu
      run's checkpoint, set model.path to its directory (checkpoints/step-N is a Hugging Face \
      directory)";
 
-/// `[critic]`: the actor's optimizer but for what it sets.
-fn critic_section(critic: RawCritic, actor: &ActorConfig) -> Check<CriticConfig> {
-    let a = &actor.optim;
-    let optim = OptimConfig {
-        lr: match critic.lr {
-            Some(lr) => above_zero("critic.lr", lr)?,
-            None => a.lr,
-        },
-        warmup_steps: critic.warmup_steps.unwrap_or(a.warmup_steps),
-        weight_decay: match critic.weight_decay {
-            Some(w) => in_range("critic.weight_decay", w, 0.0, 1.0)?,
-            None => a.weight_decay,
-        },
-        grad_clip: match critic.grad_clip {
-            Some(c) => above_zero("critic.grad_clip", c)?,
-            None => a.grad_clip,
-        },
-        ..*a
-    };
-    Ok(CriticConfig {
-        optim,
-        cliprange_value: above_zero("critic.cliprange_value", critic.cliprange_value)?,
-        loss_agg_mode: critic
-            .loss_agg_mode
-            .unwrap_or(actor.policy_loss.loss_agg_mode),
-    })
+/// `[critic]`: checks what it sets and writes in the actor's settings for
+/// the rest.
+fn critic_section(c: &mut Config) -> Check<()> {
+    if let Some(lr) = c.critic.lr {
+        above_zero("critic.lr", lr)?;
+    }
+    if let Some(w) = c.critic.weight_decay {
+        in_range("critic.weight_decay", w, 0.0, 1.0)?;
+    }
+    if let Some(clip) = c.critic.grad_clip {
+        above_zero("critic.grad_clip", clip)?;
+    }
+    above_zero("critic.cliprange_value", c.critic.cliprange_value)?;
+    let a = &c.actor;
+    let critic = &mut c.critic;
+    critic.lr = critic.lr.or(Some(a.lr));
+    critic.warmup_steps = critic.warmup_steps.or(Some(a.warmup_steps));
+    critic.weight_decay = critic.weight_decay.or(Some(a.weight_decay));
+    critic.grad_clip = critic.grad_clip.or(Some(a.grad_clip));
+    critic.loss_agg_mode = critic.loss_agg_mode.or(Some(a.loss_agg_mode));
+    Ok(())
 }
 
-fn actor_section(actor: RawActor, ppo_epochs: usize) -> Check<ActorConfig> {
-    Ok(ActorConfig {
-        optim: OptimConfig {
-            lr: above_zero("actor.lr", actor.lr)?,
-            warmup_steps: actor.warmup_steps,
-            weight_decay: in_range("actor.weight_decay", actor.weight_decay, 0.0, 1.0)?,
-            grad_clip: above_zero("actor.grad_clip", actor.grad_clip)?,
-            schedule: actor.warmup_style,
-            min_lr_ratio: in_range("actor.min_lr_ratio", actor.min_lr_ratio, 0.0, 1.0)?,
-            betas: match actor.betas[..] {
-                [b1, b2] => (beta("actor.betas", b1)?, beta("actor.betas", b2)?),
-                _ => {
-                    return bad(
-                        "actor.betas",
-                        format!("must be two numbers [β₁, β₂], got {:?}", actor.betas),
-                    )
-                }
-            },
-        },
-        ppo_epochs,
-        policy_loss: policy_loss(&actor)?,
-        entropy_coeff: in_range("actor.entropy_coeff", actor.entropy_coeff, -1.0, 1.0)?,
-        kl_loss: match actor.use_kl_loss {
-            true => Some(KlLoss {
-                coef: at_least_zero("actor.kl_loss_coef", actor.kl_loss_coef)?,
-                estimator: actor.kl_loss_type,
-            }),
-            false => None,
-        },
-        gradient_checkpointing: false,
-    })
-}
-
-/// The policy loss's settings, each loss mode's within its range.
-fn policy_loss(actor: &RawActor) -> Check<PolicyLossConfig> {
-    let policy_loss = PolicyLossConfig {
-        loss_mode: actor.loss_mode,
-        clip_ratio: actor.clip_ratio,
-        clip_ratio_low: actor.clip_ratio_low,
-        clip_ratio_high: actor.clip_ratio_high,
-        clip_ratio_c: actor.clip_ratio_c,
-        loss_agg_mode: actor.loss_agg_mode,
-        kl_cov_ratio: actor.kl_cov_ratio,
-        ppo_kl_coef: actor.ppo_kl_coef,
-        clip_cov_ratio: actor.clip_cov_ratio,
-        clip_cov_lb: actor.clip_cov_lb,
-        clip_cov_ub: actor.clip_cov_ub,
-        tau_pos: gate_temperature("actor.tau_pos", actor.tau_pos)?,
-        tau_neg: gate_temperature("actor.tau_neg", actor.tau_neg)?,
+fn actor_section(actor: &ActorConfig) -> Check<()> {
+    above_zero("actor.lr", actor.lr)?;
+    in_range("actor.weight_decay", actor.weight_decay, 0.0, 1.0)?;
+    above_zero("actor.grad_clip", actor.grad_clip)?;
+    in_range("actor.min_lr_ratio", actor.min_lr_ratio, 0.0, 1.0)?;
+    let [b1, b2] = actor.betas[..] else {
+        return bad(
+            "actor.betas",
+            format!("must be two numbers [β₁, β₂], got {:?}", actor.betas),
+        );
     };
+    for b in [b1, b2] {
+        if !(0.0..1.0).contains(&b) {
+            return bad(
+                "actor.betas",
+                format!("each must be in [0, 1), got {}", Num(b)),
+            );
+        }
+    }
+    gate_temperature("actor.tau_pos", actor.tau_pos)?;
+    gate_temperature("actor.tau_neg", actor.tau_neg)?;
     covariance_settings(actor)?;
-    if let Err(colo_algo::Error::InvalidConfig {
+    clip_range(actor)?;
+    in_range("actor.entropy_coeff", actor.entropy_coeff, -1.0, 1.0)?;
+    if actor.use_kl_loss {
+        at_least_zero("actor.kl_loss_coef", actor.kl_loss_coef)?;
+    }
+    Ok(())
+}
+
+/// The clip ratios, as colo-algo checks them.
+fn clip_range(actor: &ActorConfig) -> Check<()> {
+    let Err(colo_algo::Error::InvalidConfig {
         field,
         value,
         reason,
-    }) = policy_loss.clip_range()
-    {
-        // An unset bound takes clip_ratio's value: name the key written.
-        let field = match field {
-            "clip_ratio_low" if actor.clip_ratio_low.is_none() => "clip_ratio",
-            "clip_ratio_high" if actor.clip_ratio_high.is_none() => "clip_ratio",
-            f => f,
-        };
-        // colo-algo writes the value with `{}`: every digit of 1e300.
-        let value = value.parse().map_or(value, |v: f64| Num(v).to_string());
-        return bad(&format!("actor.{field}"), format!("{reason}, got {value}"));
-    }
-    Ok(policy_loss)
+    }) = actor.policy_loss().clip_range()
+    else {
+        return Ok(());
+    };
+    // An unset bound takes clip_ratio's value: name the key written.
+    let field = match field {
+        "clip_ratio_low" if actor.clip_ratio_low.is_none() => "clip_ratio",
+        "clip_ratio_high" if actor.clip_ratio_high.is_none() => "clip_ratio",
+        f => f,
+    };
+    // colo-algo writes the value with `{}`: every digit of 1e300.
+    let value = value.parse().map_or(value, |v: f64| Num(v).to_string());
+    bad(&format!("actor.{field}"), format!("{reason}, got {value}"))
 }
 
 /// Clip-Cov's and KL-Cov's shares of tokens and covariance range.
-fn covariance_settings(actor: &RawActor) -> Check<()> {
-    if !(actor.clip_cov_ratio > 0.0 && actor.clip_cov_ratio <= 1.0) {
-        return bad(
-            "actor.clip_cov_ratio",
-            format!(
-                "is the share of tokens Clip-Cov drops: in (0, 1], got {}",
-                actor.clip_cov_ratio
-            ),
-        );
-    }
+fn covariance_settings(actor: &ActorConfig) -> Check<()> {
+    share(
+        "actor.clip_cov_ratio",
+        actor.clip_cov_ratio,
+        "is the share of tokens Clip-Cov drops: ",
+    )?;
     let (lb, ub) = (actor.clip_cov_lb, actor.clip_cov_ub);
     if !lb.is_finite() {
         return bad(
@@ -680,7 +529,7 @@ fn covariance_settings(actor: &RawActor) -> Check<()> {
             format!("must be a finite number, got {}", Num(lb)),
         );
     }
-    if ub.is_finite() && ub <= lb && ub == RawActor::default().clip_cov_ub {
+    if ub.is_finite() && ub <= lb && ub == ActorConfig::default().clip_cov_ub {
         // The file moved the lower bound past the default upper one.
         return bad(
             "actor.clip_cov_lb",
@@ -703,15 +552,11 @@ fn covariance_settings(actor: &RawActor) -> Check<()> {
             ),
         );
     }
-    if !(actor.kl_cov_ratio > 0.0 && actor.kl_cov_ratio <= 1.0) {
-        return bad(
-            "actor.kl_cov_ratio",
-            format!(
-                "is the share of tokens KL-Cov penalises: in (0, 1], got {}",
-                actor.kl_cov_ratio
-            ),
-        );
-    }
+    share(
+        "actor.kl_cov_ratio",
+        actor.kl_cov_ratio,
+        "is the share of tokens KL-Cov penalises: ",
+    )?;
     if !(actor.ppo_kl_coef.is_finite() && actor.ppo_kl_coef >= 0.0) {
         return bad(
             "actor.ppo_kl_coef",
@@ -721,100 +566,65 @@ fn covariance_settings(actor: &RawActor) -> Check<()> {
     Ok(())
 }
 
-fn algorithm_section(algorithm: RawAlgorithm, max_new_tokens: usize) -> Check<AlgorithmConfig> {
+fn algorithm_section(algorithm: &AlgorithmConfig, max_new_tokens: usize) -> Check<()> {
     let ob = &algorithm.overlong_buffer;
-    let overlong_buffer = match ob.enable {
-        false => None,
-        true => {
-            let field = "algorithm.overlong_buffer.len";
-            if ob.len == 0 || ob.len > max_new_tokens {
-                return bad(
-                    field,
-                    format!(
-                        "must be 1 to rollout.max_new_tokens = {max_new_tokens} (the tokens before \
-                         the limit over which the punishment grows), got {}",
-                        ob.len
-                    ),
-                );
-            }
-            Some(colo_algo::OverlongBuffer {
-                len: ob.len,
-                penalty_factor: at_least_zero(
-                    "algorithm.overlong_buffer.penalty_factor",
-                    ob.penalty_factor,
-                )?,
-            })
+    if ob.enable {
+        if ob.len == 0 || ob.len > max_new_tokens {
+            return bad(
+                "algorithm.overlong_buffer.len",
+                format!(
+                    "must be 1 to rollout.max_new_tokens = {max_new_tokens} (the tokens before \
+                     the limit over which the punishment grows), got {}",
+                    ob.len
+                ),
+            );
         }
-    };
-    let fg = &algorithm.filter_groups;
-    let filter_groups = match fg.enable {
-        false => None,
-        true => {
-            let metric = FilterMetric::parse(fg.metric.trim());
-            match &metric {
-                FilterMetric::Extra(name) if name.is_empty() => return bad(
+        let field = "algorithm.overlong_buffer.penalty_factor";
+        at_least_zero(field, ob.penalty_factor)?;
+    }
+    if algorithm.filter_groups.enable {
+        match &algorithm.filter_groups.metric {
+            FilterMetric::Extra(name) if name.trim().is_empty() => {
+                return bad(
                     "algorithm.filter_groups.metric",
                     "must name what varies within a group: \"acc\", \"score\", \"seq_reward\", \
-                         \"seq_final_reward\", or a number the reward returns beside its score",
-                ),
-                // verl filters after the KL penalty of the generation batch;
-                // colo computes that penalty on the kept samples only.
-                FilterMetric::SeqFinalReward if algorithm.use_kl_in_reward => return bad(
+                     \"seq_final_reward\", or a number the reward returns beside its score",
+                )
+            }
+            // verl filters after the KL penalty of the generation batch;
+            // colo computes that penalty on the kept samples only.
+            FilterMetric::SeqFinalReward if algorithm.use_kl_in_reward => {
+                return bad(
                     "algorithm.filter_groups.metric",
                     "\"seq_final_reward\" with algorithm.use_kl_in_reward needs the KL penalty \
-                         before the filter, and colo computes it on the kept samples: filter on \
-                         \"seq_reward\" (the rewards before the penalty) or \"acc\"",
-                ),
-                _ => {}
+                     before the filter, and colo computes it on the kept samples: filter on \
+                     \"seq_reward\" (the rewards before the penalty) or \"acc\"",
+                )
             }
-            Some(FilterGroups {
-                metric,
-                max_gen_batches: usize::try_from(fg.max_num_gen_batches)
-                    .ok()
-                    .filter(|&m| m > 0),
-            })
+            _ => {}
         }
-    };
-    let ctrl = &algorithm.kl_ctrl;
-    if algorithm.use_kl_in_reward {
-        at_least_zero("algorithm.kl_ctrl.kl_coef", ctrl.kl_coef)?;
     }
-    let rc = &algorithm.rollout_correction;
+    if algorithm.use_kl_in_reward {
+        at_least_zero("algorithm.kl_ctrl.kl_coef", algorithm.kl_ctrl.kl_coef)?;
+    }
     above_zero(
         "algorithm.rollout_correction.rollout_is_threshold",
-        rc.rollout_is_threshold,
+        algorithm.rollout_correction.rollout_is_threshold,
     )?;
-    let algorithm_cfg = AlgorithmConfig {
-        advantage: AdvantageConfig {
-            adv_estimator: algorithm.adv_estimator,
-            gamma: in_range("algorithm.gamma", algorithm.gamma, 0.0, 1.0)?,
-            lam: in_range("algorithm.lam", algorithm.lam, 0.0, 1.0)?,
-            norm_adv_by_std_in_grpo: algorithm.norm_adv_by_std_in_grpo,
-            ..AdvantageConfig::default()
-        },
-        kl_in_reward: algorithm.use_kl_in_reward.then(|| KlInReward {
-            estimator: algorithm.kl_penalty,
-            ctrl: algorithm.kl_ctrl.clone(),
-        }),
-        rollout_correction: RolloutCorrectionConfig {
-            rollout_is: rc.rollout_is,
-            rollout_is_threshold: rc.rollout_is_threshold,
-        },
-        overlong_buffer,
-        filter_groups,
-    };
-
-    Ok(algorithm_cfg)
+    in_range("algorithm.gamma", algorithm.gamma, 0.0, 1.0)?;
+    in_range("algorithm.lam", algorithm.lam, 0.0, 1.0)?;
+    Ok(())
 }
 
 /// `data.gen_batch_size`: prompts per generation batch, which only
 /// dynamic sampling draws more than one of.
-fn gen_batch(gen: Option<usize>, prompts: usize, algorithm: &AlgorithmConfig) -> Check<usize> {
-    match (gen, &algorithm.filter_groups) {
+fn gen_batch(c: &Config) -> Check<usize> {
+    let prompts = c.batch.prompts_per_step;
+    match (c.data.gen_batch_size, c.algorithm.filter_groups.enable) {
         (None, _) => Ok(prompts),
-        (Some(g), Some(_)) => positive("data.gen_batch_size", g),
-        (Some(g), None) if g == prompts => Ok(g),
-        (Some(g), None) => bad(
+        (Some(g), true) => positive("data.gen_batch_size", g),
+        (Some(g), false) if g == prompts => Ok(g),
+        (Some(g), false) => bad(
             "data.gen_batch_size",
             format!(
                 "= {g} prompts differs from data.train_batch_size = {prompts}, and only dynamic \
@@ -823,20 +633,6 @@ fn gen_batch(gen: Option<usize>, prompts: usize, algorithm: &AlgorithmConfig) ->
             ),
         ),
     }
-}
-
-fn memory_section(memory: &RawMemory) -> Check<MemoryConfig> {
-    let memory_cfg = MemoryConfig {
-        capacity: capacity(&memory.capacity)?,
-        colocation: memory.colocation,
-        offload_train_param: memory.offload_train_param,
-        offload_train_grad: memory.offload_train_grad,
-        offload_train_optimizer: memory.offload_train_optimizer,
-        offload_ref: memory.offload_ref,
-        offload_policy: memory.offload_policy,
-    };
-
-    Ok(memory_cfg)
 }
 
 /// `runs/{project_name}/{experiment_name}` (either alone: `runs/{it}`), or
@@ -860,7 +656,7 @@ fn default_out_dir(project: Option<&str>, experiment: Option<&str>) -> Check<Pat
         dir.push(name);
     }
     if project.is_none() && experiment.is_none() {
-        return Ok(PathBuf::from(super::DEFAULT_OUT_DIR));
+        return Ok(PathBuf::from(DEFAULT_OUT_DIR));
     }
     Ok(dir)
 }
@@ -869,12 +665,12 @@ fn default_out_dir(project: Option<&str>, experiment: Option<&str>) -> Check<Pat
 /// summary lines) and `file` (`metrics.jsonl`), both always written. A
 /// backend colo does not have is an error: a run the user expects in wandb
 /// must not go silently unrecorded there.
-fn loggers(raw: Loggers) -> Check<Vec<String>> {
+fn loggers(raw: &Loggers) -> Check<()> {
     let names = match raw {
-        Loggers::One(name) => vec![name],
-        Loggers::Many(names) => names,
+        Loggers::One(name) => std::slice::from_ref(name),
+        Loggers::Many(names) => &names[..],
     };
-    for name in &names {
+    for name in names {
         if !matches!(name.as_str(), "console" | "file") {
             return bad(
                 "trainer.logger",
@@ -886,47 +682,31 @@ fn loggers(raw: Loggers) -> Check<Vec<String>> {
             );
         }
     }
-    Ok(names)
+    Ok(())
 }
 
-/// A directory that is named, if any (`""` names none).
-fn not_empty(field: &str, dir: Option<PathBuf>) -> Check<Option<PathBuf>> {
-    match dir {
-        Some(d) if d.as_os_str().is_empty() => bad(field, "must name a directory, got \"\""),
-        d => Ok(d),
+fn trainer_section(t: &mut TrainerConfig) -> Check<()> {
+    match (t.total_steps, t.total_epochs) {
+        (Some(s), _) => _ = positive("trainer.total_steps", s)?,
+        (None, Some(e)) => _ = positive("trainer.total_epochs", e)?,
+        (None, None) => t.total_steps = Some(DEFAULT_TOTAL_STEPS),
     }
-}
-
-fn trainer_section(trainer: RawTrainer) -> Check<TrainerConfig> {
-    let length = match (trainer.total_steps, trainer.total_epochs) {
-        (Some(s), _) => RunLength::Steps(positive("trainer.total_steps", s)?),
-        (None, Some(e)) => RunLength::Epochs(positive("trainer.total_epochs", e)?),
-        (None, None) => RunLength::Steps(DEFAULT_TOTAL_STEPS),
-    };
-    let trainer_cfg = TrainerConfig {
-        length,
-        save_freq: frequency("trainer.save_freq", trainer.save_freq)?,
-        test_freq: frequency("trainer.test_freq", trainer.test_freq)?,
-        val_before_train: trainer.val_before_train,
-        val_only: trainer.val_only,
-        resume: trainer.resume,
-        out_dir: match trainer.out_dir {
-            Some(dir) => dir,
-            None => default_out_dir(
-                trainer.project_name.as_deref(),
-                trainer.experiment_name.as_deref(),
-            )?,
-        },
-        project_name: trainer.project_name,
-        experiment_name: trainer.experiment_name,
-        logger: trainer.logger.map(loggers).transpose()?,
-        critic_warmup: trainer.critic_warmup,
-        rollout_data_dir: not_empty("trainer.rollout_data_dir", trainer.rollout_data_dir)?,
-        validation_data_dir: not_empty("trainer.validation_data_dir", trainer.validation_data_dir)?,
-        seed: trainer.seed,
-        device: trainer.device,
-        dtype: trainer.dtype,
-        cpu_threads: (trainer.cpu_threads > 0).then_some(trainer.cpu_threads),
-    };
-    Ok(trainer_cfg)
+    frequency("trainer.save_freq", t.save_freq)?;
+    frequency("trainer.test_freq", t.test_freq)?;
+    if t.out_dir.is_none() {
+        let names = (t.project_name.as_deref(), t.experiment_name.as_deref());
+        t.out_dir = Some(default_out_dir(names.0, names.1)?);
+    }
+    if let Some(l) = &t.logger {
+        loggers(l)?;
+    }
+    for (field, dir) in [
+        ("trainer.rollout_data_dir", &t.rollout_data_dir),
+        ("trainer.validation_data_dir", &t.validation_data_dir),
+    ] {
+        if dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
+            return bad(field, "must name a directory, got \"\"");
+        }
+    }
+    Ok(())
 }

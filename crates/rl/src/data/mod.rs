@@ -482,11 +482,11 @@ impl<'a> Batches<'a> {
     /// A run's generation batches of `data`: `data.gen_batch_size` prompts
     /// with dynamic sampling, else the step's `data.train_batch_size`.
     pub fn of_run(data: &'a Dataset, config: &crate::Config) -> Result<Self> {
-        let key = match config.algorithm.filter_groups {
-            Some(_) => "data.gen_batch_size",
-            None => "data.train_batch_size",
+        let key = match config.algorithm.filter_groups.enable {
+            true => "data.gen_batch_size",
+            false => "data.train_batch_size",
         };
-        let (seed, shuffle) = (config.data.seed, config.data.shuffle);
+        let (seed, shuffle) = (config.data_seed(), config.data.shuffle);
         Self::new(data, config.batch.gen_batch_prompts, seed, shuffle, key)
     }
 

@@ -76,9 +76,9 @@ pub fn rank_config(config: &Config, world: usize) -> Result<Config> {
     local.batch.prompts_per_step = check("data.train_batch_size", plan.prompts_per_step)?;
     local.batch.mini_batch_prompts = check("actor.ppo_mini_batch_size", plan.mini_batch_prompts)?;
     local.batch.samples_per_step = local.batch.prompts_per_step * plan.n;
-    local.batch.gen_batch_prompts = match config.algorithm.filter_groups {
-        Some(_) => check("data.gen_batch_size", plan.gen_batch_prompts)?,
-        None => local.batch.prompts_per_step,
+    local.batch.gen_batch_prompts = match config.algorithm.filter_groups.enable {
+        true => check("data.gen_batch_size", plan.gen_batch_prompts)?,
+        false => local.batch.prompts_per_step,
     };
     local.batch.mini_batch_samples = local.batch.mini_batch_prompts * plan.n;
     Ok(local)
@@ -262,7 +262,7 @@ impl Rank {
                 state: format!("{}: {why}", dir.display()),
             });
         }
-        let dynamic = self.global.algorithm.filter_groups.is_some();
+        let dynamic = self.global.algorithm.filter_groups.enable;
         let batch_size = self.global.batch.gen_batch_prompts;
         let (at, note) = checkpoints::DataState::resume(&dir, step, batch_size, dynamic)?;
         if let (Some(note), 0) = (note, self.rank) {
@@ -292,8 +292,8 @@ impl Rank {
         let t = &self.global.trainer;
         (
             self.total_steps(),
-            t.save_freq,
-            t.test_freq,
+            t.save_every(),
+            t.test_every(),
             t.val_before_train,
         )
     }
@@ -426,7 +426,7 @@ fn rank_records(dir: &Path, resume_from: Option<usize>) -> Result<(MetricsWriter
 /// asks whether every rank has its groups.
 fn join_ranks(run: &mut Run, global: &Config, mut collective: impl FnMut() -> Box<dyn Collective>) {
     run.worker.set_collectives(&mut collective);
-    if global.algorithm.filter_groups.is_some() {
+    if global.algorithm.filter_groups.enable {
         run.peers = Some(collective());
     }
 }
@@ -474,10 +474,7 @@ mod tests {
         assert_eq!((b.mini_batch_prompts, b.mini_batch_samples), (4, 32));
         // Dynamic sampling's generation batches are split too.
         let mut dynamic = global.clone();
-        dynamic.algorithm.filter_groups = Some(crate::config::FilterGroups {
-            metric: crate::config::FilterMetric::Acc,
-            max_gen_batches: None,
-        });
+        dynamic.algorithm.filter_groups.enable = true;
         dynamic.batch.gen_batch_prompts = 64;
         assert_eq!(
             rank_config(&dynamic, 4).unwrap().batch.gen_batch_prompts,

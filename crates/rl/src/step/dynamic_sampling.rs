@@ -26,9 +26,10 @@ impl Run<'_> {
             drawn.batches += 1;
             drawn.epoch = batch.epoch;
             let sampled = self.sample_batch(step, &batch, cost)?;
-            let Some(filter) = &cfg.algorithm.filter_groups else {
+            let filter = &cfg.algorithm.filter_groups;
+            if !filter.enable {
                 return Ok((sampled, drawn));
-            };
+            }
             let values = self.filter_values(&filter.metric, &sampled)?;
             let groups = colo_algo::groups_with_variance(&sampled.rollouts.batch_prompt, &values);
             kept.append(sampled.select(&groups));
@@ -50,7 +51,7 @@ impl Run<'_> {
                 drawn.batches,
                 cfg.batch.gen_batch_prompts,
             );
-            if let Some(max) = filter.max_gen_batches.filter(|&m| drawn.batches >= m) {
+            if let Some(max) = filter.max_gen_batches().filter(|&m| drawn.batches >= m) {
                 return Err(Error::DynamicSampling(format!(
                     "{have}, the most algorithm.filter_groups.max_num_gen_batches = {max} allows. \
                      The prompts are too easy or too hard for the policy (all of a prompt's \

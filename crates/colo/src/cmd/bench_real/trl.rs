@@ -35,9 +35,13 @@ impl Job {
             max_new_tokens: config.rollout.max_new_tokens,
             steps,
             timed_from: super::WARMUP_STEPS + 1,
-            lr: config.actor.optim.lr,
-            warmup_steps: config.actor.optim.warmup_steps,
-            beta: config.actor.kl_loss.map_or(0.0, |k| k.coef),
+            lr: config.actor.lr,
+            warmup_steps: config.actor.warmup_steps,
+            beta: if config.actor.use_kl_loss {
+                config.actor.kl_loss_coef
+            } else {
+                0.0
+            },
             data: super::builtin_train_jsonl(config, &work.join("trl-data"))?,
         })
     }

@@ -1,47 +1,28 @@
-//! The run configuration as written in the TOML file: every section and key
-//! with its default (the built-in task's run), unknown keys refused. Turned
-//! into the validated [`Config`](super::Config) once, by
-//! [`RawConfig::validate`](super::validate).
+//! The sections of the run configuration as written in the TOML file: every
+//! key with its doc comment and default (the built-in task's run), unknown
+//! keys refused; and the methods that compute what the run reads in
+//! another shape from a section's keys. Validated once, with the keys that
+//! an unset value resolves to written in
+//! ([`Config::from_toml`](super::Config::from_toml)).
 //!
 //! Names follow verl's where verl has one (`data.train_batch_size`,
 //! `actor.ppo_mini_batch_size`, `algorithm.adv_estimator`, …); verl's longer
 //! spellings are accepted as aliases where ours differ.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use colo_algo::{AdvEstimator, IsLevel, KlControlConfig, KlEstimator, LossAggMode, PolicyLossMode};
+use colo_algo::{
+    AdvEstimator, AdvantageConfig, KlControlConfig, KlEstimator, LossAggMode, OverlongBuffer,
+    PolicyLossConfig, PolicyLossMode, RolloutCorrectionConfig,
+};
 use colo_keys::Keys;
 use serde::{Deserialize, Serialize};
 use smart_default::SmartDefault;
 
-use crate::reward::RewardSpec;
+use super::{Capacity, DataSource, ValSource, DEFAULT_TOTAL_STEPS};
+use super::{FilterMetric, KvBudget, RunLength, Sampling};
+use crate::data::Overlong;
 use crate::task::ArithmeticTask;
-
-/// The whole file.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, Keys)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawConfig {
-    #[key(table)]
-    pub data: RawData,
-    #[key(table)]
-    pub model: RawModel,
-    #[key(table)]
-    pub rollout: RawRollout,
-    #[key(table)]
-    pub actor: RawActor,
-    #[key(table)]
-    pub critic: RawCritic,
-    #[key(table)]
-    pub algorithm: RawAlgorithm,
-    #[key(table)]
-    pub reward: RewardSpec,
-    #[key(table)]
-    pub memory: RawMemory,
-    #[key(table)]
-    pub trainer: RawTrainer,
-    #[key(table)]
-    pub cluster: RawCluster,
-}
 
 /// One path or a list of them (verl accepts both).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -64,12 +45,16 @@ impl Files {
             Files::Many(v) => v.clone(),
         }
     }
+
+    pub fn is_empty(&self) -> bool {
+        matches!(self, Files::Many(v) if v.is_empty())
+    }
 }
 
 /// `[data]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
-pub struct RawData {
+pub struct DataConfig {
     /// training prompts: JSONL files (one object per line) or parquet files
     /// (verl's, as they are; README: "The data schema"); none means the
     /// built-in arithmetic task
@@ -136,10 +121,34 @@ pub struct RawData {
     pub builtin: ArithmeticTask,
 }
 
+impl DataConfig {
+    /// Where the prompts come from: no files is the built-in task.
+    pub fn source(&self) -> DataSource {
+        if self.train_files.is_empty() {
+            return DataSource::Builtin(self.builtin.clone());
+        }
+        let val = match (self.val_files.to_vec(), self.val_fraction) {
+            (v, _) if !v.is_empty() => ValSource::Files(v),
+            (_, Some(f)) => ValSource::Fraction(f),
+            (_, None) => ValSource::None,
+        };
+        let train = self.train_files.to_vec();
+        DataSource::Files { train, val }
+    }
+
+    /// What a longer prompt does when the data are read.
+    pub fn overlong(&self) -> Overlong {
+        match self.filter_overlong_prompts {
+            true => Overlong::Drop,
+            false => Overlong::Error,
+        }
+    }
+}
+
 /// `[model]`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
-pub struct RawModel {
+pub struct ModelConfig {
     /// Hugging Face checkpoint directory (config.json, *.safetensors,
     /// tokenizer.json)
     #[key(
@@ -158,10 +167,22 @@ pub struct RawModel {
     pub enable_gradient_checkpointing: bool,
 }
 
+impl ModelConfig {
+    /// The checkpoint directory to load. The built-in model is written out
+    /// into `scratch` (a directory of the run) by
+    /// [`crate::task::builtin_checkpoint`], so both sources load the same way.
+    pub fn resolve(&self, scratch: &Path) -> crate::Result<PathBuf> {
+        match &self.path {
+            None => crate::task::builtin_checkpoint(scratch),
+            Some(p) => Ok(p.clone()),
+        }
+    }
+}
+
 /// `[rollout]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
-pub struct RawRollout {
+pub struct RolloutConfig {
     /// samples generated per prompt
     #[key(unit = "samples", verl = "actor_rollout_ref.rollout.n")]
     #[default = 8]
@@ -217,13 +238,51 @@ pub struct RawRollout {
     pub enforce_eager: bool,
     /// Sampling for evaluation.
     #[key(table)]
-    pub val_kwargs: RawValKwargs,
+    pub val_kwargs: ValKwargs,
+}
+
+impl RolloutConfig {
+    /// The training samples' sampling.
+    pub fn sampling(&self) -> Sampling {
+        Sampling::new(self.temperature, self.top_p, self.top_k)
+    }
+
+    /// The evaluations' sampling.
+    pub fn val_sampling(&self) -> Sampling {
+        let v = &self.val_kwargs;
+        Sampling::new(v.temperature, v.top_p, v.top_k)
+    }
+
+    /// The KV cache's size: `max_kv_tokens` when set, else `mem_fraction`.
+    pub fn kv(&self) -> KvBudget {
+        match self.max_kv_tokens {
+            Some(t) => KvBudget::Tokens(t),
+            None => KvBudget::Fraction(self.mem_fraction),
+        }
+    }
+
+    /// Generation's CPU lanes (`None`: one per core).
+    pub fn threads(&self) -> Option<usize> {
+        (self.cpu_threads > 0).then_some(self.cpu_threads)
+    }
+}
+
+impl Sampling {
+    /// `top_k` -1 or 0 is off.
+    fn new(temperature: f64, top_p: f64, top_k: i64) -> Self {
+        let top_k = usize::try_from(top_k).ok().filter(|&k| k > 0);
+        Sampling {
+            temperature,
+            top_p,
+            top_k,
+        }
+    }
 }
 
 /// `[rollout.val_kwargs]`: greedy by default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
-pub struct RawValKwargs {
+pub struct ValKwargs {
     /// evaluation: samples per held-out prompt (pass@n)
     #[key(unit = "samples", verl = "actor_rollout_ref.rollout.val_kwargs.n")]
     #[default = 1]
@@ -245,7 +304,6 @@ pub struct RawValKwargs {
     pub top_k: i64,
 }
 
-/// `[actor]`: optimiser, PPO batching and the actor loss.
 /// Prompts per optimiser step when `actor.ppo_mini_batch_size` is unset
 /// (and it divides the step's prompts).
 pub const DEFAULT_MINI_BATCH_PROMPTS: usize = 16;
@@ -265,9 +323,10 @@ pub fn default_micro_batch_samples(longest: usize, token_budget: usize) -> usize
     (token_budget / longest.max(1)).max(1)
 }
 
+/// `[actor]`: optimiser, PPO batching and the actor loss.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
-pub struct RawActor {
+pub struct ActorConfig {
     /// AdamW learning rate
     #[key(unit = "> 0", verl = "actor_rollout_ref.actor.optim.lr")]
     #[default = 1e-4]
@@ -446,12 +505,47 @@ pub struct RawActor {
     pub kl_loss_type: KlEstimator,
 }
 
+impl ActorConfig {
+    /// The optimizer, for a run whose optimizer steps the engine is told.
+    pub fn optim(&self) -> colo_train::OptimConfig {
+        colo_train::OptimConfig {
+            lr: self.lr,
+            betas: (self.betas[0], self.betas[1]),
+            weight_decay: self.weight_decay,
+            warmup_steps: self.warmup_steps as u64,
+            schedule: self.warmup_style,
+            min_lr_ratio: self.min_lr_ratio,
+            grad_clip: (self.grad_clip > 0.0).then_some(self.grad_clip),
+            ..colo_train::OptimConfig::default()
+        }
+    }
+
+    /// The policy loss's settings.
+    pub fn policy_loss(&self) -> PolicyLossConfig {
+        PolicyLossConfig {
+            loss_mode: self.loss_mode,
+            clip_ratio: self.clip_ratio,
+            clip_ratio_low: self.clip_ratio_low,
+            clip_ratio_high: self.clip_ratio_high,
+            clip_ratio_c: self.clip_ratio_c,
+            loss_agg_mode: self.loss_agg_mode,
+            kl_cov_ratio: self.kl_cov_ratio,
+            ppo_kl_coef: self.ppo_kl_coef,
+            clip_cov_ratio: self.clip_cov_ratio,
+            clip_cov_lb: self.clip_cov_lb,
+            clip_cov_ub: self.clip_cov_ub,
+            tau_pos: self.tau_pos,
+            tau_neg: self.tau_neg,
+        }
+    }
+}
+
 /// `[critic]`: PPO's value model (`algorithm.adv_estimator = "gae"`),
 /// verl's `critic.*`. Unset optimizer keys are the actor's; the schedule's
 /// shape and the betas are the actor's too. The clip is verl's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
-pub struct RawCritic {
+pub struct CriticConfig {
     /// the value model's learning rate (PPO with algorithm.adv_estimator =
     /// "gae"; verl's default is 10× its actor's)
     #[key(unit = "> 0", verl = "critic.optim.lr", unset = "actor.lr")]
@@ -490,7 +584,7 @@ pub struct RawCritic {
 /// `[algorithm]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
-pub struct RawAlgorithm {
+pub struct AlgorithmConfig {
     /// advantage estimator
     #[key(
         unit = "\"grpo\", \"rloo\", \"reinforce_plus_plus\", \"reinforce_plus_plus_baseline\", \"remax\", \"opo\", \"grpo_passk\", \"gpg\", \"gae\" (trains a critic)",
@@ -524,11 +618,32 @@ pub struct RawAlgorithm {
     #[key(table)]
     pub kl_ctrl: KlControlConfig,
     #[key(table)]
-    pub rollout_correction: RawRolloutCorrection,
+    pub rollout_correction: RolloutCorrectionConfig,
     #[key(table)]
-    pub overlong_buffer: RawOverlongBuffer,
+    pub overlong_buffer: OverlongBufferConfig,
     #[key(table)]
-    pub filter_groups: RawFilterGroups,
+    pub filter_groups: FilterGroupsConfig,
+}
+
+impl AlgorithmConfig {
+    pub fn advantage(&self) -> AdvantageConfig {
+        AdvantageConfig {
+            adv_estimator: self.adv_estimator,
+            gamma: self.gamma,
+            lam: self.lam,
+            norm_adv_by_std_in_grpo: self.norm_adv_by_std_in_grpo,
+            ..AdvantageConfig::default()
+        }
+    }
+
+    /// DAPO's overlong punishment, when enabled.
+    pub fn overlong_punishment(&self) -> Option<OverlongBuffer> {
+        let b = &self.overlong_buffer;
+        b.enable.then_some(OverlongBuffer {
+            len: b.len,
+            penalty_factor: b.penalty_factor,
+        })
+    }
 }
 
 /// `[algorithm.overlong_buffer]`: DAPO's soft overlong punishment
@@ -536,7 +651,7 @@ pub struct RawAlgorithm {
 /// default, with DAPO's factor (verl's default is 0, which punishes nothing).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
-pub struct RawOverlongBuffer {
+pub struct OverlongBufferConfig {
     /// DAPO's soft overlong punishment of the training rewards: a response in
     /// the last `len` tokens before rollout.max_new_tokens loses up to
     /// penalty_factor, linearly (evaluations are not punished)
@@ -560,7 +675,7 @@ pub struct RawOverlongBuffer {
 /// DAPO's metric (verl has none by default).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
-pub struct RawFilterGroups {
+pub struct FilterGroupsConfig {
     /// DAPO's dynamic sampling: a step trains only on prompts whose samples'
     /// metric varies (a group that all scored the same has no advantage),
     /// drawing generation batches of data.gen_batch_size prompts until it has
@@ -575,8 +690,8 @@ pub struct RawFilterGroups {
         unit = "\"acc\", \"score\", \"seq_reward\", \"seq_final_reward\" or a reward extra's name",
         verl = "algorithm.filter_groups.metric"
     )]
-    #[default = "acc"]
-    pub metric: String,
+    #[default(FilterMetric::Acc)]
+    pub metric: FilterMetric,
     /// the most generation batches a step may draw before the run stops with an
     /// error (the data are too hard or too easy)
     #[key(
@@ -586,33 +701,13 @@ pub struct RawFilterGroups {
     pub max_num_gen_batches: i64,
 }
 
-/// `[algorithm.rollout_correction]`: truncated importance sampling.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
-#[serde(default, deny_unknown_fields)]
-pub struct RawRolloutCorrection {
-    /// truncated importance sampling between rollout and trainer probabilities
-    #[key(
-        unit = "\"token\" or \"sequence\"",
-        verl = "algorithm.rollout_correction.rollout_is",
-        unset = "off"
-    )]
-    pub rollout_is: Option<IsLevel>,
-    /// the importance-weight cap C
-    #[key(
-        unit = "> 0",
-        verl = "algorithm.rollout_correction.rollout_is_threshold"
-    )]
-    #[default = 2.0]
-    pub rollout_is_threshold: f64,
-}
-
-/// A device capacity: `"auto"`, a number of bytes, or a size such as
-/// `"512MiB"` / `"2GB"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum RawCapacity {
-    Bytes(u64),
-    Text(String),
+impl FilterGroupsConfig {
+    /// The most generation batches a step may draw (`None`: no limit).
+    pub fn max_gen_batches(&self) -> Option<usize> {
+        usize::try_from(self.max_num_gen_batches)
+            .ok()
+            .filter(|&m| m > 0)
+    }
 }
 
 /// How trainer and rollout engine share the device (the four modes).
@@ -651,13 +746,12 @@ pub enum OffloadPolicy {
 /// `[memory]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
-pub struct RawMemory {
+pub struct MemoryConfig {
     /// device capacity the memory layer enforces; "auto": the device's memory
     /// (the built-in model on the CPU: 72 MiB in f32, 44 MiB in bf16; otherwise
     /// the machine's memory, or the GPU's)
     #[key(unit = "\"auto\", bytes, or \"512 MiB\" / \"2 GB\"")]
-    #[default(RawCapacity::Text("auto".into()))]
-    pub capacity: RawCapacity,
+    pub capacity: Capacity,
     /// how trainer and rollout engine share the device
     #[serde(alias = "mode")]
     #[key(unit = "\"naive\", \"restart\", \"sleep\", \"staged\"")]
@@ -794,7 +888,7 @@ pub enum Loggers {
 /// `[trainer]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
-pub struct RawTrainer {
+pub struct TrainerConfig {
     /// length of the run; wins over total_epochs
     #[serde(alias = "total_training_steps")]
     #[key(
@@ -919,11 +1013,57 @@ pub struct RawTrainer {
     pub cpu_threads: usize,
 }
 
+/// `-1` / `0` → `None` (verl's "never" for frequencies).
+fn every(freq: i64) -> Option<usize> {
+    usize::try_from(freq).ok().filter(|&f| f > 0)
+}
+
+impl TrainerConfig {
+    /// How long the run is: `total_steps`, else `total_epochs`, else 100
+    /// steps.
+    pub fn length(&self) -> RunLength {
+        match (self.total_steps, self.total_epochs) {
+            (Some(s), _) => RunLength::Steps(s),
+            (None, Some(e)) => RunLength::Epochs(e),
+            (None, None) => RunLength::Steps(DEFAULT_TOTAL_STEPS),
+        }
+    }
+
+    /// Steps between checkpoints (`None`: only at the end).
+    pub fn save_every(&self) -> Option<usize> {
+        every(self.save_freq)
+    }
+
+    /// Steps between evaluations (`None`: only before, if
+    /// `val_before_train`, and at the end).
+    pub fn test_every(&self) -> Option<usize> {
+        every(self.test_freq)
+    }
+
+    /// The trainer's CPU lanes (`None`: `OMP_NUM_THREADS`, else one per
+    /// core).
+    pub fn threads(&self) -> Option<usize> {
+        (self.cpu_threads > 0).then_some(self.cpu_threads)
+    }
+
+    /// `rollout_data_dir` and `validation_data_dir` where a run into the
+    /// run directory `out` writes them: a relative path is in `out`, so
+    /// that two runs with other `--out` keep their dumps apart; an absolute
+    /// one is kept.
+    pub fn dumps_in(&self, out: &Path) -> (Option<PathBuf>, Option<PathBuf>) {
+        let place = |d: &Option<PathBuf>| d.as_ref().map(|d| out.join(d));
+        (
+            place(&self.rollout_data_dir),
+            place(&self.validation_data_dir),
+        )
+    }
+}
+
 /// `[cluster]`: the devices of a data-parallel run (colo-py's controller on
 /// Ray). Absent: the in-process single-device run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, Keys)]
 #[serde(default, deny_unknown_fields)]
-pub struct RawCluster {
+pub struct ClusterConfig {
     /// data-parallel workers, one per device, on Ray (colo-py's controller); 1:
     /// this process alone
     #[key(
@@ -943,6 +1083,13 @@ pub struct RawCluster {
         unset = "a local Ray instance, started and stopped by the run"
     )]
     pub address: Option<String>,
+}
+
+impl ClusterConfig {
+    /// Data-parallel workers, one per device; 1 runs in this process.
+    pub fn workers(&self) -> usize {
+        self.workers.unwrap_or(1)
+    }
 }
 
 #[cfg(test)]
