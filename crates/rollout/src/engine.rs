@@ -72,9 +72,10 @@ const PREFILL_TOKENS: usize = 8192;
 /// (`colo_model::lanes::run_wide`) rather than lanes of rows: twice the 32
 /// MiB L3 cache of the machines colo is measured on. Below it a lane's
 /// read of a weight another lane read comes from the cache; above it each
-/// lane streams every weight from memory, and a Qwen2.5-0.5B step (988
-/// MB) of 16 rows took 95 ms as two lanes of 8 against 64 ms as one pass
-/// split by columns (colo-kernels' example `skinny_linear`).
+/// lane streams every weight from memory: a Qwen2.5-0.5B step's products
+/// (988 MB) for 16 rows took 35.8 ms as two lanes of 8 rows against 31.2
+/// ms as two lanes of half the columns (colo-kernels' example
+/// `skinny_linear`, AVX-512 EPYC, nothing else running).
 pub const WIDE_DECODE_BYTES: usize = 64 << 20;
 
 /// Concatenates the lanes' logits (rows, vocab) in row order.
