@@ -3,7 +3,7 @@
 //! the first time a std::string crosses into libtorch), and links the
 //! crate's own tests against libtorch.
 
-const SOURCES: [&str; 7] = [
+const SOURCES: [&str; 8] = [
     "csrc/sdp_backend.cpp",
     "csrc/fused_adamw.cpp",
     "csrc/rms_norm.cpp",
@@ -11,6 +11,7 @@ const SOURCES: [&str; 7] = [
     "csrc/rope.cpp",
     "csrc/paged_attention.cpp",
     "csrc/skinny_linear.cpp",
+    "csrc/grad_sum.cpp",
 ];
 const HEADERS: [&str; 3] = ["csrc/shim_error.h", "csrc/vec_math.h", "csrc/bf16_bits.h"];
 

@@ -12,6 +12,7 @@
 //! | [`paged_attention`] | colo-rollout's decode attention | `paged_attention.cpp` |
 //! | [`skinny_linear`] | colo-model's projections for a few rows (decode) | `skinny_linear.cpp` |
 //! | [`fused_adamw`] | colo-train's AdamW | `fused_adamw.cpp` |
+//! | [`grad_sum`] | colo-train's sum of the lanes' gradients | `grad_sum.cpp` |
 //! | [`set_cudnn_attention`] | colo-rl's CUDA runs | `sdp_backend.cpp` |
 //!
 //! ```
@@ -66,6 +67,7 @@
 mod adamw;
 mod attention_backend;
 mod error;
+mod grad_sum;
 mod paged_attention;
 mod rms_norm;
 mod rope;
@@ -78,6 +80,7 @@ mod token_logprobs;
 pub use adamw::{fused_adamw, AdamWStep};
 pub use attention_backend::{cudnn_attention, set_cudnn_attention};
 pub use error::{Error, Result};
+pub use grad_sum::{grad_sum, grad_sum_fits};
 pub use paged_attention::{paged_attention, paged_attention_fits};
 pub use rms_norm::{rms_norm, rms_norm_fits};
 pub use rope::{rope, rope_fits};

@@ -84,6 +84,12 @@ pub(crate) fn accumulate(
             .collect();
         Box::new(move || {
             for (mut acc, gs, fresh) in jobs {
+                // One pass over the accumulator for all the lanes' parts
+                // where colo-kernels takes them (bit for bit the same sums).
+                if colo_kernels::grad_sum_fits(&acc, &gs) {
+                    colo_kernels::grad_sum(&acc, &gs, fresh)?;
+                    continue;
+                }
                 for (k, g) in gs.iter().enumerate() {
                     match fresh && k == 0 {
                         true => acc.f_copy_(g)?,
