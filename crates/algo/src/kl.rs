@@ -185,7 +185,7 @@ pub struct KlControlConfig {
     #[key(unit = "\"fixed\" or \"adaptive\"", verl = "algorithm.kl_ctrl.type")]
     pub kind: KlControlType,
     /// β, or its initial value when adaptive
-    #[key(unit = "≥ 0", verl = "algorithm.kl_ctrl.kl_coef")]
+    #[key(range = "≥ 0", verl = "algorithm.kl_ctrl.kl_coef")]
     pub kl_coef: f64,
     /// adaptive controller: the KL it aims for
     #[key(unit = "nats", verl = "algorithm.kl_ctrl.target_kl")]

@@ -149,7 +149,7 @@ pub struct RolloutCorrectionConfig {
     pub rollout_is: Option<IsLevel>,
     /// the importance-weight cap C
     #[key(
-        unit = "> 0",
+        range = "> 0",
         verl = "algorithm.rollout_correction.rollout_is_threshold"
     )]
     pub rollout_is_threshold: f64,

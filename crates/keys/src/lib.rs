@@ -36,6 +36,9 @@
 //! - `verl`: verl's name for the key;
 //! - `unset`: for an optional key, what leaving it out means;
 //! - `table`: the field is a table whose keys are its type's [`Keys`];
+//! - `range`: the values the key accepts, `> 0`, `≥ 1`, `[0, 1]`, `(0, 1]`
+//!   (and the unit, unless `unit` says another): [`Keys::out_of_range`]
+//!   checks every such key of the table and of its tables;
 //! - on a tagged enum, `#[key(tag_doc = "…", tag_verl = "…")]` documents
 //!   the tag, whose accepted values are the variants' names, and every
 //!   key records the variants ([`Key::kinds`]) that have it.
@@ -71,4 +74,93 @@ pub struct Key {
 /// The keys of a config table, in the order they are declared.
 pub trait Keys {
     fn keys() -> Vec<Key>;
+
+    /// The first key, in declaration order and tables' keys in place,
+    /// whose value is outside its `range`.
+    fn out_of_range(&self) -> Option<OutOfRange> {
+        None
+    }
+}
+
+/// A key's declared `range`: `lo`..`hi`, each bound open or closed.
+#[derive(Debug, Clone, Copy)]
+pub struct Range {
+    pub lo: f64,
+    pub lo_open: bool,
+    pub hi: f64,
+    pub hi_open: bool,
+    /// As declared: `> 0`, `[0, 1]`.
+    pub text: &'static str,
+}
+
+/// A value outside its key's [`Range`].
+#[derive(Debug, Clone)]
+pub struct OutOfRange {
+    /// The key's dotted path from the checked table.
+    pub key: String,
+    pub value: f64,
+    /// Whether the key holds whole numbers.
+    pub integer: bool,
+    pub range: Range,
+}
+
+impl Range {
+    /// `None` when `v` (unset: no value) is within the range.
+    pub fn check(&self, key: &str, v: &impl Ranged) -> Option<OutOfRange> {
+        let value = v.value()?;
+        let above = if self.lo_open {
+            value > self.lo
+        } else {
+            value >= self.lo
+        };
+        let below = if self.hi_open {
+            value < self.hi
+        } else {
+            value <= self.hi
+        };
+        (!(value.is_finite() && above && below)).then(|| OutOfRange {
+            key: key.to_owned(),
+            value,
+            integer: v.integer(),
+            range: *self,
+        })
+    }
+}
+
+impl OutOfRange {
+    /// The error as found in table `name` of the checked one.
+    pub fn within(mut self, name: &str) -> Self {
+        self.key = format!("{name}.{}", self.key);
+        self
+    }
+}
+
+/// A value a `range` can check: a number, or an optional one.
+pub trait Ranged {
+    /// `None` for an unset optional key.
+    fn value(&self) -> Option<f64>;
+    fn integer(&self) -> bool;
+}
+
+macro_rules! ranged {
+    ($($t:ty: $integer:expr),*) => {$(
+        impl Ranged for $t {
+            fn value(&self) -> Option<f64> {
+                Some(*self as f64)
+            }
+            fn integer(&self) -> bool {
+                $integer
+            }
+        }
+    )*};
+}
+ranged!(f64: false, f32: false, usize: true, u64: true, u32: true, i64: true);
+
+impl<T: Ranged> Ranged for Option<T> {
+    fn value(&self) -> Option<f64> {
+        self.as_ref()?.value()
+    }
+    fn integer(&self) -> bool {
+        self.as_ref().is_some_and(T::integer)
+    }
 }

@@ -81,3 +81,57 @@ fn a_tagged_enum_lists_its_tag_and_which_kinds_have_each_key() {
     assert_eq!((timeout.doc, timeout.unit), ("shared", "seconds"));
     assert_eq!(find(&keys, "only_here").kinds, ["third"]);
 }
+
+#[derive(Deserialize, Keys)]
+struct Ranged {
+    #[key(range = "> 0")]
+    lr: f64,
+    #[key(range = "[-1, 1)", unit = "ratio")]
+    share: f64,
+    #[key(range = "≥ 1")]
+    workers: Option<usize>,
+    #[key(table)]
+    inner: RangedInner,
+}
+
+#[allow(dead_code)]
+#[derive(Deserialize, Keys)]
+struct RangedInner {
+    #[key(range = "(0, 1]")]
+    p: f64,
+}
+
+#[test]
+fn a_range_is_the_unit_and_checks_the_value_tables_included() {
+    let keys = Ranged::keys();
+    assert_eq!(find(&keys, "lr").unit, "> 0");
+    assert_eq!(find(&keys, "share").unit, "ratio");
+    let ok = || Ranged {
+        lr: 1e-6,
+        share: -1.0,
+        workers: None,
+        inner: RangedInner { p: 1.0 },
+    };
+    assert!(ok().out_of_range().is_none());
+    let bad = |r: Ranged| {
+        let e = r.out_of_range().expect("out of range");
+        (e.key, e.value, e.integer, e.range.text)
+    };
+    let nan = bad(Ranged {
+        lr: f64::NAN,
+        ..ok()
+    });
+    assert!(nan.0 == "lr" && nan.1.is_nan() && nan.3 == "> 0");
+    let share = bad(Ranged { share: 1.0, ..ok() });
+    assert_eq!(share, ("share".into(), 1.0, false, "[-1, 1)"));
+    let workers = bad(Ranged {
+        workers: Some(0),
+        ..ok()
+    });
+    assert_eq!(workers, ("workers".into(), 0.0, true, "≥ 1"));
+    let inner = bad(Ranged {
+        inner: RangedInner { p: 0.0 },
+        ..ok()
+    });
+    assert_eq!(inner, ("inner.p".into(), 0.0, false, "(0, 1]"));
+}

@@ -28,6 +28,7 @@ struct Notes {
     unit: String,
     verl: String,
     unset: String,
+    range: String,
     table: bool,
     tag_doc: String,
     tag_unit: String,
@@ -40,6 +41,7 @@ struct KeyOut {
     notes: Notes,
     kinds: Vec<String>,
     ty: Option<syn::Type>,
+    ident: Option<syn::Ident>,
 }
 
 fn expand(input: &DeriveInput) -> Result<Tokens> {
@@ -88,6 +90,7 @@ fn expand(input: &DeriveInput) -> Result<Tokens> {
                 },
                 kinds: Vec::new(),
                 ty: None,
+                ident: None,
             };
             std::iter::once(tag_key).chain(keys).collect()
         }
@@ -96,12 +99,20 @@ fn expand(input: &DeriveInput) -> Result<Tokens> {
         }
     };
     let items = keys.iter().map(key_tokens);
+    let checks = match &input.data {
+        Data::Struct(_) => keys.iter().map(check_tokens).collect::<Result<Vec<_>>>()?,
+        _ => Vec::new(),
+    };
     let ident = &input.ident;
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
     Ok(quote! {
         impl #impl_generics ::colo_keys::Keys for #ident #ty_generics #where_clause {
             fn keys() -> ::std::vec::Vec<::colo_keys::Key> {
                 ::std::vec![#(#items),*]
+            }
+            fn out_of_range(&self) -> ::std::option::Option<::colo_keys::OutOfRange> {
+                #(#checks)*
+                ::std::option::Option::None
             }
         }
     })
@@ -126,6 +137,7 @@ fn fields(fields: &Fields, container: &Notes, kind: Option<&str>) -> Result<Vec<
         out.push(KeyOut {
             name,
             ty: notes.table.then(|| f.ty.clone()),
+            ident: Some(ident.clone()),
             notes,
             kinds: kind.map(str::to_owned).into_iter().collect(),
         });
@@ -160,6 +172,70 @@ fn key_tokens(k: &KeyOut) -> Tokens {
             table: #table,
         }
     }
+}
+
+/// The check of a struct field's `range`, or of its table's keys.
+fn check_tokens(k: &KeyOut) -> Result<Tokens> {
+    let (Some(field), name) = (&k.ident, &k.name) else {
+        return Ok(Tokens::new());
+    };
+    if k.notes.table {
+        return Ok(quote! {
+            if let ::std::option::Option::Some(e) = ::colo_keys::Keys::out_of_range(&self.#field) {
+                return ::std::option::Option::Some(e.within(#name));
+            }
+        });
+    }
+    if k.notes.range.is_empty() {
+        return Ok(Tokens::new());
+    }
+    let text = &k.notes.range;
+    let (lo, lo_open, hi, hi_open) =
+        bounds(text).map_err(|m| Error::new_spanned(field, format!("range {text:?}: {m}")))?;
+    // A negative literal is a minus and a literal.
+    let number = |v: f64| match v < 0.0 {
+        true => {
+            let v = -v;
+            quote!(-#v)
+        }
+        false => quote!(#v),
+    };
+    let lo = number(lo);
+    let hi = hi.map_or(quote!(f64::INFINITY), number);
+    Ok(quote! {
+        let range = ::colo_keys::Range {
+            lo: #lo, lo_open: #lo_open, hi: #hi, hi_open: #hi_open, text: #text,
+        };
+        if let ::std::option::Option::Some(e) = range.check(#name, &self.#field) {
+            return ::std::option::Option::Some(e);
+        }
+    })
+}
+
+/// `> a`, `≥ a`, `[a, b]`, `(a, b]`, `[a, b)`, `(a, b)` as `(lo, lo_open,
+/// hi, hi_open)`, `hi` `None` for no upper bound.
+fn bounds(text: &str) -> std::result::Result<(f64, bool, Option<f64>, bool), String> {
+    let num = |s: &str| s.trim().parse::<f64>().map_err(|e| format!("{s:?}: {e}"));
+    if let Some(lo) = text.strip_prefix('>') {
+        return Ok((num(lo)?, true, None, false));
+    }
+    if let Some(lo) = text.strip_prefix('≥') {
+        return Ok((num(lo)?, false, None, false));
+    }
+    let lo_open = match text.chars().next() {
+        Some('(') => true,
+        Some('[') => false,
+        _ => return Err("expected > a, ≥ a or an interval such as [a, b)".into()),
+    };
+    let hi_open = match text.chars().last() {
+        Some(')') => true,
+        Some(']') => false,
+        _ => return Err("an interval ends with ] or )".into()),
+    };
+    let Some((lo, hi)) = text[1..text.len() - 1].split_once(',') else {
+        return Err("an interval is two numbers: [a, b]".into());
+    };
+    Ok((num(lo)?, lo_open, Some(num(hi)?), hi_open))
 }
 
 /// serde's `rename_all` of a Rust name.
@@ -247,6 +323,12 @@ fn key_meta(n: &mut Notes, meta: ParseNestedMeta) -> Result<()> {
         &mut n.verl
     } else if p.is_ident("unset") {
         &mut n.unset
+    } else if p.is_ident("range") {
+        n.range = string(&meta)?;
+        if n.unit.is_empty() {
+            n.unit = n.range.clone();
+        }
+        return Ok(());
     } else if p.is_ident("tag_doc") {
         &mut n.tag_doc
     } else if p.is_ident("tag_unit") {
@@ -254,7 +336,9 @@ fn key_meta(n: &mut Notes, meta: ParseNestedMeta) -> Result<()> {
     } else if p.is_ident("tag_verl") {
         &mut n.tag_verl
     } else {
-        return Err(meta.error("expected unit, verl, unset, table, tag_doc, tag_unit or tag_verl"));
+        return Err(
+            meta.error("expected unit, verl, unset, range, table, tag_doc, tag_unit or tag_verl")
+        );
     };
     *slot = string(&meta)?;
     Ok(())

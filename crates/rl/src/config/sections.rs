@@ -85,12 +85,13 @@ pub struct DataConfig {
     #[default = "answer"]
     pub answer_key: String,
     /// prompts per RL step (each sampled rollout.n times)
-    #[key(unit = "prompts", verl = "data.train_batch_size")]
+    #[key(range = "≥ 1", unit = "prompts", verl = "data.train_batch_size")]
     #[default = 32]
     pub train_batch_size: usize,
     /// prompts per generation batch with dynamic sampling
     /// (algorithm.filter_groups); DAPO draws 3 × train_batch_size
     #[key(
+        range = "≥ 1",
         unit = "prompts",
         verl = "data.gen_batch_size",
         unset = "data.train_batch_size"
@@ -100,6 +101,7 @@ pub struct DataConfig {
     /// included); a longer one is an error when the data are read, or is left
     /// out with filter_overlong_prompts
     #[key(
+        range = "≥ 1",
         unit = "tokens",
         verl = "data.max_prompt_length (with truncation = \"error\")"
     )]
@@ -184,16 +186,20 @@ impl ModelConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct RolloutConfig {
     /// samples generated per prompt
-    #[key(unit = "samples", verl = "actor_rollout_ref.rollout.n")]
+    #[key(range = "≥ 1", unit = "samples", verl = "actor_rollout_ref.rollout.n")]
     #[default = 8]
     pub n: usize,
     /// sampling temperature; 0 is greedy
-    #[key(unit = "≥ 0", verl = "actor_rollout_ref.rollout.temperature")]
+    #[key(
+        range = "[0, 100]",
+        unit = "≥ 0",
+        verl = "actor_rollout_ref.rollout.temperature"
+    )]
     #[default = 1.0]
     pub temperature: f64,
     /// nucleus sampling: keep the smallest set of tokens with this much
     /// probability
-    #[key(unit = "(0, 1]", verl = "actor_rollout_ref.rollout.top_p")]
+    #[key(range = "(0, 1]", verl = "actor_rollout_ref.rollout.top_p")]
     #[default = 1.0]
     pub top_p: f64,
     /// keep the k most likely tokens; -1 or 0: off
@@ -203,25 +209,34 @@ pub struct RolloutConfig {
     /// longest response; with data.max_prompt_length at most the model's
     /// max_position_embeddings (a longer pair is refused, as verl refuses it)
     #[serde(alias = "response_length", alias = "max_response_length")]
-    #[key(unit = "tokens", verl = "data.max_response_length")]
+    #[key(range = "≥ 1", unit = "tokens", verl = "data.max_response_length")]
     #[default = 6]
     pub max_new_tokens: usize,
     /// share of the device memory left after weights that the KV cache takes
     /// (ignored when max_kv_tokens is set)
     #[serde(alias = "gpu_memory_utilization")]
     #[key(
+        range = "(0, 1]",
         unit = "fraction in (0, 1]",
         verl = "actor_rollout_ref.rollout.gpu_memory_utilization"
     )]
     #[default = 0.5]
     pub mem_fraction: f64,
     /// KV-cache size in tokens, instead of mem_fraction
-    #[key(unit = "tokens", unset = "the cache is sized by mem_fraction")]
+    #[key(
+        range = "≥ 1",
+        unit = "tokens",
+        unset = "the cache is sized by mem_fraction"
+    )]
     pub max_kv_tokens: Option<usize>,
     /// most sequences generated at once (fewer when the KV cache's blocks run
     /// short); the cache is sized for a step's samples at full length, and
     /// evaluation fits more of its short answers in it
-    #[key(unit = "sequences", verl = "actor_rollout_ref.rollout.max_num_seqs")]
+    #[key(
+        range = "≥ 1",
+        unit = "sequences",
+        verl = "actor_rollout_ref.rollout.max_num_seqs"
+    )]
     #[default = 1024]
     pub max_num_seqs: usize,
     /// on the CPU, threads each prefill and decode step splits its rows over,
@@ -284,18 +299,23 @@ impl Sampling {
 #[serde(default, deny_unknown_fields)]
 pub struct ValKwargs {
     /// evaluation: samples per held-out prompt (pass@n)
-    #[key(unit = "samples", verl = "actor_rollout_ref.rollout.val_kwargs.n")]
+    #[key(
+        range = "≥ 1",
+        unit = "samples",
+        verl = "actor_rollout_ref.rollout.val_kwargs.n"
+    )]
     #[default = 1]
     pub n: usize,
     /// evaluation: temperature; 0 is greedy
     #[key(
+        range = "[0, 100]",
         unit = "≥ 0",
         verl = "actor_rollout_ref.rollout.val_kwargs.temperature"
     )]
     #[default = 0.0]
     pub temperature: f64,
     /// evaluation: nucleus sampling
-    #[key(unit = "(0, 1]", verl = "actor_rollout_ref.rollout.val_kwargs.top_p")]
+    #[key(range = "(0, 1]", verl = "actor_rollout_ref.rollout.val_kwargs.top_p")]
     #[default = 1.0]
     pub top_p: f64,
     /// evaluation: top-k; -1 or 0: off
@@ -328,7 +348,7 @@ pub fn default_micro_batch_samples(longest: usize, token_budget: usize) -> usize
 #[serde(default, deny_unknown_fields)]
 pub struct ActorConfig {
     /// AdamW learning rate
-    #[key(unit = "> 0", verl = "actor_rollout_ref.actor.optim.lr")]
+    #[key(range = "> 0", verl = "actor_rollout_ref.actor.optim.lr")]
     #[default = 1e-4]
     pub lr: f64,
     /// linear learning-rate warmup
@@ -340,11 +360,11 @@ pub struct ActorConfig {
     #[default = 5]
     pub warmup_steps: usize,
     /// AdamW weight decay
-    #[key(unit = "[0, 1]", verl = "actor_rollout_ref.actor.optim.weight_decay")]
+    #[key(range = "[0, 1]", verl = "actor_rollout_ref.actor.optim.weight_decay")]
     #[default = 0.01]
     pub weight_decay: f64,
     /// gradient-norm clip
-    #[key(unit = "> 0", verl = "actor_rollout_ref.actor.grad_clip")]
+    #[key(range = "> 0", verl = "actor_rollout_ref.actor.grad_clip")]
     #[default = 1.0]
     pub grad_clip: f64,
     /// the learning rate after warmup: constant, or a half cosine that reaches
@@ -356,7 +376,7 @@ pub struct ActorConfig {
     )]
     pub warmup_style: colo_train::ScheduleKind,
     /// the cosine's floor as a fraction of lr
-    #[key(unit = "[0, 1]", verl = "actor_rollout_ref.actor.optim.min_lr_ratio")]
+    #[key(range = "[0, 1]", verl = "actor_rollout_ref.actor.optim.min_lr_ratio")]
     #[default = 0.0]
     pub min_lr_ratio: f64,
     /// AdamW's (β₁, β₂)
@@ -369,6 +389,7 @@ pub struct ActorConfig {
     /// prompts per optimiser step (× rollout.n samples); must divide
     /// data.train_batch_size
     #[key(
+        range = "≥ 1",
         unit = "prompts",
         verl = "actor_rollout_ref.actor.ppo_mini_batch_size",
         unset = "the largest divisor of data.train_batch_size up to 16"
@@ -378,6 +399,7 @@ pub struct ActorConfig {
     /// ppo_mini_batch_size × rollout.n
     #[serde(alias = "ppo_micro_batch_size_per_gpu")]
     #[key(
+        range = "≥ 1",
         unit = "samples",
         verl = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
         unset = "the largest divisor of ppo_mini_batch_size × rollout.n up to ppo_max_token_len_per_gpu / (data.max_prompt_length + rollout.max_new_tokens)"
@@ -398,7 +420,11 @@ pub struct ActorConfig {
     #[default = 16384]
     pub ppo_max_token_len_per_gpu: usize,
     /// passes over each step's samples
-    #[key(unit = "epochs", verl = "actor_rollout_ref.actor.ppo_epochs")]
+    #[key(
+        range = "≥ 1",
+        unit = "epochs",
+        verl = "actor_rollout_ref.actor.ppo_epochs"
+    )]
     #[default = 1]
     pub ppo_epochs: usize,
     /// policy loss
@@ -448,7 +474,10 @@ pub struct ActorConfig {
     #[default = 0.0002]
     pub kl_cov_ratio: f64,
     /// loss_mode = "kl_cov": the penalty's coefficient on |log π_θ − log π_old|
-    #[key(unit = "≥ 0", verl = "actor_rollout_ref.actor.policy_loss.ppo_kl_coef")]
+    #[key(
+        range = "≥ 0",
+        verl = "actor_rollout_ref.actor.policy_loss.ppo_kl_coef"
+    )]
     #[default = 0.1]
     pub ppo_kl_coef: f64,
     /// loss_mode = "clip_cov": the share of a micro-batch's response tokens
@@ -485,7 +514,7 @@ pub struct ActorConfig {
     #[default = 1.05]
     pub tau_neg: f64,
     /// entropy bonus coefficient
-    #[key(unit = "[-1, 1]", verl = "actor_rollout_ref.actor.entropy_coeff")]
+    #[key(range = "[-1, 1]", verl = "actor_rollout_ref.actor.entropy_coeff")]
     #[default = 0.0]
     pub entropy_coeff: f64,
     /// add a KL(actor ‖ reference) term to the loss (loads the reference model)
@@ -493,7 +522,7 @@ pub struct ActorConfig {
     #[default = true]
     pub use_kl_loss: bool,
     /// coefficient of the KL loss
-    #[key(unit = "≥ 0", verl = "actor_rollout_ref.actor.kl_loss_coef")]
+    #[key(range = "≥ 0", verl = "actor_rollout_ref.actor.kl_loss_coef")]
     #[default = 0.001]
     pub kl_loss_coef: f64,
     /// KL estimator of the loss
@@ -548,7 +577,7 @@ impl ActorConfig {
 pub struct CriticConfig {
     /// the value model's learning rate (PPO with algorithm.adv_estimator =
     /// "gae"; verl's default is 10× its actor's)
-    #[key(unit = "> 0", verl = "critic.optim.lr", unset = "actor.lr")]
+    #[key(range = "> 0", verl = "critic.optim.lr", unset = "actor.lr")]
     pub lr: Option<f64>,
     /// its linear warmup (the schedule's shape and the betas are the actor's)
     #[serde(alias = "lr_warmup_steps")]
@@ -560,16 +589,16 @@ pub struct CriticConfig {
     pub warmup_steps: Option<usize>,
     /// its AdamW weight decay
     #[key(
-        unit = "[0, 1]",
+        range = "[0, 1]",
         verl = "critic.optim.weight_decay",
         unset = "actor.weight_decay"
     )]
     pub weight_decay: Option<f64>,
     /// its gradient-norm clip
-    #[key(unit = "> 0", verl = "critic.grad_clip", unset = "actor.grad_clip")]
+    #[key(range = "> 0", verl = "critic.grad_clip", unset = "actor.grad_clip")]
     pub grad_clip: Option<f64>,
     /// the value loss's clip around the values the step started from
-    #[key(unit = "> 0", verl = "critic.cliprange_value")]
+    #[key(range = "> 0", verl = "critic.cliprange_value")]
     #[default = 0.5]
     pub cliprange_value: f64,
     /// how the value loss is averaged over tokens
@@ -593,11 +622,11 @@ pub struct AlgorithmConfig {
     #[default(AdvEstimator::Grpo)]
     pub adv_estimator: AdvEstimator,
     /// discount (GAE, REINFORCE++)
-    #[key(unit = "[0, 1]", verl = "algorithm.gamma")]
+    #[key(range = "[0, 1]", verl = "algorithm.gamma")]
     #[default = 1.0]
     pub gamma: f64,
     /// GAE λ
-    #[key(unit = "[0, 1]", verl = "algorithm.lam")]
+    #[key(range = "[0, 1]", verl = "algorithm.lam")]
     #[default = 1.0]
     pub lam: f64,
     /// divide GRPO advantages by the group's std (false: Dr. GRPO)
@@ -665,7 +694,7 @@ pub struct OverlongBufferConfig {
     pub len: usize,
     /// the punishment at the limit (DAPO: 1.0; verl's default 0 punishes
     /// nothing)
-    #[key(unit = "≥ 0", verl = "reward_model.overlong_buffer.penalty_factor")]
+    #[key(range = "≥ 0", verl = "reward_model.overlong_buffer.penalty_factor")]
     #[default = 1.0]
     pub penalty_factor: f64,
 }
@@ -892,6 +921,7 @@ pub struct TrainerConfig {
     /// length of the run; wins over total_epochs
     #[serde(alias = "total_training_steps")]
     #[key(
+        range = "≥ 1",
         unit = "RL steps",
         verl = "trainer.total_training_steps",
         unset = "total_epochs, or 100 steps when neither is set"
@@ -900,6 +930,7 @@ pub struct TrainerConfig {
     /// length of the run in passes over the training prompts (used when
     /// total_steps is unset)
     #[key(
+        range = "≥ 1",
         unit = "epochs",
         verl = "trainer.total_epochs",
         unset = "total_steps decides"
@@ -1067,6 +1098,7 @@ pub struct ClusterConfig {
     /// data-parallel workers, one per device, on Ray (colo-py's controller); 1:
     /// this process alone
     #[key(
+        range = "≥ 1",
         unit = "devices",
         verl = "trainer.n_gpus_per_node × trainer.nnodes",
         unset = "the layout's devices, else 1"

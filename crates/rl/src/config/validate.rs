@@ -16,41 +16,19 @@ fn bad<T>(field: &str, message: impl Into<String>) -> Check<T> {
     Err((field.to_owned(), message.into()))
 }
 
-fn positive(field: &str, v: usize) -> Check<usize> {
-    match v {
-        0 => bad(field, "must be at least 1"),
-        v => Ok(v),
-    }
-}
-
-/// A finite `v > 0`.
-fn above_zero(field: &str, v: f64) -> Check<f64> {
-    if !(v.is_finite() && v > 0.0) {
-        return bad(
-            field,
-            format!("must be a finite number > 0, got {}", Num(v)),
-        );
-    }
-    Ok(v)
-}
-
-/// A finite `v ≥ 0`.
-fn at_least_zero(field: &str, v: f64) -> Check<f64> {
-    if !(v.is_finite() && v >= 0.0) {
-        return bad(
-            field,
-            format!("must be a finite number ≥ 0, got {}", Num(v)),
-        );
-    }
-    Ok(v)
-}
-
-fn in_range(field: &str, v: f64, lo: f64, hi: f64) -> Check<f64> {
-    if !(v.is_finite() && v >= lo && v <= hi) {
-        let range = format!("[{}, {}]", Num(lo), Num(hi));
-        return bad(field, format!("must be in {range}, got {}", Num(v)));
-    }
-    Ok(v)
+/// The first key outside the range its declaration gives
+/// (`#[key(range = "> 0")]`, checked by colo-keys).
+fn ranges(c: &Config) -> Check<()> {
+    let Some(e) = colo_keys::Keys::out_of_range(c) else {
+        return Ok(());
+    };
+    let (r, v) = (e.range.text, Num(e.value));
+    let message = match r.strip_prefix('≥') {
+        Some(lo) if e.integer => format!("must be at least{lo}, got {v}"),
+        _ if r.starts_with(['>', '≥']) => format!("must be a finite number {r}, got {v}"),
+        _ => format!("must be in {r}, got {v}"),
+    };
+    bad(&e.key, message)
 }
 
 /// A share in (0, 1].
@@ -77,20 +55,8 @@ fn gate_temperature(field: &str, v: f64) -> Check<()> {
     Ok(())
 }
 
-fn sampling(prefix: &str, temperature: f64, top_p: f64, top_k: i64) -> Check<()> {
-    in_range(&format!("{prefix}temperature"), temperature, 0.0, 100.0)?;
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        let field = format!("{prefix}top_p");
-        return bad(&field, format!("must be in (0, 1], got {top_p}"));
-    }
-    if top_k < -1 {
-        let field = format!("{prefix}top_k");
-        return bad(&field, format!("must be -1 (off) or positive, got {top_k}"));
-    }
-    Ok(())
-}
-
-/// `-1` / `0` is "never" (verl's), a positive number a period.
+/// `top_k`, a save or test frequency: `-1` / `0` is "off" or "never"
+/// (verl's), a positive number a count or a period.
 fn frequency(field: &str, v: i64) -> Check<()> {
     match v {
         v if v >= -1 => Ok(()),
@@ -101,6 +67,7 @@ fn frequency(field: &str, v: i64) -> Check<()> {
 /// Checks `c`, writes in what its unset keys resolve to, and derives its
 /// batch plan.
 pub(crate) fn validate(mut c: Config) -> Check<Config> {
+    ranges(&c)?;
     data_section(&c.data)?;
     c.data.seed = Some(c.data_seed());
     rollout_section(&c.rollout, c.algorithm.adv_estimator)?;
@@ -109,7 +76,7 @@ pub(crate) fn validate(mut c: Config) -> Check<Config> {
     c.actor.ppo_mini_batch_size = Some(c.batch.mini_batch_prompts);
     c.actor.ppo_micro_batch_size = Some(c.batch.micro_batch_samples);
     actor_section(&c.actor)?;
-    critic_section(&mut c)?;
+    critic_section(&mut c);
     algorithm_section(&c.algorithm, c.rollout.max_new_tokens)?;
     c.batch.gen_batch_prompts = gen_batch(&c)?;
     if let Err((field, message)) = c.reward.validate() {
@@ -228,7 +195,7 @@ fn cluster_section(cluster: &mut ClusterConfig, batch: &BatchPlan) -> Check<()> 
                 format!("uses {d} devices, but cluster.workers = {w}"),
             )
         }
-        (Some(w), _) => positive("cluster.workers", w)?,
+        (Some(w), _) => w,
         (None, Some(d)) => d,
         (None, None) => 1,
     };
@@ -319,12 +286,11 @@ fn data_section(data: &DataConfig) -> Check<()> {
             return bad(field, "must not be empty");
         }
     }
-    positive("data.max_prompt_length", data.max_prompt_length)?;
     Ok(())
 }
 
 fn rollout_section(rollout: &RolloutConfig, estimator: AdvEstimator) -> Check<()> {
-    let n = positive("rollout.n", rollout.n)?;
+    let n = rollout.n;
     let group = matches!(
         estimator,
         AdvEstimator::Grpo
@@ -343,23 +309,8 @@ fn rollout_section(rollout: &RolloutConfig, estimator: AdvEstimator) -> Check<()
             ),
         );
     }
-    match rollout.max_kv_tokens {
-        Some(t) => _ = positive("rollout.max_kv_tokens", t)?,
-        None if rollout.mem_fraction > 0.0 && rollout.mem_fraction <= 1.0 => {}
-        None => {
-            return bad(
-                "rollout.mem_fraction",
-                format!("must be in (0, 1], got {}", rollout.mem_fraction),
-            )
-        }
-    };
-    let v = &rollout.val_kwargs;
-    let r = rollout;
-    sampling("rollout.", r.temperature, r.top_p, r.top_k)?;
-    positive("rollout.max_new_tokens", rollout.max_new_tokens)?;
-    positive("rollout.max_num_seqs", rollout.max_num_seqs)?;
-    positive("rollout.val_kwargs.n", v.n)?;
-    sampling("rollout.val_kwargs.", v.temperature, v.top_p, v.top_k)
+    frequency("rollout.top_k", rollout.top_k)?;
+    frequency("rollout.val_kwargs.top_k", rollout.val_kwargs.top_k)
 }
 
 /// The largest divisor of `whole` that is at most `limit`: an unset
@@ -376,19 +327,19 @@ fn fitting(limit: usize, whole: usize) -> usize {
 /// Prompts per step → mini-batches (prompts) → micro-batches (samples, or
 /// a token budget that must hold the `longest` sample).
 fn batch_plan(data: &DataConfig, n: usize, longest: usize, a: &ActorConfig) -> Check<BatchPlan> {
-    let prompts = positive("data.train_batch_size", data.train_batch_size)?;
+    let prompts = data.train_batch_size;
     let mini = match a.ppo_mini_batch_size {
-        Some(m) => positive("actor.ppo_mini_batch_size", m)?,
+        Some(m) => m,
         None => fitting(DEFAULT_MINI_BATCH_PROMPTS, prompts),
     };
-    if prompts % mini != 0 {
+    if !prompts.is_multiple_of(mini) {
         return bad(
             "actor.ppo_mini_batch_size",
             format!("{mini} prompts must divide data.train_batch_size ({prompts} prompts)"),
         );
     }
     let micro = match a.ppo_micro_batch_size {
-        Some(m) => positive("actor.ppo_micro_batch_size", m)?,
+        Some(m) => m,
         None => fitting(
             default_micro_batch_samples(longest, a.ppo_max_token_len_per_gpu),
             mini * n,
@@ -417,7 +368,7 @@ fn batch_plan(data: &DataConfig, n: usize, longest: usize, a: &ActorConfig) -> C
             ),
         );
     }
-    let ppo_epochs = positive("actor.ppo_epochs", a.ppo_epochs)?;
+    let ppo_epochs = a.ppo_epochs;
     Ok(BatchPlan {
         prompts_per_step: prompts,
         n,
@@ -443,17 +394,7 @@ pub(crate) const VAL_ONLY_RESUME: &str = "evaluates model.path and does not resu
 
 /// `[critic]`: checks what it sets and writes in the actor's settings for
 /// the rest.
-fn critic_section(c: &mut Config) -> Check<()> {
-    if let Some(lr) = c.critic.lr {
-        above_zero("critic.lr", lr)?;
-    }
-    if let Some(w) = c.critic.weight_decay {
-        in_range("critic.weight_decay", w, 0.0, 1.0)?;
-    }
-    if let Some(clip) = c.critic.grad_clip {
-        above_zero("critic.grad_clip", clip)?;
-    }
-    above_zero("critic.cliprange_value", c.critic.cliprange_value)?;
+fn critic_section(c: &mut Config) {
     let a = &c.actor;
     let critic = &mut c.critic;
     critic.lr = critic.lr.or(Some(a.lr));
@@ -461,14 +402,9 @@ fn critic_section(c: &mut Config) -> Check<()> {
     critic.weight_decay = critic.weight_decay.or(Some(a.weight_decay));
     critic.grad_clip = critic.grad_clip.or(Some(a.grad_clip));
     critic.loss_agg_mode = critic.loss_agg_mode.or(Some(a.loss_agg_mode));
-    Ok(())
 }
 
 fn actor_section(actor: &ActorConfig) -> Check<()> {
-    above_zero("actor.lr", actor.lr)?;
-    in_range("actor.weight_decay", actor.weight_decay, 0.0, 1.0)?;
-    above_zero("actor.grad_clip", actor.grad_clip)?;
-    in_range("actor.min_lr_ratio", actor.min_lr_ratio, 0.0, 1.0)?;
     let [b1, b2] = actor.betas[..] else {
         return bad(
             "actor.betas",
@@ -486,12 +422,7 @@ fn actor_section(actor: &ActorConfig) -> Check<()> {
     gate_temperature("actor.tau_pos", actor.tau_pos)?;
     gate_temperature("actor.tau_neg", actor.tau_neg)?;
     covariance_settings(actor)?;
-    clip_range(actor)?;
-    in_range("actor.entropy_coeff", actor.entropy_coeff, -1.0, 1.0)?;
-    if actor.use_kl_loss {
-        at_least_zero("actor.kl_loss_coef", actor.kl_loss_coef)?;
-    }
-    Ok(())
+    clip_range(actor)
 }
 
 /// The clip ratios, as colo-algo checks them.
@@ -556,31 +487,20 @@ fn covariance_settings(actor: &ActorConfig) -> Check<()> {
         "actor.kl_cov_ratio",
         actor.kl_cov_ratio,
         "is the share of tokens KL-Cov penalises: ",
-    )?;
-    if !(actor.ppo_kl_coef.is_finite() && actor.ppo_kl_coef >= 0.0) {
-        return bad(
-            "actor.ppo_kl_coef",
-            format!("must be a number ≥ 0, got {}", Num(actor.ppo_kl_coef)),
-        );
-    }
-    Ok(())
+    )
 }
 
 fn algorithm_section(algorithm: &AlgorithmConfig, max_new_tokens: usize) -> Check<()> {
     let ob = &algorithm.overlong_buffer;
-    if ob.enable {
-        if ob.len == 0 || ob.len > max_new_tokens {
-            return bad(
-                "algorithm.overlong_buffer.len",
-                format!(
-                    "must be 1 to rollout.max_new_tokens = {max_new_tokens} (the tokens before \
-                     the limit over which the punishment grows), got {}",
-                    ob.len
-                ),
-            );
-        }
-        let field = "algorithm.overlong_buffer.penalty_factor";
-        at_least_zero(field, ob.penalty_factor)?;
+    if ob.enable && (ob.len == 0 || ob.len > max_new_tokens) {
+        return bad(
+            "algorithm.overlong_buffer.len",
+            format!(
+                "must be 1 to rollout.max_new_tokens = {max_new_tokens} (the tokens before \
+                 the limit over which the punishment grows), got {}",
+                ob.len
+            ),
+        );
     }
     if algorithm.filter_groups.enable {
         match &algorithm.filter_groups.metric {
@@ -604,15 +524,6 @@ fn algorithm_section(algorithm: &AlgorithmConfig, max_new_tokens: usize) -> Chec
             _ => {}
         }
     }
-    if algorithm.use_kl_in_reward {
-        at_least_zero("algorithm.kl_ctrl.kl_coef", algorithm.kl_ctrl.kl_coef)?;
-    }
-    above_zero(
-        "algorithm.rollout_correction.rollout_is_threshold",
-        algorithm.rollout_correction.rollout_is_threshold,
-    )?;
-    in_range("algorithm.gamma", algorithm.gamma, 0.0, 1.0)?;
-    in_range("algorithm.lam", algorithm.lam, 0.0, 1.0)?;
     Ok(())
 }
 
@@ -622,7 +533,7 @@ fn gen_batch(c: &Config) -> Check<usize> {
     let prompts = c.batch.prompts_per_step;
     match (c.data.gen_batch_size, c.algorithm.filter_groups.enable) {
         (None, _) => Ok(prompts),
-        (Some(g), true) => positive("data.gen_batch_size", g),
+        (Some(g), true) => Ok(g),
         (Some(g), false) if g == prompts => Ok(g),
         (Some(g), false) => bad(
             "data.gen_batch_size",
@@ -686,10 +597,8 @@ fn loggers(raw: &Loggers) -> Check<()> {
 }
 
 fn trainer_section(t: &mut TrainerConfig) -> Check<()> {
-    match (t.total_steps, t.total_epochs) {
-        (Some(s), _) => _ = positive("trainer.total_steps", s)?,
-        (None, Some(e)) => _ = positive("trainer.total_epochs", e)?,
-        (None, None) => t.total_steps = Some(DEFAULT_TOTAL_STEPS),
+    if (t.total_steps, t.total_epochs) == (None, None) {
+        t.total_steps = Some(DEFAULT_TOTAL_STEPS);
     }
     frequency("trainer.save_freq", t.save_freq)?;
     frequency("trainer.test_freq", t.test_freq)?;
