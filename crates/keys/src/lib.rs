@@ -32,7 +32,7 @@
 //! assert_eq!(keys[1].table.unwrap()()[0].doc, "samples per prompt");
 //! ```
 //!
-//! - `unit`: the unit or the accepted values;
+//! - `unit`: the unit or the accepted values (`bool` for a `bool`);
 //! - `verl`: verl's name for the key;
 //! - `unset`: for an optional key, what leaving it out means;
 //! - `table`: the field is a table whose keys are its type's [`Keys`];

@@ -99,6 +99,7 @@ struct Ranged {
 struct RangedInner {
     #[key(range = "(0, 1]")]
     p: f64,
+    on: bool,
 }
 
 #[test]
@@ -106,11 +107,13 @@ fn a_range_is_the_unit_and_checks_the_value_tables_included() {
     let keys = Ranged::keys();
     assert_eq!(find(&keys, "lr").unit, "> 0");
     assert_eq!(find(&keys, "share").unit, "ratio");
+    let inner = find(&keys, "inner").table.expect("a table")();
+    assert_eq!(find(&inner, "on").unit, "bool", "a bool's unit");
     let ok = || Ranged {
         lr: 1e-6,
         share: -1.0,
         workers: None,
-        inner: RangedInner { p: 1.0 },
+        inner: RangedInner { p: 1.0, on: true },
     };
     assert!(ok().out_of_range().is_none());
     let bad = |r: Ranged| {
@@ -130,7 +133,7 @@ fn a_range_is_the_unit_and_checks_the_value_tables_included() {
     });
     assert_eq!(workers, ("workers".into(), 0.0, true, "≥ 1"));
     let inner = bad(Ranged {
-        inner: RangedInner { p: 0.0 },
+        inner: RangedInner { p: 0.0, on: true },
         ..ok()
     });
     assert_eq!(inner, ("inner.p".into(), 0.0, false, "(0, 1]"));

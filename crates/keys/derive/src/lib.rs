@@ -125,7 +125,10 @@ fn fields(fields: &Fields, container: &Notes, kind: Option<&str>) -> Result<Vec<
         let Some(ident) = &f.ident else {
             return Err(Error::new_spanned(f, "Keys needs named fields"));
         };
-        let notes = notes(&f.attrs)?;
+        let mut notes = notes(&f.attrs)?;
+        if notes.unit.is_empty() && matches!(&f.ty, syn::Type::Path(p) if p.path.is_ident("bool")) {
+            notes.unit = "bool".to_owned();
+        }
         if notes.skip {
             continue;
         }

@@ -109,13 +109,13 @@ pub struct DataConfig {
     pub max_prompt_length: usize,
     /// leave out prompts longer than max_prompt_length (counted on stderr when
     /// the data are read) instead of stopping at the first
-    #[key(unit = "bool", verl = "data.filter_overlong_prompts")]
+    #[key(verl = "data.filter_overlong_prompts")]
     pub filter_overlong_prompts: bool,
     /// seed of the epoch shuffles and of the held-out split
     #[key(unit = "integer", verl = "data.seed", unset = "trainer.seed")]
     pub seed: Option<u64>,
     /// shuffle the prompts each epoch (else file order)
-    #[key(unit = "bool", verl = "data.shuffle")]
+    #[key(verl = "data.shuffle")]
     #[default = true]
     pub shuffle: bool,
     /// The built-in task (used when `train_files` is empty).
@@ -162,10 +162,7 @@ pub struct ModelConfig {
     /// activation checkpointing in the actor's and critic's updates: keep each
     /// decoder layer's input, recompute the layer for the backward (less
     /// activation memory, one more forward)
-    #[key(
-        unit = "bool",
-        verl = "actor_rollout_ref.model.enable_gradient_checkpointing"
-    )]
+    #[key(verl = "actor_rollout_ref.model.enable_gradient_checkpointing")]
     pub enable_gradient_checkpointing: bool,
 }
 
@@ -249,7 +246,7 @@ pub struct RolloutConfig {
     /// CUDA graphs (graphs: a small model's step is bound by launching its
     /// kernels; their memory is tag cuda_graph, released and resumed with the
     /// KV cache)
-    #[key(unit = "bool", verl = "actor_rollout_ref.rollout.enforce_eager")]
+    #[key(verl = "actor_rollout_ref.rollout.enforce_eager")]
     pub enforce_eager: bool,
     /// Sampling for evaluation.
     #[key(table)]
@@ -408,7 +405,7 @@ pub struct ActorConfig {
     /// cut micro-batches by a token budget (ppo_max_token_len_per_gpu) instead
     /// of ppo_micro_batch_size: consecutive samples while samples × the longest
     /// stay within it; bounds activation memory as responses grow
-    #[key(unit = "bool", verl = "actor_rollout_ref.actor.use_dynamic_bsz")]
+    #[key(verl = "actor_rollout_ref.actor.use_dynamic_bsz")]
     pub use_dynamic_bsz: bool,
     /// the budget of use_dynamic_bsz: padded tokens per forward/backward (the
     /// reference's too; the old-policy pass: twice it); at least
@@ -518,7 +515,7 @@ pub struct ActorConfig {
     #[default = 0.0]
     pub entropy_coeff: f64,
     /// add a KL(actor ‖ reference) term to the loss (loads the reference model)
-    #[key(unit = "bool", verl = "actor_rollout_ref.actor.use_kl_loss")]
+    #[key(verl = "actor_rollout_ref.actor.use_kl_loss")]
     #[default = true]
     pub use_kl_loss: bool,
     /// coefficient of the KL loss
@@ -630,12 +627,12 @@ pub struct AlgorithmConfig {
     #[default = 1.0]
     pub lam: f64,
     /// divide GRPO advantages by the group's std (false: Dr. GRPO)
-    #[key(unit = "bool", verl = "algorithm.norm_adv_by_std_in_grpo")]
+    #[key(verl = "algorithm.norm_adv_by_std_in_grpo")]
     #[default = true]
     pub norm_adv_by_std_in_grpo: bool,
     /// subtract β·KL(actor ‖ reference) from the reward (loads the reference
     /// model)
-    #[key(unit = "bool", verl = "algorithm.use_kl_in_reward")]
+    #[key(verl = "algorithm.use_kl_in_reward")]
     pub use_kl_in_reward: bool,
     /// KL estimator of the reward penalty
     #[key(
@@ -684,7 +681,7 @@ pub struct OverlongBufferConfig {
     /// DAPO's soft overlong punishment of the training rewards: a response in
     /// the last `len` tokens before rollout.max_new_tokens loses up to
     /// penalty_factor, linearly (evaluations are not punished)
-    #[key(unit = "bool", verl = "reward_model.overlong_buffer.enable")]
+    #[key(verl = "reward_model.overlong_buffer.enable")]
     pub enable: bool,
     /// tokens before the limit over which the punishment grows
     #[key(
@@ -709,7 +706,7 @@ pub struct FilterGroupsConfig {
     /// metric varies (a group that all scored the same has no advantage),
     /// drawing generation batches of data.gen_batch_size prompts until it has
     /// data.train_batch_size of them
-    #[key(unit = "bool", verl = "algorithm.filter_groups.enable")]
+    #[key(verl = "algorithm.filter_groups.enable")]
     pub enable: bool,
     /// what must vary within a group: acc (right or not: the reward's `acc`,
     /// else score ≥ 1), score (before the overlong punishment), seq_reward
@@ -786,31 +783,21 @@ pub struct MemoryConfig {
     #[key(unit = "\"naive\", \"restart\", \"sleep\", \"staged\"")]
     pub colocation: Colocation,
     /// while generating, the trainer's parameters go to host memory
-    #[key(
-        unit = "bool",
-        verl = "actor_rollout_ref.actor.fsdp_config.param_offload"
-    )]
+    #[key(verl = "actor_rollout_ref.actor.fsdp_config.param_offload")]
     #[default = true]
     pub offload_train_param: bool,
     /// while generating, the trainer's gradients go to host memory
-    #[key(unit = "bool")]
     #[default = true]
     pub offload_train_grad: bool,
     /// while generating, the optimiser state goes to host memory
-    #[key(
-        unit = "bool",
-        verl = "actor_rollout_ref.actor.fsdp_config.optimizer_offload"
-    )]
+    #[key(verl = "actor_rollout_ref.actor.fsdp_config.optimizer_offload")]
     #[default = true]
     pub offload_train_optimizer: bool,
     /// the reference model may wait in host memory between uses: after every
     /// pass with offload_policy "always"; with "as_needed" only where no step
     /// as large has run yet or its peak left no room for it, and at a switch
     /// whose engine needs the room
-    #[key(
-        unit = "bool",
-        verl = "actor_rollout_ref.ref.fsdp_config.param_offload"
-    )]
+    #[key(verl = "actor_rollout_ref.ref.fsdp_config.param_offload")]
     #[default = true]
     pub offload_ref: bool,
     /// how much a train → rollout switch gives up (sleep, staged): "as_needed":
@@ -946,21 +933,18 @@ pub struct TrainerConfig {
     #[default = 10]
     pub test_freq: i64,
     /// evaluate the starting checkpoint
-    #[key(unit = "bool", verl = "trainer.val_before_train")]
+    #[key(verl = "trainer.val_before_train")]
     #[default = true]
     pub val_before_train: bool,
     /// evaluate model.path on the held-out prompts (an eval record in
     /// metrics.jsonl, the generations in validation_data_dir if set) and train
     /// nothing; to evaluate a run's checkpoint, set model.path to
     /// checkpoints/step-N
-    #[key(
-        unit = "bool",
-        verl = "trainer.val_only (verl loads a resumed checkpoint; colo reads model.path)"
-    )]
+    #[key(verl = "trainer.val_only (verl loads a resumed checkpoint; colo reads model.path)")]
     pub val_only: bool,
     /// continue from the latest checkpoint in out_dir (also: colo train
     /// --resume)
-    #[key(unit = "bool", verl = "trainer.resume_mode = \"auto\"")]
+    #[key(verl = "trainer.resume_mode = \"auto\"")]
     pub resume: bool,
     /// run directory: metrics.jsonl, pictures, checkpoints/ (colo train --out
     /// wins)
