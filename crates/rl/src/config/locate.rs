@@ -11,9 +11,7 @@ use crate::Error;
 
 /// A `toml` error as [`Error::Config`], with the line and the field.
 pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error {
-    let mut line = e
-        .span()
-        .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+    let mut line = e.span().map(|s| line_of(text, s.start));
     let mut field = e
         .span()
         .and_then(|span| field_at(text, span.start))
@@ -21,7 +19,7 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
     // `toml` names the table of an unknown key; name the key itself, and
     // find its line (a buffered table, like `[reward]`, reports its header).
     let mut message = e.message().trim().to_owned();
-    if let Some(unknown) = unknown_field(e.message()) {
+    if let Some(unknown) = quoted(e.message(), "unknown field `") {
         // The field may be a header's path that holds the unknown key as
         // one of its parts (`[foo.bar]`: unknown top-level `foo`): cut it
         // there, rather than append the key again (`foo.bar.foo`).
@@ -56,7 +54,7 @@ pub(crate) fn toml_error(e: &toml::de::Error, text: &str, path: &Path) -> Error 
         }
     }
     // A key written under both its names.
-    if let Some(name) = duplicate_field(e.message()) {
+    if let Some(name) = quoted(e.message(), "duplicate field `") {
         let key = join(&field, name);
         if let Some(doc) = print::docs().iter().find(|d| d.key == key) {
             let other = doc.k.aliases.join("` or `");
@@ -146,15 +144,10 @@ fn where_colo_keeps(field: &str) -> String {
     }
 }
 
-/// `X` of serde's "duplicate field `X`".
-fn duplicate_field(message: &str) -> Option<&str> {
-    let rest = message.strip_prefix("duplicate field `")?;
-    Some(&rest[..rest.find('`')?])
-}
-
-/// `X` of serde's "unknown field `X`, expected …".
-fn unknown_field(message: &str) -> Option<&str> {
-    let rest = message.strip_prefix("unknown field `")?;
+/// `X` of serde's "unknown field `X`, expected …" (`start` "unknown
+/// field `") or "duplicate field `X`".
+fn quoted<'a>(message: &'a str, start: &str) -> Option<&'a str> {
+    let rest = message.strip_prefix(start)?;
     Some(&rest[..rest.find('`')?])
 }
 
