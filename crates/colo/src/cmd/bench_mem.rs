@@ -131,12 +131,33 @@ struct Cycles {
 }
 
 fn cycles(n: usize, policy: Policy, count: usize) -> Result<Cycles> {
-    let pool = Pool::host(PoolConfig::default())?;
+    let resident = |pool: &Pool| {
+        let (base, span) = pool.address_range();
+        Ok(os::resident_in_range(base, span)?)
+    };
+    cycles_on(
+        Pool::host(PoolConfig::default())?,
+        n,
+        policy,
+        count,
+        resident,
+    )
+}
+
+/// [`cycles`] on `pool` (host or device), the released fraction from
+/// `held`: the bytes the buffer's memory holds as the OS or the driver
+/// counts them, read before and after the first pause.
+fn cycles_on(
+    pool: std::sync::Arc<Pool>,
+    n: usize,
+    policy: Policy,
+    count: usize,
+    held: impl Fn(&Pool) -> Result<u64>,
+) -> Result<Cycles> {
     pool.set_policy("t", policy)?;
     let addr = pool.alloc("t", n)?;
     let pattern: Vec<u8> = (0..n).map(|i| (i * 13 % 251) as u8).collect();
     pool.write(addr, 0, &pattern)?;
-    let (base, span) = pool.address_range();
     let mut c = Cycles {
         pause_s: vec![],
         resume_s: vec![],
@@ -145,12 +166,12 @@ fn cycles(n: usize, policy: Policy, count: usize) -> Result<Cycles> {
         bit_exact: true,
     };
     for i in 0..count {
-        let before = os::resident_in_range(base, span)?;
+        let before = held(&pool)?;
         let t = Instant::now();
         pool.pause(&["t"])?;
         c.pause_s.push(t.elapsed().as_secs_f64());
         if i == 0 {
-            let after = os::resident_in_range(base, span)?;
+            let after = held(&pool)?;
             c.released_fraction = before.saturating_sub(after) as f64 / n as f64;
         }
         let t = Instant::now();

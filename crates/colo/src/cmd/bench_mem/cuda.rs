@@ -24,7 +24,7 @@ use serde::Serialize;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
-use super::{median, Args, GIB};
+use super::{cycles_on, median, Args, Cycles, GIB};
 
 #[derive(Serialize)]
 struct Report {
@@ -80,47 +80,15 @@ fn baselines(n: usize) -> Result<[f64; 4]> {
     Ok([d2h, h2d, d2h_pinned, h2d_pinned])
 }
 
-struct Cycles {
-    pause_s: Vec<f64>,
-    resume_s: Vec<f64>,
-    released_fraction: f64,
-    same_address: bool,
-    bit_exact: bool,
-}
-
+/// `bench mem`'s pause/resume cycles on a CUDA pool; the released
+/// fraction from the driver's free memory (`cuMemGetInfo`).
 fn cycles(n: usize, policy: Policy, count: usize) -> Result<Cycles> {
     let pool = Pool::new(Box::new(CudaBackend::new(0)?), PoolConfig::default())?;
-    pool.set_policy("t", policy)?;
-    let addr = pool.alloc("t", n)?;
-    let pattern: Vec<u8> = (0..n).map(|i| (i * 13 % 251) as u8).collect();
-    pool.write(addr, 0, &pattern)?;
-    let mut c = Cycles {
-        pause_s: vec![],
-        resume_s: vec![],
-        released_fraction: 0.0,
-        same_address: true,
-        bit_exact: true,
+    let in_use = |_: &Pool| {
+        let (free, total) = mem_get_info()?;
+        Ok(total.saturating_sub(free))
     };
-    for i in 0..count {
-        let before = mem_get_info()?.0;
-        let t = Instant::now();
-        pool.pause(&["t"])?;
-        c.pause_s.push(t.elapsed().as_secs_f64());
-        if i == 0 {
-            let after = mem_get_info()?.0;
-            c.released_fraction = after.saturating_sub(before) as f64 / n as f64;
-        }
-        let t = Instant::now();
-        pool.resume(&["t"])?;
-        c.resume_s.push(t.elapsed().as_secs_f64());
-        c.same_address &= pool.tag_of(addr).as_deref() == Some("t");
-    }
-    if policy == Policy::Backup {
-        let mut out = vec![0u8; n];
-        pool.read(addr, 0, &mut out)?;
-        c.bit_exact = out == pattern;
-    }
-    Ok(c)
+    cycles_on(pool, n, policy, count, in_use)
 }
 
 pub(super) fn run(a: &Args) -> Result<()> {
