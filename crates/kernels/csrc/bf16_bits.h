@@ -1,6 +1,6 @@
 // bfloat16 <-> float32 on raw bits for colo's CPU kernels (`rms_norm.cpp`,
-// `token_logprobs.cpp`, `rope.cpp`, `paged_attention.cpp`), which hold
-// bfloat16 as uint16_t and float32 as float: rounding to nearest even, NaN kept a (quiet) NaN, as
+// `token_logprobs.cpp`, `rope.cpp`, `paged_attention.cpp`,
+// `skinny_linear.cpp`, `grad_sum.cpp`), which hold bfloat16 as uint16_t and float32 as float: rounding to nearest even, NaN kept a (quiet) NaN, as
 // c10::BFloat16 does. Branch-free and with __builtin_bit_cast rather than
 // memcpy, so that loops around them vectorise (GCC does not vectorise a
 // loop with a memcpy into a local).

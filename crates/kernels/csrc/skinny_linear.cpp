@@ -32,6 +32,7 @@
 // - Only on CPUs with AVX512-BF16 (`colo_torch_skinny_linear_supported`);
 //   elsewhere the caller uses libtorch's `linear`.
 // - The result is a new at::Tensor (..., out), owned by the caller.
+#include "bf16_bits.h"
 #include "shim_error.h"
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -97,12 +98,6 @@ COLO_BF16 void columns(const uint16_t* x, int64_t rows, const uint16_t* w, int64
     tile<1, C>(x + i * k, w, k, out + i * ldo, ldo, pf, lines);
 }
 
-inline uint16_t to_bf16(float v) {
-  uint32_t u = __builtin_bit_cast(uint32_t, v);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;  // NaN stays a quiet NaN
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
 // y (rows, n) = x (rows, k) · w (n, k)ᵀ + b, the columns split over
 // libtorch's intra-op threads in blocks of whole tiles.
 COLO_BF16 void run(const uint16_t* x, int64_t rows, const uint16_t* w, const uint16_t* b,
@@ -118,8 +113,8 @@ COLO_BF16 void run(const uint16_t* x, int64_t rows, const uint16_t* w, const uin
         for (int64_t j = 0; j < cols; ++j) columns<1>(x, rows, w + (j0 + j) * k, k, sums + j, kCols);
       for (int64_t i = 0; i < rows; ++i)
         for (int64_t j = 0; j < cols; ++j) {
-          float bias = b ? __builtin_bit_cast(float, static_cast<uint32_t>(b[j0 + j]) << 16) : 0.f;
-          y[i * n + j0 + j] = to_bf16(sums[i * kCols + j] + bias);
+          float bias = b ? colo_shim::widen(b[j0 + j]) : 0.f;
+          colo_shim::narrow(sums[i * kCols + j] + bias, &y[i * n + j0 + j]);
         }
     }
   });
