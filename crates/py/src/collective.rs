@@ -24,7 +24,12 @@ pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
 }
 
 /// The communicator's methods [`PyCollective`] calls.
-const COMM_METHODS: [&str; 2] = ["all_reduce_buffers", "all_reduce_values"];
+const COMM_METHODS: [&str; 4] = [
+    "all_reduce_buffers",
+    "all_reduce_values",
+    "all_gather_buffer",
+    "reduce_scatter_buffer",
+];
 
 /// Refuses a communicator without [`COMM_METHODS`] when the worker is made,
 /// rather than at its first update.
@@ -35,7 +40,8 @@ pub(crate) fn check_comm(comm: &Bound<'_, PyAny>) -> PyResult<()> {
             let kind = type_name(comm);
             return Err(PyValueError::new_err(format!(
                 "comm: a {kind} has no method {method}; the communicator needs \
-                 all_reduce_buffers(list[memoryview]) and all_reduce_values(list[float], op) \
+                 all_reduce_buffers(list[memoryview]), all_reduce_values(list[float], op), \
+                 all_gather_buffer(shard, full, dtype) and reduce_scatter_buffer(shard, full, dtype) \
                  (colo.comm.TorchComm over torch.distributed; one worker needs one too)"
             )));
         }
@@ -112,6 +118,35 @@ impl Collective for PyCollective {
         values.copy_from_slice(&out);
         Ok(())
     }
+
+    fn all_gather(&mut self, shard: &Tensor, full: &Tensor) -> colo_train::Result<()> {
+        self.shards_call("all_gather_buffer", shard, full)
+    }
+
+    fn reduce_scatter(&mut self, full: &Tensor, shard: &Tensor) -> colo_train::Result<()> {
+        self.shards_call("reduce_scatter_buffer", shard, full)
+    }
+}
+
+impl PyCollective {
+    /// `comm.<method>(shard, full, dtype)` over the two buffers' memory
+    /// (`all_gather_buffer` fills `full` from every rank's `shard`;
+    /// `reduce_scatter_buffer` sums `full` and leaves this rank's part in
+    /// `shard`).
+    fn shards_call(
+        &mut self,
+        method: &'static str,
+        shard: &Tensor,
+        full: &Tensor,
+    ) -> colo_train::Result<()> {
+        colo_train::collective::check_shards(method, shard, full, self.world)?;
+        Python::attach(|py| {
+            let dtype = dtype_name(shard.kind())?;
+            let (s, f) = (buffer(py, shard)?, buffer(py, full)?);
+            self.comm.call_method1(py, method, (s, f, dtype)).map(drop)
+        })
+        .map_err(|e| self.failed(method, e))
+    }
 }
 
 /// A tensor's memory for the communicator, without a copy: a writable
@@ -164,9 +199,10 @@ fn writable_view<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>
     // SAFETY: the tensor is contiguous (checked by the callers) on the CPU
     // (`buffer` calls this for CPU tensors only), so `data_ptr()..+len` is
     // its memory. The tensors viewed are the trainer's own (parameters,
-    // gradient accumulators, moments), which live as long as the worker,
-    // and their memory stays mapped while a view is open: the collective's
-    // views live for one `all_reduce_buffers` call, inside the update; the
+    // gradient accumulators, moments, which live as long as the worker;
+    // a sharded trainer's gather buffers, which live until its call
+    // returns), and their memory stays mapped while a view is open: the
+    // collective's views live for one call, inside the update; the
     // views of `Worker.open_views` until `close_views`, and the worker
     // refuses every phase switch meanwhile (`lib.rs`).
     unsafe {

@@ -47,6 +47,41 @@ pub trait Collective: Send {
 
     /// Reduces a few host numbers (counts, metric sums) over the peers.
     fn all_reduce_values(&mut self, values: &mut [f64], op: ReduceOp) -> Result<()>;
+
+    /// Gathers every peer's `shard` into `full`, in rank order
+    /// (torch.distributed's `all_gather_into_tensor`): both flat and
+    /// contiguous, of one kind, `full` holding `world_size` shards. What a
+    /// sharded trainer does before computing with a unit's weights.
+    fn all_gather(&mut self, shard: &Tensor, full: &Tensor) -> Result<()>;
+
+    /// Sums `full` over the peers and leaves this peer's part of the sum
+    /// (part `rank` of `world_size` equal parts) in `shard`
+    /// (torch.distributed's `reduce_scatter_tensor`): both flat, contiguous
+    /// float32. A sharded trainer's gradients of one unit.
+    fn reduce_scatter(&mut self, full: &Tensor, shard: &Tensor) -> Result<()>;
+}
+
+/// Checks the shapes [`Collective::all_gather`] and
+/// [`Collective::reduce_scatter`] take: `shard` and `full` flat and
+/// contiguous, of one kind, `full` `world` times as long.
+pub fn check_shards(what: &'static str, shard: &Tensor, full: &Tensor, world: usize) -> Result<()> {
+    let flat = |t: &Tensor| t.dim() == 1 && t.is_contiguous();
+    let long = (shard.numel() as u64).checked_mul(world as u64);
+    if flat(shard) && flat(full) && shard.kind() == full.kind() && long == Some(full.numel() as u64)
+    {
+        return Ok(());
+    }
+    Err(crate::Error::Unsupported {
+        what,
+        found: format!(
+            "a shard of {:?} {:?} and a full buffer of {:?} {:?} over {world} peers: both must \
+             be flat, contiguous and of one kind, the full one {world} shards long",
+            shard.size(),
+            shard.kind(),
+            full.size(),
+            full.kind()
+        ),
+    })
 }
 
 /// One peer alone: every reduction is the identity. What a trainer without
@@ -68,6 +103,18 @@ impl Collective for Solo {
     }
 
     fn all_reduce_values(&mut self, _values: &mut [f64], _op: ReduceOp) -> Result<()> {
+        Ok(())
+    }
+
+    fn all_gather(&mut self, shard: &Tensor, full: &Tensor) -> Result<()> {
+        check_shards("all_gather", shard, full, 1)?;
+        tch::no_grad(|| full.shallow_clone().f_copy_(shard))?;
+        Ok(())
+    }
+
+    fn reduce_scatter(&mut self, full: &Tensor, shard: &Tensor) -> Result<()> {
+        check_shards("reduce_scatter", shard, full, 1)?;
+        tch::no_grad(|| shard.shallow_clone().f_copy_(full))?;
         Ok(())
     }
 }

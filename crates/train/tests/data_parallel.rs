@@ -95,6 +95,30 @@ impl Collective for InProcess {
         }
         Ok(())
     }
+
+    fn all_gather(&mut self, shard: &Tensor, full: &Tensor) -> colo_train::Result<()> {
+        let all = self.exchange(values_of(shard));
+        let flat: Vec<f64> = all.concat();
+        let mut dst = full.shallow_clone();
+        tch::no_grad(|| dst.copy_(&Tensor::from_slice(&flat).to_kind(full.kind())));
+        Ok(())
+    }
+
+    fn reduce_scatter(&mut self, full: &Tensor, shard: &Tensor) -> colo_train::Result<()> {
+        let all = self.exchange(values_of(full));
+        let n = shard.numel();
+        let mine: Vec<f64> = (self.rank * n..(self.rank + 1) * n)
+            .map(|i| all.iter().map(|v| v[i]).sum())
+            .collect();
+        let mut dst = shard.shallow_clone();
+        tch::no_grad(|| dst.copy_(&Tensor::from_slice(&mine).to_kind(shard.kind())));
+        Ok(())
+    }
+}
+
+/// A tensor's values, flat, in float64 (exact for float32 and bf16).
+fn values_of(t: &Tensor) -> Vec<f64> {
+    Vec::<f64>::try_from(&t.flatten(0, -1).to_kind(Kind::Double)).unwrap()
 }
 
 /// Six (prompt, response) rows of different lengths.
