@@ -242,9 +242,13 @@ impl Rank {
         Ok(EvalTallies::from(&result))
     }
 
-    /// Writes `out/checkpoints/step-N` (call it on one rank: the weights
-    /// are the same on all).
+    /// Writes `out/checkpoints/step-N`. Every rank calls it (a sharded
+    /// trainer's weights are gathered from all of them); rank 0 writes,
+    /// the others return once they have taken part.
     pub fn save(&self, step: usize) -> Result<()> {
+        if self.rank != 0 {
+            return Ok(());
+        }
         let data = checkpoints::DataState {
             gen_batches: self.gen_batches,
             gen_batch_size: self.global.batch.gen_batch_prompts,
