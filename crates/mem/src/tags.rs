@@ -18,3 +18,7 @@ pub const REF: &str = "ref";
 /// The rollout engine's captured CUDA graphs: their fixed input buffers and
 /// the memory their kernels use. Paused and resumed with `kv_cache`.
 pub const CUDA_GRAPH: &str = "cuda_graph";
+/// A sharded trainer's gathered weights: the full parameters of the units
+/// a pass is computing with, gathered before and released after (see
+/// colo-train's `sharding`). Nothing in it outlives a pass.
+pub const GATHERED_PARAMS: &str = "gathered_params";

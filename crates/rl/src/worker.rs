@@ -283,11 +283,15 @@ impl<R: RolloutEngine> HybridWorker<ColoTrainer, R> {
     /// Joins the actor and the critic to the other ranks, each with a
     /// collective of its own from `make`, the actor's first. No phase: it
     /// moves no memory.
-    pub(crate) fn set_collectives(&mut self, mut make: impl FnMut() -> Box<dyn Collective>) {
-        self.actor.set_collective(Some(make()));
+    pub(crate) fn set_collectives(
+        &mut self,
+        mut make: impl FnMut() -> Box<dyn Collective>,
+    ) -> Result<()> {
+        self.actor.set_collective(Some(make()))?;
         if let Some(c) = &mut self.critic {
-            c.set_collective(Some(make()));
+            c.set_collective(Some(make()))?;
         }
+        Ok(())
     }
 }
 

@@ -196,6 +196,31 @@ impl ColoTrainer {
         extra: impl FnOnce(&Path) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E> {
         require_resident(&self.pool, "save a checkpoint", &[PARAMS, OPTIMIZER])?;
+        if self.is_sharded() {
+            // Every peer takes part in the gathers; the first writes what
+            // an unsharded trainer would.
+            let opt = self.gathered_optimizer_tensors()?;
+            let mut written = Ok(());
+            self.with_gathered(|t| {
+                if t.writes_checkpoints() {
+                    written = t.write_checkpoint(dir, global_step, opt, extra);
+                }
+                Ok(())
+            })?;
+            return written;
+        }
+        self.write_checkpoint(dir, global_step, self.optimizer_tensors(), extra)
+    }
+
+    /// [`Self::save_checkpoint_with`]'s files, with the optimizer's
+    /// tensors `opt`.
+    fn write_checkpoint<E: From<Error>>(
+        &self,
+        dir: &Path,
+        global_step: Option<u64>,
+        opt: Vec<(String, Tensor)>,
+        extra: impl FnOnce(&Path) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
         let (parent, name) = split(dir)?;
         std::fs::create_dir_all(&parent).map_err(io(&parent))?;
         // Removed on any early return below.
@@ -206,7 +231,7 @@ impl ColoTrainer {
             let w = [(VALUE_HEAD_WEIGHT.to_owned(), h.weight().detach())];
             save_tensors(&w, &t.join(VALUE_HEAD_FILE))?;
         }
-        save_tensors(&self.optimizer_tensors(), &t.join(OPTIMIZER_FILE))?;
+        save_tensors(&opt, &t.join(OPTIMIZER_FILE))?;
         extra(t)?;
         let state = TrainerState {
             format: FORMAT.into(),
@@ -228,6 +253,9 @@ impl ColoTrainer {
 impl ColoTrainer {
     pub(crate) fn load(&mut self, dir: &Path) -> Result<()> {
         require_resident(&self.pool, "load a checkpoint", &[PARAMS, OPTIMIZER])?;
+        if self.is_sharded() {
+            return self.sharded_load(dir);
+        }
         let state = read_state(dir)?;
         // Read and check everything before changing anything.
         let mut tensors = read_named(&dir.join(colo_model::weights::WEIGHTS_FILE))?;
@@ -261,7 +289,7 @@ impl ColoTrainer {
     }
 }
 
-const MASTER_SUFFIX: &str = ".master";
+pub(crate) const MASTER_SUFFIX: &str = ".master";
 
 impl ColoTrainer {
     /// The optimizer's tensors under their checkpoint names: moments,
@@ -292,7 +320,7 @@ impl ColoTrainer {
 /// tensor holding NaN or an infinity is an error naming it: training never
 /// writes one (it skips a step whose gradient is not finite), so the file
 /// is damaged, and a run from it would skip every step.
-fn read_named(path: &Path) -> Result<HashMap<String, Tensor>> {
+pub(crate) fn read_named(path: &Path) -> Result<HashMap<String, Tensor>> {
     if !path.is_file() {
         return Err(Error::CheckpointState {
             path: path.to_owned(),
@@ -321,7 +349,7 @@ fn dims(t: &Tensor) -> Vec<usize> {
 /// The tensors named in `wanted`, in its order, each checked against the
 /// shape of the engine's tensor (`None` for a missing one if `optional`).
 /// Unless `optional`, tensors left in `found` are an error too.
-fn take_matching(
+pub(crate) fn take_matching(
     found: &mut HashMap<String, Tensor>,
     wanted: &[(String, Tensor)],
     path: &Path,

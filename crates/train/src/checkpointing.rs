@@ -95,12 +95,12 @@ impl Lane {
 
 /// `Σ y · upstream` in float32: its gradient with respect to `y` is
 /// `upstream`, so its backward continues the chain rule through `y`.
-fn surrogate(y: &Tensor, upstream: &Tensor) -> Result<Tensor> {
+pub(crate) fn surrogate(y: &Tensor, upstream: &Tensor) -> Result<Tensor> {
     Ok(y.f_mul(upstream)?.f_sum(Kind::Float)?)
 }
 
 /// Adds the defined gradients of `g` into `sums` (same order).
-fn add_into(sums: &mut [Tensor], g: Vec<Tensor>) -> Result<()> {
+pub(crate) fn add_into(sums: &mut [Tensor], g: Vec<Tensor>) -> Result<()> {
     for (s, g) in sums.iter_mut().zip(g) {
         if !g.defined() {
             continue;

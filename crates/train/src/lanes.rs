@@ -11,6 +11,7 @@ use colo_mem::{tags, Pool};
 use colo_model::Model;
 use tch::Tensor;
 
+use crate::sharding::Shards;
 use crate::value_head::ValueHead;
 use crate::Result;
 
@@ -26,17 +27,23 @@ pub(crate) struct Lane {
     /// which the forward's head starts from instead of running the layers
     /// (see `checkpointing.rs`).
     pub(crate) top: Option<Tensor>,
+    /// A sharded trainer's shards: `params` are then empty between the
+    /// gathers of their units (see [`crate::sharding`]).
+    pub(crate) shards: Option<Shards>,
 }
 
 impl Clone for Lane {
     /// Shares every tensor.
     fn clone(&self) -> Self {
-        Lane::of(
-            &self.pool,
-            &self.model,
-            self.value_head.as_ref(),
-            &self.params,
-        )
+        Lane {
+            shards: self.shards.clone(),
+            ..Lane::of(
+                &self.pool,
+                &self.model,
+                self.value_head.as_ref(),
+                &self.params,
+            )
+        }
     }
 }
 
@@ -55,6 +62,7 @@ impl Lane {
             value_head: value_head.cloned(),
             params: params.iter().map(Tensor::shallow_clone).collect(),
             top: None,
+            shards: None,
         }
     }
 

@@ -110,6 +110,9 @@ pub mod ops;
 mod param_lanes;
 pub mod schedule;
 mod scorer;
+mod sharded_pass;
+mod sharded_trainer;
+pub mod sharding;
 pub mod trainer;
 pub mod value_head;
 

@@ -97,6 +97,7 @@ impl Scorer {
                 value_head: None,
                 params: Vec::new(),
                 top: None,
+                shards: None,
             },
             lanes,
         }

@@ -38,6 +38,7 @@ use crate::lanes::{self, Lane};
 use crate::offload::{self, require_resident, Offload, Part, GRADS, OPTIMIZER, PARAMS};
 use crate::param_lanes;
 use crate::scorer::{self, lane_parts, per_token_out, to_host};
+use crate::sharding::{self, Peers, Shards};
 use crate::value_head::{ValueHead, VALUE_HEAD_WEIGHT};
 use crate::{Error, Result};
 
@@ -125,7 +126,11 @@ pub struct ColoTrainer {
     /// [`TrainerConfig::gradient_checkpointing`].
     pub(crate) checkpointing: bool,
     /// The data-parallel peers, if any (see [`crate::collective`]).
-    pub(crate) collective: Option<Box<dyn Collective>>,
+    pub(crate) collective: Option<Peers>,
+    /// Sharded state (see [`crate::sharding`]): then `params` are the
+    /// model's parameters, empty between the gathers of their units, and
+    /// `grads` and the optimizer hold this peer's shard of each unit.
+    pub(crate) shards: Option<Shards>,
 }
 
 impl ColoTrainer {
@@ -193,6 +198,7 @@ impl ColoTrainer {
             lanes: colo_model::lanes::count(device, cfg.cpu_threads),
             checkpointing: cfg.gradient_checkpointing,
             collective: None,
+            shards: None,
         })
     }
 
@@ -200,14 +206,22 @@ impl ColoTrainer {
     /// losses use global denominators and gradients are summed over the
     /// peers before the step (see [`crate::collective`]). `None` leaves
     /// the group.
-    pub fn set_collective(&mut self, collective: Option<Box<dyn Collective>>) {
-        self.collective = collective;
+    /// A sharded trainer keeps the peers it was built with: an error.
+    pub fn set_collective(&mut self, collective: Option<Box<dyn Collective>>) -> Result<()> {
+        if self.shards.is_some() {
+            return Err(Error::Unsupported {
+                what: "collective",
+                found: "a sharded trainer's peers are fixed when it is built".into(),
+            });
+        }
+        self.collective = collective.map(|c| Arc::new(std::sync::Mutex::new(c)));
+        Ok(())
     }
 
     /// Reduces host values over the peers (the identity without any).
     pub(crate) fn reduce_values(&mut self, values: &mut [f64], op: ReduceOp) -> Result<()> {
-        match &mut self.collective {
-            Some(c) => c.all_reduce_values(values, op),
+        match &self.collective {
+            Some(c) => sharding::lock(c)?.all_reduce_values(values, op),
             None => Ok(()),
         }
     }
@@ -331,19 +345,25 @@ impl ColoTrainer {
     // ------------------------------------------------------------ passes
 
     /// The engine's weights as one lane's own handles.
-    fn lane(&self) -> Lane {
-        Lane::of(
-            &self.pool,
-            &self.model,
-            self.value_head.as_ref(),
-            &self.params,
-        )
+    pub(crate) fn lane(&self) -> Lane {
+        Lane {
+            shards: self.shards.clone(),
+            ..Lane::of(
+                &self.pool,
+                &self.model,
+                self.value_head.as_ref(),
+                &self.params,
+            )
+        }
     }
 
     /// Scores `batch` in micro-batches without a gradient (see
     /// [`crate::scorer`]).
-    pub(crate) fn score_batch(&self, batch: &SeqBatch, with_entropy: bool) -> Result<Scores> {
+    pub(crate) fn score_batch(&mut self, batch: &SeqBatch, with_entropy: bool) -> Result<Scores> {
         require_resident(&self.pool, "score a batch", &[PARAMS])?;
+        if self.shards.is_some() {
+            return self.sharded_score(batch, with_entropy);
+        }
         scorer::score(
             &self.lane(),
             self.lanes,
@@ -355,12 +375,15 @@ impl ColoTrainer {
 
     /// Values of `batch` in micro-batches without a gradient, as a
     /// float32 CPU tensor (like [`Self::score_batch`]).
-    pub(crate) fn value_batch(&self, batch: &SeqBatch) -> Result<Tensor> {
+    pub(crate) fn value_batch(&mut self, batch: &SeqBatch) -> Result<Tensor> {
         require_resident(&self.pool, "compute values", &[PARAMS])?;
         if self.value_head.is_none() {
             return Err(Error::NoValueHead {
                 op: "compute values",
             });
+        }
+        if self.shards.is_some() {
+            return self.sharded_values(batch);
         }
         let out = per_token_out(batch, self.device)?;
         let lane = self.lane();
@@ -397,6 +420,11 @@ impl ColoTrainer {
     {
         const ALL: [Part; 3] = [PARAMS, GRADS, OPTIMIZER];
         require_resident(&self.pool, op, &ALL)?;
+        if self.shards.is_some() {
+            // Gradients arrive reduce-scattered: no all-reduce after.
+            let (metrics, count) = self.sharded_accumulate(batch, &mut make_loss)?;
+            return Ok((metrics, self.update_in_activations(count)?));
+        }
         let mut metrics = Vec::new();
         // Accumulators not yet written this step: the first gradient is
         // copied in, the following ones added.
@@ -438,15 +466,20 @@ impl ColoTrainer {
             }
             Ok(())
         })?;
-        if let Some(c) = &mut self.collective {
-            c.all_reduce_tensors(&self.grads)?;
+        if let Some(c) = &self.collective {
+            sharding::lock(c)?.all_reduce_tensors(&self.grads)?;
         }
-        // The optimizer's temporaries (on a GPU; the CPU's fused update
-        // makes none) reuse the activations' cached blocks.
+        Ok((metrics, self.update_in_activations(micro_count)?))
+    }
+
+    /// [`Self::apply_update`] with the optimizer's temporaries (on a GPU;
+    /// the CPU's fused update makes none) in the activations' cached
+    /// blocks.
+    fn update_in_activations(&mut self, micro_batches: usize) -> Result<StepStats> {
         let guard = self.pool.region(tags::ACTIVATIONS)?;
-        let stats = self.apply_update(micro_count);
+        let stats = self.apply_update(micro_batches);
         guard.finish()?;
-        Ok((metrics, stats?))
+        stats
     }
 
     /// Clipping and the AdamW update from the accumulated gradients.
@@ -461,6 +494,16 @@ impl ColoTrainer {
                     .collect::<std::result::Result<Vec<_>, _>>()?;
                 Tensor::f_stack(&norms, 0)?.f_norm()?.f_double_value(&[])?
             }
+        };
+        // Sharded: each peer's norm is of its shards; the global one is
+        // the root of their squares' sum.
+        let grad_norm = match self.shards.is_some() {
+            true => {
+                let mut sq = [grad_norm * grad_norm];
+                self.reduce_values(&mut sq, ReduceOp::Sum)?;
+                sq[0].sqrt()
+            }
+            false => grad_norm,
         };
         let lr = self.next_lr();
         let mut stats = StepStats {
@@ -477,8 +520,11 @@ impl ColoTrainer {
             Some(max) => (max / (grad_norm + 1e-6)).min(1.0),
             None => 1.0,
         };
-        self.opt
-            .step(&self.params, &self.grads, lr, coef, self.lanes)?;
+        let params = match &self.shards {
+            Some(sh) => &sh.params[..],
+            None => &self.params[..],
+        };
+        self.opt.step(params, &self.grads, lr, coef, self.lanes)?;
         stats.updated = true;
         Ok(stats)
     }
@@ -488,7 +534,7 @@ impl ColoTrainer {
 /// CPU, a CUDA pool of the same GPU for CUDA): otherwise the regions would
 /// leave the engine's tensors outside their tags, and offloads would
 /// release nothing.
-fn check_pool(pool: &Pool, device: Device) -> Result<()> {
+pub(crate) fn check_pool(pool: &Pool, device: Device) -> Result<()> {
     let pool_device = pool
         .cuda_device()
         .map_or(Device::Cpu, |i| Device::Cuda(i as usize));

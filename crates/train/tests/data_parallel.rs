@@ -9,117 +9,14 @@
 
 mod common;
 
-use std::sync::{Arc, Barrier, Mutex};
-
 use colo_algo::LossAggMode;
 use colo_train::{
     Collective, ColoTrainer, LossConfig, PolicyBatch, PolicyMetrics, ReduceOp, SeqBatch,
     TrainEngine,
 };
+use common::in_process::InProcess;
 use common::{config, engine, rel_diff, state_bits};
 use tch::{Kind, Tensor};
-
-/// Two threads' values, exchanged through shared slots.
-struct Shared {
-    slots: Mutex<Vec<Vec<f64>>>,
-    barrier: Barrier,
-}
-
-struct InProcess {
-    rank: usize,
-    world: usize,
-    shared: Arc<Shared>,
-}
-
-impl InProcess {
-    fn group(world: usize) -> Vec<InProcess> {
-        let shared = Arc::new(Shared {
-            slots: Mutex::new(vec![Vec::new(); world]),
-            barrier: Barrier::new(world),
-        });
-        (0..world)
-            .map(|rank| InProcess {
-                rank,
-                world,
-                shared: Arc::clone(&shared),
-            })
-            .collect()
-    }
-
-    /// Every peer's values, in rank order.
-    fn exchange(&self, mine: Vec<f64>) -> Vec<Vec<f64>> {
-        self.shared.slots.lock().unwrap()[self.rank] = mine;
-        self.shared.barrier.wait();
-        let all = self.shared.slots.lock().unwrap().clone();
-        self.shared.barrier.wait();
-        all
-    }
-}
-
-impl Collective for InProcess {
-    fn world_size(&self) -> usize {
-        self.world
-    }
-
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn all_reduce_tensors(&mut self, tensors: &[Tensor]) -> colo_train::Result<()> {
-        let flat: Vec<f64> = tensors
-            .iter()
-            .flat_map(|t| Vec::<f64>::try_from(&t.flatten(0, -1).to_kind(Kind::Double)).unwrap())
-            .collect();
-        let all = self.exchange(flat);
-        let mut at = 0;
-        for t in tensors {
-            let n = t.numel();
-            let sum: Vec<f64> = (at..at + n)
-                .map(|i| all.iter().map(|v| v[i]).sum())
-                .collect();
-            let mut dst = t.shallow_clone();
-            tch::no_grad(|| dst.copy_(&Tensor::from_slice(&sum).view_as(t).to_kind(t.kind())));
-            at += n;
-        }
-        Ok(())
-    }
-
-    fn all_reduce_values(&mut self, values: &mut [f64], op: ReduceOp) -> colo_train::Result<()> {
-        let all = self.exchange(values.to_vec());
-        for (i, v) in values.iter_mut().enumerate() {
-            let column = all.iter().map(|p| p[i]);
-            *v = match op {
-                ReduceOp::Sum => column.sum(),
-                ReduceOp::Max => column.fold(f64::MIN, f64::max),
-            };
-        }
-        Ok(())
-    }
-
-    fn all_gather(&mut self, shard: &Tensor, full: &Tensor) -> colo_train::Result<()> {
-        let all = self.exchange(values_of(shard));
-        let flat: Vec<f64> = all.concat();
-        let mut dst = full.shallow_clone();
-        tch::no_grad(|| dst.copy_(&Tensor::from_slice(&flat).to_kind(full.kind())));
-        Ok(())
-    }
-
-    fn reduce_scatter(&mut self, full: &Tensor, shard: &Tensor) -> colo_train::Result<()> {
-        let all = self.exchange(values_of(full));
-        let n = shard.numel();
-        let mine: Vec<f64> = (self.rank * n..(self.rank + 1) * n)
-            .map(|i| all.iter().map(|v| v[i]).sum())
-            .collect();
-        let mut dst = shard.shallow_clone();
-        tch::no_grad(|| dst.copy_(&Tensor::from_slice(&mine).to_kind(shard.kind())));
-        Ok(())
-    }
-}
-
-/// A tensor's values, flat, in float64 (exact for float32 and bf16).
-fn values_of(t: &Tensor) -> Vec<f64> {
-    Vec::<f64>::try_from(&t.flatten(0, -1).to_kind(Kind::Double)).unwrap()
-}
 
 /// Six (prompt, response) rows of different lengths.
 fn rows() -> Vec<(Vec<u32>, Vec<u32>)> {
@@ -192,7 +89,7 @@ fn one_vs_two(mode: LossAggMode) {
                         _ => 3..6,
                     };
                     let batch = batch_of(&mut e, rows);
-                    e.set_collective(Some(Box::new(c)));
+                    e.set_collective(Some(Box::new(c))).unwrap();
                     let m = e.update_policy(&batch, cfg).unwrap();
                     (m, e)
                 })
@@ -249,7 +146,8 @@ fn a_solo_collective_changes_nothing() {
     let cfg = loss(LossAggMode::TokenMean);
     let mut plain = engine("tiny-llama", 4);
     let mut solo = engine("tiny-llama", 4);
-    solo.set_collective(Some(Box::new(colo_train::Solo)));
+    solo.set_collective(Some(Box::new(colo_train::Solo)))
+        .unwrap();
     let b1 = batch_of(&mut plain, 0..6);
     let b2 = batch_of(&mut solo, 0..6);
     let m1 = plain.update_policy(&b1, &cfg).unwrap();

@@ -146,7 +146,7 @@ impl Rank {
         let (metrics, timeline) = rank_records(&dir, resume_from)?;
         let total = global.total_steps(train.len());
         let mut run = Run::new(local, &dir, &pool, model, val, metrics, total)?;
-        join_ranks(&mut run, global, collective);
+        join_ranks(&mut run, global, collective)?;
         let batches = Batches::of_run(train, global)?;
         Ok(Rank {
             run,
@@ -428,11 +428,16 @@ fn rank_records(dir: &Path, resume_from: Option<usize>) -> Result<(MetricsWriter
 /// Joins `run`'s trainers to the other ranks: the actor's collective, the
 /// critic's for PPO with GAE, and with dynamic sampling the peers a step
 /// asks whether every rank has its groups.
-fn join_ranks(run: &mut Run, global: &Config, mut collective: impl FnMut() -> Box<dyn Collective>) {
-    run.worker.set_collectives(&mut collective);
+fn join_ranks(
+    run: &mut Run,
+    global: &Config,
+    mut collective: impl FnMut() -> Box<dyn Collective>,
+) -> Result<()> {
+    run.worker.set_collectives(&mut collective)?;
     if global.algorithm.filter_groups.enable {
         run.peers = Some(collective());
     }
+    Ok(())
 }
 
 /// Draws `out/memory_workers.{svg,png}`: every worker's resident bytes over

@@ -1,6 +1,8 @@
 //! Shared helpers of the integration tests: fixture engines and batches.
 #![allow(dead_code)]
 
+pub mod in_process;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

@@ -1,0 +1,412 @@
+//! [`ColoTrainer`] with sharded state (see [`crate::sharding`]): building
+//! it from full weights, its micro-batch loop, its scoring loop, and
+//! whole-model gathers for what needs every weight at once (checkpoints,
+//! the rollout engine's weights).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use colo_mem::{tags, Policy, Pool};
+use colo_model::{Model, ModelConfig, Weights};
+use tch::{Kind, Tensor};
+
+use crate::batch::{micro_batches, Micro, SeqBatch};
+use crate::collective::{Collective, ReduceOp};
+use crate::config::{check_target, Split};
+use crate::engine::Scores;
+use crate::forward::Entropy;
+use crate::lanes::{self, Lane};
+use crate::scorer::{lane_parts, per_token_out, to_host};
+use crate::sharding::{flatten, units, Shards};
+use crate::trainer::{check_pool, ColoTrainer, TrainerConfig};
+use crate::value_head::{ValueHead, VALUE_HEAD_WEIGHT};
+use crate::{buffers, AdamW, Error, Result};
+
+impl ColoTrainer {
+    /// A trainer holding `1/world` of the parameters, gradients and AdamW
+    /// state of the model (see [`crate::sharding`]), joined to its peers by
+    /// `collective`, which must make the same calls on every peer.
+    /// `weights` are the whole model's (every peer reads them, keeps its
+    /// shard); activation checkpointing is always on.
+    pub fn new_sharded(
+        pool: Arc<Pool>,
+        model_cfg: &ModelConfig,
+        weights: &Weights,
+        cfg: &TrainerConfig,
+        collective: Box<dyn Collective>,
+    ) -> Result<Self> {
+        let optim = cfg.optim.validate()?;
+        let micro = cfg.micro_batch.validate()?;
+        let (kind, device) = (cfg.kind, cfg.device);
+        check_target(kind, device)?;
+        check_pool(&pool, device)?;
+        for tag in [tags::TRAIN_PARAMS, tags::OPTIMIZER] {
+            pool.set_policy(tag, Policy::Backup)?;
+        }
+        for tag in [tags::TRAIN_GRADS, tags::GATHERED_PARAMS] {
+            pool.set_policy(tag, Policy::Discard)?;
+        }
+        let (world, rank) = (collective.world_size(), collective.rank());
+        if world == 0 || rank >= world {
+            return Err(Error::Unsupported {
+                what: "collective",
+                found: format!("rank {rank} of {world} peers"),
+            });
+        }
+        // The full weights, in the engine's kind, outside the pool: each
+        // unit's shard is cut from them, then they go.
+        let base = Model::load(model_cfg, weights)?;
+        let mut full: HashMap<String, Tensor> = HashMap::new();
+        let (mut names, mut params) = (Vec::new(), Vec::new());
+        for (name, t) in base.named_parameters() {
+            let p = t
+                .f_to_kind(kind)?
+                .f_to_device(device)?
+                .f_set_requires_grad(true)?;
+            full.insert(name.clone(), p.shallow_clone());
+            names.push(name);
+            params.push(p);
+        }
+        drop(base);
+        let model = Model::load(model_cfg, &Weights::from_tensors(full))?;
+        let value_head = cfg
+            .value_head
+            .as_ref()
+            .map(|h| ValueHead::new(&pool, model_cfg.hidden_size, h, kind, device))
+            .transpose()?;
+        if let Some(h) = &value_head {
+            names.push(VALUE_HEAD_WEIGHT.to_owned());
+            params.push(h.weight().shallow_clone());
+        }
+        let shapes: Vec<Vec<i64>> = params.iter().map(Tensor::size).collect();
+        let units = units(&names, &shapes, model_cfg.num_layers, world);
+        let mut shard_params = Vec::with_capacity(units.len());
+        let mut grads = Vec::with_capacity(units.len());
+        for u in &units {
+            let n = u.shard_len(world);
+            let members: Vec<Tensor> = u.params.iter().map(|&i| params[i].detach()).collect();
+            let flat = flatten(&members, u.padded, kind)?;
+            let mine = flat.f_narrow(0, rank as i64 * n, n)?;
+            shard_params.push(buffers::copy_in(
+                &pool,
+                tags::TRAIN_PARAMS,
+                &mine,
+                kind,
+                device,
+                false,
+            )?);
+            grads.push(buffers::zeros_in(
+                &pool,
+                tags::TRAIN_GRADS,
+                &[n],
+                Kind::Float,
+                device,
+            )?);
+        }
+        // The full parameters go: from now on they exist only gathered.
+        tch::no_grad(|| -> Result<()> {
+            for p in &params {
+                buffers::done(p.shallow_clone().f_set_())?;
+            }
+            Ok(())
+        })?;
+        let opt = AdamW::new(&pool, optim.adamw, &shard_params)?;
+        let peers = Arc::new(Mutex::new(collective));
+        let shards = Shards {
+            pool: pool.clone(),
+            peers: peers.clone(),
+            fresh: Arc::new(Mutex::new(vec![true; units.len()])),
+            units: Arc::new(units),
+            world,
+            rank,
+            params: shard_params,
+            grads: grads.iter().map(Tensor::shallow_clone).collect(),
+        };
+        Ok(ColoTrainer {
+            pool,
+            model,
+            value_head,
+            names,
+            params,
+            grads,
+            opt,
+            optim,
+            micro,
+            kind,
+            device,
+            // The peers' collective calls are made in one order: one lane.
+            lanes: 1,
+            checkpointing: true,
+            collective: Some(peers),
+            shards: Some(shards),
+        })
+    }
+
+    /// Whether the state is sharded over peers.
+    pub fn is_sharded(&self) -> bool {
+        self.shards.is_some()
+    }
+
+    /// Whether this trainer writes the checkpoints its peers help gather:
+    /// unsharded, or the first peer.
+    pub fn writes_checkpoints(&self) -> bool {
+        self.shards.as_ref().is_none_or(|s| s.rank == 0)
+    }
+
+    /// The number of micro-batches every peer runs: the most any has.
+    fn agreed_count(&mut self, mine: usize) -> Result<usize> {
+        let mut n = [mine as f64];
+        self.reduce_values(&mut n, ReduceOp::Max)?;
+        Ok(n[0] as usize)
+    }
+
+    /// This peer's micro-batch `i` of `spans` (none past its own).
+    fn part(&self, batch: &SeqBatch, spans: &[(usize, usize)], i: usize) -> Result<Option<Micro>> {
+        let Some(&(start, len)) = spans.get(i) else {
+            return Ok(None);
+        };
+        Ok(lane_parts(batch, start, len, 1, self.device)?
+            .into_iter()
+            .next())
+    }
+
+    /// A sharded trainer's accumulation over `batch`'s micro-batches (see
+    /// `sharded_grads`): the metrics of each and how many ran.
+    pub(crate) fn sharded_accumulate<M, L>(
+        &mut self,
+        batch: &SeqBatch,
+        make_loss: &mut impl FnMut() -> L,
+    ) -> Result<(Vec<M>, usize)>
+    where
+        M: Default + Send,
+        L: FnOnce(&Lane, &Micro) -> Result<Option<(Tensor, M)>> + Send,
+    {
+        let sh = self.shards.clone().expect("sharded");
+        if let Ok(mut fresh) = sh.fresh.lock() {
+            fresh.iter_mut().for_each(|f| *f = true);
+        }
+        let spans = micro_batches(batch, self.micro.train);
+        let count = self.agreed_count(spans.len())?;
+        let lane = self.lane();
+        let mut metrics = Vec::with_capacity(count);
+        for i in 0..count {
+            let part = self.part(batch, &spans, i)?;
+            let mut loss_of = Some(make_loss());
+            let mut m = lanes::run(&lane, true, vec![part], || {
+                let loss_of = loss_of.take().expect("one part");
+                move |lane: &Lane, mb: Option<Micro>| {
+                    lane.with_unit(0, || lane.sharded_grads(mb.as_ref(), loss_of))
+                }
+            })?;
+            metrics.push(m.pop().expect("one part"));
+        }
+        Ok((metrics, count))
+    }
+
+    /// A sharded trainer's no-grad pass over `batch` in the micro-batches
+    /// of `split`: `f(head, mb)` for each of this peer's micro-batches with
+    /// response tokens, `head` a lane whose forward starts from the last
+    /// layer's output (the root gathered); the results with their
+    /// micro-batches.
+    fn sharded_no_grad<T, F>(
+        &mut self,
+        batch: &SeqBatch,
+        split: Split,
+        f: F,
+    ) -> Result<Vec<(T, Micro)>>
+    where
+        T: Send,
+        F: Fn(&Lane, &Micro) -> Result<Option<T>> + Clone + Send,
+    {
+        let spans = micro_batches(batch, split);
+        let count = self.agreed_count(spans.len())?;
+        let lane = self.lane();
+        let mut out = Vec::new();
+        for i in 0..count {
+            let part = self.part(batch, &spans, i)?;
+            let done = lanes::run(&lane, false, vec![part], || {
+                let f = f.clone();
+                move |lane: &Lane, mb: Option<Micro>| {
+                    let t = lane.with_unit(0, || {
+                        let Some((mb, top, _)) = lane.sharded_forward(mb.as_ref())? else {
+                            return Ok(None);
+                        };
+                        let mut head = lane.clone();
+                        head.top = Some(top);
+                        f(&head, mb)
+                    })?;
+                    Ok(t.zip(mb))
+                }
+            })?;
+            out.extend(done.into_iter().flatten());
+        }
+        Ok(out)
+    }
+
+    /// A sharded trainer's scoring (see [`ColoTrainer::score_batch`]).
+    pub(crate) fn sharded_score(&mut self, batch: &SeqBatch, with_entropy: bool) -> Result<Scores> {
+        let out = || per_token_out(batch, self.device);
+        let (log_probs, entropy) = (out()?, with_entropy.then(out).transpose()?);
+        let ent = match with_entropy {
+            true => Entropy::Detached,
+            false => Entropy::None,
+        };
+        let split = self.micro.score;
+        let scored =
+            self.sharded_no_grad(batch, split, move |head, mb| head.token_scores(mb, ent))?;
+        for ((lp, e), mb) in scored {
+            mb.write_window(&log_probs, &lp)?;
+            if let (Some(out), Some(e)) = (&entropy, e) {
+                mb.write_window(out, &e)?;
+            }
+        }
+        Ok(Scores {
+            log_probs: to_host(log_probs)?,
+            entropy: entropy.map(to_host).transpose()?,
+        })
+    }
+
+    /// A sharded critic's values (see [`ColoTrainer::value_batch`]).
+    pub(crate) fn sharded_values(&mut self, batch: &SeqBatch) -> Result<Tensor> {
+        let out = per_token_out(batch, self.device)?;
+        let split = self.micro.score;
+        for (v, mb) in self.sharded_no_grad(batch, split, |head, mb| head.token_values(mb))? {
+            mb.write_window(&out, &v)?;
+        }
+        to_host(out)
+    }
+
+    /// Runs `f` with every unit gathered (the whole model, as an unsharded
+    /// trainer holds it), releasing them after, also on error. Every peer
+    /// must call it.
+    pub fn with_gathered<T>(&self, f: impl FnOnce(&Self) -> Result<T>) -> Result<T> {
+        let Some(sh) = &self.shards else {
+            return f(self);
+        };
+        let mut gathered = 0;
+        let mut out = (|| {
+            for u in 0..sh.units.len() {
+                sh.gather(u, &self.params)?;
+                gathered += 1;
+            }
+            f(self)
+        })();
+        for u in 0..gathered {
+            if let Err(e) = sh.release(u, &self.params) {
+                out = out.and(Err(e));
+            }
+        }
+        out
+    }
+
+    /// The optimizer's float32 tensors under their checkpoint names
+    /// (moments, then masters), gathered from the peers: what an unsharded
+    /// trainer's checkpoint holds. Every peer must call it.
+    pub(crate) fn gathered_optimizer_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        let sh = self.shards.as_ref().expect("sharded");
+        let mut out = Vec::new();
+        let mut masters = Vec::new();
+        for (u, unit) in sh.units.iter().enumerate() {
+            let m = &self.opt.moments[u];
+            let mut kinds = vec![("exp_avg", &m.exp_avg), ("exp_avg_sq", &m.exp_avg_sq)];
+            kinds.extend(m.master.as_ref().map(|t| ("master", t)));
+            for (what, shard) in kinds {
+                let full = Tensor::f_empty([unit.padded], (Kind::Float, self.device))?;
+                crate::sharding::lock(&sh.peers)?.all_gather(shard, &full)?;
+                for ((&i, &at), shape) in unit.params.iter().zip(&unit.offsets).zip(&unit.shapes) {
+                    let n = shape.iter().product::<i64>();
+                    let t = full.f_narrow(0, at, n)?.f_reshape(shape.as_slice())?;
+                    let name = &self.names[i];
+                    match what {
+                        "master" => masters.push((format!("{name}.master"), t)),
+                        _ => out.push((format!("{name}.{what}"), t)),
+                    }
+                }
+            }
+        }
+        out.extend(masters);
+        Ok(out)
+    }
+}
+
+impl ColoTrainer {
+    /// A sharded trainer's [`ColoTrainer::load`]: the checkpoint is an
+    /// unsharded one (what every trainer writes), each peer keeps its
+    /// elements of every unit, so it loads into any number of peers.
+    pub(crate) fn sharded_load(&mut self, dir: &std::path::Path) -> Result<()> {
+        use crate::checkpoint::{read_named, read_state, take_matching, MASTER_SUFFIX};
+        use crate::checkpoint::{OPTIMIZER_FILE, VALUE_HEAD_FILE};
+        let sh = self.shards.clone().expect("sharded");
+        let state = read_state(dir)?;
+        let mut tensors = read_named(&dir.join(colo_model::weights::WEIGHTS_FILE))?;
+        if self.value_head.is_some() {
+            tensors.extend(read_named(&dir.join(VALUE_HEAD_FILE))?);
+        }
+        // Shapes to match, without memory: a zero broadcast to each shape.
+        let zero = Tensor::f_zeros([1], (Kind::Float, tch::Device::Cpu))?;
+        let like = |suffix: &str| -> Result<Vec<(String, Tensor)>> {
+            let mut out: Vec<(String, Tensor)> = Vec::with_capacity(self.names.len());
+            let mut shapes = vec![Vec::new(); self.names.len()];
+            for u in sh.units.iter() {
+                for (&i, shape) in u.params.iter().zip(&u.shapes) {
+                    shapes[i] = shape.clone();
+                }
+            }
+            for (name, shape) in self.names.iter().zip(&shapes) {
+                out.push((
+                    format!("{name}{suffix}"),
+                    zero.f_expand(shape.as_slice(), false)?,
+                ));
+            }
+            Ok(out)
+        };
+        let params = take_matching(&mut tensors, &like("")?, dir, false)?;
+        let opt_path = dir.join(OPTIMIZER_FILE);
+        let mut moments = read_named(&opt_path)?;
+        let masters = match self.kind == Kind::Float {
+            true => self.names.iter().map(|_| None).collect(),
+            false => take_matching(&mut moments, &like(MASTER_SUFFIX)?, &opt_path, true)?,
+        };
+        let avg = take_matching(&mut moments, &like(".exp_avg")?, &opt_path, true)?;
+        let avg_sq = take_matching(&mut moments, &like(".exp_avg_sq")?, &opt_path, false)?;
+        let get = |v: &[Option<Tensor>], i: usize| v[i].as_ref().map(Tensor::shallow_clone);
+        let _no_grad = tch::no_grad_guard();
+        for (u, unit) in sh.units.iter().enumerate() {
+            let n = unit.shard_len(sh.world);
+            let mine = |src: &dyn Fn(usize) -> Option<Tensor>, kind: Kind| -> Result<Tensor> {
+                let parts: Vec<Tensor> = unit
+                    .params
+                    .iter()
+                    .map(|&i| src(i).ok_or_else(|| missing(&opt_path, &self.names[i])))
+                    .collect::<Result<_>>()?;
+                Ok(flatten(&parts, unit.padded, kind)?.f_narrow(0, sh.rank as i64 * n, n)?)
+            };
+            let p = |i: usize| get(&params, i);
+            sh.params[u]
+                .shallow_clone()
+                .f_copy_(&mine(&p, self.kind)?)?;
+            let m = &self.opt.moments[u];
+            m.exp_avg
+                .shallow_clone()
+                .f_copy_(&mine(&|i| get(&avg, i), Kind::Float)?)?;
+            m.exp_avg_sq
+                .shallow_clone()
+                .f_copy_(&mine(&|i| get(&avg_sq, i), Kind::Float)?)?;
+            if let Some(master) = &m.master {
+                // A checkpoint without masters gives them from the weights.
+                let src = |i: usize| get(&masters, i).or_else(|| get(&params, i));
+                master.shallow_clone().f_copy_(&mine(&src, Kind::Float)?)?;
+            }
+        }
+        self.opt.t = state.optimizer_steps;
+        Ok(())
+    }
+}
+
+/// The error for a tensor a checkpoint lacks.
+fn missing(path: &std::path::Path, name: &str) -> Error {
+    Error::CheckpointMissing {
+        path: path.to_owned(),
+        name: name.to_owned(),
+    }
+}
