@@ -1,11 +1,17 @@
 """The communicator a `colo._colo.Worker` reduces through: torch.distributed.
 
-The trainer calls `all_reduce_buffers` with its gradient accumulators
-(their memory, not copies: writable memoryviews on the CPU, `("cuda",
-device, address, elements)` on a GPU) once per optimizer step,
-and `all_reduce_values` with a few host numbers (loss denominators, metric
-sums). Buffers are packed into one flat tensor per call, like DDP's
-gradient buckets, so a step is one all-reduce of all gradient bytes.
+Every buffer is the trainer's memory, not a copy: a writable memoryview
+of its bytes on the CPU, `("cuda", device, address, elements, dtype)` on a
+GPU; the tensors made over it here live for one call. A replicated trainer
+calls `all_reduce_buffers` with its gradient accumulators once per
+optimizer step, and `all_reduce_values` with a few host numbers (loss
+denominators, metric sums). Buffers are packed into one flat tensor per
+call, like DDP's gradient buckets, so a step is one all-reduce of all
+gradient bytes. A sharded trainer (FSDP's semantics) gathers each unit's
+weights from the ranks' shards with `all_gather_buffer` and hands back
+its gradients' sum, each rank its part, with `reduce_scatter_buffer`:
+torch.distributed's `all_gather_into_tensor` and `reduce_scatter_tensor`,
+written in place.
 """
 
 import time
@@ -17,6 +23,8 @@ _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
 _TYPESTR = {"float32": "<f4", "float16": "<f2", "float64": "<f8"}
+# The dtypes colo hands buffers of.
+_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 class _CudaBuffer:
@@ -58,27 +66,81 @@ def as_tensor(buffer, dtype="float32"):
     return tensor_of(holder(buffer, dtype), dtype)
 
 
+# The operations `take_stats` reports, each as (seconds, bytes, calls).
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
 class TorchComm:
-    """All-reduces over the default process group, timing what it moves."""
+    """Collectives over the default process group, timing and counting
+    what each kind moves.
+
+    The seconds are the host's time inside the torch.distributed call: the
+    transfer with gloo; with NCCL, whose collectives run on a stream of
+    their own, the time until the transfer is queued. gloo's worker thread
+    drops a finished collective's tensors up to a few milliseconds after
+    the call returns; it touches none of their memory after.
+    """
 
     def __init__(self):
-        self.seconds = 0.0
-        self.bytes = 0
-        self.calls = 0
+        self._stats = {op: [0.0, 0, 0] for op in OPS}
+
+    def _count(self, op, seconds, nbytes):
+        s = self._stats[op]
+        s[0] += seconds
+        s[1] += nbytes
+        s[2] += 1
 
     def all_reduce_buffers(self, views):
-        tensors = [as_tensor(v) for v in views]
-        flat = torch.cat(tensors)
-        t = time.perf_counter()
-        dist.all_reduce(flat)
-        self.seconds += time.perf_counter() - t
-        self.bytes += flat.numel() * flat.element_size()
-        self.calls += 1
-        at = 0
-        for x in tensors:
-            x.copy_(flat[at : at + x.numel()])
-            at += x.numel()
-        del tensors  # no view of the trainer's memory outlives the call
+        """Sums float32 buffers over the ranks, in place, through one flat
+        copy of them all. Counted: the flat tensor's bytes."""
+        tensors = []
+        try:
+            tensors = [as_tensor(v) for v in views]
+            flat = torch.cat(tensors)
+            t = time.perf_counter()
+            dist.all_reduce(flat)
+            self._count("all_reduce", time.perf_counter() - t, flat.numel() * flat.element_size())
+            at = 0
+            for x in tensors:
+                x.copy_(flat[at : at + x.numel()])
+                at += x.numel()
+        finally:
+            tensors = None  # no view of the trainer's memory outlives the call
+
+    def all_gather_buffer(self, shard, full, dtype="float32"):
+        """Fills `full` with every rank's `shard`, in rank order
+        (`all_gather_into_tensor`), in place. Counted: `full`'s bytes."""
+        self._shards("all_gather", shard, full, dtype)
+
+    def reduce_scatter_buffer(self, shard, full, dtype="float32"):
+        """Sums `full` over the ranks and writes this rank's part of it
+        (part `rank` of `world` equal parts) into `shard`
+        (`reduce_scatter_tensor`), in place. Counted: `full`'s bytes."""
+        self._shards("reduce_scatter", shard, full, dtype)
+
+    def _shards(self, op, shard, full, dtype):
+        if dtype not in _DTYPES:
+            raise ValueError(f"{op}_buffer: dtype {dtype!r}; expected one of {', '.join(_DTYPES)}")
+        s = f = None
+        try:
+            # Tensors over the caller's memory: the collective writes into it.
+            s, f = as_tensor(shard, dtype), as_tensor(full, dtype)
+            world = dist.get_world_size()
+            if f.numel() != world * s.numel():
+                raise ValueError(
+                    f"{op}_buffer: full has {f.numel()} {dtype} elements; expected {world} ranks x "
+                    f"{s.numel()} (the shard's)"
+                )
+            t = time.perf_counter()
+            if op == "all_gather":
+                dist.all_gather_into_tensor(f, s)
+            else:
+                dist.reduce_scatter_tensor(s, f, op=dist.ReduceOp.SUM)
+            self._count(op, time.perf_counter() - t, f.numel() * f.element_size())
+        finally:
+            # No view of the trainer's memory outlives the call, not even in
+            # an exception's traceback.
+            s = f = None
 
     def all_reduce_values(self, values, op):
         # NCCL reduces device tensors only; gloo host ones.
@@ -88,7 +150,8 @@ class TorchComm:
         return t.tolist()
 
     def take_stats(self):
-        """(seconds, bytes, calls) since the last call."""
-        out = (self.seconds, self.bytes, self.calls)
-        self.seconds, self.bytes, self.calls = 0.0, 0, 0
+        """{op: (seconds, bytes, calls)} for each of `OPS` since the last
+        call."""
+        out = {op: tuple(s) for op, s in self._stats.items()}
+        self._stats = {op: [0.0, 0, 0] for op in OPS}
         return out

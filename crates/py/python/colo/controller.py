@@ -18,7 +18,7 @@ this process driving the dataflow:
         controller: aggregate the metrics (verl's names), check that the
         weights agree (a digest every `digest_every` steps, default 10, and at
         the end: each digest copies every weight to the host), evaluate and
-        checkpoint (rank 0 writes; the weights are the same on all)
+        checkpoint (every worker is asked; rank 0 writes)
 
 Ctrl-C stops the run after the step under way, with a checkpoint of it,
 as on one device; a second stops it at once (`Interrupts`: the request
@@ -40,7 +40,11 @@ largest; everything else the mean
 time beyond the slowest worker), `timing_s/all_reduce` (the time inside
 gradient all-reduces: the transfer, as the worker that
 arrived last saw it), `timing_s/all_reduce_wait` (how long the first
-waited for the slowest), `perf/all_reduce_bytes`.
+waited for the slowest), `perf/all_reduce_bytes`; for a sharded run the
+same of its weight all-gathers and gradient reduce-scatters
+(`timing_s/all_gather`, `timing_s/all_gather_wait`,
+`perf/all_gather_bytes`, `perf/all_gather_calls`, and `reduce_scatter`'s),
+absent where there were none (`comm_record`).
 
 Without `cluster.address` the run starts Ray on this machine alone
 (`start_local_ray`): every socket of the run, Ray's and the workers',
@@ -215,13 +219,14 @@ class WorkerActor:
         t = time.perf_counter()
         metrics = json.loads(self.worker.step(step))
         wall = time.perf_counter() - t
-        seconds, nbytes, calls = self.comm.take_stats()
-        return metrics, wall, seconds, nbytes, calls
+        return metrics, wall, self.comm.take_stats()
 
     def evaluate(self):
         return self.worker.evaluate()
 
     def save(self, step):
+        # Called on every rank: rank 0 writes, a sharded rank takes part in
+        # gathering the weights.
         self.worker.save(step)
 
     def load(self, step):
@@ -579,6 +584,25 @@ def _run(config, out, workers, address, latest, device, digest_every, step_timeo
             shutil.rmtree(os.path.dirname(master[1]), ignore_errors=True)
 
 
+def comm_record(record, stats):
+    """Adds the communicator's figures to a step's `record` from each
+    worker's `TorchComm.take_stats()`: per kind of collective the least of
+    the workers' seconds (the worker that arrived last waited least: its
+    time is the transfer), the most minus the least (waiting for the
+    slowest), and rank 0's bytes. The all-gathers and reduce-scatters of a
+    sharded run, with their count, only where there were some (replicas
+    make none)."""
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        if op != "all_reduce" and not stats[0][op][2]:
+            continue
+        seconds = [s[op][0] for s in stats]
+        record[f"timing_s/{op}"] = min(seconds)
+        record[f"timing_s/{op}_wait"] = max(seconds) - min(seconds)
+        record[f"perf/{op}_bytes"] = stats[0][op][1]
+        if op != "all_reduce":
+            record[f"perf/{op}_calls"] = stats[0][op][2]
+
+
 def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
     """The run from `latest` (the checkpoint to resume from, or None), until
     its last step or, when `stop.requested`, the step under way."""
@@ -601,6 +625,12 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
     def write(record):
         records.write(json.dumps(record) + "\n")
         records.flush()
+
+    def save(step):
+        # Every worker: rank 0 writes the checkpoint; a sharded run's ranks
+        # gather the weights it writes.
+        _gather([a.save.remote(step) for a in actors], actors, f"checkpoint at step {step}", timeout)
+        stop.checkpoint = step
 
     def evaluate(step):
         t = time.perf_counter()
@@ -634,19 +664,13 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
             # checkpoint are kept, as `colo train` on one device keeps them.
             stopped, unfinished = step, True
             if step > first and stop.checkpoint != step:
-                _gather([actors[0].save.remote(step)], actors[:1], f"checkpoint at step {step}", timeout)
-                stop.checkpoint = step
+                save(step)
             stop.under_way = None
             break
         wall = time.perf_counter() - t
         record = aggregate([r[0] for r in results])
         record["timing_s/controller"] = max(wall - max(r[1] for r in results), 0.0)
-        # The worker that reached the all-reduce last waited least: its time
-        # is the transfer; the others' extra is waiting for the slowest.
-        reduce_s = [r[2] for r in results]
-        record["timing_s/all_reduce"] = min(reduce_s)
-        record["timing_s/all_reduce_wait"] = max(reduce_s) - min(reduce_s)
-        record["perf/all_reduce_bytes"] = results[0][3]
+        comm_record(record, [r[2] for r in results])
         record["timing_s/step_wall"] = wall
         done = step + 1
         if digest_every and (done % digest_every == 0 or done == total or stop.requested):
@@ -657,8 +681,7 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
         history.append(record)
         saved = bool(save_freq) and done % save_freq == 0 and done < total
         if saved:
-            _gather([actors[0].save.remote(done)], actors[:1], f"checkpoint at step {done}", timeout)
-            stop.checkpoint = done
+            save(done)
         stop.under_way = None
         if test_freq and done % test_freq == 0 and done < total:
             last_accuracy = evaluate(done)
@@ -668,14 +691,12 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
         )
         if stop.requested and done < total:
             if not saved:  # (the end of the run saves anyway)
-                _gather([actors[0].save.remote(done)], actors[:1], f"checkpoint at step {done}", timeout)
-                stop.checkpoint = done
+                save(done)
             stopped = done  # no end-of-run evaluation
             break
     if first < total and stopped is None:
         last_accuracy = evaluate(total)
-        _gather([actors[0].save.remote(total)], actors[:1], f"checkpoint at step {total}", timeout)
-        stop.checkpoint = total
+        save(total)
     finished = _gather([a.finish.remote() for a in actors], actors, "timelines", timeout)
     dirs = [d for d, _ in finished]
     capacity = finished[0][1]
