@@ -1,11 +1,14 @@
 //! `colo bench …` run as processes with the smallest settings. Colocate:
 //! the four modes are measured and the capacity experiment tells the RFC's
 //! story (sleep runs out of memory where staged fits). Train and rollout:
-//! each side of the comparison really ran, and `--device` is checked.
+//! each side of the comparison really ran, and `--device` is checked;
+//! rollout also on a model directory (`--model`, the tiny-qwen2 fixture).
 
 use std::process::{Command, Output};
 
 use serde_json::Value;
+
+mod common;
 
 fn colo_bench(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_colo"))
@@ -141,6 +144,89 @@ fn bench_rollout_runs_both_engines_on_the_same_load() {
     // process's, which sets none), not at the one thread `colo` sets for
     // its own passes at start.
     assert_eq!(r["baseline_threads"], tch::get_num_threads(), "{r}");
+}
+
+/// `--model`: both engines load the fixture's weights and, drawing the
+/// same uniforms on the same logits, generate the same tokens; prompts'
+/// ids stay within its 384-id vocabulary (an id past it would fail the
+/// embedding lookup).
+#[test]
+fn bench_rollout_loads_a_model_directory_into_both_engines() {
+    let dir = common::fixture();
+    let dir = dir.to_str().unwrap();
+    let r = bench_json(&[
+        "rollout",
+        "--model",
+        dir,
+        "--prompts",
+        "3",
+        "--n",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--batch",
+        "4",
+    ]);
+    assert_eq!(r["model"], dir, "{r}");
+    assert_eq!(r["dtype"], "f32", "{r}");
+    // tiny-qwen2: embeddings 384 × 64 (tied); two layers of q, k, v
+    // (4 and 2 heads of 16) with biases, o, an MLP of 3 × 64 × 160, two
+    // norms; the final norm.
+    let layer = (64 * 64 + 64) + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 160 + 2 * 64;
+    assert_eq!(r["model_parameters"], 384 * 64 + 2 * layer + 64, "{r}");
+    let colo = r["generated_tokens"].as_u64().unwrap();
+    assert!((6..=96).contains(&colo), "{r}");
+    assert_eq!(r["baseline_generated_tokens"], colo, "{r}");
+
+    let out = colo_bench(&["rollout", "--model", dir, "--prompts", "1", "--n", "1"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("0.111168 M-parameter model {dir} (f32)")),
+        "{text}"
+    );
+}
+
+/// `--model` that is no model directory, or a config.json that is no
+/// model's, is refused naming the path and what was expected.
+#[test]
+fn bench_rollout_refuses_a_directory_that_is_no_model() {
+    let fixture = common::fixture();
+    let empty = common::tmp("benches", "empty-model");
+    let broken = common::tmp("benches", "broken-model");
+    std::fs::write(broken.join("config.json"), r#"{"model_type": "qwen2"}"#).unwrap();
+    let (empty, broken) = (empty.to_str().unwrap(), broken.to_str().unwrap());
+    for (dir, expected) in [
+        (
+            "/no/such/model".to_owned(),
+            "--model /no/such/model: no such directory: /no/such/model".to_owned(),
+        ),
+        (
+            empty.to_owned(),
+            format!(
+                "--model {empty}: no config.json in it (expected a Hugging Face model directory"
+            ),
+        ),
+        (
+            broken.to_owned(),
+            format!(
+                "--model {broken}: cannot parse {broken}/config.json: missing field `vocab_size`"
+            ),
+        ),
+    ] {
+        refused(&["rollout", "--model", &dir], &expected);
+    }
+    refused(
+        &[
+            "rollout",
+            "--model",
+            fixture.to_str().unwrap(),
+            "--stop-tokens",
+            "384",
+        ],
+        "--stop-tokens 384: the model's vocabulary has 384 ids",
+    );
+    std::fs::remove_dir_all(empty).unwrap();
+    std::fs::remove_dir_all(broken).unwrap();
 }
 
 /// `colo bench <args>` fails and says `expected` on stderr.

@@ -7,9 +7,15 @@
 //!
 //! The model is a randomly initialised Qwen2-shaped model of ~4 M parameters
 //! (the throughput of a rollout engine does not depend on the weights'
-//! values). To give completions GRPO-like varied lengths, a fixed set of
-//! `--stop-tokens` token ids ends a completion, as an end-of-sequence token
-//! would; both engines see the same stop ids and count only real tokens.
+//! values), or with `--model DIR` a Hugging Face directory's (config.json
+//! and safetensors, as `colo init-model` writes them; no tokenizer), which
+//! both engines load in float32 as they do the built-in one; the synthetic
+//! prompts then draw their ids from that model's vocabulary. To give
+//! completions GRPO-like varied lengths, a fixed set of `--stop-tokens`
+//! token ids ends a completion, as an end-of-sequence token would; both
+//! engines see the same stop ids and count only real tokens (how often a
+//! random model draws them depends on its weights: `--stop-tokens 0`
+//! decodes every sample to `--max-new-tokens`).
 //! Each engine is warmed up on one prompt before its clock starts.
 //!
 //! colo's engine computes each layer's q/k/v and gate/up projections with
@@ -24,6 +30,7 @@
 //! (`--enforce-eager`: none); the baseline launches every kernel, as
 //! Hugging Face's `generate` does by default.
 
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -51,6 +58,11 @@ pub struct Args {
     stop_tokens: u32,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// A Hugging Face model directory (config.json and model.safetensors,
+    /// as `colo init-model` writes them) whose weights both engines load,
+    /// in float32, instead of the built-in random ~4 M-parameter model.
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
     /// Threads of colo's engine, each a lane of rows with one intra-op
     /// thread (default: what `colo train` gives generation,
     /// `rollout.cpu_threads`; 0: `OMP_NUM_THREADS`, else one per core).
@@ -76,6 +88,10 @@ pub struct Args {
 #[derive(serde::Serialize)]
 struct Report {
     device: colo_rl::config::Device,
+    /// `--model`'s directory, or `built-in` (random weights).
+    model: String,
+    /// The weights' dtype in both engines.
+    dtype: &'static str,
     prompts: usize,
     n: usize,
     max_new_tokens: usize,
@@ -130,12 +146,40 @@ fn prompt(i: usize, vocab: u32, stop: u32) -> Vec<u32> {
         .collect()
 }
 
+/// `--model`'s config and weights on `device`, or the built-in model's
+/// (random, from `--seed`); float32 either way.
+fn load_model(dir: Option<&Path>, device: tch::Device) -> anyhow::Result<(ModelConfig, Weights)> {
+    let Some(dir) = dir else {
+        let cfg = bench_model_config();
+        let weights = Weights::random(&cfg, 0.1, Kind::Float, device)?;
+        return Ok((cfg, weights));
+    };
+    let what = || format!("--model {}", dir.display());
+    let config = dir.join("config.json");
+    anyhow::ensure!(
+        !dir.is_dir() || config.is_file(),
+        "{}: no config.json in it (expected a Hugging Face model directory: config.json and \
+         model.safetensors, as `colo init-model` writes)",
+        what()
+    );
+    // colo-model's errors name a missing directory, a malformed
+    // config.json's path and fault, and missing or mis-shaped weights.
+    let cfg = ModelConfig::from_file(&config).with_context(what)?;
+    let weights = Weights::from_dir(dir, Kind::Float, device).with_context(what)?;
+    Ok((cfg, weights))
+}
+
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let cfg = bench_model_config();
     tch::manual_seed(a.seed as i64);
     let (pool, device) = super::bench::pool_on(a.device)?;
-    let weights = Weights::random(&cfg, 0.1, Kind::Float, device)?;
-    let vocab = cfg.vocab_size as u32;
+    let (cfg, weights) = load_model(a.model.as_deref(), device)?;
+    let vocab = u32::try_from(cfg.vocab_size).unwrap_or(u32::MAX);
+    anyhow::ensure!(
+        a.stop_tokens < vocab,
+        "--stop-tokens {}: the model's vocabulary has {vocab} ids, and prompts need some \
+         that are not stop tokens (expected fewer than {vocab})",
+        a.stop_tokens
+    );
     let prompts: Vec<Vec<u32>> = (0..a.prompts)
         .map(|i| prompt(i, vocab, a.stop_tokens))
         .collect();
@@ -220,6 +264,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let baseline_tokens_per_s = base_tokens as f64 / baseline_seconds;
     let r = Report {
         device: a.device,
+        model: match &a.model {
+            Some(dir) => dir.display().to_string(),
+            None => "built-in".into(),
+        },
+        dtype: "f32",
         prompts: a.prompts,
         n: a.n,
         max_new_tokens: a.max_new_tokens,
@@ -242,8 +291,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
+        let named = match &a.model {
+            Some(_) => format!(" {} ({})", r.model, r.dtype),
+            None => String::new(),
+        };
         println!(
-            "{} prompts × n={} × ≤{} new tokens, {} M-parameter model, batch {}",
+            "{} prompts × n={} × ≤{} new tokens, {} M-parameter model{named}, batch {}",
             r.prompts,
             r.n,
             r.max_new_tokens,
