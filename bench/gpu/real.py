@@ -1,7 +1,8 @@
-"""The summary of bench/gpu/real.sh: `colo bench real --json`'s report and
-`colo bench mem --device cuda --json`'s, against issue 36's goals on a GPU.
+"""The summary of bench/gpu/real.sh: `colo bench real --json`'s report,
+`colo bench mem --device cuda --json`'s and `colo bench rollout --model DIR
+--json`'s, against issue 36's goals on a GPU.
 
-Usage: python3 bench/gpu/real.py REAL.json MEM.json
+Usage: python3 bench/gpu/real.py REAL.json [MEM.json [ROLLOUT.json]]
 """
 import json
 import sys
@@ -65,11 +66,26 @@ def mem(r):
           f"bit-exact {r['restored_bit_exact']}")
 
 
+def count(n):
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+def rollout(r):
+    samples = r["prompts"] * r["n"]
+    graphs = f", {r['cuda_graphs']} CUDA graphs" if r["device"] == "cuda" else ""
+    print(f"decode against a static batch: {r['model']} ({count(r['model_parameters'])} "
+          f"parameters, {r['dtype']}) on {r['device']}, {r['prompts']} prompts x {r['n']} samples x "
+          f"<= {r['max_new_tokens']} new tokens, {r['batch']} sequences a batch; mean completion "
+          f"{r['generated_tokens'] / samples:.0f} tokens")
+    print(f"  colo-rollout {r['generated_tokens']:8d} tokens in {r['seconds']:7.2f} s = "
+          f"{r['tokens_per_s']:9.0f} tokens/s (peak KV {r['kv_peak_bytes'] / GIB:.2f} GiB{graphs})")
+    print(f"  static batch {r['baseline_generated_tokens']:8d} tokens in {r['baseline_seconds']:7.2f} s = "
+          f"{r['baseline_tokens_per_s']:9.0f} tokens/s (peak KV {r['baseline_kv_peak_bytes'] / GIB:.2f} GiB)")
+    print(f"  colo / static batch: {r['speedup']:.2f}x")
+
+
 if __name__ == "__main__":
-    r = load(sys.argv[1])
-    if r:
-        real(r)
-    if len(sys.argv) > 2:
-        r = load(sys.argv[2])
+    for path, summary in zip(sys.argv[1:], [real, mem, rollout]):
+        r = load(path)
         if r:
-            mem(r)
+            summary(r)

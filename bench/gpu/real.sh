@@ -2,7 +2,7 @@
 # There (the GPU machine, PyTorch 2.11 in its python3), after
 # bench/gpu/pack.sh here: `bash bench/gpu/real.sh` with .gpu/ carried.
 # Issue 36, item 6, in about 3-5 minutes on one H100/H200 (each part under
-# `timeout`; at most 7.5 minutes):
+# `timeout`; at most 9 minutes):
 #   1. `colo init-model --preset qwen2.5-1.5b`: the published shape, random
 #      bf16 weights, the small tokenizer;
 #   2. `colo bench real --model DIR --device cuda`: GRPO full fine-tuning on
@@ -12,9 +12,15 @@
 #      the same process, the weight sync against a device-to-device copy,
 #      decode steps against the weights over that copy's bandwidth, and the
 #      update's FLOP/s against a bf16 matmul;
-#   3. `colo bench mem --device cuda`: pause and resume of colo-mem's CUDA
+#   3. `colo bench rollout --model DIR --device cuda`: decode tokens/s of
+#      colo's rollout engine (paged KV cache, continuous batching, CUDA
+#      graphs) against a static batch on the same kernels (transformers'
+#      way: a contiguous cache, a batch running until its longest sample
+#      stops), both on the same weights in f32, 64 prompts x 8 samples x
+#      256 new tokens (no stop ids), 256 sequences a batch;
+#   4. `colo bench mem --device cuda`: pause and resume of colo-mem's CUDA
 #      backend against pageable and pinned device-host copies.
-# The reports go to $OUT (real.json, mem.json, their logs); the summary
+# The reports go to $OUT (real.json, rollout.json, mem.json, their logs); the summary
 # (bench/gpu/real.py) is printed at the end.
 source "$(dirname "$0")/lib.sh"
 model=/tmp/q15
@@ -71,10 +77,21 @@ cp "$model/run.toml" "$OUT/run.toml"
 echo "rc=$?" >>"$OUT/real.log"
 grep -v '^\[' "$OUT/real.log" | tail -6
 
+# No stop ids: every sample decodes all 256 tokens, so that the figure is
+# decode at a full batch on both sides, the same whatever the random weights
+# draw (with stop ids, how often they are drawn depends on the weights: 900 of
+# the 151,936 ended a 0.5B-shaped model's completions after 23 tokens on
+# average, 150 never within 64).
+echo "== bench rollout --model: 64 prompts x 8 samples x 256 new tokens, f32"
+(time timeout 90 /tmp/colo bench rollout --model "$model" --device cuda --prompts 64 --n 8 \
+    --max-new-tokens 256 --batch 256 --stop-tokens 0 --json >"$OUT/rollout.json") 2>"$OUT/rollout.log"
+echo "rc=$?" >>"$OUT/rollout.log"
+tail -4 "$OUT/rollout.log"
+
 echo "== bench mem --device cuda"
 timeout 45 /tmp/colo bench mem --device cuda --json >"$OUT/mem.json" 2>"$OUT/mem.log" || echo "bench mem failed (rc $?)" | tee -a "$OUT/mem.log"
 rm -rf "$model"
 
 # Later, once colo has LoRA (issue 36, item 6): a Qwen2.5-7B-shaped LoRA run,
 # `colo init-model --preset qwen2.5-7b` and the same job with an adapter.
-python3 bench/gpu/real.py "$OUT/real.json" "$OUT/mem.json"
+python3 bench/gpu/real.py "$OUT/real.json" "$OUT/mem.json" "$OUT/rollout.json"
