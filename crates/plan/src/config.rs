@@ -112,6 +112,12 @@ pub enum WeightSync {
     /// The full model is streamed through a staging bucket of this many
     /// bytes.
     Bucket(u64),
+    /// FSDP's shards gathered unit by unit into a buffer of the root unit
+    /// and `fsdp_gathered_layers` layers, each copied into the engine's
+    /// weights; the trainer's shards are on the device for it (streamed
+    /// in when offloaded). Unsharded: `full` with the parameters
+    /// offloaded, `in-place` without.
+    Gather,
 }
 
 /// What is moved to host memory while the engine runs (MindSpeed-RL's
@@ -157,6 +163,14 @@ pub struct PlanInput {
     /// FSDP shard count (full sharding over this many ranks, replicated
     /// over the rest). Exclusive with `tp`/`pp`.
     pub fsdp: Option<u64>,
+    /// FSDP: decoder layers whose full weights are gathered at once beside
+    /// the root unit's: 2 is PyTorch FSDP's (the next layer prefetched),
+    /// 1 colo-train's sharded trainer (each layer gathered, run, freed).
+    pub fsdp_gathered_layers: u64,
+    /// FSDP: whether the reference model is sharded like the trainer
+    /// (verl's FSDP reference); `false` keeps it whole on every rank
+    /// (colo's sharded runs).
+    pub fsdp_shard_reference: bool,
     /// Megatron-style training layout; `dp` defaults to what fills `devices`.
     pub pp: Option<u64>,
     pub tp: Option<u64>,
@@ -241,6 +255,8 @@ impl Default for PlanInput {
             device_memory_gib: 80.0,
             runtime_overhead_gib: 6.0,
             fsdp: None,
+            fsdp_gathered_layers: 2,
+            fsdp_shard_reference: true,
             pp: None,
             tp: None,
             dp: None,
@@ -329,6 +345,9 @@ pub struct Plan {
     pub device_bytes: u64,
     pub runtime_overhead_bytes: u64,
     pub train: TrainLayout,
+    /// [`PlanInput::fsdp_gathered_layers`], at most the model's layers.
+    pub fsdp_gathered_layers: u64,
+    pub fsdp_shard_reference: bool,
     pub optimizer: Optimizer,
     pub activation_checkpointing: bool,
     pub tokens_per_micro_batch: u64,
@@ -345,6 +364,17 @@ pub struct Plan {
     pub weight_sync: WeightSync,
     pub reference: bool,
     pub cuda_graphs: Option<GraphCapture>,
+}
+
+impl Plan {
+    /// The ranks FSDP shards the training state over (1 for Megatron's
+    /// layouts, which this crate counts apart).
+    pub fn fsdp_shards(&self) -> u64 {
+        match self.train {
+            TrainLayout::Fsdp { shards } => shards,
+            TrainLayout::Megatron { .. } => 1,
+        }
+    }
 }
 
 fn layout_err(layout: String, devices: u64, reason: String) -> PlanError {
@@ -582,6 +612,13 @@ impl PlanInput {
             ));
         }
         let train = self.train_layout(&model, n)?;
+        if !(1..=model.layers).contains(&self.fsdp_gathered_layers) {
+            return Err(out_of_range(
+                "fsdp_gathered_layers",
+                self.fsdp_gathered_layers,
+                format!("in 1..={} (the model's layers)", model.layers),
+            ));
+        }
         let divs = || format!("{:?}", divisors(n));
         let (pg, tg) = (self.gen_pp, self.gen_tp);
         if pg == 0 || tg == 0 || pg.checked_mul(tg).is_none_or(|g| !n.is_multiple_of(g)) {
@@ -616,6 +653,8 @@ impl PlanInput {
             device_bytes: (self.device_memory_gib * GIB as f64).round() as u64,
             runtime_overhead_bytes: (self.runtime_overhead_gib * GIB as f64).round() as u64,
             train,
+            fsdp_gathered_layers: self.fsdp_gathered_layers,
+            fsdp_shard_reference: self.fsdp_shard_reference,
             optimizer: Optimizer::parse(&self.optimizer)?,
             activation_checkpointing: self.activation_checkpointing,
             tokens_per_micro_batch: self.tokens_per_micro_batch,
@@ -715,6 +754,8 @@ mod tests {
         };
         refused(|i| i.devices = 0, "devices");
         refused(|i| i.devices = MAX_DEVICES + 1, "devices");
+        refused(|i| i.fsdp_gathered_layers = 0, "fsdp_gathered_layers");
+        refused(|i| i.fsdp_gathered_layers = 29, "fsdp_gathered_layers");
         refused(|i| i.device_memory_gib = 1e300, "device_memory_gib");
         // The value as written: `-5`, not `-5e0`; `1e300`, not 301 digits.
         let said = |gib: f64| {

@@ -61,8 +61,11 @@
 //! - **Training states**: mixed-precision AdamW 2 + 2 + 12 bytes per
 //!   parameter (fp32: 4 + 4 + 8), FSDP shards all three; Megatron shards
 //!   parameters and gradients over `p·t` and, with the distributed
-//!   optimizer, the optimizer over `p·t·d`. FSDP also holds its root unit
-//!   and two layers unsharded while computing.
+//!   optimizer, the optimizer over `p·t·d`. FSDP pads each unit (the root:
+//!   everything outside the layers; each layer) to a multiple of its ranks,
+//!   and holds the root and `fsdp_gathered_layers` layers unsharded while
+//!   computing (2, PyTorch's prefetch; 1, colo's sharded trainer, whose
+//!   reference stays whole: `fsdp_shard_reference`).
 //! - **Activations** per token and layer follow Korthikanti et al. (2022)
 //!   redone for RMSNorm/GQA/SwiGLU with FlashAttention; checkpointing keeps
 //!   each layer's input plus one layer recomputed; tensor parallelism (with

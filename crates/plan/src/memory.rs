@@ -75,8 +75,12 @@ pub fn cuda_graph_bytes(plan: &Plan) -> u64 {
 /// dtype and 12 bytes of fp32 state (master weights, first and second
 /// moments) per parameter — ZeRO's 2 + 2 + 12 (Rajbhandari et al., *ZeRO*,
 /// 2020, §3.1); fp32 training keeps 4 + 4 + 8. FSDP shards all three over
-/// its shard group; Megatron shards parameters and gradients over `p · t`
-/// and, with the distributed optimizer, the optimizer states over `p · t · d`.
+/// its shard group, each unit (the root: everything outside the decoder
+/// layers; each layer) padded to a multiple of the shards (FSDP's
+/// `FlatParameter`, colo-train's `sharding`), and holds the root unit and
+/// [`Plan::fsdp_gathered_layers`] layers gathered while computing;
+/// Megatron shards parameters and gradients over `p · t` and, with the
+/// distributed optimizer, the optimizer states over `p · t · d`.
 pub fn component_sizes(plan: &Plan) -> ComponentSizes {
     let m = &plan.model;
     let params = m.params();
@@ -102,11 +106,19 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
             t,
         ),
     };
-    let fsdp_gathered = match plan.train {
-        TrainLayout::Fsdp { shards } if shards > 1 => {
-            (m.non_layer_params() + 2 * m.layer_params()) * pb
+    // One rank's bytes of a state of `bytes` a parameter over `shards`.
+    let shard = |bytes: u64, shards: u64| match plan.train {
+        TrainLayout::Fsdp { .. } => {
+            let units = m.non_layer_params().div_ceil(shards)
+                + m.layers * m.layer_params().div_ceil(shards);
+            units * bytes
         }
-        _ => 0,
+        TrainLayout::Megatron { .. } => (params * bytes).div_ceil(shards),
+    };
+    let fsdp = plan.fsdp_shards() > 1;
+    let fsdp_gathered = match fsdp {
+        true => (m.non_layer_params() + plan.fsdp_gathered_layers * m.layer_params()) * pb,
+        false => 0,
     };
     // Activations: with checkpointing, every layer's input (h elements per
     // token) plus one layer recomputed in full; without, every layer in
@@ -127,21 +139,29 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
     let full_weights = params * plan.param_dtype.bytes();
     let (pg, tg) = (plan.gen_pp, plan.gen_tp);
     let mut sizes = ComponentSizes {
-        train_params: (params * pb).div_ceil(state_shards),
-        train_grads: (params * gb).div_ceil(state_shards),
-        optimizer: (params * ob).div_ceil(opt_shards),
+        train_params: shard(pb, state_shards),
+        train_grads: shard(gb, state_shards),
+        optimizer: shard(ob, opt_shards),
         fsdp_gathered,
         train_activations: tokens * act_elems * pb / t,
         train_logits: 2 * logits(tokens),
         forward_activations: lp_tokens * per_layer * pb / t,
         forward_logits: logits(lp_tokens),
-        ref_params: full_weights.div_ceil(state_shards),
+        ref_params: match plan.fsdp_shard_reference || !fsdp {
+            true => shard(plan.param_dtype.bytes(), state_shards),
+            false => full_weights,
+        },
         rollout_weights: full_weights.div_ceil(pg * tg),
         kv_bytes_per_token: m.kv_bytes_per_token_sharded(plan.kv_dtype, pg, tg),
         sync_buffer: match plan.weight_sync {
             WeightSync::Full => full_weights,
             WeightSync::InPlace => 0,
             WeightSync::Bucket(b) => b.min(full_weights),
+            // Offloaded shards stream in for the gather.
+            WeightSync::Gather => match plan.offload.train_param {
+                true => fsdp_gathered + shard(pb, state_shards),
+                false => fsdp_gathered,
+            },
         },
         cuda_graphs: cuda_graph_bytes(plan),
     };
@@ -207,12 +227,21 @@ pub fn phase_margin(components: &BTreeMap<Component, u64>) -> u64 {
 /// checkpointing `graph` already holds one lane's gradients, summed piece
 /// by piece beside the recomputed layer; the other lanes hold theirs
 /// beside it.
+///
+/// Sharded (FSDP over more than one rank), a lane holds the gradients of
+/// [`grad_params`] at once, and the unit being reduce-scattered is
+/// flattened into float32 beside them (colo-train's `sharding`: the
+/// design's count, not yet measured on a sharded run).
 fn eager_training_peak(plan: &Plan, graph: u64, seq: u64, lanes: u64) -> u64 {
     let m = &plan.model;
     let b = plan.param_dtype.bytes();
     let rows = plan.tokens_per_micro_batch.div_ceil(seq).max(1);
     let lanes = lanes.min(rows);
-    let grads = m.params() * b;
+    let grads = grad_params(plan) * b;
+    let flat = match plan.fsdp_shards() > 1 {
+        true => m.non_layer_params().max(m.layer_params()) * DType::F32.bytes(),
+        false => 0,
+    };
     let embedding = m.vocab * m.hidden * b;
     let beyond = match m.tie_embeddings {
         true => 2 * embedding,
@@ -222,7 +251,19 @@ fn eager_training_peak(plan: &Plan, graph: u64, seq: u64, lanes: u64) -> u64 {
         true => graph + (lanes - 1) * grads,
         false => graph,
     };
-    graph_side.max(lanes * (grads + beyond))
+    graph_side.max(lanes * (grads + beyond)) + flat
+}
+
+/// The parameters whose gradients an eager backward holds at once: all
+/// of them, or sharded the root unit's (held from the LM head's backward
+/// to the embedding's) and one decoder layer's (reduce-scattered when its
+/// backward ends).
+fn grad_params(plan: &Plan) -> u64 {
+    let m = &plan.model;
+    match plan.fsdp_shards() > 1 {
+        true => m.non_layer_params() + m.layer_params(),
+        false => m.params(),
+    }
 }
 
 /// Activations of an eager trainer (colo's, on libtorch): the graph of a
@@ -332,7 +373,7 @@ fn eager_activations(
         true => {
             (tokens * ((m.layers + 2) * m.hidden + per_layer + 2 * m.hidden + 2 * m.intermediate)
                 + gathered
-                + m.params())
+                + grad_params(plan))
                 * b
                 + window * head
         }
@@ -502,21 +543,26 @@ pub fn estimate(plan: &Plan) -> Result<MemoryReport> {
 
     // Forward-only passes: FSDP gathers parameters unit by unit, one
     // layer's activations live at a time, the logits of one micro-batch.
-    let forward = |tl: &mut Timeline| {
-        tl.set(FsdpGathered, s.fsdp_gathered);
+    let forward = |tl: &mut Timeline, gathered: u64| {
+        tl.set(FsdpGathered, gathered);
         tl.set(Activations, s.forward_activations);
         tl.set(Logits, s.forward_logits);
     };
     if plan.reference {
         tl.set(RefParams, s.ref_params);
-        forward(&mut tl);
+        // A whole reference gathers nothing.
+        let gathered = match plan.fsdp_shard_reference {
+            true => s.fsdp_gathered,
+            false => 0,
+        };
+        forward(&mut tl, gathered);
         tl.snap("ref_logprob", PhaseKind::LogProb);
         if off.ref_param {
             tl.release(RefParams);
         }
     }
     tl.set(TrainParams, s.train_params);
-    forward(&mut tl);
+    forward(&mut tl, s.fsdp_gathered);
     tl.snap("old_logprob", PhaseKind::LogProb);
 
     tl.set(TrainGrads, s.train_grads);
@@ -720,6 +766,7 @@ mod tests {
     fn shared_prompts_shrink_and_lanes_grow_eager_activations() {
         let eager_with = |rows: Option<u64>, lanes: Option<u64>, checkpointing: bool| {
             let p = plan(|i| {
+                i.devices = 1;
                 i.activation_model = "eager".into();
                 i.activation_checkpointing = checkpointing;
                 i.seq_len = Some(1024);
@@ -835,6 +882,58 @@ mod tests {
         let kv = estimate(&q).unwrap();
         assert_eq!(kv.peak_phase, "wake_kv");
         assert_eq!(kv.margin_bytes, 0);
+    }
+
+    /// FSDP over 2 and 4 ranks: a rank's parameters, gradients and
+    /// optimizer state are 1/2 and 1/4 of one device's, up to each unit's
+    /// padding to a multiple of the ranks; it gathers the root unit and
+    /// `fsdp_gathered_layers` layers; a whole reference stays whole and
+    /// gathers nothing for its pass.
+    #[test]
+    fn fsdp_ranks_hold_their_share_of_the_training_state() {
+        let sized = |n: u64, shard_reference: bool| {
+            let p = plan(|i| {
+                i.model = ModelSource::Preset("qwen2.5-0.5b".into());
+                i.devices = n;
+                i.fsdp = Some(n);
+                i.fsdp_gathered_layers = 1;
+                i.fsdp_shard_reference = shard_reference;
+                i.reference = true;
+                i.weight_sync = WeightSync::Gather;
+            });
+            let s = component_sizes(&p);
+            (p, s)
+        };
+        let (p, one) = sized(1, false);
+        let m = &p.model;
+        assert_eq!(one.fsdp_gathered, 0, "one rank gathers nothing");
+        assert_eq!(one.sync_buffer, one.train_params, "unsharded: `full`");
+        for n in [2, 4] {
+            let (p, s) = sized(n, false);
+            for (whole, part) in [
+                (one.train_params, s.train_params),
+                (one.train_grads, s.train_grads),
+                (one.optimizer, s.optimizer),
+            ] {
+                // At most n − 1 elements of padding in each of the units.
+                let per_param = whole / m.params();
+                let padding = (m.layers + 1) * (n - 1) * per_param;
+                assert!(
+                    whole <= part * n && part * n <= whole + padding,
+                    "{n}: {part}"
+                );
+            }
+            let gathered = (m.non_layer_params() + m.layer_params()) * 2;
+            assert_eq!(s.fsdp_gathered, gathered);
+            assert_eq!(s.ref_params, one.ref_params, "the reference stays whole");
+            // The offloaded shards come back for the gather.
+            assert_eq!(s.sync_buffer, gathered + s.train_params);
+            let r = estimate(&p).unwrap();
+            let phase = |name| r.phase(name).unwrap().get(Component::FsdpGathered);
+            assert_eq!((phase("ref_logprob"), phase("old_logprob")), (0, gathered));
+            let (_, sharded_reference) = sized(n, true);
+            assert!(sharded_reference.ref_params * n < one.ref_params + n * one.ref_params / 100);
+        }
     }
 
     #[test]

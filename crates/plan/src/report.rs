@@ -23,8 +23,8 @@ pub enum Component {
     /// Optimizer states (fp32 master weights and AdamW moments).
     Optimizer,
     /// FSDP's unsharded parameters while a unit computes: the root unit
-    /// (embeddings, head, final norm) and two decoder layers (current and
-    /// prefetched).
+    /// (embeddings, head, final norm) and `fsdp_gathered_layers` decoder
+    /// layers (PyTorch's two, current and prefetched; colo's one).
     FsdpGathered,
     /// Activations kept for backward (training) or one layer's working set
     /// (forward-only passes).

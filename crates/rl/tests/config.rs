@@ -6,7 +6,7 @@ use std::path::Path;
 
 use colo_algo::{AdvEstimator, KlEstimator, LossAggMode};
 use colo_rl::config::{
-    Capacity, Colocation, DataSource, FilterMetric, KvBudget, RunLength, ValSource,
+    Capacity, Colocation, DataSource, FilterMetric, KvBudget, RunLength, Sharding, ValSource,
 };
 use colo_rl::{Config, Error, RewardSpec};
 use common::TempDir;
@@ -688,6 +688,56 @@ fn a_layout_from_colo_plan_map_sets_the_workers_or_is_refused() {
     let (_, field, msg) = err("[cluster]\nlayout = \"4\"\n");
     assert_eq!(field, "cluster.layout");
     assert!(msg.contains("not a p-t-d layout"), "{msg}");
+}
+
+/// `cluster.sharding = "full"` splits the trainer over the workers and
+/// turns activation checkpointing on (printed so); written off, or with
+/// `restart` mode, it is refused naming the key.
+#[test]
+fn sharding_resolves_checkpointing_on_and_refuses_what_it_cannot_run() {
+    let none = parse("[cluster]\nworkers = 4\n").unwrap();
+    assert_eq!(none.cluster.sharding, Sharding::None);
+    assert_eq!(none.cluster.shards(), 1);
+    assert!(!none.model.enable_gradient_checkpointing);
+    let c = parse("[cluster]\nworkers = 4\nsharding = \"full\"\n").unwrap();
+    assert_eq!(
+        (c.cluster.sharding, c.cluster.shards()),
+        (Sharding::Full, 4)
+    );
+    assert!(c.model.enable_gradient_checkpointing, "resolved to on");
+    let toml = c.to_toml().unwrap();
+    assert!(toml.contains("sharding = \"full\""), "{toml}");
+    assert!(toml.contains("enable_gradient_checkpointing = true"));
+    assert!(
+        toml.contains("verl: actor_rollout_ref.actor.strategy"),
+        "{toml}"
+    );
+    assert_eq!(
+        Config::from_toml(&toml, Path::new("printed.toml")).unwrap(),
+        c
+    );
+
+    let off = "[model]\nenable_gradient_checkpointing = false\n";
+    let (line, field, msg) = err(&format!(
+        "{off}[cluster]\nworkers = 2\nsharding = \"full\"\n"
+    ));
+    assert_eq!(
+        (line, field.as_str()),
+        (Some(2), "model.enable_gradient_checkpointing")
+    );
+    assert!(
+        msg.contains("cluster.sharding = \"full\" needs it true"),
+        "{msg}"
+    );
+    let (line, field, msg) =
+        err("[memory]\ncolocation = \"restart\"\n[cluster]\nworkers = 2\nsharding = \"full\"\n");
+    assert_eq!((line, field.as_str()), (Some(2), "memory.colocation"));
+    assert!(
+        msg.contains("expected \"sleep\", \"staged\" or \"naive\""),
+        "{msg}"
+    );
+    let (_, field, msg) = err("[cluster]\nsharding = \"zero3\"\n");
+    assert_eq!(field, "cluster.sharding", "{msg}");
 }
 
 /// verl's run names: they name the run directory, as verl's

@@ -144,7 +144,8 @@ struct MemoryArgs {
     #[arg(long, default_value = "param,grad,optimizer,ref")]
     offload: String,
     /// Weight sync: full (trainer materialises the whole model), in-place
-    /// (gather straight into the engine), or a bucket size in MiB.
+    /// (gather straight into the engine), gather (FSDP's units one by one
+    /// through a buffer), or a bucket size in MiB.
     #[arg(long, default_value = "full")]
     weight_sync: String,
     /// A reference model is colocated (for a KL term).
@@ -246,9 +247,12 @@ fn parse_sync(s: &str) -> Result<WeightSync> {
     Ok(match s {
         "full" => WeightSync::Full,
         "in-place" | "inplace" => WeightSync::InPlace,
+        "gather" => WeightSync::Gather,
         mib => {
             let mib: f64 = mib.parse().with_context(|| {
-                format!("--weight-sync `{mib}`: valid are full, in-place, or a bucket size in MiB")
+                format!(
+                    "--weight-sync `{mib}`: valid are full, in-place, gather, or a bucket size in MiB"
+                )
             })?;
             WeightSync::Bucket((mib * (1u64 << 20) as f64) as u64)
         }
@@ -313,7 +317,8 @@ fn memory(a: MemoryArgs, matches: Option<&clap::ArgMatches>) -> Result<()> {
         } else {
             let m = &plan.model;
             println!(
-                "colo train run: {:.2}M params ({}), capacity {}, mode {}, longest prompt {} tokens, {} KV tokens\n",
+                "colo train run, {}: {:.2}M params ({}), capacity {}, mode {}, longest prompt {} tokens, {} KV tokens\n",
+                run.scope(),
                 m.params() as f64 / 1e6,
                 run.input.param_dtype,
                 colo_mem::fmt_bytes(run.capacity),

@@ -9,7 +9,15 @@
 //!
 //! - one device of the run's capacity (`auto`: 72 MiB in f32, 44 MiB in bf16 for the built-in
 //!   model, the machine's memory otherwise), no runtime overhead (the host
-//!   backend has no CUDA context), no sharding;
+//!   backend has no CUDA context);
+//! - a data-parallel run (`[cluster] workers = N`) is planned per worker:
+//!   its share of the batch (`colo_rl::data_parallel::rank_config`) and,
+//!   with `sharding = "full"`, FSDP over the N workers with colo-train's
+//!   units — 1/N of the parameters, gradients, AdamW state and masters
+//!   (each unit padded), the root unit and one decoder layer gathered
+//!   while computing, activation checkpointing on, the weight sync
+//!   gathering unit by unit — while the reference model and the rollout
+//!   engine stay whole;
 //! - the run's dtype (`trainer.dtype`, `auto` decided for its device): in
 //!   f32 parameters, gradients and both AdamW moments in float32
 //!   (`adamw-fp32`, 4 + 4 + 8 bytes per parameter); in bf16 parameters,
@@ -49,6 +57,22 @@ pub struct RunPlan {
     pub capacity: u64,
     /// The longest training prompt in tokens (special tokens included).
     pub max_prompt_tokens: u64,
+    /// Data-parallel workers; the plan is one worker's.
+    pub workers: usize,
+    /// Whether the trainer's state is sharded over the workers.
+    pub sharded: bool,
+}
+
+impl RunPlan {
+    /// What the plan's bytes are: "per worker (4 workers, sharding full)",
+    /// or "per device" for a run in one process.
+    pub fn scope(&self) -> String {
+        match (self.workers, self.sharded) {
+            (1, _) => "per device".into(),
+            (w, true) => format!("per worker ({w} workers, sharding full)"),
+            (w, false) => format!("per worker ({w} workers, sharding none)"),
+        }
+    }
 }
 
 /// Reads a run config file (as `colo train --config` does).
@@ -58,8 +82,12 @@ pub fn from_file(path: &Path) -> Result<RunPlan> {
     from_config(&config)
 }
 
-/// Translates a validated run config.
+/// Translates a validated run config: one worker's share of it when it
+/// has several.
 pub fn from_config(config: &Config) -> Result<RunPlan> {
+    let workers = config.cluster.workers();
+    let config = &colo_rl::data_parallel::rank_config(config, workers)?;
+    let shards = config.cluster.shards() as u64;
     let mode = match config.memory.colocation {
         Colocation::Naive => "naive",
         Colocation::Sleep => "sleep",
@@ -100,7 +128,11 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         model: ModelSource::Config(hf_config(&model_cfg)),
         param_dtype: dtype.name().into(),
         kv_dtype: dtype.name().into(),
-        devices: 1,
+        // A worker's device; sharded, one of the FSDP group's `shards`.
+        devices: shards,
+        fsdp: Some(shards),
+        fsdp_gathered_layers: 1,
+        fsdp_shard_reference: false,
         device_memory_gib: capacity as f64 / GIB as f64,
         runtime_overhead_gib: 0.0,
         optimizer: match dtype {
@@ -108,7 +140,8 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
             _ => "adamw-fp32",
         }
         .into(),
-        activation_checkpointing: config.model.enable_gradient_checkpointing,
+        // (A sharded config has it on: validation resolves it so.)
+        activation_checkpointing: config.model.enable_gradient_checkpointing || shards > 1,
         tokens_per_micro_batch: micro_tokens,
         logprob_tokens_per_micro_batch: Some(micro_tokens),
         kv_free_fraction,
@@ -132,10 +165,10 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         fused_loss_head: Some(config.trainer.device == Device::Cpu),
         mode: mode.into(),
         offload,
-        weight_sync: if offload.train_param {
-            WeightSync::Full
-        } else {
-            WeightSync::InPlace
+        weight_sync: match (shards > 1, offload.train_param) {
+            (true, _) => WeightSync::Gather,
+            (false, true) => WeightSync::Full,
+            (false, false) => WeightSync::InPlace,
         },
         reference: config.needs_ref(),
         cuda_graphs: cuda_graphs(config, &engine, prompts.held_out),
@@ -145,6 +178,8 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         input,
         capacity,
         max_prompt_tokens,
+        workers,
+        sharded: shards > 1,
     })
 }
 
@@ -324,6 +359,34 @@ mod tests {
             let spec = hf_config(&m).into_spec(name).unwrap();
             assert_eq!(spec.params(), m.num_parameters() as u64, "{name}");
         }
+    }
+
+    /// A sharded run's worker: FSDP over the workers with colo-train's
+    /// units (one layer gathered), the reference whole, the sync gathering
+    /// unit by unit, checkpointing on; its share of the batch, as a
+    /// replica's. One worker, or replicas, plan as one device.
+    #[test]
+    fn a_sharded_run_maps_onto_fsdp_over_its_workers() {
+        let parse = |text: &str| Config::from_toml(text, Path::new("run.toml")).unwrap();
+        let full = parse("[cluster]\nworkers = 4\nsharding = \"full\"\n");
+        let run = from_config(&full).unwrap();
+        let i = &run.input;
+        assert_eq!((i.devices, i.fsdp, i.fsdp_gathered_layers), (4, Some(4), 1));
+        assert!(!i.fsdp_shard_reference && i.activation_checkpointing);
+        assert_eq!(i.weight_sync, WeightSync::Gather);
+        assert_eq!(run.scope(), "per worker (4 workers, sharding full)");
+        let replicas = from_config(&parse("[cluster]\nworkers = 4\n")).unwrap();
+        assert_eq!((replicas.input.devices, replicas.input.fsdp), (1, Some(1)));
+        assert_eq!(
+            replicas.input.tokens_per_micro_batch,
+            i.tokens_per_micro_batch
+        );
+        assert_eq!(replicas.scope(), "per worker (4 workers, sharding none)");
+        // A worker's share of the step: a quarter of the KV cap's samples.
+        let one = from_config(&Config::builtin()).unwrap();
+        assert_eq!(one.scope(), "per device");
+        let cap = |r: &RunPlan| r.input.kv_tokens_cap.unwrap();
+        assert_eq!(cap(&replicas) * 4, cap(&one));
     }
 
     /// The KV term is capped at a step's samples at full length, or at

@@ -88,11 +88,7 @@ pub fn run(a: Args) -> Result<()> {
     } else if config.trainer.val_only {
         eprintln!("plan check: none (trainer.val_only: nothing is trained)");
     } else {
-        // One worker's share of a data-parallel run is what one device holds.
-        plan_check(&colo_rl::data_parallel::rank_config(
-            &config,
-            config.cluster.workers(),
-        )?)?;
+        plan_check(&config)?;
     }
     if config.cluster.workers() > 1 {
         let path = config_path
@@ -286,7 +282,8 @@ fn by_source(accuracy: &std::collections::BTreeMap<String, f64>) -> String {
 }
 
 /// Predicts the run's peak device memory with colo-plan, as `colo plan
-/// --config` does (within 10% of what runs measure), and refuses a run that
+/// --config` does (within 10% of what runs measure; a data-parallel run's
+/// per worker, its trainer sharded or not), and refuses a run that
 /// cannot fit `memory.capacity` with the plan's margin (a tenth of the
 /// activations, the terms fitted to runs), before anything is loaded: the
 /// phase table says which phase overflows and by what. A capacity it
@@ -308,10 +305,18 @@ fn plan_check(config: &Config) -> Result<()> {
     // data) the run cannot either: the error is said once, here.
     let run = super::plan_config::from_config(config).context("colo train")?;
     let capacity = run.capacity;
+    let device = match run.workers {
+        1 => "its device",
+        _ => "a worker's device",
+    };
+    let shard = match (run.workers, run.sharded) {
+        (1, _) | (_, true) => "",
+        _ => ", shard the trainer over the workers ([cluster] sharding = \"full\")",
+    };
     let refuse = |why: String| {
         anyhow::anyhow!(
-            "colo train: the run cannot fit its device: {why}. Lower the batch or KV-cache \
-             sizes, offload more, or raise memory.capacity; `--no-plan-check` runs it anyway"
+            "colo train: the run cannot fit {device}: {why}. Lower the batch or KV-cache \
+             sizes, offload more{shard}, or raise memory.capacity; `--no-plan-check` runs it anyway"
         )
     };
     let report = run
@@ -355,8 +360,9 @@ fn plan_check(config: &Config) -> Result<()> {
             OffloadPolicy::Always => "",
         };
         eprintln!(
-            "plan check: predicted peak {} ({}){} within the capacity {}{keeps_more}",
+            "plan check: predicted peak {} {} ({}){} within the capacity {}{keeps_more}",
             fmt(report.peak_bytes),
+            run.scope(),
             report.peak_phase,
             margin_text(report.margin_bytes),
             fmt(capacity)
@@ -364,14 +370,16 @@ fn plan_check(config: &Config) -> Result<()> {
         return Ok(());
     }
     eprintln!(
-        "colo-plan's prediction for this run (longest prompt {} tokens, {} KV tokens):\n\n{}",
+        "colo-plan's prediction for this run, {} (longest prompt {} tokens, {} KV tokens):\n\n{}",
+        run.scope(),
         run.max_prompt_tokens,
         report.kv_tokens,
         report.table()
     );
     Err(refuse(format!(
-        "colo-plan predicts a peak of {} in phase `{}`{}, above memory.capacity = {}",
+        "colo-plan predicts a peak of {} {} in phase `{}`{}, above memory.capacity = {}",
         fmt(report.peak_bytes),
+        run.scope(),
         report.peak_phase,
         margin_text(report.margin_bytes),
         fmt(capacity)
@@ -404,6 +412,37 @@ mod tests {
             "37.0 MiB",
             "records without the count"
         );
+    }
+
+    /// A capacity between the sharded and the replicated per-worker plan
+    /// of a 2-worker run: the plan check refuses `sharding = "none"`
+    /// (saying what sharding would do) and accepts `"full"`.
+    #[test]
+    fn the_plan_check_accepts_a_sharded_run_that_a_replica_cannot_fit() {
+        let config = |sharding: &str, capacity: u64| {
+            let text = format!(
+                "[model]\nenable_gradient_checkpointing = true\n[rollout]\nmax_kv_tokens = 4096\n\
+                 [memory]\ncapacity = {capacity}\n[cluster]\nworkers = 2\nsharding = \"{sharding}\"\n"
+            );
+            Config::from_toml(&text, Path::new("run.toml")).unwrap()
+        };
+        let need = |c: &Config| {
+            let run = super::super::plan_config::from_config(c).unwrap();
+            let r = colo_plan::memory::estimate(&run.input.validate().unwrap()).unwrap();
+            r.peak_bytes + r.margin_bytes
+        };
+        let none = need(&config("none", 1 << 30));
+        let full = need(&config("full", 1 << 30));
+        assert!(full < none, "{full} {none}");
+        let capacity = (full + none) / 2;
+        let e = plan_check(&config("none", capacity))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cannot fit a worker's device") && e.contains("sharding = \"full\""),
+            "{e}"
+        );
+        plan_check(&config("full", capacity)).unwrap();
     }
 
     /// Reward failures are said, with the score they got, only when there

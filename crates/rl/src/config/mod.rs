@@ -348,7 +348,8 @@ impl Config {
     /// Parses and validates TOML text, whatever this machine's devices.
     fn parse(text: &str, path: &Path) -> Result<Self> {
         let raw: Config = toml::from_str(text).map_err(|e| locate::toml_error(&e, text, path))?;
-        validate::validate(raw).map_err(|(field, message)| {
+        let written = |field: &str| locate::key_line(text, field).is_some();
+        validate::validate(raw, &written).map_err(|(field, message)| {
             let line = locate::key_line(text, &field);
             let message = match line {
                 Some(_) => message,
@@ -365,7 +366,7 @@ impl Config {
 
     /// The built-in task's run (an empty file).
     pub fn builtin() -> Self {
-        validate::validate(Config::default()).expect("the defaults are valid")
+        validate::validate(Config::default(), &|_| false).expect("the defaults are valid")
     }
 
     /// Steps of the run for a training set of `train_prompts` prompts.

@@ -161,7 +161,7 @@ pub struct ModelConfig {
     pub path: Option<PathBuf>,
     /// activation checkpointing in the actor's and critic's updates: keep each
     /// decoder layer's input, recompute the layer for the backward (less
-    /// activation memory, one more forward)
+    /// activation memory, one more forward); on with cluster.sharding = "full"
     #[key(verl = "actor_rollout_ref.model.enable_gradient_checkpointing")]
     pub enable_gradient_checkpointing: bool,
 }
@@ -1092,6 +1092,18 @@ pub struct ClusterConfig {
     /// "1-1-N" only
     #[key(unit = "\"p-t-d\"", unset = "none")]
     pub layout: Option<String>,
+    /// the trainer's state on the workers: "none", a whole copy of the parameters,
+    /// gradients and optimizer state on each; "full", each split 1/N over them
+    /// (FSDP / ZeRO-3: a decoder layer's weights gathered just before it computes
+    /// and freed after, the embeddings, final norm and heads for a whole pass),
+    /// which resolves model.enable_gradient_checkpointing to true (false is an
+    /// error); the reference model and the rollout engine stay whole on every
+    /// worker
+    #[key(
+        unit = "\"none\" or \"full\"",
+        verl = "actor_rollout_ref.actor.strategy = \"fsdp\" with fsdp_config.fsdp_size = -1 (full) or 1 (none)"
+    )]
+    pub sharding: Sharding,
     /// the Ray cluster to join
     #[key(
         unit = "\"auto\" or host:port",
@@ -1106,6 +1118,27 @@ impl ClusterConfig {
     pub fn workers(&self) -> usize {
         self.workers.unwrap_or(1)
     }
+
+    /// The parts the trainer's state is split into: the workers when
+    /// sharded, else 1 (a whole copy on each).
+    pub fn shards(&self) -> usize {
+        match self.sharding {
+            Sharding::Full => self.workers(),
+            Sharding::None => 1,
+        }
+    }
+}
+
+/// How a data-parallel run keeps the trainer's state (`[cluster] sharding`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sharding {
+    /// Every worker holds a whole copy (replicas, gradients all-reduced).
+    #[default]
+    None,
+    /// Parameters, gradients, AdamW state and masters split over the
+    /// workers, each unit's weights gathered while it computes.
+    Full,
 }
 
 #[cfg(test)]

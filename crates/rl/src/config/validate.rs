@@ -65,8 +65,8 @@ fn frequency(field: &str, v: i64) -> Check<()> {
 }
 
 /// Checks `c`, writes in what its unset keys resolve to, and derives its
-/// batch plan.
-pub(crate) fn validate(mut c: Config) -> Check<Config> {
+/// batch plan; `written` says whether the file sets a key (`section.key`).
+pub(crate) fn validate(mut c: Config, written: &dyn Fn(&str) -> bool) -> Check<Config> {
     ranges(&c)?;
     data_section(&c.data)?;
     c.data.seed = Some(c.data_seed());
@@ -84,6 +84,7 @@ pub(crate) fn validate(mut c: Config) -> Check<Config> {
     }
     trainer_section(&mut c.trainer)?;
     cluster_section(&mut c.cluster, &c.batch)?;
+    sharding_fits(&mut c, written)?;
     schedule_fits(&c)?;
     dumps_fit(&c)?;
     critic_warmup_fits(&c)?;
@@ -218,6 +219,37 @@ fn cluster_section(cluster: &mut ClusterConfig, batch: &BatchPlan) -> Check<()> 
         return bad("cluster.address", "expected \"auto\" or host:port");
     }
     cluster.workers = Some(w);
+    Ok(())
+}
+
+/// A sharded trainer (`cluster.sharding = "full"`) runs activation
+/// checkpointing's staged backward, which lets a layer's gathered weights
+/// go between its forward and its backward: checkpointing resolves to on,
+/// and written off it is an error. `restart` mode is refused: colo plan
+/// does not model it, so the per-worker memory sharding is for would go
+/// unchecked, and it writes the whole actor to disk on every worker.
+fn sharding_fits(c: &mut Config, written: &dyn Fn(&str) -> bool) -> Check<()> {
+    if c.cluster.sharding != Sharding::Full {
+        return Ok(());
+    }
+    let checkpointing = "model.enable_gradient_checkpointing";
+    if !c.model.enable_gradient_checkpointing && written(checkpointing) {
+        return bad(
+            checkpointing,
+            "is false, and cluster.sharding = \"full\" needs it true: a sharded trainer frees \
+             each decoder layer's gathered weights after its forward and gathers them again to \
+             recompute the layer for its backward; set it to true or leave it out",
+        );
+    }
+    if c.memory.colocation == Colocation::Restart {
+        return bad(
+            "memory.colocation",
+            "= \"restart\" cannot run with cluster.sharding = \"full\": it rebuilds each \
+             worker's rollout engine from the whole actor written to disk every step, and colo \
+             plan cannot check its per-worker memory; expected \"sleep\", \"staged\" or \"naive\"",
+        );
+    }
+    c.model.enable_gradient_checkpointing = true;
     Ok(())
 }
 
