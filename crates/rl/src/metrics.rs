@@ -144,6 +144,15 @@ pub struct StepMetrics {
     /// included (`max_memory_allocated`); 0 in records of earlier versions.
     #[serde(rename = "memory/peak_allocated_bytes", default)]
     pub peak_allocated_bytes: u64,
+    /// A sharded actor's bytes this worker received per trainer → rollout
+    /// weight sync (the 3D-HybridEngine's resharding: every unit gathered
+    /// once, `(N − 1)/N` of the weights); absent unsharded.
+    #[serde(
+        rename = "perf/reshard_bytes",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub reshard_bytes: Option<u64>,
     /// Samples whose reward failed and got the configured default.
     #[serde(rename = "reward/failures", default)]
     pub reward_failures: u64,

@@ -122,7 +122,11 @@ pub(crate) struct Run<'a> {
 
 impl<'a> Run<'a> {
     /// The worker on `pool` and everything the steps share, for a run of
-    /// `total_steps` steps from the checkpoint in `model_dir`.
+    /// `total_steps` steps from the checkpoint in `model_dir`;
+    /// `actor_peers` as [`HybridWorker::new`]'s.
+    // Eight: the run's parts, each built by its caller (setup.rs, or a
+    // data-parallel rank), none of which belong together.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         config: &'a Config,
         out: &Path,
@@ -131,6 +135,7 @@ impl<'a> Run<'a> {
         val: Dataset,
         metrics: MetricsWriter,
         total_steps: usize,
+        actor_peers: Option<Box<dyn colo_train::Collective>>,
     ) -> Result<Self> {
         let stop = colo_model::tokenizer::stop_token_ids(&model_dir, &tokenizer)?;
         let Some(&eos) = stop.first() else {
@@ -153,7 +158,7 @@ impl<'a> Run<'a> {
         };
         Ok(Run {
             config,
-            worker: HybridWorker::new(Arc::clone(pool), &spec)?,
+            worker: HybridWorker::new(Arc::clone(pool), &spec, actor_peers)?,
             model_dir,
             tokenizer,
             reward: reward::build(&config.reward)?,
@@ -194,7 +199,7 @@ pub(crate) fn train_steps(
     } = setup;
     let (first_step, total) = (start.first_step, start.total);
     let model = (model_dir, tokenizer);
-    let mut run = Run::new(config, out, pool, model, val, metrics, total)?;
+    let mut run = Run::new(config, out, pool, model, val, metrics, total, None)?;
     run.stop_request = stop.clone();
     let ckpt_dir = out.join(checkpoints::DIR);
     if first_step > 0 {
@@ -807,6 +812,7 @@ impl Run<'_> {
             throughput: tokens as f64 / step_s,
             peak_device_bytes: pool_stats.peak_resident_bytes,
             peak_allocated_bytes: pool_stats.peak_allocated_bytes,
+            reshard_bytes: self.worker.actor("read the metrics")?.gather_bytes(),
             reward_failures: sampling.reward.failures,
             reward_extra: r.reward_extra,
             mismatch: Some(updates.mismatch.into()),

@@ -224,7 +224,15 @@ impl HybridWorker {
     /// verl's rollout runs in the actor's `dtype`. The process-wide state
     /// its CPU passes rely on (one libtorch intra-op thread) is set by the
     /// program, once: [`crate::process::init`].
-    pub fn new(pool: Arc<Pool>, spec: &WorkerSpec) -> Result<Self> {
+    ///
+    /// `actor_peers`: the collective of a sharded actor (`[cluster]
+    /// sharding = "full"`), which then keeps its share of the state only
+    /// (colo-train's `sharding`); `None`: a whole actor.
+    pub fn new(
+        pool: Arc<Pool>,
+        spec: &WorkerSpec,
+        actor_peers: Option<Box<dyn Collective>>,
+    ) -> Result<Self> {
         let (model_dir, memory) = (spec.model_dir.as_path(), &spec.memory);
         pool.set_phase("init_rollout");
         let (kind, device) = (spec.actor.kind, spec.actor.device);
@@ -244,7 +252,12 @@ impl HybridWorker {
         // the choreography fits its start too.
         let rollout = asleep(&pool, memory.colocation, rollout)?;
         pool.set_phase("init_trainer");
-        let actor = ColoTrainer::from_dir(Arc::clone(&pool), model_dir, &spec.actor)?;
+        let actor = match actor_peers {
+            Some(peers) => {
+                ColoTrainer::from_dir_sharded(Arc::clone(&pool), model_dir, &spec.actor, peers)?
+            }
+            None => ColoTrainer::from_dir(Arc::clone(&pool), model_dir, &spec.actor)?,
+        };
         let critic = spec
             .critic
             .as_ref()
@@ -287,7 +300,10 @@ impl<R: RolloutEngine> HybridWorker<ColoTrainer, R> {
         &mut self,
         mut make: impl FnMut() -> Box<dyn Collective>,
     ) -> Result<()> {
-        self.actor.set_collective(Some(make()))?;
+        // A sharded actor was built with its peers.
+        if !self.actor.is_sharded() {
+            self.actor.set_collective(Some(make()))?;
+        }
         if let Some(c) = &mut self.critic {
             c.set_collective(Some(make()))?;
         }
@@ -820,8 +836,27 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
     /// Copies the actor's parameters into the engine's weights, in place.
     fn sync(&mut self) -> Result<f64> {
         let t = Instant::now();
-        let params = self.actor.named_parameters();
-        self.rollout_engine()?.update_weights(&params)?;
+        let rollout = self.rollout.as_mut().ok_or(Error::Phase {
+            op: "sync the weights",
+            state: "the rollout engine is not built".into(),
+        })?;
+        // A sharded actor hands its units over one at a time, each
+        // gathered for the copy; the first failure of the engine is kept.
+        let mut failed = None;
+        let visited = self.actor.visit_parameters(&mut |params| {
+            rollout.update_weights(params).map(drop).map_err(|e| {
+                let why = e.to_string();
+                failed = Some(e);
+                colo_train::Error::Unsupported {
+                    what: "weight sync",
+                    found: why,
+                }
+            })
+        });
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        visited?;
         Ok(t.elapsed().as_secs_f64())
     }
 

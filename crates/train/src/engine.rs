@@ -87,6 +87,9 @@ pub struct CriticMetrics {
     pub lr: f64,
 }
 
+/// What [`TrainEngine::visit_parameters`] calls with named parameters.
+pub type ParamVisitor<'a> = dyn FnMut(&[(String, Tensor)]) -> Result<()> + 'a;
+
 /// A training engine for one model on one device.
 ///
 /// Batches are right-padded (batch, seq) token sequences ([`SeqBatch`]);
@@ -116,6 +119,14 @@ pub trait TrainEngine {
     /// One optimizer step on the next-token cross-entropy of the response
     /// tokens (supervised fine-tuning).
     fn sft_step(&mut self, batch: &SeqBatch) -> Result<SftMetrics>;
+
+    /// Calls `visit` with the model's parameters (Hugging Face names, no
+    /// value head): all at once, or for a sharded engine one unit at a
+    /// time, gathered for the call and released after (every peer must
+    /// call it). What the rollout engine's weight sync reads.
+    fn visit_parameters(&self, visit: &mut ParamVisitor<'_>) -> Result<()> {
+        visit(&self.named_parameters())
+    }
 
     /// Moves the chosen parts of the state to host memory. Cached
     /// activation blocks stay mapped: [`TrainEngine::release_cache`] returns

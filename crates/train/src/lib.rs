@@ -124,7 +124,9 @@ pub use config::{
     check_target, device_name, kind_name, parse_device, parse_kind, MicroBatchConfig, MicroBatches,
     Optim, OptimConfig, Split,
 };
-pub use engine::{CriticMetrics, PolicyMetrics, Scores, SftMetrics, StepStats, TrainEngine};
+pub use engine::{
+    CriticMetrics, ParamVisitor, PolicyMetrics, Scores, SftMetrics, StepStats, TrainEngine,
+};
 pub use error::{Error, Result};
 pub use losses::{CriticLossConfig, LossConfig};
 pub use offload::Offload;

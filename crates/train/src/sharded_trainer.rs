@@ -13,7 +13,7 @@ use tch::{Kind, Tensor};
 use crate::batch::{micro_batches, Micro, SeqBatch};
 use crate::collective::{Collective, ReduceOp};
 use crate::config::{check_target, Split};
-use crate::engine::Scores;
+use crate::engine::{ParamVisitor, Scores};
 use crate::forward::Entropy;
 use crate::lanes::{self, Lane};
 use crate::scorer::{lane_parts, per_token_out, to_host};
@@ -140,6 +140,49 @@ impl ColoTrainer {
             collective: Some(peers),
             shards: Some(shards),
         })
+    }
+
+    /// [`ColoTrainer::new_sharded`] from a Hugging Face checkpoint
+    /// directory (read on the CPU in float32, as [`ColoTrainer::from_dir`]).
+    pub fn from_dir_sharded(
+        pool: Arc<Pool>,
+        dir: &std::path::Path,
+        cfg: &TrainerConfig,
+        collective: Box<dyn Collective>,
+    ) -> Result<Self> {
+        check_target(cfg.kind, cfg.device)?;
+        let model_cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+        let weights = Weights::from_dir(dir, Kind::Float, tch::Device::Cpu)?;
+        ColoTrainer::new_sharded(pool, &model_cfg, &weights, cfg, collective)
+    }
+
+    /// [`crate::TrainEngine::visit_parameters`] of a sharded trainer: one
+    /// unit at a time, gathered around the call.
+    pub(crate) fn visit_units(&self, visit: &mut ParamVisitor<'_>) -> Result<()> {
+        let sh = self.shards.as_ref().expect("sharded");
+        for (u, unit) in sh.units.iter().enumerate() {
+            sh.gather(u, &self.params)?;
+            let named: Vec<(String, Tensor)> = (unit.params.iter())
+                .filter(|&&i| self.names[i] != VALUE_HEAD_WEIGHT)
+                .map(|&i| (self.names[i].clone(), self.params[i].detach()))
+                .collect();
+            let out = visit(&named);
+            drop(named);
+            sh.release(u, &self.params)?;
+            out?;
+        }
+        Ok(())
+    }
+
+    /// A sharded trainer's bytes received from its peers in one gather
+    /// of every unit (`(N − 1)/N` of the weights, padding included): what
+    /// the rollout engine's weight sync moves to this peer. `None` when
+    /// not sharded.
+    pub fn gather_bytes(&self) -> Option<u64> {
+        let sh = self.shards.as_ref()?;
+        let elt = self.kind.elt_size_in_bytes() as u64;
+        let others = (sh.world - 1) as u64;
+        Some(sh.units.iter().map(|u| u.shard_len(sh.world) as u64 * others * elt).sum())
     }
 
     /// Whether the state is sharded over peers.

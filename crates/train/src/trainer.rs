@@ -33,7 +33,7 @@ use crate::config::{
     check_target, device_name, device_serde, kind_serde, MicroBatchConfig, MicroBatches, Optim,
     OptimConfig,
 };
-use crate::engine::{Scores, StepStats};
+use crate::engine::{ParamVisitor, Scores, StepStats};
 use crate::lanes::{self, Lane};
 use crate::offload::{self, require_resident, Offload, Part, GRADS, OPTIMIZER, PARAMS};
 use crate::param_lanes;
@@ -603,6 +603,13 @@ impl crate::TrainEngine for ColoTrainer {
 
     fn step(&self) -> u64 {
         self.opt.t
+    }
+
+    fn visit_parameters(&self, visit: &mut ParamVisitor<'_>) -> Result<()> {
+        match &self.shards {
+            Some(_) => self.visit_units(visit),
+            None => visit(&crate::TrainEngine::named_parameters(self)),
+        }
     }
 
     fn save_checkpoint(&self, dir: &Path) -> Result<()> {

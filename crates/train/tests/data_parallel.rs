@@ -11,12 +11,11 @@ mod common;
 
 use colo_algo::LossAggMode;
 use colo_train::{
-    Collective, ColoTrainer, LossConfig, PolicyBatch, PolicyMetrics, ReduceOp, SeqBatch,
-    TrainEngine,
+    Collective, ColoTrainer, LossConfig, PolicyBatch, PolicyMetrics, SeqBatch, TrainEngine,
 };
 use common::in_process::InProcess;
 use common::{config, engine, rel_diff, state_bits};
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 /// Six (prompt, response) rows of different lengths.
 fn rows() -> Vec<(Vec<u32>, Vec<u32>)> {

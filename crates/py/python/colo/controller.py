@@ -207,10 +207,15 @@ class WorkerActor:
         return self.worker.schedule()
 
     def step(self, step):
-        if self.fault and self.fault["step"] == step:
+        faulty = self.fault and self.fault["step"] == step
+        if faulty:
             if self.fault["how"] == "exit":
                 os._exit(1)  # a worker process that dies mid-run
-            if self.fault["how"] == "drift":
+            if self.fault["how"] == "exit_in_gather":
+                # Dies inside the step's `gather`-th weight all-gather
+                # (1-based), its peers waiting in the same collective.
+                self.comm.exit_in_gather(self.fault.get("gather", 1))
+            elif self.fault["how"] == "drift":
                 # One weight nudged on this worker only: the ranks disagree.
                 name, _, values = self.worker.weights()[0]
                 self.worker.load_weights([(name, [v + 1e-3 for v in values])])
@@ -219,6 +224,12 @@ class WorkerActor:
         t = time.perf_counter()
         metrics = json.loads(self.worker.step(step))
         wall = time.perf_counter() - t
+        if faulty and self.comm.exit_pending() is not None:
+            left = self.comm.exit_pending()
+            raise RuntimeError(
+                f"fault exit_in_gather: gather {self.fault.get('gather', 1)} of step {step + 1} asked for, "
+                f"but the step made {self.fault.get('gather', 1) - left} (a sharded run gathers; a replicated one does not)"
+            )
         return metrics, wall, self.comm.take_stats()
 
     def evaluate(self):
@@ -488,8 +499,11 @@ def train(
 ):
     """Runs `config` (a TOML path, or None for the built-in job) on
     `workers` devices into `out`. Returns a summary dict. `fault`
-    ({"rank", "step", "how": "exit"|"raise"|"drift"}) injects a failure
-    (drift: that worker's weights are nudged, so the ranks disagree), and
+    ({"rank", "step", "how": "exit"|"exit_in_gather"|"raise"|"drift"},
+    `step` 0-based) injects a failure (exit_in_gather: the worker's
+    process ends inside its `fault["gather"]`-th all-gather of the step,
+    default 1, of a sharded run; drift: that worker's weights are nudged,
+    so the ranks disagree), and
     `keep_parameters` returns rank 0's final weights, for tests.
     `stop_file`: the file whose existence asks the run to stop (see
     `Interrupts`; `colo train` names one and writes it on Ctrl-C); without
@@ -571,7 +585,9 @@ def _run(config, out, workers, address, latest, device, digest_every, step_timeo
         summary = _steps(actors, out, schedules[0], latest, digest_every, step_timeout, log, stop)
         summary["nodes"] = ray.get([a.node.remote() for a in actors])
         if keep_parameters:
-            summary["parameters"] = ray.get(actors[0].parameters.remote())
+            # Every worker is asked (a sharded run's weights are gathered
+            # from all of them); rank 0's answer is kept.
+            summary["parameters"] = ray.get([a.parameters.remote() for a in actors])[0]
         return summary
     finally:
         for a in actors:

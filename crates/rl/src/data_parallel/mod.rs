@@ -44,7 +44,7 @@ use std::sync::Arc;
 use colo_model::Tokenizer;
 use colo_train::Collective;
 
-use crate::config::Config;
+use crate::config::{Config, Sharding};
 use crate::data::{Batch, Batches, Dataset};
 use crate::metrics::{EvalTallies, MetricsWriter, StepMetrics};
 use crate::setup::{draw, load_data, make_pool, open_model};
@@ -145,7 +145,12 @@ impl Rank {
         pool.set_step(resume_from.unwrap_or(0) as u64);
         let (metrics, timeline) = rank_records(&dir, resume_from)?;
         let total = global.total_steps(train.len());
-        let mut run = Run::new(local, &dir, &pool, model, val, metrics, total)?;
+        let mut collective = collective;
+        // `[cluster] sharding = "full"`: the actor keeps 1/world of its
+        // state, joined to the other ranks from the start.
+        let sharded = global.cluster.sharding == Sharding::Full && world > 1;
+        let actor_peers = sharded.then(&mut collective);
+        let mut run = Run::new(local, &dir, &pool, model, val, metrics, total, actor_peers)?;
         join_ranks(&mut run, global, collective)?;
         let batches = Batches::of_run(train, global)?;
         Ok(Rank {
@@ -246,7 +251,7 @@ impl Rank {
     /// trainer's weights are gathered from all of them); rank 0 writes,
     /// the others return once they have taken part.
     pub fn save(&self, step: usize) -> Result<()> {
-        if self.rank != 0 {
+        if self.rank != 0 && !self.run.worker.actor("save")?.is_sharded() {
             return Ok(());
         }
         let data = checkpoints::DataState {

@@ -247,16 +247,16 @@ impl Rank {
     pub fn weights(&self) -> Result<NamedWeights> {
         const OP: &str = "read the weights";
         self.expect_train(OP)?;
-        self.run
-            .worker
-            .actor(OP)?
-            .parameters()
-            .into_iter()
-            .map(|(n, t)| {
-                let v = t.f_to_kind(tch::Kind::Float)?.f_flatten(0, -1)?;
-                Ok((n, t.size(), Vec::<f32>::try_from(&v)?))
-            })
-            .collect()
+        // A sharded actor's are gathered: every rank must call this.
+        let read = self.run.worker.actor(OP)?.with_gathered(|actor| {
+            (actor.parameters().into_iter())
+                .map(|(n, t)| {
+                    let v = t.f_to_kind(tch::Kind::Float)?.f_flatten(0, -1)?;
+                    Ok((n, t.size(), Vec::<f32>::try_from(&v)?))
+                })
+                .collect::<colo_train::Result<NamedWeights>>()
+        });
+        Ok(read?)
     }
 
     /// Copies weights into the actor, in place (training phase): each name
@@ -270,6 +270,14 @@ impl Rank {
         weights: Vec<(String, Option<Vec<i64>>, Vec<f32>)>,
     ) -> Result<()> {
         const OP: &str = "load weights";
+        if self.run.worker.actor(OP)?.is_sharded() {
+            return Err(Error::Phase {
+                op: OP,
+                state: "the actor is sharded (cluster.sharding = \"full\"): its weights \
+                        change by updates and checkpoints only"
+                    .into(),
+            });
+        }
         self.expect_train(OP)?;
         let actor = self.run.worker.actor(OP)?;
         let params: std::collections::HashMap<String, Tensor> =
