@@ -11,13 +11,14 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import tempfile
 import unittest
 
 import ray
 
 from colo.controller import start_local_ray, train
-from test_data_parallel import write_config
+from test_data_parallel import colo_binary, write_config
 
 
 def quiet(*_):
@@ -127,6 +128,54 @@ class ShardedResume(unittest.TestCase):
                         f"{workers} workers (sharded {shard}) step {a['training/global_step']} {key}: "
                         f"{a[key]} vs the run that never stopped {b[key]}",
                     )
+
+
+class CapacityBetweenThePlans(unittest.TestCase):
+    """At a capacity between the sharded and the replicated per-worker
+    plan, `colo train` refuses the replicated run and the sharded one
+    trains in it (every worker's pool holds the capacity: a plan that
+    under-counted would run out of memory)."""
+
+    def test_the_sharded_run_trains_where_the_replica_is_refused(self):
+        with tempfile.TemporaryDirectory(prefix="colo-sharded-cap-") as tmp:
+
+            def config(sharding, capacity=None):
+                path = os.path.join(tmp, f"{sharding}-{capacity}.toml")
+                memory = f"[memory]\ncapacity = {capacity}\n" if capacity else ""
+                with open(path, "w") as f:
+                    f.write(
+                        "[model]\nenable_gradient_checkpointing = true\n[rollout]\nmax_kv_tokens = 4096\n"
+                        "[trainer]\ntotal_steps = 2\nval_before_train = false\ntest_freq = -1\n"
+                        f"{memory}[cluster]\nworkers = 2\nsharding = \"{sharding}\"\n"
+                    )
+                return path
+
+            def need(path):
+                r = subprocess.run([colo_binary(), "plan", "--json", "--config", path], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                plan = json.loads(r.stdout)
+                return plan["peak_bytes"] + plan["margin_bytes"]
+
+            full, none = need(config("full")), need(config("none"))
+            self.assertLess(full, none)
+            capacity = (full + none) // 2
+
+            def run(sharding):
+                out = os.path.join(tmp, f"out-{sharding}")
+                cmd = [colo_binary(), "train", "--config", config(sharding, capacity), "--out", out]
+                return subprocess.run(cmd, capture_output=True, text=True, timeout=300), out
+
+            refused, out = run("none")
+            self.assertNotEqual(refused.returncode, 0)
+            self.assertIn("cannot fit a worker's device", refused.stderr)
+            self.assertFalse(os.path.exists(out))
+            trained, out = run("full")
+            self.assertEqual(trained.returncode, 0, trained.stderr[-3000:])
+            with open(os.path.join(out, "metrics.jsonl")) as f:
+                records = [json.loads(l) for l in f if "actor/pg_loss" in l]
+            self.assertEqual(len(records), 2)
+            for r in records:
+                self.assertLessEqual(r["memory/peak_device_bytes"], capacity)
 
 
 if __name__ == "__main__":
