@@ -70,6 +70,9 @@
 //!   any K/V, e.g. gathered from pages), [`Block::finish`] (MLP half),
 //!   [`Model::final_norm`] and [`Model::lm_head`]. [`Model::forward_with_cache`]
 //!   strings them together over the simple contiguous [`KvCache`].
+//!   [`Attention::attend_heads`] (attention without `o_proj`) is for a
+//!   tensor-parallel engine, which runs the output projection row-parallel
+//!   over a model of its rank's heads.
 //! - **Fused projections for inference engines.** [`Model::fuse_projections`]
 //!   makes each layer compute q/k/v with one product and gate/up with
 //!   another, over buffers whose row blocks are the parameters themselves
@@ -102,6 +105,7 @@ pub mod model;
 mod product_attention;
 mod shared_prompt;
 mod stages;
+mod tensor_parallel;
 pub mod tokenizer;
 pub mod weights;
 

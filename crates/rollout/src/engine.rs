@@ -21,6 +21,7 @@ use crate::kv_cache::{KvLayout, PagedKv};
 use crate::request::{Completion, FinishReason, Request, RequestOutput, SamplingParams};
 use crate::sampling::{self, uniform, Draw};
 use crate::scheduler::{Scheduler, Sequence, Waiting};
+use crate::tensor_parallel::{self as tp, Shard, TensorParallel};
 use crate::weights::PooledWeights;
 use crate::{Error, Result};
 
@@ -34,10 +35,21 @@ pub struct EngineStats {
     /// Most blocks in use at once since the engine was made or
     /// `reset_stats`.
     pub kv_blocks_peak: usize,
+    /// Bytes of one block: this rank's KV heads only under tensor
+    /// parallelism.
     pub kv_bytes_per_block: usize,
-    /// Bytes of the KV buffers (allocated once).
+    /// Bytes of the KV buffers (allocated once), on this rank.
     pub kv_bytes: usize,
+    /// Bytes of this rank's weights in the `weights` tag.
     pub weights_bytes: usize,
+    /// Of `weights_bytes`, the parameters every rank holds whole
+    /// (embeddings, norms, LM head); the rest is this rank's slice. All of
+    /// them without tensor parallelism.
+    pub weights_replicated_bytes: usize,
+    /// Ranks of the tensor-parallel group (`tg`; 1 without one) and this
+    /// engine's rank in it.
+    pub tensor_parallel_size: usize,
+    pub tensor_parallel_rank: usize,
     /// Prefill forwards and the tokens they ran (a request's prompt counts
     /// once, whatever its `n`; recomputed sequences count again).
     pub prefills: u64,
@@ -111,8 +123,11 @@ pub struct Engine {
     /// Decode as one pass on `lanes` intra-op threads instead of lanes of
     /// rows: for weights larger than [`WIDE_DECODE_BYTES`].
     wide_decode: bool,
-    /// Captured decode steps, on CUDA unless `enforce_eager`.
+    /// Captured decode steps, on CUDA unless `enforce_eager` (or tensor
+    /// parallel).
     graphs: Option<DecodeGraphs>,
+    /// The tensor-parallel group; `None`: the whole model here.
+    group: Option<Box<dyn TensorParallel>>,
     sched: Scheduler,
     reqs: BTreeMap<u64, ReqState>,
     next_id: u64,
@@ -130,16 +145,52 @@ impl Engine {
         pool: Arc<Pool>,
         config: &EngineConfig,
     ) -> Result<Self> {
+        Engine::build(model_cfg, weights, tokenizer, pool, config, None)
+    }
+
+    /// [`Engine::new`] as one rank of a tensor-parallel group of
+    /// `group.world_size()` ranks ([`crate::tensor_parallel`]): `weights`
+    /// are the full model's; the engine keeps this rank's slice of them
+    /// and of the KV cache (its KV heads), and each layer sums its two
+    /// row-parallel products over the group. Every rank must be built
+    /// with the same model, configuration and requests; the ranks agree
+    /// on the KV blocks (the fewest any rank's budget gives). An error
+    /// naming `rollout.tensor_model_parallel_size` when the model does
+    /// not split `tg` ways.
+    pub fn new_parallel(
+        model_cfg: &ModelConfig,
+        weights: &Weights,
+        tokenizer: Option<Tokenizer>,
+        pool: Arc<Pool>,
+        config: &EngineConfig,
+        group: Box<dyn TensorParallel>,
+    ) -> Result<Self> {
+        Engine::build(model_cfg, weights, tokenizer, pool, config, Some(group))
+    }
+
+    fn build(
+        model_cfg: &ModelConfig,
+        weights: &Weights,
+        tokenizer: Option<Tokenizer>,
+        pool: Arc<Pool>,
+        config: &EngineConfig,
+        mut group: Option<Box<dyn TensorParallel>>,
+    ) -> Result<Self> {
         let cfg = config.validate()?;
+        let shard = match &group {
+            Some(g) => Shard::new(model_cfg, g.rank(), g.world_size())?,
+            None => Shard::whole(model_cfg),
+        };
         pool.set_policy(WEIGHTS, cfg.weights_policy)?;
         pool.set_policy(KV_CACHE, Policy::Discard)?;
-        let (model, weights) = PooledWeights::load(&pool, model_cfg, weights)?;
+        let (model, weights) = PooledWeights::load(&pool, shard, weights)?;
+        let local = model.config(); // this rank's heads
         let mut layout = KvLayout {
-            num_layers: model_cfg.num_layers,
+            num_layers: local.num_layers,
             num_blocks: 0,
             block_size: cfg.block_size,
-            kv_heads: model_cfg.num_kv_heads,
-            head_dim: model_cfg.head_dim,
+            kv_heads: local.num_kv_heads,
+            head_dim: local.head_dim,
             elem_bytes: model.dtype().elt_size_in_bytes(),
         };
         layout.num_blocks = match cfg.budget {
@@ -161,6 +212,12 @@ impl Engine {
                     .map_or(by_fraction, |cap| by_fraction.min(cap))
             }
         };
+        // The ranks' schedules must be the same: the fewest blocks any
+        // rank's budget gives.
+        if let Some(g) = group.as_deref_mut() {
+            let blocks = tp::gather_i64(g, &[layout.num_blocks as i64], model.device())?;
+            layout.num_blocks = blocks.iter().map(|b| b[0] as usize).min().unwrap_or(0);
+        }
         if layout.num_blocks == 0 || layout.num_blocks > BlockId::MAX as usize {
             return Err(Error::Config(format!(
                 "the KV budget gives {} blocks of {} bytes ({} tokens each); need 1 to {}",
@@ -171,8 +228,12 @@ impl Engine {
             )));
         }
         let blocks = layout.num_blocks;
-        let graphed =
-            model.device().is_cuda() && !cfg.enforce_eager && colo_mem::graph::available();
+        // A group's collectives are not known to be capturable: a
+        // tensor-parallel engine decodes eagerly.
+        let graphed = model.device().is_cuda()
+            && !cfg.enforce_eager
+            && group.is_none()
+            && colo_mem::graph::available();
         // CUDA graphs' padding rows write to one block no sequence owns.
         layout.num_blocks += usize::from(graphed);
         let kv = PagedKv::new(&pool, layout, model.dtype(), model.device())?;
@@ -189,6 +250,7 @@ impl Engine {
             model,
             sched: Scheduler::new(blocks, cfg.block_size, cfg.max_batch),
             graphs,
+            group,
             cfg,
             pool,
             tokenizer,
@@ -218,13 +280,23 @@ impl Engine {
         pool: Arc<Pool>,
         config: &EngineConfig,
     ) -> Result<Self> {
-        let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
-        let weights = Weights::from_dir(dir, kind, device)?;
-        let tokenizer = match dir.join("tokenizer.json").is_file() {
-            true => Some(Tokenizer::from_dir(dir)?),
-            false => None,
-        };
+        let (cfg, weights, tokenizer) = read_dir(dir, kind, device)?;
         Engine::new(&cfg, &weights, tokenizer, pool, config)
+    }
+
+    /// [`Engine::from_dir_on`] as one rank of a tensor-parallel group (see
+    /// [`Engine::new_parallel`]). Each rank reads the whole checkpoint
+    /// and keeps its slice.
+    pub fn from_dir_parallel(
+        dir: &Path,
+        kind: Kind,
+        device: Device,
+        pool: Arc<Pool>,
+        config: &EngineConfig,
+        group: Box<dyn TensorParallel>,
+    ) -> Result<Self> {
+        let (cfg, weights, tokenizer) = read_dir(dir, kind, device)?;
+        Engine::new_parallel(&cfg, &weights, tokenizer, pool, config, group)
     }
 
     /// The model over the engine's (pooled) weights. An error while the
@@ -253,7 +325,8 @@ impl Engine {
         self.model.config().max_position_embeddings
     }
 
-    /// Bytes of the weights in the `weights` tag.
+    /// Bytes of the weights in the `weights` tag (this rank's, under
+    /// tensor parallelism).
     pub fn weights_bytes(&self) -> usize {
         self.weights.bytes
     }
@@ -349,6 +422,9 @@ impl Engine {
             });
         }
         self.check_runnable()?;
+        if let Some(g) = group_of(&mut self.group) {
+            tp::check_same_requests(g, &requests, self.model.device())?;
+        }
         let mut results: Vec<Option<Result<RequestOutput>>> = Vec::with_capacity(requests.len());
         let mut slot = HashMap::new();
         for (i, r) in requests.into_iter().enumerate() {
@@ -419,10 +495,14 @@ impl Engine {
         };
         let logits = match replayed {
             Some(logits) => logits,
-            None if self.wide_decode => {
+            // One pass on the calling thread: wide, or a tensor-parallel
+            // rank's (its collectives are made from one thread).
+            None if self.wide_decode || self.group.is_some() => {
                 let (model, kv, scratch) = (&self.model, &mut self.kv, &mut self.scratch[0]);
-                colo_model::lanes::run_wide(self.lanes, || {
-                    forward::decode(model, kv, &rows, scratch)
+                let group = group_of(&mut self.group);
+                let threads = if self.wide_decode { self.lanes } else { 1 };
+                colo_model::lanes::run_wide(threads, || {
+                    forward::decode(model, kv, &rows, scratch, group)
                 })?
             }
             None => {
@@ -434,7 +514,7 @@ impl Engine {
                     .map(|(&(start, n), scratch)| {
                         let (model, mut kv) = (model.clone(), kv.share());
                         let rows = &rows[start..start + n];
-                        move || forward::decode(&model, &mut kv, rows, scratch)
+                        move || forward::decode(&model, &mut kv, rows, scratch, None)
                     })
                     .collect();
                 cat(colo_model::lanes::run(work))? // (batch, vocab)
@@ -446,6 +526,7 @@ impl Engine {
         let draws: Vec<Draw<'_>> = running.iter().map(|s| self.draw(s)).collect();
         let picks = sampling::sample(&logits, &draws)?;
         drop(draws);
+        let picks = self.agree(picks)?;
         for (mut seq, pick) in running.into_iter().zip(picks) {
             seq.kv_len += 1;
             self.push_token(seq, pick, &mut finished)?;
@@ -495,13 +576,17 @@ impl Engine {
             self.counters.prefills += 1;
             self.counters.prefill_tokens += r.tokens.len() as u64;
         }
+        if let Some(g) = group_of(&mut self.group) {
+            let (model, kv) = (&self.model, &mut self.kv);
+            return colo_model::lanes::run_wide(1, || forward::prefill(model, kv, &rows, Some(g)));
+        }
         let parts = colo_model::lanes::split(0, rows.len(), self.lanes);
         let work: Vec<_> = parts
             .iter()
             .map(|&(start, n)| {
                 let (model, mut kv) = (self.model.clone(), self.kv.share());
                 let rows = &rows[start..start + n];
-                move || forward::prefill(&model, &mut kv, rows)
+                move || forward::prefill(&model, &mut kv, rows, None)
             })
             .collect();
         cat(colo_model::lanes::run(work))
@@ -545,6 +630,7 @@ impl Engine {
                 let draws: Vec<Draw<'_>> = samples.iter().map(|s| self.draw(s)).collect();
                 let picks = sampling::sample(&logits.expand([n as i64, -1], false), &draws)?;
                 drop(draws);
+                let picks = self.agree(picks)?;
                 for (s, pick) in samples.into_iter().zip(picks) {
                     self.push_token(s, pick, finished)?;
                 }
@@ -552,11 +638,22 @@ impl Engine {
             Waiting::Resume(mut seq) => {
                 seq.blocks = blocks;
                 seq.kv_len = seq.tokens.len();
-                let pick = sampling::sample(&logits, &[self.draw(&seq)])?[0];
+                let pick = sampling::sample(&logits, &[self.draw(&seq)])?;
+                let pick = self.agree(pick)?[0];
                 self.push_token(seq, pick, finished)?;
             }
         }
         Ok(())
+    }
+
+    /// The tokens every rank of a tensor-parallel group continues with:
+    /// rank 0's `picks` (each rank drew the same from the same logits;
+    /// this makes it certain). `picks` as they are without a group.
+    fn agree(&mut self, picks: Vec<(u32, f32)>) -> Result<Vec<(u32, f32)>> {
+        match group_of(&mut self.group) {
+            Some(g) => tp::broadcast_picks(g, picks, self.model.device()),
+            None => Ok(picks),
+        }
     }
 
     /// How the next token of `seq` is drawn: its request's parameters and
@@ -658,6 +755,10 @@ impl Engine {
     pub(crate) fn counters(&self) -> &Counters {
         &self.counters
     }
+    /// This engine's share of the model (the whole of it without a group).
+    pub fn shard(&self) -> &Shard {
+        &self.weights.shard
+    }
 
     /// Starts the counters and the KV peak afresh.
     pub fn reset_stats(&mut self) {
@@ -715,4 +816,28 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// The group as the forward passes take it.
+fn group_of(group: &mut Option<Box<dyn TensorParallel>>) -> Option<&mut dyn TensorParallel> {
+    match group {
+        Some(g) => Some(&mut **g),
+        None => None,
+    }
+}
+
+/// A checkpoint directory's configuration, weights (as `kind` on `device`)
+/// and tokenizer if it has one.
+fn read_dir(
+    dir: &Path,
+    kind: Kind,
+    device: Device,
+) -> Result<(ModelConfig, Weights, Option<Tokenizer>)> {
+    let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+    let weights = Weights::from_dir(dir, kind, device)?;
+    let tokenizer = match dir.join("tokenizer.json").is_file() {
+        true => Some(Tokenizer::from_dir(dir)?),
+        false => None,
+    };
+    Ok((cfg, weights, tokenizer))
 }

@@ -44,6 +44,11 @@ pub enum Error {
         found: Vec<usize>,
     },
 
+    /// A collective of the tensor-parallel group failed, or its ranks
+    /// diverged (given different requests, a rank gone).
+    #[error("tensor parallelism: {0}")]
+    TensorParallel(String),
+
     /// Something about the model or memory the engine cannot run with.
     #[error("{0}")]
     Unsupported(String),

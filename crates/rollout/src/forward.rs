@@ -11,7 +11,10 @@
 //!   over the rows gathered from them ([`crate::attention`]).
 //!
 //! Both run under `no_grad` (the engine never differentiates) and send
-//! only token ids, positions and slot indices to the device.
+//! only token ids, positions and slot indices to the device. With a
+//! tensor-parallel group the model is this rank's slice, and each layer's
+//! `o_proj` and MLP outputs are summed over the group
+//! ([`crate::tensor_parallel`]).
 
 use colo_model::Model;
 use tch::Tensor;
@@ -19,6 +22,7 @@ use tch::Tensor;
 use crate::attention::{PagedBatch, Scratch};
 use crate::block_table::BlockId;
 use crate::kv_cache::PagedKv;
+use crate::tensor_parallel::{self as tp, TensorParallel};
 use crate::Result;
 
 /// Token ids or positions as an Int64 tensor (rows, cols) on the model's
@@ -42,7 +46,12 @@ pub(crate) struct PrefillRow<'a> {
 /// Right padding needs no mask beyond the causal one: a real position only
 /// sees positions before it, all real. The padding's keys and values are
 /// not written, and its outputs are not read.
-pub(crate) fn prefill(model: &Model, kv: &mut PagedKv, rows: &[PrefillRow<'_>]) -> Result<Tensor> {
+pub(crate) fn prefill(
+    model: &Model,
+    kv: &mut PagedKv,
+    rows: &[PrefillRow<'_>],
+    mut group: Option<&mut dyn TensorParallel>,
+) -> Result<Tensor> {
     let _no_grad = tch::no_grad_guard();
     let (b, len) = (
         rows.len(),
@@ -70,8 +79,14 @@ pub(crate) fn prefill(model: &Model, kv: &mut PagedKv, rows: &[PrefillRow<'_>]) 
         let attn = &layer.self_attn;
         let (q, k, v) = attn.qkv(&layer.input_layernorm.forward(&x)?, &rope)?; // k, v (b, kvh, len, d)
         kv.write(l, &slots, &k, &v, Some(&real))?;
-        let h = &x + attn.attend(&q, &k, &v, Some(&causal))?;
-        x = layer.finish(&h)?;
+        x = match group.as_deref_mut() {
+            None => layer.finish(&(&x + attn.attend(&q, &k, &v, Some(&causal))?))?,
+            Some(g) => {
+                let heads = attn.attend_heads(&q, &k, &v, Some(&causal))?;
+                let h = &x + tp::row_parallel(attn.o_proj(), &heads, g)?;
+                tp::finish(layer, &h, g)?
+            }
+        };
     }
     let hidden = x.size()[2];
     let last = x
@@ -96,6 +111,7 @@ pub(crate) fn decode(
     kv: &mut PagedKv,
     rows: &[DecodeRow<'_>],
     scratch: &mut Scratch,
+    group: Option<&mut dyn TensorParallel>,
 ) -> Result<Tensor> {
     let _no_grad = tch::no_grad_guard();
     let b = rows.len();
@@ -112,7 +128,7 @@ pub(crate) fn decode(
         slots: &ids(model, &slots, b).view([-1]),
         paged: &paged,
     };
-    let x = decode_hidden(model, kv, &step, scratch)?;
+    let x = decode_hidden(model, kv, &step, scratch, group)?;
     Ok(model.lm_head(&x)?.squeeze_dim(1))
 }
 
@@ -129,12 +145,14 @@ pub(crate) struct DecodeInputs<'a> {
 /// The layers of a decode step and the final norm: writes every row's keys
 /// and values into the pages and returns the normalised hidden states
 /// (rows, 1, hidden), the LM head's input. Only device work, no transfer
-/// from or to the host: a CUDA graph captures it (`crate::graphs`).
+/// from or to the host: a CUDA graph captures it (`crate::graphs`;
+/// without a group — a tensor-parallel engine runs eagerly).
 pub(crate) fn decode_hidden(
     model: &Model,
     kv: &mut PagedKv,
     step: &DecodeInputs<'_>,
     scratch: &mut Scratch,
+    mut group: Option<&mut dyn TensorParallel>,
 ) -> Result<Tensor> {
     let _no_grad = tch::no_grad_guard();
     let rope = model.rope_tables_for_positions(step.positions)?; // (b, 1)
@@ -145,8 +163,13 @@ pub(crate) fn decode_hidden(
         kv.write(l, step.slots, &k, &v, None)?;
         let (k_cache, v_cache) = kv.layer(l);
         let a = step.paged.attend(&q, k_cache, v_cache, scratch)?; // (b, 1, heads · d)
-        let h = &x + attn.o_proj().forward(&a)?;
-        x = layer.finish(&h)?;
+        x = match group.as_deref_mut() {
+            None => layer.finish(&(&x + attn.o_proj().forward(&a)?))?,
+            Some(g) => {
+                let h = &x + tp::row_parallel(attn.o_proj(), &a, g)?;
+                tp::finish(layer, &h, g)?
+            }
+        };
     }
     Ok(model.final_norm(&x)?)
 }

@@ -321,7 +321,7 @@ impl DecodeGraphs {
             slots: &input(at.slots, r)?,
             paged: &paged,
         };
-        let x = decode_hidden(model, &mut kv.share(), &step, &mut Scratch::default())?;
+        let x = decode_hidden(model, &mut kv.share(), &step, &mut Scratch::default(), None)?;
         self.hidden.f_narrow(0, 0, r)?.f_copy_(&x)?;
         Ok(())
     }

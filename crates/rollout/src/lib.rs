@@ -36,7 +36,9 @@
 //! batch's keys and values from the pages) · `forward` (prefill and batched decode from colo-model's
 //! pieces) · `scheduler` (admission, copy on write, preemption) ·
 //! [`Engine`] (`engine.rs`: generation; `memory.rs`: release, resume,
-//! update_weights) · [`RolloutEngine`], the trait the RL loop uses.
+//! update_weights) · [`tensor_parallel`] (one rank's slice of the model,
+//! [`TensorParallel`], the group it sums over) · [`RolloutEngine`], the
+//! trait the RL loop uses.
 //!
 //! # Design decisions
 //!
@@ -108,6 +110,7 @@ mod memory;
 pub mod request;
 pub mod sampling;
 mod scheduler;
+pub mod tensor_parallel;
 mod weights;
 
 use tch::Tensor;
@@ -116,6 +119,7 @@ pub use config::{EngineConfig, KvBudget, ValidConfig};
 pub use engine::{Engine, EngineStats};
 pub use error::{Error, Result};
 pub use request::{Completion, FinishReason, Request, RequestOutput, SamplingParams};
+pub use tensor_parallel::{LocalGroup, Shard, TensorParallel};
 pub use weights::{data_address, WeightUpdate};
 
 /// What the RL loop needs from a rollout engine; [`Engine`] implements it.

@@ -6,15 +6,20 @@
 //! A layer's q/k/v and gate/up parameters are row blocks of one buffer
 //! each, which the model's fused projections read
 //! ([`colo_model::fused`]).
+//!
+//! With tensor parallelism the buffers hold this rank's slices
+//! ([`Shard`]); loading and updates still take full tensors by name and
+//! copy the rank's part.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use colo_mem::{tags::WEIGHTS, Pool};
-use colo_model::{Model, ModelConfig, Weights};
+use colo_model::{Model, Weights};
 use serde::Serialize;
 use tch::{TchError, Tensor};
 
+use crate::tensor_parallel::{Shard, Slice};
 use crate::{Error, Result};
 
 /// Makes one tensor with `make` inside a region of `tag` of `pool` and
@@ -58,14 +63,21 @@ pub struct WeightUpdate {
     pub buckets: usize,
 }
 
-/// The parameters in pool memory, by Hugging Face name.
+/// The parameters in pool memory (this rank's slices), by Hugging Face
+/// name.
 pub(crate) struct PooledWeights {
     /// In `Model::named_parameters` order.
     names: Vec<String>,
     by_name: HashMap<String, Tensor>,
+    /// Each parameter's full shape, what `update` takes.
+    full_shapes: HashMap<String, Vec<i64>>,
+    /// Which slice of each full tensor this rank holds.
+    pub shard: Shard,
     /// Names not written since the weights were released without a backup.
     pub stale: BTreeSet<String>,
     pub bytes: usize,
+    /// Of `bytes`, the parameters held whole on every rank.
+    pub replicated_bytes: usize,
 }
 
 fn bytes_of(t: &Tensor) -> usize {
@@ -77,15 +89,21 @@ fn dims(t: &Tensor) -> Vec<usize> {
 }
 
 impl PooledWeights {
-    /// Copies `w` into the `weights` tag (same kind and device) and builds
-    /// the model over the copies, its projections fused
+    /// Copies `shard`'s part of `w` (the full model's weights) into the
+    /// `weights` tag (same kind and device) and builds the model of
+    /// `shard.local` over the copies, its projections fused
     /// ([`Model::fuse_projections`]): each layer's q/k/v and gate/up
     /// parameters are row blocks of one buffer each, allocated once like
     /// every other parameter.
-    pub fn load(pool: &Arc<Pool>, cfg: &ModelConfig, w: &Weights) -> Result<(Model, Self)> {
-        let heap = Model::load(cfg, w)?;
+    pub fn load(pool: &Arc<Pool>, shard: Shard, w: &Weights) -> Result<(Model, Self)> {
+        let heap = Model::load(&shard.full, w)?;
         let _no_grad = tch::no_grad_guard();
-        let params = heap.named_parameters();
+        let full = heap.named_parameters();
+        let full_shapes = full.iter().map(|(n, t)| (n.clone(), t.size())).collect();
+        let params = full
+            .iter()
+            .map(|(n, t)| Ok((n.clone(), shard.take(n, t)?)))
+            .collect::<Result<Vec<_>>>()?;
         if let Some((name, t)) = params.iter().find(|(_, t)| !t.is_floating_point()) {
             return Err(Error::Unsupported(format!(
                 "parameter `{name}` is {:?}; the rollout engine runs a floating-point model",
@@ -100,7 +118,7 @@ impl PooledWeights {
         };
         let mut by_name = HashMap::new();
         let mut buffers = HashMap::new();
-        for g in colo_model::fused_groups(cfg) {
+        for g in colo_model::fused_groups(&shard.local) {
             let buffer = empty(&g.shape(), source[g.parts[0].0.as_str()])?;
             for (name, mut view) in g.views(&buffer)? {
                 view.f_copy_(source[name.as_str()])?;
@@ -109,23 +127,27 @@ impl PooledWeights {
             buffers.insert(g.name, buffer);
         }
         let mut names = Vec::with_capacity(params.len());
-        let mut bytes = 0;
+        let (mut bytes, mut replicated_bytes) = (0, 0);
         for (name, t) in &params {
             if !by_name.contains_key(name) {
                 let mut dst = empty(&t.size(), t)?;
                 dst.f_copy_(t)?;
                 by_name.insert(name.clone(), dst);
             }
-            bytes += bytes_of(&by_name[name]);
+            let b = bytes_of(&by_name[name]);
+            bytes += b;
+            if shard.slice_of(name) == Slice::Whole {
+                replicated_bytes += b;
+            }
             names.push(name.clone());
         }
         drop(source);
-        drop((params, heap));
+        drop((params, full, heap));
         let shared = by_name
             .iter()
             .map(|(n, t)| (n.clone(), t.shallow_clone()))
             .collect();
-        let mut model = Model::load(cfg, &Weights::from_tensors(shared))?;
+        let mut model = Model::load(&shard.local, &Weights::from_tensors(shared))?;
         model.fuse_projections(&buffers)?;
         // The model must run on the pooled storage itself, or updates would
         // not reach it.
@@ -140,8 +162,11 @@ impl PooledWeights {
         let pooled = PooledWeights {
             names,
             by_name,
+            full_shapes,
+            shard,
             stale: BTreeSet::new(),
             bytes,
+            replicated_bytes,
         };
         Ok((model, pooled))
     }
@@ -162,6 +187,7 @@ impl PooledWeights {
     /// converts and copies in buckets of at most `bucket_bytes` (bytes of
     /// the engine's kind; a bucket bounds the converted temporaries alive
     /// at once, and a tensor larger than a bucket is a bucket of its own).
+    /// The tensors are full ones; each rank converts and copies its slice.
     pub fn update(
         &mut self,
         tensors: &[(String, Tensor)],
@@ -169,14 +195,14 @@ impl PooledWeights {
     ) -> Result<WeightUpdate> {
         let mut seen = BTreeSet::new();
         for (name, t) in tensors {
-            let dst = self
-                .by_name
+            let full = self
+                .full_shapes
                 .get(name)
                 .ok_or_else(|| Error::UnknownTensor { name: name.clone() })?;
-            if t.size() != dst.size() {
+            if &t.size() != full {
                 return Err(Error::ShapeMismatch {
                     name: name.clone(),
-                    expected: dims(dst),
+                    expected: full.iter().map(|&d| d as usize).collect(),
                     found: dims(t),
                 });
             }
@@ -206,7 +232,8 @@ impl PooledWeights {
                 .iter()
                 .map(|(name, t)| {
                     let dst = &self.by_name[name];
-                    Ok((name, t.f_to_device(dst.device())?.f_to_kind(dst.kind())?))
+                    let part = self.shard.take(name, t)?;
+                    Ok((name, part.f_to_device(dst.device())?.f_to_kind(dst.kind())?))
                 })
                 .collect::<Result<Vec<_>>>()?;
             for (name, src) in staged {
