@@ -116,6 +116,7 @@ impl ColoTrainer {
             pool: pool.clone(),
             peers: peers.clone(),
             fresh: Arc::new(Mutex::new(vec![true; units.len()])),
+            spent_ns: Default::default(),
             units: Arc::new(units),
             world,
             rank,
@@ -185,6 +186,15 @@ impl ColoTrainer {
         Some(sh.units.iter().map(|u| u.shard_len(sh.world) as u64 * others * elt).sum())
     }
 
+    /// Seconds a sharded trainer has spent in its gathers and
+    /// reduce-scatters since it was built, as it sees them (the collective's
+    /// transport and whatever lies between, e.g. a call into Python);
+    /// `None` when not sharded.
+    pub fn collective_seconds(&self) -> Option<f64> {
+        let ns = self.shards.as_ref()?.spent_ns.load(std::sync::atomic::Ordering::Relaxed);
+        Some(ns as f64 * 1e-9)
+    }
+
     /// Whether the state is sharded over peers.
     pub fn is_sharded(&self) -> bool {
         self.shards.is_some()
@@ -242,6 +252,14 @@ impl ColoTrainer {
                 }
             })?;
             metrics.push(m.pop().expect("one part"));
+        }
+        // No micro-batch on any peer: nothing was reduced, and the
+        // accumulators must not keep the last step's sums.
+        if count == 0 {
+            let _no_grad = tch::no_grad_guard();
+            for g in &sh.grads {
+                buffers::done(g.shallow_clone().f_zero_())?;
+            }
         }
         Ok((metrics, count))
     }

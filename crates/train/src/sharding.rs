@@ -43,7 +43,9 @@
 //! storage a gather points at the gathered buffer
 //! (`set_source_tensor_storage_offset_`, what FSDP's storage swap does).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use colo_mem::{tags, Pool};
 use tch::{Device, Kind, Tensor};
@@ -157,6 +159,10 @@ pub(crate) struct Shards {
     pub(crate) grads: Vec<Tensor>,
     /// Accumulators not yet written this step (see `train_step`).
     pub(crate) fresh: Arc<Mutex<Vec<bool>>>,
+    /// Nanoseconds spent in the collective's gathers and reduce-scatters,
+    /// as this side sees them (the transport's own work and any layers
+    /// between, such as colo-py's call into Python).
+    pub(crate) spent_ns: Arc<AtomicU64>,
 }
 
 impl Clone for Shards {
@@ -171,6 +177,7 @@ impl Clone for Shards {
             params: shallow(&self.params),
             grads: shallow(&self.grads),
             fresh: self.fresh.clone(),
+            spent_ns: self.spent_ns.clone(),
         }
     }
 }
@@ -185,7 +192,7 @@ impl Shards {
         let buf = Tensor::f_empty([unit.padded], (shard.kind(), shard.device()));
         guard.finish()?;
         let buf = buf?;
-        lock(&self.peers)?.all_gather(shard, &buf)?;
+        self.timed(|| lock(&self.peers)?.all_gather(shard, &buf))?;
         let _no_grad = tch::no_grad_guard();
         for ((&i, &at), shape) in unit.params.iter().zip(&unit.offsets).zip(&unit.shapes) {
             let mut p = full[i].shallow_clone();
@@ -197,6 +204,15 @@ impl Shards {
             ))?;
         }
         Ok(())
+    }
+
+    /// Runs a collective call, adding its time to `spent_ns`.
+    fn timed(&self, call: impl FnOnce() -> Result<()>) -> Result<()> {
+        let t = Instant::now();
+        let out = call();
+        let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.spent_ns.fetch_add(ns, Ordering::Relaxed);
+        out
     }
 
     /// Lets unit `u`'s gathered weights go: its parameters become empty.
@@ -224,7 +240,7 @@ impl Shards {
             flatten(&parts, unit.padded, Kind::Float)?
         };
         let mine = Tensor::f_empty([unit.shard_len(self.world)], (Kind::Float, acc.device()))?;
-        lock(&self.peers)?.reduce_scatter(&full, &mine)?;
+        self.timed(|| lock(&self.peers)?.reduce_scatter(&full, &mine))?;
         let mut fresh = self.fresh.lock().map_err(|_| Error::Unsupported {
             what: "sharded gradients",
             found: "a previous accumulation panicked".into(),
