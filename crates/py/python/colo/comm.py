@@ -14,6 +14,7 @@ torch.distributed's `all_gather_into_tensor` and `reduce_scatter_tensor`,
 written in place.
 """
 
+import os
 import time
 
 import torch
@@ -83,6 +84,21 @@ class TorchComm:
 
     def __init__(self):
         self._stats = {op: [0.0, 0, 0] for op in OPS}
+        self._exit_in_gather = None
+
+    def exit_in_gather(self, k):
+        """A fault for tests (the controller's `fault` with `how =
+        "exit_in_gather"`): this process ends, `os._exit(1)`, inside its
+        `k`-th `all_gather_buffer` call from now (1 = the next), before
+        the collective starts, so its peers are left waiting in theirs."""
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"exit_in_gather: k = {k!r}; expected a call count of at least 1")
+        self._exit_in_gather = k
+
+    def exit_pending(self):
+        """Gathers left before an armed `exit_in_gather` fires; None when
+        none is armed."""
+        return self._exit_in_gather
 
     def _count(self, op, seconds, nbytes):
         s = self._stats[op]
@@ -110,6 +126,10 @@ class TorchComm:
     def all_gather_buffer(self, shard, full, dtype="float32"):
         """Fills `full` with every rank's `shard`, in rank order
         (`all_gather_into_tensor`), in place. Counted: `full`'s bytes."""
+        if self._exit_in_gather is not None:
+            self._exit_in_gather -= 1
+            if self._exit_in_gather == 0:
+                os._exit(1)  # the injected fault: a worker killed during a gather
         self._shards("all_gather", shard, full, dtype)
 
     def reduce_scatter_buffer(self, shard, full, dtype="float32"):
