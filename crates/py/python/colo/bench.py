@@ -7,12 +7,35 @@ own share), the bytes all-reduced per step and the achieved all-reduce
 bandwidth against a `memcpy` of the same bytes measured in the same run.
 Steps after the first are averaged (the first warms up allocators and
 threads).
+
+`--sharding none,full` runs each worker count replicated (`[cluster]
+sharding = "none"`) and sharded (`"full"`: FSDP's semantics, 1/N of the
+trainer's state per worker) and adds, per run: the largest worker's peak
+memory (allocated and mapped: the controller keeps the largest of the
+workers' `memory/peak_*_bytes`; the largest step's here) against `colo
+plan --config`'s per-worker `peak_bytes` for the same config, where the
+planner gives one; the weight all-gathers and gradient reduce-scatters
+per step (bytes, seconds, calls, as `comm_record` counts them); and the
+trainer → rollout weight sync's seconds and the bytes each worker
+received in it (`perf/reshard_bytes`) against the whole model's weight
+bytes (the run's final checkpoint), which is what every rank would
+receive if each gathered the whole model from elsewhere. The sync's
+gathers are among the step's all-gathers. A sharded config resolves
+activation checkpointing to on (each layer gathered again for its
+backward), so its update recomputes every layer's forward. On one worker
+`full` is one shard: the trainer keeps its whole state, as a replicated
+one does, and all-reduces (with itself) instead of gathering.
 """
 
 import argparse
+import glob
 import json
 import os
+import re
+import shutil
 import statistics
+import struct
+import subprocess
 import tempfile
 import time
 
@@ -41,18 +64,37 @@ def memcpy_gib_s(nbytes, repeats=20):
     return nbytes * repeats / (time.perf_counter() - t) / 2**30
 
 
-def run_config(base, steps, path):
+def run_config(base, steps, path, cluster=None):
     """The run's config: `base` (or the built-in job) for `steps` steps,
-    no evaluation, a checkpoint only at the end."""
+    no evaluation, a checkpoint only at the end; `cluster` ({key: TOML
+    value}) set in its `[cluster]` section."""
     text = open(base).read() if base else ""
     trainer = f"total_steps = {steps}\nval_before_train = false\ntest_freq = -1\nsave_freq = -1\n"
     if "[trainer]" in text:
         text = text.replace("[trainer]\n", "[trainer]\n" + trainer, 1)
     else:
         text += "\n[trainer]\n" + trainer
+    if cluster:
+        text = set_section(text, "cluster", cluster)
     with open(path, "w") as f:
         f.write(text)
     return path
+
+
+def set_section(text, section, keys):
+    """TOML `text` with `keys` ({key: TOML value}) set in `[section]`, which
+    is added if missing; the section's earlier lines for those keys are
+    dropped."""
+    lines = text.split("\n")
+    header = re.compile(rf"^\s*\[{re.escape(section)}\]\s*(#.*)?$")
+    start = next((i for i, line in enumerate(lines) if header.match(line)), None)
+    new = [f"{k} = {v}" for k, v in keys.items()]
+    if start is None:
+        return text.rstrip("\n") + f"\n\n[{section}]\n" + "\n".join(new) + "\n"
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+    key = re.compile(rf"^\s*({'|'.join(map(re.escape, keys))})\s*=")
+    body = [line for line in lines[start + 1 : end] if not key.match(line)]
+    return "\n".join(lines[: start + 1] + new + body + lines[end:])
 
 
 def measure(config, workers, steps, out):
@@ -65,7 +107,108 @@ def measure(config, workers, steps, out):
     result["all_reduce_bytes"] = nbytes
     result["all_reduce_gib_s"] = nbytes / mean["all_reduce"] / 2**30 if mean["all_reduce"] > 0 else None
     result["score_mean_last"] = s["history"][-1]["critic/score/mean"]
-    return result
+    return result, s
+
+
+# The sharded collectives, as the controller's `comm_record` names them.
+SHARD_OPS = ("all_gather", "reduce_scatter")
+
+
+def sharding_figures(s, out, steps):
+    """What `--sharding` adds to a run's result (`s`: `train`'s summary):
+    peaks over every step, per-step means over the steps after the first,
+    and the weight sync against the whole model (module doc)."""
+    rows = s["history"][1:] or s["history"]
+
+    def mean(key):
+        return statistics.mean(r.get(key, 0) for r in rows)
+
+    out_figures = {
+        "peak_allocated_bytes": max(r["memory/peak_allocated_bytes"] for r in s["history"]),
+        "peak_mapped_bytes": max(r["memory/peak_device_bytes"] for r in s["history"]),
+    }
+    for op in SHARD_OPS:
+        out_figures[f"{op}_bytes"] = mean(f"perf/{op}_bytes")
+        out_figures[f"{op}_s"] = mean(f"timing_s/{op}")
+        out_figures[f"{op}_wait_s"] = mean(f"timing_s/{op}_wait")
+        out_figures[f"{op}_calls"] = mean(f"perf/{op}_calls")
+    out_figures["sync_s"] = mean("timing_s/update_weights")
+    reshard = [r["perf/reshard_bytes"] for r in rows if r.get("perf/reshard_bytes") is not None]
+    out_figures["reshard_bytes"] = statistics.mean(reshard) if reshard else None
+    model = model_bytes(os.path.join(out, "checkpoints", f"step-{steps}"))
+    out_figures["model_bytes"] = model
+    out_figures["reshard_vs_model"] = (
+        out_figures["reshard_bytes"] / model if out_figures["reshard_bytes"] is not None and model else None
+    )
+    return out_figures
+
+
+# Bytes per element of the safetensors dtypes a checkpoint's weights have.
+SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I8": 1, "U8": 1}
+
+
+def model_bytes(step_dir):
+    """The weight bytes of the checkpoint in `step_dir` (its model*.safetensors
+    headers: every tensor's elements × its dtype's size); None without one."""
+    files = sorted(glob.glob(os.path.join(step_dir, "model*.safetensors")))
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        for name, t in header.items():
+            if name == "__metadata__":
+                continue
+            elements = 1
+            for d in t["shape"]:
+                elements *= d
+            total += elements * SAFETENSORS_BYTES[t["dtype"]]
+    return total
+
+
+def colo_binary():
+    """The colo binary that plans: $COLO_BIN; else the one that started
+    this bench (`colo bench cluster` runs it as a child); else the newest
+    build in this checkout; else `colo` on the PATH. None without one."""
+    if os.environ.get("COLO_BIN"):
+        return os.environ["COLO_BIN"]
+    try:
+        parent = os.readlink(f"/proc/{os.getppid()}/exe")
+        if os.path.basename(parent) == "colo":
+            return parent
+    except OSError:
+        pass
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+    built = [os.path.join(root, "target", p, "colo") for p in ("release", "debug")]
+    built = [b for b in built if os.path.isfile(b)]
+    if built:
+        return max(built, key=os.path.getmtime)
+    return shutil.which("colo")
+
+
+def plan_peak(config, colo):
+    """`colo plan --config config --json`'s `peak_bytes` (per worker for a
+    config with `[cluster] workers`): (bytes, None), or (None, why not)."""
+    if colo is None:
+        return None, "no colo binary (set COLO_BIN)"
+    try:
+        r = subprocess.run(
+            [colo, "plan", "--config", config, "--json"], capture_output=True, text=True, timeout=300
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"{colo} plan: {e}"
+    if r.returncode != 0:
+        said = (r.stderr.strip().splitlines() or [f"status {r.returncode}"])[-1]
+        return None, f"{colo} plan: {said}"
+    try:
+        peak = json.loads(r.stdout).get("peak_bytes")
+    except (ValueError, AttributeError):
+        return None, f"{colo} plan --json: not a JSON object"
+    if not isinstance(peak, int):
+        return None, f"{colo} plan --json: no peak_bytes"
+    return peak, None
 
 
 def positive(text):
@@ -84,10 +227,54 @@ def worker_counts(text):
     return [positive(w) for w in text.split(",")]
 
 
+SHARDINGS = ("none", "full")
+
+
+def shardings(text):
+    """Comma-separated `[cluster] sharding` values, each once, e.g.
+    `none,full`."""
+    out = []
+    for s in text.split(","):
+        if s not in SHARDINGS:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a sharding; expected none or full")
+        if s in out:
+            raise argparse.ArgumentTypeError(f"{s!r} is given twice")
+        out.append(s)
+    return out
+
+
 def config_file(path):
     if not os.path.isfile(path):
         raise argparse.ArgumentTypeError(f"{path}: no such file")
     return path
+
+
+def run_all(args, tmp):
+    """Every run the flags ask for: [(result, config path)]. Without
+    `--sharding`, the config as given on each worker count; with it, the
+    config's `[cluster]` set to each worker count and sharding, planned
+    with `colo plan --config` and its figures added."""
+    if args.sharding is None:
+        cfg = run_config(args.config, args.steps, os.path.join(tmp, "run.toml"))
+        return [measure(cfg, w, args.steps, os.path.join(tmp, f"w{w}"))[0] for w in args.workers]
+    colo = colo_binary()
+    results = []
+    for w in args.workers:
+        for sharding in args.sharding:
+            name = f"w{w}-{sharding}"
+            cluster = {"workers": w, "sharding": json.dumps(sharding)}
+            cfg = run_config(args.config, args.steps, os.path.join(tmp, f"{name}.toml"), cluster)
+            out = os.path.join(tmp, name)
+            r, s = measure(cfg, w, args.steps, out)
+            r["sharding"] = sharding
+            r.update(sharding_figures(s, out, args.steps))
+            plan, why = plan_peak(cfg, colo)
+            r["plan_peak_bytes"], r["plan_error"] = plan, why
+            for kind in ("allocated", "mapped"):
+                r[f"{kind}_vs_plan"] = (r[f"peak_{kind}_bytes"] - plan) / plan if plan else None
+            results.append(r)
+            shutil.rmtree(out, ignore_errors=True)  # (its checkpoint read for the model bytes)
+    return results
 
 
 def main(argv=None):
@@ -95,11 +282,16 @@ def main(argv=None):
     p.add_argument("--config", type=config_file, help="a run config (default: the built-in job)")
     p.add_argument("--workers", type=worker_counts, default=[1, 2, 4], help="worker counts, comma-separated")
     p.add_argument("--steps", type=positive, default=6)
+    p.add_argument(
+        "--sharding",
+        type=shardings,
+        help='[cluster] sharding values to run each worker count with, comma-separated (none, full); '
+        "adds peak memory against the plan, gathers, reduce-scatters and the weight sync",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="colo-bench-cluster-") as tmp:
-        cfg = run_config(args.config, args.steps, os.path.join(tmp, "run.toml"))
-        results = [measure(cfg, w, args.steps, os.path.join(tmp, f"w{w}")) for w in args.workers]
+        results = run_all(args, tmp)
     nbytes = max(r["all_reduce_bytes"] for r in results)
     baseline = memcpy_gib_s(nbytes) if nbytes else None
     load = os.getloadavg()[0]
@@ -112,18 +304,68 @@ def main(argv=None):
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
-    print(f"{'workers':>7} {'step s':>7} {'gen':>6} {'update':>6} {'allred':>6} {'wait':>6} {'ctrl':>6} {'ctrl %':>6} {'MB/step':>8} {'GiB/s':>6} {'/memcpy':>7}")
+    if args.sharding is None:
+        print_split(results)
+    else:
+        print_split(results, sharded=True)
+        print()
+        print_sharding(results)
+    memcpy = f"memcpy {baseline:.2f} GiB/s on {nbytes / 1e6:.2f} MB" if baseline else "no all-reduce, no memcpy"
+    print(f"{memcpy}; load average {load:.2f}")
+    return 0
+
+
+def opt(x, fmt, width):
+    """`x` formatted, or "-" for None, right-aligned in `width`."""
+    return f"{'-' if x is None else format(x, fmt):>{width}}"
+
+
+def print_split(results, sharded=False):
+    """The step's split and the all-reduce (the table without `--sharding`
+    unchanged; with it, a sharding column)."""
+    col = f" {'shard':>5}" if sharded else ""
+    print(f"{'workers':>7}{col} {'step s':>7} {'gen':>6} {'update':>6} {'allred':>6} {'wait':>6} {'ctrl':>6} {'ctrl %':>6} {'MB/step':>8} {'GiB/s':>6} {'/memcpy':>7}")
     for r in results:
         gib = r["all_reduce_gib_s"]
         ratio = r["all_reduce_vs_memcpy"]
+        col = f" {r['sharding']:>5}" if sharded else ""
         print(
-            f"{r['workers']:>7} {r['step_s']:>7.3f} {r['gen_s']:>6.3f} {r['update_s']:>6.3f} "
+            f"{r['workers']:>7}{col} {r['step_s']:>7.3f} {r['gen_s']:>6.3f} {r['update_s']:>6.3f} "
             f"{r['all_reduce_s']:>6.3f} {r['wait_s']:>6.3f} {r['controller_s']:>6.3f} {100 * r['controller_share']:>5.1f}% "
-            f"{r['all_reduce_bytes'] / 1e6:>8.2f} {gib if gib is None else f'{gib:6.2f}':>6} "
-            f"{ratio if ratio is None else f'{ratio:7.3f}':>7}"
+            f"{r['all_reduce_bytes'] / 1e6:>8.2f} {opt(gib, '6.2f', 6)} {opt(ratio, '7.3f', 7)}"
         )
-    print(f"memcpy {baseline:.2f} GiB/s on {nbytes / 1e6:.2f} MB; load average {load:.2f}")
-    return 0
+
+
+def print_sharding(results):
+    """`--sharding`'s figures: the largest worker's peak against the plan;
+    the gathers and reduce-scatters a step; the weight sync."""
+    mib = 2**20
+    print(f"{'workers':>7} {'shard':>5} {'alloc MiB':>9} {'mapped':>7} {'plan':>7} {'alloc/plan':>10} {'mapped/plan':>11}")
+    for r in results:
+        plan = r["plan_peak_bytes"]
+        print(
+            f"{r['workers']:>7} {r['sharding']:>5} {r['peak_allocated_bytes'] / mib:>9.2f} "
+            f"{r['peak_mapped_bytes'] / mib:>7.2f} {opt(plan and plan / mib, '.2f', 7)} "
+            f"{opt(r['allocated_vs_plan'], '+.1%', 10)} {opt(r['mapped_vs_plan'], '+.1%', 11)}"
+        )
+    errors = sorted({r["plan_error"] for r in results if r["plan_error"]})
+    for e in errors:
+        print(f"no plan: {e}")
+    print()
+    print(
+        f"{'workers':>7} {'shard':>5} {'gather MB':>9} {'s':>6} {'wait':>6} {'calls':>5} "
+        f"{'r-s MB':>7} {'s':>6} {'wait':>6} {'calls':>5} {'sync s':>6} {'reshard MB':>10} {'model MB':>8} {'/model':>6}"
+    )
+    for r in results:
+        reshard = r["reshard_bytes"]
+        model = r["model_bytes"]
+        print(
+            f"{r['workers']:>7} {r['sharding']:>5} {r['all_gather_bytes'] / 1e6:>9.2f} {r['all_gather_s']:>6.3f} "
+            f"{r['all_gather_wait_s']:>6.3f} {r['all_gather_calls']:>5.0f} {r['reduce_scatter_bytes'] / 1e6:>7.2f} "
+            f"{r['reduce_scatter_s']:>6.3f} {r['reduce_scatter_wait_s']:>6.3f} {r['reduce_scatter_calls']:>5.0f} "
+            f"{r['sync_s']:>6.3f} {opt(reshard and reshard / 1e6, '.3f', 10)} {opt(model and model / 1e6, '.3f', 8)} "
+            f"{opt(r['reshard_vs_model'], '.3f', 6)}"
+        )
 
 
 if __name__ == "__main__":
