@@ -11,6 +11,7 @@
 
 use tch::{Device, Kind, Tensor};
 
+use crate::lora::Adapter;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -53,11 +54,13 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     Ok(Tensor::f_cat(&parts, -1)?)
 }
 
-/// `y = x Wᵀ + b`, weight stored (out, in) as in PyTorch.
+/// `y = x Wᵀ + b`, weight stored (out, in) as in PyTorch; with a LoRA
+/// adapter ([`crate::lora`]) `+ (x Aᵀ) Bᵀ · scale`.
 #[derive(Debug)]
 pub struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
+    lora: Option<Adapter>,
 }
 
 impl Clone for Linear {
@@ -66,6 +69,7 @@ impl Clone for Linear {
         Linear {
             weight: self.weight.shallow_clone(),
             bias: self.bias.as_ref().map(Tensor::shallow_clone),
+            lora: self.lora.clone(),
         }
     }
 }
@@ -84,18 +88,39 @@ impl Linear {
             true => Some(w.get(&format!("{prefix}.bias"), &[out_dim])?),
             false => None,
         };
-        Ok(Linear { weight, bias })
+        Ok(Linear {
+            weight,
+            bias,
+            lora: None,
+        })
     }
 
     /// A layer over these tensors (shared, not copied).
     pub(crate) fn from_parts(weight: Tensor, bias: Option<Tensor>) -> Self {
-        Linear { weight, bias }
+        Linear {
+            weight,
+            bias,
+            lora: None,
+        }
     }
 
     /// `x`: (..., in) → (..., out), one matrix product over the flattened
-    /// rows ([`linear`]).
+    /// rows ([`linear`]), plus the adapter's low-rank path if it has one.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        linear(x, &self.weight, self.bias.as_ref())
+        let y = linear(x, &self.weight, self.bias.as_ref())?;
+        match &self.lora {
+            None => Ok(y),
+            Some(lora) => lora.add_to(x, y),
+        }
+    }
+
+    /// The LoRA adapter, if the layer has one.
+    pub fn adapter(&self) -> Option<&Adapter> {
+        self.lora.as_ref()
+    }
+
+    pub(crate) fn set_adapter(&mut self, lora: Option<Adapter>) {
+        self.lora = lora;
     }
 
     /// The weight, (out, in).

@@ -100,6 +100,7 @@ mod error;
 pub mod fused;
 pub mod lanes;
 pub mod layers;
+pub mod lora;
 pub mod loss;
 pub mod model;
 mod product_attention;

@@ -511,6 +511,41 @@ impl Block {
         Ok(h + mlp)
     }
 
+    /// The layer's projections under their names in it
+    /// ([`crate::lora::PROJECTIONS`] order), for LoRA adapters; the fused
+    /// products of an inference engine's model are not among them.
+    pub(crate) fn projections(&self) -> [(&'static str, &Linear); 7] {
+        let (a, m) = (&self.self_attn, &self.mlp);
+        [
+            ("self_attn.q_proj", &a.q_proj),
+            ("self_attn.k_proj", &a.k_proj),
+            ("self_attn.v_proj", &a.v_proj),
+            ("self_attn.o_proj", &a.o_proj),
+            ("mlp.gate_proj", &m.gate_proj),
+            ("mlp.up_proj", &m.up_proj),
+            ("mlp.down_proj", &m.down_proj),
+        ]
+    }
+
+    /// [`Block::projections`], to set adapters; `None` when the layer's
+    /// projections are fused ([`Model::fuse_projections`]), whose products
+    /// would bypass them.
+    pub(crate) fn projections_mut(&mut self) -> Option<[(&'static str, &mut Linear); 7]> {
+        if self.self_attn.qkv_proj.is_some() || self.mlp.gate_up_proj.is_some() {
+            return None;
+        }
+        let (a, m) = (&mut self.self_attn, &mut self.mlp);
+        Some([
+            ("self_attn.q_proj", &mut a.q_proj),
+            ("self_attn.k_proj", &mut a.k_proj),
+            ("self_attn.v_proj", &mut a.v_proj),
+            ("self_attn.o_proj", &mut a.o_proj),
+            ("mlp.gate_proj", &mut m.gate_proj),
+            ("mlp.up_proj", &mut m.up_proj),
+            ("mlp.down_proj", &mut m.down_proj),
+        ])
+    }
+
     pub(crate) fn push_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
         self.input_layernorm
             .push_params(&format!("{prefix}.input_layernorm"), out);

@@ -201,6 +201,7 @@ fn engine_for(
         device: config.trainer.device.torch(),
         cpu_threads: config.trainer.cpu_threads,
         gradient_checkpointing: config.model.enable_gradient_checkpointing,
+        lora: None,
     }
 }
 

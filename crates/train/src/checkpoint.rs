@@ -226,7 +226,7 @@ impl ColoTrainer {
         // Removed on any early return below.
         let tmp = temp_sibling(&parent, &name, "tmp")?;
         let t = tmp.path();
-        self.model.save_dir(t).map_err(Error::from)?;
+        self.write_model(t)?;
         if let Some(h) = &self.value_head {
             let w = [(VALUE_HEAD_WEIGHT.to_owned(), h.weight().detach())];
             save_tensors(&w, &t.join(VALUE_HEAD_FILE))?;
@@ -258,7 +258,8 @@ impl ColoTrainer {
         }
         let state = read_state(dir)?;
         // Read and check everything before changing anything.
-        let mut tensors = read_named(&dir.join(colo_model::weights::WEIGHTS_FILE))?;
+        // With LoRA the adapters (`lora_adapter/`), else `model.safetensors`.
+        let mut tensors = self.checkpoint_tensors(dir)?;
         if self.value_head.is_some() {
             tensors.extend(read_named(&dir.join(VALUE_HEAD_FILE))?);
         }

@@ -77,10 +77,13 @@ impl Lane {
             upstream = g.pop().expect("the leaf's gradient");
             add_into(&mut sums, g)?;
         }
-        // 4. The embedding.
+        // 4. The embedding, unless it is frozen (LoRA): then nothing
+        // before the first layer has a gradient.
         let e = stages.embed()?;
-        let g = self.backward_piece(&surrogate(&e, &upstream)?, None)?;
-        add_into(&mut sums, g)?;
+        if e.requires_grad() {
+            let g = self.backward_piece(&surrogate(&e, &upstream)?, None)?;
+            add_into(&mut sums, g)?;
+        }
         Ok((Some(sums), m))
     }
 

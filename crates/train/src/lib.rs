@@ -104,6 +104,7 @@ pub mod engine;
 mod error;
 mod forward;
 mod lanes;
+pub mod lora;
 pub mod losses;
 pub mod offload;
 pub mod ops;
@@ -128,6 +129,7 @@ pub use engine::{
     CriticMetrics, ParamVisitor, PolicyMetrics, Scores, SftMetrics, StepStats, TrainEngine,
 };
 pub use error::{Error, Result};
+pub use lora::{Lora, LoraConfig, TargetModules};
 pub use losses::{CriticLossConfig, LossConfig};
 pub use offload::Offload;
 pub use schedule::{LrSchedule, ScheduleKind};

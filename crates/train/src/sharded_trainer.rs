@@ -37,6 +37,12 @@ impl ColoTrainer {
     ) -> Result<Self> {
         let optim = cfg.optim.validate()?;
         let micro = cfg.micro_batch.validate()?;
+        if cfg.lora.is_some() {
+            return Err(Error::Unsupported {
+                what: "LoRA with sharded state",
+                found: "a sharded trainer trains every weight; build it without `lora`".into(),
+            });
+        }
         let (kind, device) = (cfg.kind, cfg.device);
         check_target(kind, device)?;
         check_pool(&pool, device)?;
@@ -140,6 +146,7 @@ impl ColoTrainer {
             checkpointing: true,
             collective: Some(peers),
             shards: Some(shards),
+            lora: None,
         })
     }
 

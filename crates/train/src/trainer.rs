@@ -35,6 +35,7 @@ use crate::config::{
 };
 use crate::engine::{ParamVisitor, Scores, StepStats};
 use crate::lanes::{self, Lane};
+use crate::lora::{self, LoraConfig, LoraState};
 use crate::offload::{self, require_resident, Offload, Part, GRADS, OPTIMIZER, PARAMS};
 use crate::param_lanes;
 use crate::scorer::{self, lane_parts, per_token_out, to_host};
@@ -86,6 +87,10 @@ pub struct TrainerConfig {
     /// layer's input, recompute the layer for the backward (see
     /// [`crate::checkpointing`]). Less activation memory, one more forward.
     pub gradient_checkpointing: bool,
+    /// Train LoRA adapters on the frozen weights instead of the weights
+    /// ([`crate::lora`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
 }
 
 impl Default for TrainerConfig {
@@ -98,6 +103,7 @@ impl Default for TrainerConfig {
             device: Device::Cpu,
             cpu_threads: 0,
             gradient_checkpointing: false,
+            lora: None,
         }
     }
 }
@@ -131,6 +137,9 @@ pub struct ColoTrainer {
     /// model's parameters, empty between the gathers of their units, and
     /// `grads` and the optimizer hold this peer's shard of each unit.
     pub(crate) shards: Option<Shards>,
+    /// LoRA: `names` / `params` are then the adapters' (and the value
+    /// head's), the model's own weights frozen (see [`crate::lora`]).
+    pub(crate) lora: Option<LoraState>,
 }
 
 impl ColoTrainer {
@@ -146,6 +155,7 @@ impl ColoTrainer {
         let optim = cfg.optim.validate()?;
         let micro = cfg.micro_batch.validate()?;
         let (kind, device) = (cfg.kind, cfg.device);
+        let lora = cfg.lora.as_ref().map(LoraConfig::validate).transpose()?;
         check_target(kind, device)?;
         check_pool(&pool, device)?;
         for tag in [tags::TRAIN_PARAMS, tags::OPTIMIZER] {
@@ -161,14 +171,27 @@ impl ColoTrainer {
         let mut names = Vec::new();
         let mut params = Vec::new();
         let mut shared = HashMap::new();
+        // With LoRA the weights are frozen: no gradient, no optimizer state.
+        let trained = lora.is_none();
         for (name, t) in base.named_parameters() {
-            let p = copy_in(&pool, tags::TRAIN_PARAMS, &t, kind, device, true)?;
+            let p = copy_in(&pool, tags::TRAIN_PARAMS, &t, kind, device, trained)?;
             shared.insert(name.clone(), p.shallow_clone());
-            names.push(name);
-            params.push(p);
+            if trained {
+                names.push(name);
+                params.push(p);
+            }
         }
         drop(base);
-        let model = Model::load(model_cfg, &Weights::from_tensors(shared))?;
+        let mut model = Model::load(model_cfg, &Weights::from_tensors(shared))?;
+        let lora = match lora {
+            Some(l) => {
+                let (adapted, state, adapters) = lora::attach(&pool, &model, l, kind, device)?;
+                model = adapted;
+                (names, params) = adapters.into_iter().unzip();
+                Some(state)
+            }
+            None => None,
+        };
         let value_head = cfg
             .value_head
             .as_ref()
@@ -199,6 +222,7 @@ impl ColoTrainer {
             checkpointing: cfg.gradient_checkpointing,
             collective: None,
             shards: None,
+            lora,
         })
     }
 
@@ -233,7 +257,9 @@ impl ColoTrainer {
         // Read on the CPU in float32; `new` converts while copying into
         // the pool, so no second full copy exists on the device.
         let weights = Weights::from_dir(dir, Kind::Float, Device::Cpu)?;
-        ColoTrainer::new(pool, &model_cfg, &weights, cfg)
+        let mut trainer = ColoTrainer::new(pool, &model_cfg, &weights, cfg)?;
+        trainer.set_lora_base(dir);
+        Ok(trainer)
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -266,12 +292,13 @@ impl ColoTrainer {
         self.params.iter().map(|p| p.numel()).sum()
     }
 
-    /// Bytes of the parameters, of the gradient accumulators, and of the
-    /// optimizer state (as allocated, before page rounding).
+    /// Bytes of the parameters (with LoRA: the frozen weights and the
+    /// adapters), of the gradient accumulators, and of the optimizer state
+    /// (as allocated, before page rounding).
     pub fn state_bytes(&self) -> (u64, u64, u64) {
         let n = self.num_parameters() as u64;
         (
-            n * self.kind.elt_size_in_bytes() as u64,
+            n * self.kind.elt_size_in_bytes() as u64 + self.frozen_bytes(),
             4 * n,
             self.opt.bytes(),
         )
@@ -593,12 +620,16 @@ impl crate::TrainEngine for ColoTrainer {
         self.pool.empty_cache()
     }
 
+    /// With LoRA the adapted projections' weights are merged copies
+    /// (`W + scale · B A`), not the engine's storage; a libtorch failure
+    /// while merging (out of memory) panics, as tch's infallible ops do.
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        self.model
-            .named_parameters()
-            .into_iter()
-            .map(|(n, t)| (n, t.detach()))
-            .collect()
+        let params = match self.lora {
+            Some(_) => (self.model.merged_parameters())
+                .unwrap_or_else(|e| panic!("merging the LoRA adapters: {e}")),
+            None => self.model.named_parameters(),
+        };
+        params.into_iter().map(|(n, t)| (n, t.detach())).collect()
     }
 
     fn step(&self) -> u64 {
@@ -606,9 +637,10 @@ impl crate::TrainEngine for ColoTrainer {
     }
 
     fn visit_parameters(&self, visit: &mut ParamVisitor<'_>) -> Result<()> {
-        match &self.shards {
-            Some(_) => self.visit_units(visit),
-            None => visit(&crate::TrainEngine::named_parameters(self)),
+        match (&self.shards, &self.lora) {
+            (Some(_), _) => self.visit_units(visit),
+            (None, Some(_)) => self.visit_merged(visit),
+            (None, None) => visit(&crate::TrainEngine::named_parameters(self)),
         }
     }
 
@@ -626,7 +658,11 @@ impl crate::TrainEngine for ColoTrainer {
     }
 
     fn save_model(&self, dir: &Path) -> Result<()> {
-        Ok(self.model()?.save_dir(dir)?)
+        let model = self.model()?;
+        match self.lora {
+            Some(_) => Ok(model.merged()?.save_dir(dir)?),
+            None => Ok(model.save_dir(dir)?),
+        }
     }
 
     fn load_checkpoint(&mut self, dir: &Path) -> Result<()> {
