@@ -179,6 +179,7 @@ pub(crate) fn dtype_name(kind: Kind) -> PyResult<&'static str> {
         Kind::BFloat16 => Ok("bfloat16"),
         Kind::Half => Ok("float16"),
         Kind::Double => Ok("float64"),
+        Kind::Int64 => Ok("int64"),
         other => Err(PyValueError::new_err(format!(
             "no view for {other:?} tensors"
         ))),

@@ -28,6 +28,7 @@ use colo_train::Collective;
 
 mod collective;
 mod rows;
+mod tensor_parallel;
 use collective::PyCollective;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -122,9 +123,13 @@ impl Worker {
     /// `out`: the run directory (shared by all ranks); `comm`: the
     /// communicator (see the module docs); `resume_from`: the checkpoint
     /// step a resumed run continues from (this rank's own records are cut
-    /// back to it; the controller loads the checkpoint).
+    /// back to it; the controller loads the checkpoint); `tp_comm`: the
+    /// communicator of this rank's tensor-parallel rollout group
+    /// (`rollout.tensor_model_parallel_size` > 1), whose
+    /// `all_reduce_buffer(buffer, dtype)` sums one buffer over the group.
     #[new]
-    #[pyo3(signature = (config, out, rank, world, comm, resume_from=None))]
+    #[pyo3(signature = (config, out, rank, world, comm, resume_from=None, tp_comm=None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
         config: Option<String>,
@@ -133,6 +138,7 @@ impl Worker {
         world: usize,
         comm: Py<PyAny>,
         resume_from: Option<usize>,
+        tp_comm: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         collective::check_comm(comm.bind(py))?;
         // A rank's worker process runs colo's passes: the process-wide
@@ -148,8 +154,16 @@ impl Worker {
                 world,
             })
         };
+        let tp = cfg.rollout.tensor_model_parallel_size.max(1);
+        let group = tp_comm.map(|comm| -> Box<dyn colo_rollout::TensorParallel> {
+            Box::new(tensor_parallel::PyTensorParallel {
+                comm,
+                rank: rank % tp,
+                size: tp,
+            })
+        });
         let rank = py
-            .detach(|| Rank::new(cfg, Path::new(&out), rank, world, resume_from, make))
+            .detach(|| Rank::new(cfg, Path::new(&out), rank, world, resume_from, make, group))
             .map_err(err)?;
         Ok(Worker {
             rank: Mutex::new(rank),
@@ -484,6 +498,17 @@ fn check_layout(config: Option<String>, workers: usize) -> PyResult<&'static str
     Ok(cfg.trainer.device.name())
 }
 
+/// The size of the run's tensor-parallel rollout groups
+/// (`rollout.tensor_model_parallel_size`; 1: none): the controller makes
+/// one process group per `tg` consecutive ranks.
+#[pyfunction]
+#[pyo3(signature = (config))]
+fn rollout_tensor_parallel(config: Option<String>) -> PyResult<usize> {
+    Ok(load_config(config.as_deref())?
+        .rollout
+        .tensor_model_parallel_size)
+}
+
 /// The newest complete checkpoint of the run `config` writes into `out`,
 /// as colo-rl judges it: (its step or `None`, the newer directories it
 /// skipped, each with the reason).
@@ -583,6 +608,7 @@ fn _colo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_fresh_start, m)?)?;
     m.add_function(wrap_pyfunction!(truncate_metrics, m)?)?;
     m.add_function(wrap_pyfunction!(check_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(rollout_tensor_parallel, m)?)?;
     m.add_function(wrap_pyfunction!(eval_record, m)?)?;
     Ok(())
 }

@@ -578,7 +578,16 @@ fn evaluate_only(
     let pool = crate::setup::make_pool(config)?;
     let total = config.total_steps(train.len());
     let model = (model_dir, tokenizer);
-    let mut run = Run::new(config, out, &pool, model, val, metrics, total, None)?;
+    let mut run = Run::new(
+        config,
+        out,
+        &pool,
+        model,
+        val,
+        metrics,
+        total,
+        Default::default(),
+    )?;
     stop.0.began.store(true, Ordering::SeqCst);
     let accuracy = run.evaluate(0)?;
     let stats = pool.stats();

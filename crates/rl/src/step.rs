@@ -123,7 +123,7 @@ pub(crate) struct Run<'a> {
 impl<'a> Run<'a> {
     /// The worker on `pool` and everything the steps share, for a run of
     /// `total_steps` steps from the checkpoint in `model_dir`;
-    /// `actor_peers` as [`HybridWorker::new`]'s.
+    /// `peers` as [`HybridWorker::new`]'s.
     // Eight: the run's parts, each built by its caller (setup.rs, or a
     // data-parallel rank), none of which belong together.
     #[allow(clippy::too_many_arguments)]
@@ -135,7 +135,7 @@ impl<'a> Run<'a> {
         val: Dataset,
         metrics: MetricsWriter,
         total_steps: usize,
-        actor_peers: Option<Box<dyn colo_train::Collective>>,
+        peers: crate::worker::WorkerPeers,
     ) -> Result<Self> {
         let stop = colo_model::tokenizer::stop_token_ids(&model_dir, &tokenizer)?;
         let Some(&eos) = stop.first() else {
@@ -147,6 +147,20 @@ impl<'a> Run<'a> {
             });
         };
         let pad = tokenizer.special.pad.as_ref().map_or(eos, |t| t.id);
+        let tp = config.rollout.tensor_model_parallel_size;
+        if tp > 1 && config.memory.colocation == crate::config::Colocation::Restart {
+            return Err(Error::Cluster(format!(
+                "rollout.tensor_model_parallel_size = {tp} cannot run with memory.colocation = \
+                 \"restart\", which rebuilds the engine whole from disk every step; expected \
+                 \"sleep\", \"staged\" or \"naive\""
+            )));
+        }
+        if tp > 1 && peers.rollout.is_none() {
+            return Err(Error::Cluster(format!(
+                "rollout.tensor_model_parallel_size = {tp}: a tensor-parallel rollout runs on \
+                 Ray workers; set cluster.workers to a multiple of {tp}"
+            )));
+        }
         let spec = WorkerSpec {
             model_dir: model_dir.clone(),
             actor: trainer_config(config, total_steps),
@@ -158,7 +172,7 @@ impl<'a> Run<'a> {
         };
         Ok(Run {
             config,
-            worker: HybridWorker::new(Arc::clone(pool), &spec, actor_peers)?,
+            worker: HybridWorker::new(Arc::clone(pool), &spec, peers)?,
             model_dir,
             tokenizer,
             reward: reward::build(&config.reward)?,
@@ -199,7 +213,16 @@ pub(crate) fn train_steps(
     } = setup;
     let (first_step, total) = (start.first_step, start.total);
     let model = (model_dir, tokenizer);
-    let mut run = Run::new(config, out, pool, model, val, metrics, total, None)?;
+    let mut run = Run::new(
+        config,
+        out,
+        pool,
+        model,
+        val,
+        metrics,
+        total,
+        Default::default(),
+    )?;
     run.stop_request = stop.clone();
     let ckpt_dir = out.join(checkpoints::DIR);
     if first_step > 0 {
@@ -931,8 +954,14 @@ impl Run<'_> {
     /// Generates `n` samples for each prompt of `batch` (rollout phase).
     fn generate(&mut self, batch: &Batch) -> Result<(Rollouts, Option<Vec<String>>)> {
         let cfg = self.config;
-        let mut requests = Vec::with_capacity(batch.prompts.len());
-        for p in &batch.prompts {
+        // A tensor-parallel group's engines generate the group's prompts
+        // together; this rank keeps its own.
+        let (asked, mine) = match &batch.group {
+            Some((all, at)) => (all, *at..*at + batch.prompts.len()),
+            None => (&batch.prompts, 0..batch.prompts.len()),
+        };
+        let mut requests = Vec::with_capacity(asked.len());
+        for p in asked {
             let ids = p.encode(&self.tokenizer)?;
             if ids.len() > cfg.data.max_prompt_length {
                 // verl's `truncation = "error"`: a silently cut prompt
@@ -971,7 +1000,14 @@ impl Run<'_> {
             }
         }
         let mut outputs = self.worker.generate(requests)?;
-        let greedy_outputs = outputs.split_off(prompts.len());
+        let mut greedy_outputs = outputs.split_off(prompts.len());
+        if mine.len() != prompts.len() {
+            outputs = outputs.drain(mine.clone()).collect();
+            if remax {
+                greedy_outputs = greedy_outputs.drain(mine.clone()).collect();
+            }
+        }
+        let prompts = &prompts[mine];
         let mut r = Rollouts::default();
         for (k, out) in outputs.into_iter().enumerate() {
             let out = out.map_err(|e| Error::Phase {

@@ -60,7 +60,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use colo_mem::{tags, Pool};
-use colo_rollout::{Engine, EngineConfig, Request, RequestOutput, RolloutEngine};
+use colo_rollout::{Engine, EngineConfig, Request, RequestOutput, RolloutEngine, TensorParallel};
 use colo_train::{
     Collective, ColoTrainer, CriticBatch, CriticLossConfig, CriticMetrics, LossConfig, Offload,
     PolicyBatch, PolicyMetrics, Scores, SeqBatch, TrainEngine,
@@ -106,6 +106,18 @@ pub struct SwitchTiming {
     /// Of which, the trainer → rollout weight sync (or the disk round trip
     /// in `restart` mode).
     pub sync_s: f64,
+}
+
+/// The peers a worker's engines compute with, when its run spans workers.
+#[derive(Default)]
+pub struct WorkerPeers {
+    /// A sharded actor's (`cluster.sharding = "full"`): the actor keeps
+    /// its share of the training state only (colo-train's `sharding`).
+    pub actor: Option<Box<dyn Collective>>,
+    /// A tensor-parallel rollout engine's group
+    /// (`rollout.tensor_model_parallel_size`): the engine keeps its slice
+    /// of the weights and KV heads (colo-rollout's `tensor_parallel`).
+    pub rollout: Option<Box<dyn TensorParallel>>,
 }
 
 /// What a worker is built from.
@@ -225,19 +237,24 @@ impl HybridWorker {
     /// its CPU passes rely on (one libtorch intra-op thread) is set by the
     /// program, once: [`crate::process::init`].
     ///
-    /// `actor_peers`: the collective of a sharded actor (`[cluster]
-    /// sharding = "full"`), which then keeps its share of the state only
-    /// (colo-train's `sharding`); `None`: a whole actor.
-    pub fn new(
-        pool: Arc<Pool>,
-        spec: &WorkerSpec,
-        actor_peers: Option<Box<dyn Collective>>,
-    ) -> Result<Self> {
+    /// `peers`: the groups of a run that spans workers (none: a whole
+    /// actor and a whole engine).
+    pub fn new(pool: Arc<Pool>, spec: &WorkerSpec, peers: WorkerPeers) -> Result<Self> {
         let (model_dir, memory) = (spec.model_dir.as_path(), &spec.memory);
         pool.set_phase("init_rollout");
         let (kind, device) = (spec.actor.kind, spec.actor.device);
         let build_rollout = engine_builder(&pool, &spec.engine, kind, device);
-        let mut rollout = build_rollout(model_dir)?;
+        let mut rollout = match peers.rollout {
+            Some(group) => Engine::from_dir_parallel(
+                model_dir,
+                kind,
+                device,
+                Arc::clone(&pool),
+                &spec.engine,
+                group,
+            )?,
+            None => build_rollout(model_dir)?,
+        };
         // On CUDA, the decode step's graphs for a step's samples at full
         // length, captured now as vLLM and SGLang capture theirs at start
         // (their memory sleeps and wakes with the KV cache); none on the
@@ -252,7 +269,7 @@ impl HybridWorker {
         // the choreography fits its start too.
         let rollout = asleep(&pool, memory.colocation, rollout)?;
         pool.set_phase("init_trainer");
-        let actor = match actor_peers {
+        let actor = match peers.actor {
             Some(peers) => {
                 ColoTrainer::from_dir_sharded(Arc::clone(&pool), model_dir, &spec.actor, peers)?
             }

@@ -84,7 +84,7 @@ fn worker_on(
         reference: true,
         scratch: dir,
     };
-    HybridWorker::new(pool, &spec, None).unwrap()
+    HybridWorker::new(pool, &spec, Default::default()).unwrap()
 }
 
 /// A staged worker with `as_needed` switches on the CPU in float32.

@@ -23,7 +23,7 @@ import torch.distributed as dist
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
-_TYPESTR = {"float32": "<f4", "float16": "<f2", "float64": "<f8"}
+_TYPESTR = {"float32": "<f4", "float16": "<f2", "float64": "<f8", "int64": "<i8"}
 # The dtypes colo hands buffers of.
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -174,4 +174,38 @@ class TorchComm:
         call."""
         out = {op: tuple(s) for op, s in self._stats.items()}
         self._stats = {op: [0.0, 0, 0] for op in OPS}
+        return out
+
+
+class GroupComm:
+    """A tensor-parallel rollout group's communicator
+    (`rollout.tensor_model_parallel_size`): `all_reduce_buffer` sums one
+    buffer of the engine's (its attention output and down projections'
+    partial sums, in the model's dtype; its small agreements in int64 and
+    float64) over the group's process group, in place, timed and counted
+    as `take_stats()`'s (seconds, bytes, calls)."""
+
+    DTYPES = _DTYPES + ("int64",)
+
+    def __init__(self, group):
+        self.group = group
+        self._stats = [0.0, 0, 0]
+
+    def all_reduce_buffer(self, buffer, dtype):
+        if dtype not in self.DTYPES:
+            raise ValueError(f"all_reduce_buffer: dtype {dtype!r}; expected one of {', '.join(self.DTYPES)}")
+        t = None
+        try:
+            t = as_tensor(buffer, dtype)
+            start = time.perf_counter()
+            dist.all_reduce(t, group=self.group)
+            self._stats[0] += time.perf_counter() - start
+            self._stats[1] += t.numel() * t.element_size()
+            self._stats[2] += 1
+        finally:
+            t = None  # no view of the engine's memory outlives the call
+
+    def take_stats(self):
+        out = tuple(self._stats)
+        self._stats = [0.0, 0, 0]
         return out

@@ -181,7 +181,8 @@ class WorkerActor:
         import torch.distributed as dist
 
         from colo import Worker
-        from colo.comm import TorchComm
+        from colo._colo import rollout_tensor_parallel
+        from colo.comm import GroupComm, TorchComm
 
         timeout = timedelta(seconds=timeout_s)
         if master[0] == "file":
@@ -200,7 +201,15 @@ class WorkerActor:
                 backend, init_method=f"tcp://{addr}:{port}", rank=self.rank, world_size=self.world, timeout=timeout
             )
         self.comm = TorchComm()
-        self.worker = Worker(config, out, self.rank, self.world, self.comm, resume_from)
+        # Tensor-parallel rollout groups of `tg` consecutive ranks: every
+        # rank makes every group, in the same order (torch.distributed's
+        # rule), and talks in its own.
+        tg = rollout_tensor_parallel(config)
+        self.tp_comm = None
+        if tg > 1:
+            groups = [dist.new_group(list(range(g, g + tg))) for g in range(0, self.world, tg)]
+            self.tp_comm = GroupComm(groups[self.rank // tg])
+        self.worker = Worker(config, out, self.rank, self.world, self.comm, resume_from, self.tp_comm)
         if stop_file is not None:
             self.worker.set_stop_file(stop_file)
         self.fault = fault if fault and fault.get("rank") == self.rank else None
@@ -230,7 +239,10 @@ class WorkerActor:
                 f"fault exit_in_gather: gather {self.fault.get('gather', 1)} of step {step + 1} asked for, "
                 f"but the step made {self.fault.get('gather', 1) - left} (a sharded run gathers; a replicated one does not)"
             )
-        return metrics, wall, self.comm.take_stats()
+        stats = self.comm.take_stats()
+        if self.tp_comm is not None:
+            stats["tp_all_reduce"] = self.tp_comm.take_stats()
+        return metrics, wall, stats
 
     def evaluate(self):
         return self.worker.evaluate()
@@ -606,10 +618,11 @@ def comm_record(record, stats):
     the workers' seconds (the worker that arrived last waited least: its
     time is the transfer), the most minus the least (waiting for the
     slowest), and rank 0's bytes. The all-gathers and reduce-scatters of a
-    sharded run, with their count, only where there were some (replicas
-    make none)."""
-    for op in ("all_reduce", "all_gather", "reduce_scatter"):
-        if op != "all_reduce" and not stats[0][op][2]:
+    sharded run, and a tensor-parallel rollout's all-reduces
+    (`tp_all_reduce`, from `GroupComm`), with their count, only where there
+    were some."""
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "tp_all_reduce"):
+        if op != "all_reduce" and not (op in stats[0] and stats[0][op][2]):
             continue
         seconds = [s[op][0] for s in stats]
         record[f"timing_s/{op}"] = min(seconds)

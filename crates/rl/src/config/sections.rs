@@ -248,6 +248,18 @@ pub struct RolloutConfig {
     /// KV cache)
     #[key(verl = "actor_rollout_ref.rollout.enforce_eager")]
     pub enforce_eager: bool,
+    /// workers whose rollout engines generate as one, Megatron-style: each keeps
+    /// 1/tg of the attention heads (its KV cache too) and of the MLP, with an
+    /// all-reduce after the output and down projections; the group's ranks are
+    /// consecutive and generate their prompts together; must divide
+    /// cluster.workers and the model's heads
+    #[key(
+        range = "≥ 1",
+        unit = "workers",
+        verl = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    )]
+    #[default = 1]
+    pub tensor_model_parallel_size: usize,
     /// Sampling for evaluation.
     #[key(table)]
     pub val_kwargs: ValKwargs,

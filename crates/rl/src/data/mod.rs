@@ -443,6 +443,10 @@ pub struct Batch<'a> {
     pub step: usize,
     pub epoch: usize,
     pub prompts: Vec<&'a Prompt>,
+    /// With a tensor-parallel rollout: the prompts the rank's group
+    /// generates together (its engines compute as one), and where
+    /// `prompts` start among them.
+    pub group: Option<(Vec<&'a Prompt>, usize)>,
 }
 
 /// The batches of a dataset, epoch after epoch: see the module doc.
@@ -515,6 +519,7 @@ impl<'a> Batches<'a> {
                 .iter()
                 .map(|&i| &self.data.prompts[i])
                 .collect(),
+            group: None,
         }
     }
 

@@ -50,7 +50,9 @@ use crate::metrics::{EvalTallies, MetricsWriter, StepMetrics};
 use crate::setup::{draw, load_data, make_pool, open_model};
 use crate::step::Run;
 use crate::timeline_file::TimelineWriter;
+use crate::worker::WorkerPeers;
 use crate::{checkpoints, Error, Result};
+use colo_rollout::TensorParallel;
 
 /// This rank's share of `0..len` when split into `world` contiguous parts
 /// (the first `len % world` parts one longer).
@@ -72,6 +74,13 @@ pub fn rank_config(config: &Config, world: usize) -> Result<Config> {
              make it a multiple of {world}"
         ))),
     };
+    let tp = config.rollout.tensor_model_parallel_size;
+    if tp == 0 || !world.is_multiple_of(tp) {
+        return Err(Error::Cluster(format!(
+            "rollout.tensor_model_parallel_size = {tp} does not divide cluster.workers = {world}: \
+             each tensor-parallel group is {tp} consecutive workers"
+        )));
+    }
     let mut local = config.clone();
     local.batch.prompts_per_step = check("data.train_batch_size", plan.prompts_per_step)?;
     local.batch.mini_batch_prompts = check("actor.ppo_mini_batch_size", plan.mini_batch_prompts)?;
@@ -113,6 +122,9 @@ impl Rank {
     /// `collective` makes the actor's collective and, for PPO with GAE,
     /// the critic's (called once or twice; the ranks call the collectives
     /// in the same order, so they may share a transport).
+    /// `rollout_group`: this rank's tensor-parallel group, when
+    /// `rollout.tensor_model_parallel_size` > 1 (the consecutive ranks
+    /// `rank / tg · tg ..`, over a transport of their own).
     pub fn new(
         config: Config,
         out: &Path,
@@ -120,6 +132,7 @@ impl Rank {
         world: usize,
         resume_from: Option<usize>,
         collective: impl FnMut() -> Box<dyn Collective>,
+        rollout_group: Option<Box<dyn TensorParallel>>,
     ) -> Result<Self> {
         check_rank(out, rank, world)?;
         // As `colo train --resume`: `auto` continues in the checkpoint's
@@ -149,8 +162,11 @@ impl Rank {
         // `[cluster] sharding = "full"`: the actor keeps 1/world of its
         // state, joined to the other ranks from the start.
         let sharded = global.cluster.sharding == Sharding::Full && world > 1;
-        let actor_peers = sharded.then(&mut collective);
-        let mut run = Run::new(local, &dir, &pool, model, val, metrics, total, actor_peers)?;
+        let peers = WorkerPeers {
+            actor: sharded.then(&mut collective),
+            rollout: check_group(global, rank, rollout_group)?,
+        };
+        let mut run = Run::new(local, &dir, &pool, model, val, metrics, total, peers)?;
         join_ranks(&mut run, global, collective)?;
         let batches = Batches::of_run(train, global)?;
         Ok(Rank {
@@ -207,14 +223,27 @@ impl Rank {
         let at_start = self.gen_batches;
         let (batches, next) = (&self.batches, &mut self.gen_batches);
         let (rank, world) = (self.rank, self.world);
+        let tp = self.global.rollout.tensor_model_parallel_size;
         let mut draw = || {
             let global = batches.batch(*next);
             *next = next.saturating_add(1);
-            let mine = shard(global.prompts.len(), rank, world);
+            let len = global.prompts.len();
+            let mine = shard(len, rank, world);
+            // The tensor-parallel group's ranks are consecutive, their
+            // shares too: the group generates their union.
+            let group = (tp > 1).then(|| {
+                let first = rank / tp * tp;
+                let span = shard(len, first, world).start..shard(len, first + tp - 1, world).end;
+                (
+                    global.prompts[span.clone()].to_vec(),
+                    mine.start - span.start,
+                )
+            });
             Batch {
                 step: global.step,
                 epoch: global.epoch,
                 prompts: global.prompts[mine].to_vec(),
+                group,
             }
         };
         let m = match self.run.step(step, &mut draw) {
@@ -243,6 +272,11 @@ impl Rank {
             return Ok(EvalTallies::default());
         }
         let result = self.run.greedy_eval()?;
+        // A tensor-parallel group's ranks evaluated the same prompts
+        // together: the first of them reports them.
+        if !(self.rank).is_multiple_of(self.global.rollout.tensor_model_parallel_size.max(1)) {
+            return Ok(EvalTallies::default());
+        }
         self.run.dump_eval(self.next_step, &result)?;
         Ok(EvalTallies::from(&result))
     }
@@ -403,8 +437,10 @@ fn rank_data(
 ) -> Result<((PathBuf, Tokenizer), Dataset, Dataset)> {
     let (model_dir, tokenizer) = open_model(global, &dir.join("base"))?;
     let (train, val) = load_data(global, dir, &tokenizer)?;
+    // A tensor-parallel group evaluates one share together.
+    let tp = global.rollout.tensor_model_parallel_size.max(1);
     let val = Dataset {
-        prompts: val.prompts[shard(val.len(), rank, world)].to_vec(),
+        prompts: val.prompts[shard(val.len(), rank / tp, world / tp)].to_vec(),
         ..Dataset::default()
     };
     Ok(((model_dir, tokenizer), train, val))
@@ -433,6 +469,30 @@ fn rank_records(dir: &Path, resume_from: Option<usize>) -> Result<(MetricsWriter
 /// Joins `run`'s trainers to the other ranks: the actor's collective, the
 /// critic's for PPO with GAE, and with dynamic sampling the peers a step
 /// asks whether every rank has its groups.
+/// This rank's tensor-parallel group, checked against the config: given
+/// exactly when `rollout.tensor_model_parallel_size` > 1, of that size,
+/// this rank at its place in it.
+fn check_group(
+    config: &Config,
+    rank: usize,
+    group: Option<Box<dyn TensorParallel>>,
+) -> Result<Option<Box<dyn TensorParallel>>> {
+    let tp = config.rollout.tensor_model_parallel_size;
+    let found = group.as_ref().map(|g| (g.world_size(), g.rank()));
+    match found {
+        None if tp <= 1 => Ok(None),
+        Some((size, r)) if tp > 1 && size == tp && r == rank % tp => Ok(group),
+        _ => Err(Error::Cluster(format!(
+            "rank {rank}: rollout.tensor_model_parallel_size = {tp}, but the worker was given \
+             {}",
+            match found {
+                Some((size, r)) => format!("rank {r} of a tensor-parallel group of {size}"),
+                None => "no tensor-parallel group".into(),
+            }
+        ))),
+    }
+}
+
 fn join_ranks(
     run: &mut Run,
     global: &Config,
