@@ -153,6 +153,16 @@ pub struct StepMetrics {
         skip_serializing_if = "Option::is_none"
     )]
     pub reshard_bytes: Option<u64>,
+    /// A sharded actor's seconds this step in its gathers and
+    /// reduce-scatters as the trainer sees them: the transport's time
+    /// (`timing_s/all_gather`, `timing_s/reduce_scatter` and their waits,
+    /// measured inside Python) plus the route to it through colo-py.
+    #[serde(
+        rename = "timing_s/shard_collectives",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub shard_collectives_s: Option<f64>,
     /// Samples whose reward failed and got the configured default.
     #[serde(rename = "reward/failures", default)]
     pub reward_failures: u64,

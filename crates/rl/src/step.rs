@@ -118,6 +118,9 @@ pub(crate) struct Run<'a> {
     /// Optimizer steps skipped in a row (their gradient norm was not
     /// finite), across RL steps: [`MAX_SKIPPED_IN_A_ROW`] stops the run.
     pub(crate) skipped_in_a_row: usize,
+    /// A sharded actor's seconds in its gathers and reduce-scatters up to
+    /// the last step's metrics (each step records its own).
+    collective_s: std::cell::Cell<f64>,
 }
 
 impl<'a> Run<'a> {
@@ -190,6 +193,7 @@ impl<'a> Run<'a> {
             peers: None,
             stop_file: None,
             skipped_in_a_row: 0,
+            collective_s: Default::default(),
         })
     }
 }
@@ -836,6 +840,11 @@ impl Run<'_> {
             peak_device_bytes: pool_stats.peak_resident_bytes,
             peak_allocated_bytes: pool_stats.peak_allocated_bytes,
             reshard_bytes: self.worker.actor("read the metrics")?.gather_bytes(),
+            shard_collectives_s: self
+                .worker
+                .actor("read the metrics")?
+                .collective_seconds()
+                .map(|total| total - self.collective_s.replace(total)),
             reward_failures: sampling.reward.failures,
             reward_extra: r.reward_extra,
             mismatch: Some(updates.mismatch.into()),
