@@ -201,7 +201,7 @@ fn engine_for(
         device: config.trainer.device.torch(),
         cpu_threads: config.trainer.cpu_threads,
         gradient_checkpointing: config.model.enable_gradient_checkpointing,
-        lora: None,
+        lora: config.model.lora(),
     }
 }
 
@@ -355,8 +355,10 @@ pub(crate) fn uses_critic(config: &Config) -> bool {
 
 /// The critic's engine: its optimizer (`[critic]`) plus a value head.
 pub(crate) fn critic_config(config: &Config, total_steps: usize) -> colo_train::TrainerConfig {
+    // LoRA is the actor's: the critic trains all its weights.
     colo_train::TrainerConfig {
         value_head: Some(Default::default()),
+        lora: None,
         ..engine_for(config, config.critic_optim(), total_steps)
     }
 }

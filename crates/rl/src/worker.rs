@@ -281,6 +281,12 @@ impl HybridWorker {
             .map(|c| ColoTrainer::from_dir(Arc::clone(&pool), model_dir, c))
             .transpose()?;
         let reference = match spec.reference {
+            // A LoRA actor's frozen weights are the starting policy: no copy.
+            true if actor.lora().is_some() => Some(Reference::base_of(
+                Arc::clone(&pool),
+                actor.base_model()?,
+                spec.actor.cpu_threads,
+            )),
             true => {
                 let a = &spec.actor;
                 let (kind, device, threads) = (a.kind, a.device, a.cpu_threads);

@@ -512,9 +512,29 @@ impl ColoTrainer {
     /// (the base weights are the starting model's, already loaded), else
     /// `model.safetensors`.
     pub(crate) fn checkpoint_tensors(&self, dir: &Path) -> Result<HashMap<String, Tensor>> {
+        let adapter = dir.join(ADAPTER_DIR);
         let Some(state) = &self.lora else {
+            if adapter.exists() {
+                return Err(Error::CheckpointState {
+                    path: dir.to_owned(),
+                    reason: format!(
+                        "it holds {ADAPTER_DIR}/: a LoRA engine wrote it, and this one trains \
+                         every weight (its model.safetensors is the merged model, a starting \
+                         point rather than a state to resume)"
+                    ),
+                });
+            }
             return read_named(&dir.join(colo_model::weights::WEIGHTS_FILE));
         };
+        if !adapter.is_dir() {
+            return Err(Error::CheckpointState {
+                path: dir.to_owned(),
+                reason: format!(
+                    "it holds no {ADAPTER_DIR}/: an engine that trains every weight wrote it, \
+                     and this one trains LoRA adapters"
+                ),
+            });
+        }
         let targets = self.model.projection_paths(&state.lora.targets);
         let adapters = read_peft_adapter(&dir.join(ADAPTER_DIR), &state.lora, &targets)?;
         Ok(adapters

@@ -357,3 +357,24 @@ fn log_probs_and_adapter_gradients_match_peft() {
         eprintln!("{name}: log-probs {d:.1e}, worst adapter gradient {worst:.1e} (relative)");
     }
 }
+
+#[test]
+fn a_lora_engine_and_a_full_one_refuse_each_others_checkpoints() {
+    let root = scratch_dir("lora-cross");
+    let (lora_dir, full_dir) = (root.join("lora"), root.join("full"));
+    let mut l = engine_with("tiny-qwen2", &lora_config(Kind::Float));
+    l.save_checkpoint(&lora_dir).unwrap();
+    let full_cfg = TrainerConfig {
+        cpu_threads: 1,
+        ..config(2)
+    };
+    let mut f = engine_with("tiny-qwen2", &full_cfg);
+    f.save_checkpoint(&full_dir).unwrap();
+    let e = f.load_checkpoint(&lora_dir).unwrap_err().to_string();
+    assert!(
+        e.contains("lora_adapter/") && e.contains("every weight"),
+        "{e}"
+    );
+    let e = l.load_checkpoint(&full_dir).unwrap_err().to_string();
+    assert!(e.contains("no lora_adapter/"), "{e}");
+}

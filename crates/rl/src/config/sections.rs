@@ -148,7 +148,7 @@ impl DataConfig {
 }
 
 /// `[model]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, Keys)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
     /// Hugging Face checkpoint directory (config.json, *.safetensors,
@@ -164,9 +164,54 @@ pub struct ModelConfig {
     /// activation memory, one more forward); on with cluster.sharding = "full"
     #[key(verl = "actor_rollout_ref.model.enable_gradient_checkpointing")]
     pub enable_gradient_checkpointing: bool,
+    /// rank of the LoRA adapters the actor trains instead of its weights: the
+    /// weights stay frozen (no gradients, optimizer state or master copies), the
+    /// reference is the model with the adapters off (no second copy), the rollout
+    /// engine gets the adapters merged in; checkpoints hold the merged model and
+    /// lora_adapter/ in PEFT's format. 0: no adapters, every weight trains. The
+    /// critic (GAE) trains all its weights either way
+    #[key(unit = "rank (0: off)", verl = "actor_rollout_ref.model.lora_rank")]
+    pub lora_rank: usize,
+    /// LoRA's alpha: the adapters' output is scaled by lora_alpha / lora_rank
+    #[key(range = "> 0", verl = "actor_rollout_ref.model.lora_alpha")]
+    #[default = 16.0]
+    pub lora_alpha: f64,
+    /// the projections that get adapters: "all-linear" (every projection of the
+    /// decoder layers, not the LM head) or a list of q_proj, k_proj, v_proj,
+    /// o_proj, gate_proj, up_proj, down_proj
+    #[key(
+        unit = "\"all-linear\" or a list of projection names",
+        verl = "actor_rollout_ref.model.target_modules"
+    )]
+    pub target_modules: colo_train::TargetModules,
+    /// dropout on the adapters' input in training; only 0 is implemented
+    #[key(unit = "fraction (0 only)")]
+    pub lora_dropout: f64,
+    /// start the adapters from a saved PEFT adapter (a directory with
+    /// adapter_config.json and adapter_model.safetensors, e.g. a checkpoint's
+    /// lora_adapter/) instead of fresh ones; its r, lora_alpha and target_modules
+    /// must be the keys above
+    #[key(
+        unit = "path",
+        verl = "actor_rollout_ref.model.lora_adapter_path",
+        unset = "fresh adapters (PEFT's initialisation: B = 0, the model starts as the base)"
+    )]
+    pub lora_adapter_path: Option<PathBuf>,
 }
 
 impl ModelConfig {
+    /// The actor's LoRA settings, when `lora_rank` is set.
+    pub fn lora(&self) -> Option<colo_train::LoraConfig> {
+        (self.lora_rank > 0).then(|| colo_train::LoraConfig {
+            rank: self.lora_rank,
+            alpha: self.lora_alpha,
+            target_modules: self.target_modules.clone(),
+            dropout: self.lora_dropout,
+            adapter_path: self.lora_adapter_path.clone(),
+            seed: 0,
+        })
+    }
+
     /// The checkpoint directory to load. The built-in model is written out
     /// into `scratch` (a directory of the run) by
     /// [`crate::task::builtin_checkpoint`], so both sources load the same way.

@@ -162,7 +162,7 @@ pub(crate) fn summary(c: &Config) -> String {
     let model = match &c.model.path {
         None => "built-in (Qwen2, 0.8M parameters, character tokenizer)".to_owned(),
         Some(p) => p.display().to_string(),
-    };
+    } + &lora_text(&c.model);
     let (a, alg) = (&c.actor, &c.algorithm);
     let kl = match (a.use_kl_loss, alg.use_kl_in_reward) {
         (true, _) => format!(
@@ -209,6 +209,27 @@ pub(crate) fn summary(c: &Config) -> String {
     })
     .collect::<Vec<_>>()
     .join("\n")
+}
+
+/// The model line's LoRA part: empty without adapters.
+fn lora_text(m: &ModelConfig) -> String {
+    if m.lora_rank == 0 {
+        return String::new();
+    }
+    let targets = match m.target_modules.resolve() {
+        Ok(t) if t.len() == colo_model::lora::PROJECTIONS.len() => "all-linear".to_owned(),
+        Ok(t) => t.join(", "),
+        Err(_) => name(&m.target_modules),
+    };
+    let start = match &m.lora_adapter_path {
+        Some(p) => format!(", from {}", p.display()),
+        None => String::new(),
+    };
+    format!(
+        "; LoRA rank {}, alpha {} on {targets}{start} (weights frozen, reference = base)",
+        m.lora_rank,
+        Num(m.lora_alpha)
+    )
 }
 
 /// The `data` line of [`summary`]: where the prompts come from.

@@ -85,6 +85,7 @@ pub(crate) fn validate(mut c: Config, written: &dyn Fn(&str) -> bool) -> Check<C
     trainer_section(&mut c.trainer)?;
     cluster_section(&mut c.cluster, &c.batch)?;
     sharding_fits(&mut c, written)?;
+    lora_fits(&c)?;
     schedule_fits(&c)?;
     dumps_fit(&c)?;
     critic_warmup_fits(&c)?;
@@ -250,6 +251,46 @@ fn sharding_fits(c: &mut Config, written: &dyn Fn(&str) -> bool) -> Check<()> {
         );
     }
     c.model.enable_gradient_checkpointing = true;
+    Ok(())
+}
+
+/// The `[model]` LoRA keys: a rank for an adapter to start from, dropout
+/// 0, known projections; and not with a sharded trainer, which trains
+/// every weight.
+fn lora_fits(c: &Config) -> Check<()> {
+    let m = &c.model;
+    if m.lora_rank == 0 {
+        if m.lora_adapter_path.is_some() {
+            return bad(
+                "model.lora_adapter_path",
+                "is set and model.lora_rank is 0 (no adapters): set model.lora_rank (and \
+                 lora_alpha, target_modules) to the adapter's r, lora_alpha and target_modules",
+            );
+        }
+        return Ok(());
+    }
+    if m.lora_dropout != 0.0 {
+        return bad(
+            "model.lora_dropout",
+            format!(
+                "= {}: only 0 is implemented (no dropout on the adapters' input)",
+                Num(m.lora_dropout)
+            ),
+        );
+    }
+    if let Err(why) = m.target_modules.resolve() {
+        return bad("model.target_modules", why);
+    }
+    if c.cluster.sharding == Sharding::Full {
+        return bad(
+            "model.lora_rank",
+            format!(
+                "= {} cannot run with cluster.sharding = \"full\": a sharded trainer trains \
+                 every weight; set model.lora_rank = 0 or cluster.sharding = \"none\"",
+                m.lora_rank
+            ),
+        );
+    }
     Ok(())
 }
 
