@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{num, out_of_range, PlanError, Result};
+use crate::lora::{Lora, LoraInput};
 use crate::model::{DType, HfConfig, ModelSpec};
 use crate::presets::preset;
 
@@ -186,6 +187,10 @@ pub struct PlanInput {
     /// Generation layout.
     pub gen_pp: u64,
     pub gen_tp: u64,
+    /// Whether a tensor-parallel engine keeps the embedding, LM head and
+    /// final norm whole on every rank (colo-rollout's) instead of splitting
+    /// them with the rest (vLLM's vocabulary-parallel layers).
+    pub gen_replicated_embeddings: bool,
     /// SGLang's `mem_fraction_static`. Exclusive with `kv_tokens`; 0.9 if
     /// neither is given.
     pub mem_fraction: Option<f64>,
@@ -235,6 +240,10 @@ pub struct PlanInput {
     /// `enforce_eager`). Their memory sleeps and wakes with the KV cache.
     #[serde(default)]
     pub cuda_graphs: Option<GraphCapture>,
+    /// The trainer trains LoRA adapters on frozen weights
+    /// ([`crate::lora`]); `None`: every weight trains.
+    #[serde(default)]
+    pub lora: Option<LoraInput>,
 }
 
 /// The shape of the largest captured decode step: rows (sequences) and
@@ -267,6 +276,7 @@ impl Default for PlanInput {
             logprob_tokens_per_micro_batch: None,
             gen_pp: 1,
             gen_tp: 1,
+            gen_replicated_embeddings: false,
             mem_fraction: None,
             kv_tokens: None,
             kv_free_fraction: None,
@@ -283,6 +293,7 @@ impl Default for PlanInput {
             weight_sync: WeightSync::Full,
             reference: false,
             cuda_graphs: None,
+            lora: None,
         }
     }
 }
@@ -354,6 +365,7 @@ pub struct Plan {
     pub logprob_tokens_per_micro_batch: u64,
     pub gen_pp: u64,
     pub gen_tp: u64,
+    pub gen_replicated_embeddings: bool,
     pub kv_budget: KvBudget,
     /// Tokens per KV-cache block (budgets round to whole blocks).
     pub kv_block_tokens: u64,
@@ -364,6 +376,7 @@ pub struct Plan {
     pub weight_sync: WeightSync,
     pub reference: bool,
     pub cuda_graphs: Option<GraphCapture>,
+    pub lora: Option<Lora>,
 }
 
 impl Plan {
@@ -664,6 +677,7 @@ impl PlanInput {
                 .max(1),
             gen_pp: pg,
             gen_tp: tg,
+            gen_replicated_embeddings: self.gen_replicated_embeddings,
             kv_budget,
             kv_block_tokens: self.kv_block_tokens,
             kv_tokens_cap: self.kv_tokens_cap,
@@ -673,6 +687,7 @@ impl PlanInput {
             weight_sync: self.weight_sync,
             reference: self.reference,
             cuda_graphs: self.cuda_graphs,
+            lora: self.lora.as_ref().map(LoraInput::validate).transpose()?,
             model,
         })
     }

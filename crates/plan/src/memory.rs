@@ -151,7 +151,14 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
             true => shard(plan.param_dtype.bytes(), state_shards),
             false => full_weights,
         },
-        rollout_weights: full_weights.div_ceil(pg * tg),
+        rollout_weights: match plan.gen_replicated_embeddings {
+            // The layers split, the rest whole on every rank.
+            true => {
+                let whole = m.non_layer_params() * plan.param_dtype.bytes();
+                (full_weights - whole).div_ceil(pg * tg) + whole
+            }
+            false => full_weights.div_ceil(pg * tg),
+        },
         kv_bytes_per_token: m.kv_bytes_per_token_sharded(plan.kv_dtype, pg, tg),
         sync_buffer: match plan.weight_sync {
             WeightSync::Full => full_weights,
@@ -165,6 +172,20 @@ pub fn component_sizes(plan: &Plan) -> ComponentSizes {
         },
         cuda_graphs: cuda_graph_bytes(plan),
     };
+    if let Some(l) = &plan.lora {
+        // Frozen weights, and the adapters' state alone ([`crate::lora`]).
+        let adapters = m.lora_params(l);
+        sizes.train_params += (adapters * pb).div_ceil(state_shards);
+        sizes.train_grads = (adapters * gb).div_ceil(state_shards);
+        sizes.optimizer = (adapters * ob).div_ceil(opt_shards);
+        sizes.ref_params = 0;
+        // One layer's merged weights beside what the sync reads.
+        let merged = m.lora_merged_layer_params(l) * plan.param_dtype.bytes();
+        sizes.sync_buffer = match plan.weight_sync {
+            WeightSync::Full => sizes.train_params + merged,
+            _ => sizes.sync_buffer + merged,
+        };
+    }
     if let ActivationModel::Eager {
         seq_len,
         response_len,
@@ -243,9 +264,11 @@ fn eager_training_peak(plan: &Plan, graph: u64, seq: u64, lanes: u64) -> u64 {
         false => 0,
     };
     let embedding = m.vocab * m.hidden * b;
-    let beyond = match m.tie_embeddings {
-        true => 2 * embedding,
-        false => embedding,
+    let beyond = match (plan.lora.is_some(), m.tie_embeddings) {
+        // A frozen embedding gets no gradient.
+        (true, _) => 0,
+        (false, true) => 2 * embedding,
+        (false, false) => embedding,
     };
     let graph_side = match plan.activation_checkpointing {
         true => graph + (lanes - 1) * grads,
@@ -257,9 +280,12 @@ fn eager_training_peak(plan: &Plan, graph: u64, seq: u64, lanes: u64) -> u64 {
 /// The parameters whose gradients an eager backward holds at once: all
 /// of them, or sharded the root unit's (held from the LM head's backward
 /// to the embedding's) and one decoder layer's (reduce-scattered when its
-/// backward ends).
+/// backward ends); with LoRA the adapters.
 fn grad_params(plan: &Plan) -> u64 {
     let m = &plan.model;
+    if let Some(l) = &plan.lora {
+        return m.lora_params(l);
+    }
     match plan.fsdp_shards() > 1 {
         true => m.non_layer_params() + m.layer_params(),
         false => m.params(),
@@ -549,7 +575,11 @@ pub fn estimate(plan: &Plan) -> Result<MemoryReport> {
         tl.set(Logits, s.forward_logits);
     };
     if plan.reference {
-        tl.set(RefParams, s.ref_params);
+        // With LoRA the reference is the trainer's weights, adapters off.
+        match plan.lora {
+            Some(_) => tl.set(TrainParams, s.train_params),
+            None => tl.set(RefParams, s.ref_params),
+        }
         // A whole reference gathers nothing.
         let gathered = match plan.fsdp_shard_reference {
             true => s.fsdp_gathered,

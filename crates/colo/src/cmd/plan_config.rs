@@ -88,6 +88,7 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
     let workers = config.cluster.workers();
     let config = &colo_rl::data_parallel::rank_config(config, workers)?;
     let shards = config.cluster.shards() as u64;
+    let tg = config.rollout.tensor_model_parallel_size.max(1) as u64;
     let mode = match config.memory.colocation {
         Colocation::Naive => "naive",
         Colocation::Sleep => "sleep",
@@ -128,8 +129,12 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         model: ModelSource::Config(hf_config(&model_cfg)),
         param_dtype: dtype.name().into(),
         kv_dtype: dtype.name().into(),
-        // A worker's device; sharded, one of the FSDP group's `shards`.
-        devices: shards,
+        // A worker's device; sharded, one of the FSDP group's `shards`; a
+        // tensor-parallel rollout's group at least (replicas in FSDP's
+        // terms when not sharded).
+        devices: shards.max(tg),
+        gen_tp: tg,
+        gen_replicated_embeddings: true,
         fsdp: Some(shards),
         fsdp_gathered_layers: 1,
         fsdp_shard_reference: false,
@@ -148,10 +153,12 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         kv_tokens,
         kv_block_tokens: engine.block_size as u64,
         // The engine's own cap (one step's sequences, at most
-        // max_num_seqs, of max_prompt_length + max_new_tokens).
+        // max_num_seqs, of max_prompt_length + max_new_tokens); a
+        // tensor-parallel group's engines hold its `tg` ranks' sequences,
+        // each its share of the KV heads.
         kv_tokens_cap: engine
             .cap_blocks()
-            .map(|blocks| (blocks * engine.block_size) as u64),
+            .map(|blocks| (blocks * engine.block_size) as u64 * tg),
         activation_model: "eager".into(),
         seq_len: Some(seq_len),
         response_len: Some(config.rollout.max_new_tokens as u64),
@@ -387,6 +394,39 @@ mod tests {
         assert_eq!(one.scope(), "per device");
         let cap = |r: &RunPlan| r.input.kv_tokens_cap.unwrap();
         assert_eq!(cap(&replicas) * 4, cap(&one));
+    }
+
+    /// A tensor-parallel rollout's worker holds its share of the layers'
+    /// weights and of the KV heads of its group's sequences, and the
+    /// embedding whole (colo-rollout's layout).
+    #[test]
+    fn a_tensor_parallel_rollout_is_planned_per_rank() {
+        let parse = |text: &str| Config::from_toml(text, Path::new("run.toml")).unwrap();
+        let base = "[rollout]\nmax_kv_tokens = 4096\n[cluster]\nworkers = 2\n";
+        let one = from_config(&parse(base)).unwrap();
+        let tp = base.replace("[rollout]\n", "[rollout]\ntensor_model_parallel_size = 2\n");
+        let two = from_config(&parse(&tp)).unwrap();
+        assert_eq!(
+            (two.input.devices, two.input.gen_tp, two.input.fsdp),
+            (2, 2, Some(1))
+        );
+        assert!(two.input.gen_replicated_embeddings);
+        let sizes = |r: &RunPlan| {
+            let plan = r.input.validate().unwrap();
+            colo_plan::memory::component_sizes(&plan)
+        };
+        let (a, b) = (sizes(&one), sizes(&two));
+        let plan = two.input.validate().unwrap();
+        let whole = plan.model.non_layer_params() * plan.param_dtype.bytes();
+        assert_eq!(
+            b.rollout_weights,
+            (a.rollout_weights - whole).div_ceil(2) + whole
+        );
+        assert_eq!(2 * b.kv_bytes_per_token, a.kv_bytes_per_token);
+        assert_eq!(
+            two.input.kv_tokens_cap,
+            one.input.kv_tokens_cap.map(|c| 2 * c)
+        );
     }
 
     /// The KV term is capped at a step's samples at full length, or at
