@@ -114,6 +114,7 @@ pub mod config;
 pub mod cost;
 pub mod error;
 pub mod generate;
+pub mod lora;
 pub mod mapping;
 pub mod memory;
 pub mod model;
