@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args as ClapArgs, Subcommand};
 use colo_plan::config::{ModelSource, Offload, PlanInput, TrainLayout, WeightSync, GIB};
 use colo_plan::cost::{Hardware, Role, Workload};
+use colo_plan::lora::LoraInput;
 use colo_plan::mapping::{auto_map, MappingProblem};
 use colo_plan::memory::estimate;
 use colo_plan::presets::preset;
@@ -35,7 +36,7 @@ enum Sub {
 
 /// The flags that describe a job, which a run config (`--config
 /// run.toml`, `--builtin-run`) describes whole: refused beside one.
-const JOB_FLAGS: [&str; 22] = [
+const JOB_FLAGS: [&str; 24] = [
     "param_dtype",
     "kv_dtype",
     "devices",
@@ -58,6 +59,8 @@ const JOB_FLAGS: [&str; 22] = [
     "offload",
     "weight_sync",
     "reference",
+    "lora_rank",
+    "lora_targets",
 ];
 
 /// Flags of the per-phase memory estimate. The run's own (`--builtin-run`)
@@ -151,6 +154,15 @@ struct MemoryArgs {
     /// A reference model is colocated (for a KL term).
     #[arg(long)]
     reference: bool,
+    /// The trainer trains LoRA adapters of this rank on frozen weights:
+    /// gradients and optimizer state for the adapters only, the reference
+    /// (with --reference) is the trainer's weights with the adapters off.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    lora_rank: Option<u64>,
+    /// The projections that get adapters: all-linear, or a comma list of
+    /// q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
+    #[arg(long, default_value = "all-linear", requires = "lora_rank")]
+    lora_targets: String,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -357,6 +369,14 @@ fn memory(a: MemoryArgs, matches: Option<&clap::ArgMatches>) -> Result<()> {
         offload: parse_offload(&a.offload)?,
         weight_sync: parse_sync(&a.weight_sync)?,
         reference: a.reference,
+        lora: a.lora_rank.map(|rank| LoraInput {
+            rank,
+            target_modules: a
+                .lora_targets
+                .split(',')
+                .map(|t| t.trim().to_owned())
+                .collect(),
+        }),
         ..PlanInput::default()
     };
     let plan = input.validate()?;
@@ -365,8 +385,16 @@ fn memory(a: MemoryArgs, matches: Option<&clap::ArgMatches>) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         let m = &plan.model;
+        let lora = match &plan.lora {
+            Some(l) => format!(
+                " (LoRA rank {}: {:.2}M trained)",
+                l.rank,
+                m.lora_params(l) as f64 / 1e6
+            ),
+            None => String::new(),
+        };
         println!(
-            "{}: {:.2}B params, {:.2} GiB weights, {} KV bytes/token; {} devices × {:.0} GiB; train {}; gen pp{}-tp{}; mode {}\n",
+            "{}: {:.2}B params{lora}, {:.2} GiB weights, {} KV bytes/token; {} devices × {:.0} GiB; train {}; gen pp{}-tp{}; mode {}\n",
             m.name,
             m.params() as f64 / 1e9,
             m.weight_bytes(plan.param_dtype) as f64 / GIB as f64,

@@ -38,6 +38,9 @@
 //!   `max_new_tokens` — the longest a micro-batch can be padded to — split
 //!   over the trainer's lanes (`trainer.cpu_threads`), each of which ends
 //!   its backward holding a full set of gradients in the parameters' kind;
+//! - with `[model] lora_rank` the trainer's gradients and optimizer state
+//!   are the adapters' only, its weights frozen, and the reference is its
+//!   own weights (colo-plan's `lora`);
 //! - the plan check adds colo-plan's margin (a tenth of the activations)
 //!   to the peak: the capacity must hold both.
 
@@ -46,6 +49,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use colo_model::{ModelConfig, Tokenizer};
 use colo_plan::config::{GraphCapture, ModelSource, Offload, PlanInput, WeightSync, GIB};
+use colo_plan::lora::LoraInput;
 use colo_plan::model::HfConfig;
 use colo_rl::config::{Colocation, Config, DataSource, Device, Dtype, KvBudget, ValSource};
 
@@ -179,6 +183,7 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         },
         reference: config.needs_ref(),
         cuda_graphs: cuda_graphs(config, &engine, prompts.held_out),
+        lora: lora(config)?,
         ..PlanInput::default()
     };
     Ok(RunPlan {
@@ -188,6 +193,22 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         workers,
         sharded: shards > 1,
     })
+}
+
+/// The actor's LoRA adapters (`[model] lora_rank`), which colo-plan counts
+/// as colo-train keeps them: state for the adapters only, the reference
+/// the actor's own weights.
+fn lora(config: &Config) -> Result<Option<LoraInput>> {
+    let m = &config.model;
+    if m.lora_rank == 0 {
+        return Ok(None);
+    }
+    let targets = (m.target_modules.resolve())
+        .map_err(|why| anyhow::anyhow!("model.target_modules {why}"))?;
+    Ok(Some(LoraInput {
+        rank: m.lora_rank as u64,
+        target_modules: targets.into_iter().map(str::to_owned).collect(),
+    }))
 }
 
 /// Why a KV cache of `kv_tokens` (colo-plan's prediction for `run`)
@@ -432,6 +453,33 @@ mod tests {
     /// The KV term is capped at a step's samples at full length, or at
     /// `rollout.max_num_seqs` of them where that is fewer (as the run's
     /// engine is).
+    /// `[model] lora_rank` reaches the plan: the built-in job's optimizer
+    /// state shrinks to the adapters' and its reference copy goes.
+    #[test]
+    fn a_lora_run_plans_the_adapters_state_and_no_reference_copy() {
+        let parse = |text: &str| Config::from_toml(text, Path::new("run.toml")).unwrap();
+        let full = from_config(&Config::builtin()).unwrap();
+        let run = from_config(&parse(
+            "[model]\nlora_rank = 8\ntarget_modules = [\"q_proj\", \"v_proj\"]\n",
+        ))
+        .unwrap();
+        let lora = run.input.lora.clone().expect("planned with LoRA");
+        assert_eq!(
+            (lora.rank, lora.target_modules),
+            (8, vec!["q_proj".into(), "v_proj".into()])
+        );
+        let sizes = |r: &RunPlan| colo_plan::memory::component_sizes(&r.input.validate().unwrap());
+        let (f, l) = (sizes(&full), sizes(&run));
+        assert!(
+            l.optimizer * 10 < f.optimizer,
+            "{} vs {}",
+            l.optimizer,
+            f.optimizer
+        );
+        assert_eq!(l.ref_params, 0);
+        assert!(f.ref_params > 0);
+    }
+
     #[test]
     fn the_kv_cap_follows_max_num_seqs_below_a_steps_samples() {
         let mut config = Config::builtin();
