@@ -160,7 +160,8 @@ pub struct StepMetrics {
     #[serde(
         rename = "timing_s/shard_collectives",
         default,
-        skip_serializing_if = "Option::is_none"
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "null_is_nan_some"
     )]
     pub shard_collectives_s: Option<f64>,
     /// Samples whose reward failed and got the configured default.

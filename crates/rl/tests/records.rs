@@ -76,6 +76,8 @@ fn step_with(step: usize, v: f64) -> StepMetrics {
         throughput: v,
         peak_device_bytes: u64::MAX,
         peak_allocated_bytes: 1,
+        reshard_bytes: Some(u64::MAX),
+        shard_collectives_s: Some(v),
         reward_failures: 3,
         reward_extra: [("acc".to_owned(), v), ("len".to_owned(), v)].into(),
         mismatch: Some(MismatchRecord {
