@@ -8,7 +8,10 @@
 //! `colo generate --model …/step-N` and `model.path = "…/step-N"` load it.
 //! Beside them, the optimizer state and `trainer_state.json`
 //! (`global_step`: RL steps, `optimizer_steps`: optimizer steps), written
-//! last, for a GAE run the critic in `critic/`, and `worker_state.json`:
+//! last, for a LoRA run the adapter in `lora_adapter/` (PEFT's format;
+//! `model.safetensors` is then the merged model, and a resume reads the
+//! adapter, colo-train's `lora`), for a GAE run the critic in `critic/`,
+//! and `worker_state.json`:
 //! what the memory choreography learnt of the steps so far (the largest
 //! step, whether the reference stays resident), so that a resumed run
 //! keeps and gives up what the uninterrupted one would have (optional:
