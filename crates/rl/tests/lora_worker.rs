@@ -119,5 +119,8 @@ fn the_reference_is_the_actors_base_and_the_engine_generates_merged() {
         let trained = w.score(&seqs, false).unwrap().log_probs;
         assert!((&trained - &base).abs().max().double_value(&[]) > 1e-2);
         assert_eq!(ref_bytes(&pool), 0, "{mode:?}");
+        drop(w);
+        let scratch = format!("colo-lora-worker-{}-{mode:?}", std::process::id());
+        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(scratch));
     }
 }
