@@ -4,7 +4,7 @@ use clap::Subcommand;
 
 #[derive(Subcommand)]
 pub enum Bench {
-    /// The built-in job's step on 1, 2 and 4 data-parallel workers on Ray: step split, all-reduce bytes and bandwidth against memcpy, the controller's share.
+    /// The built-in job's step on 1, 2 and 4 data-parallel workers on Ray: step split, all-reduce bytes and bandwidth against memcpy, the controller's share; with `--sharding none,full`, replicated against sharded workers (per-worker peak against the plan, gathers and reduce-scatters, the weight sync's bytes).
     #[command(disable_help_flag = true)]
     Cluster {
         /// Passed to `python -m colo.bench` (--config, --workers 1,2,4, --steps, --json).
