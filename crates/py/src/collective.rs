@@ -50,10 +50,12 @@ pub(crate) fn check_comm(comm: &Bound<'_, PyAny>) -> PyResult<()> {
 }
 
 impl PyCollective {
-    fn failed(&self, what: &str, e: PyErr) -> colo_train::Error {
-        colo_train::Error::Unsupported {
-            what: "collective",
-            found: format!("rank {} of {}: {what}: {e}", self.rank, self.world),
+    fn failed(&self, op: &'static str, e: PyErr) -> colo_train::Error {
+        colo_train::Error::Collective {
+            op,
+            rank: self.rank,
+            world: self.world,
+            reason: e.to_string(),
         }
     }
 }

@@ -44,6 +44,16 @@ pub enum Error {
     #[error("unsupported {what}: {found}")]
     Unsupported { what: &'static str, found: String },
 
+    /// A collective call failed: a peer died or its transport broke
+    /// (`rank` of `world`, the call, and what the transport said).
+    #[error("collective {op} failed on rank {rank} of {world}: {reason}")]
+    Collective {
+        op: &'static str,
+        rank: usize,
+        world: usize,
+        reason: String,
+    },
+
     /// A checkpoint tensor does not have the shape of the engine's tensor.
     #[error("checkpoint {}: tensor `{name}` has shape {found:?}, expected {expected:?}", path.display())]
     CheckpointShape {
