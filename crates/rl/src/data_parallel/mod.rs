@@ -317,15 +317,25 @@ impl Rank {
     }
 
     /// A digest of the actor's weights, bit for bit: equal on every rank
-    /// while the ranks agree.
+    /// while the ranks agree. Read a tensor at a time (a sharded actor's a
+    /// unit at a time, gathered: every rank must call it), so it never
+    /// holds a second copy of the model.
     pub fn weights_digest(&self) -> Result<u64> {
+        const OP: &str = "digest the weights";
+        self.expect_train(OP)?;
         let mut h = std::hash::DefaultHasher::new();
-        for (name, _, values) in self.weights()? {
-            h.write(name.as_bytes());
-            for x in values {
-                h.write_u32(x.to_bits());
+        let actor = self.run.worker.actor(OP)?;
+        colo_train::TrainEngine::visit_parameters(actor, &mut |params| {
+            for (name, t) in params {
+                h.write(name.as_bytes());
+                let values =
+                    Vec::<f32>::try_from(&t.f_to_kind(tch::Kind::Float)?.f_flatten(0, -1)?)?;
+                for x in values {
+                    h.write_u32(x.to_bits());
+                }
             }
-        }
+            Ok(())
+        })?;
         Ok(h.finish())
     }
 

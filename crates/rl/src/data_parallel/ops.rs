@@ -364,7 +364,7 @@ impl Rank {
         samples(op, model, prompts, responses)
     }
 
-    fn expect_train(&self, op: &'static str) -> Result<()> {
+    pub(crate) fn expect_train(&self, op: &'static str) -> Result<()> {
         match self.phase() {
             Phase::Train => Ok(()),
             Phase::Rollout => Err(refuse(
