@@ -368,8 +368,10 @@ impl ColoTrainer {
     }
 
     /// The optimizer's float32 tensors under their checkpoint names
-    /// (moments, then masters), gathered from the peers: what an unsharded
-    /// trainer's checkpoint holds. Every peer must call it.
+    /// (moments, then masters), gathered from the peers a unit at a time:
+    /// what an unsharded trainer's checkpoint holds (FSDP's full state
+    /// dict, on the first peer only, on the host). Every peer must call
+    /// it; the others get nothing.
     pub(crate) fn gathered_optimizer_tensors(&self) -> Result<Vec<(String, Tensor)>> {
         let sh = self.shards.as_ref().expect("sharded");
         let mut out = Vec::new();
@@ -381,6 +383,12 @@ impl ColoTrainer {
             for (what, shard) in kinds {
                 let full = Tensor::f_empty([unit.padded], (Kind::Float, self.device))?;
                 crate::sharding::lock(&sh.peers)?.all_gather(shard, &full)?;
+                // Only the writer keeps the unit's state, on the host: the
+                // device holds one unit's at a time.
+                if !self.writes_checkpoints() {
+                    continue;
+                }
+                let full = full.f_to_device(tch::Device::Cpu)?;
                 for ((&i, &at), shape) in unit.params.iter().zip(&unit.offsets).zip(&unit.shapes) {
                     let n = shape.iter().product::<i64>();
                     let t = full.f_narrow(0, at, n)?.f_reshape(shape.as_slice())?;
