@@ -646,12 +646,19 @@ impl Model {
     /// Writes `config.json` and `model.safetensors` into `dir` (created if
     /// needed) in the layout transformers loads. A tied head is not written.
     pub fn save_dir(&self, dir: &Path) -> Result<()> {
+        self.save_dir_with(dir, &self.named_parameters())
+    }
+
+    /// [`Model::save_dir`] with the weights given by name (a sharded
+    /// trainer's, gathered to the host a unit at a time), this model's
+    /// config.
+    pub fn save_dir_with(&self, dir: &Path, named: &[(String, Tensor)]) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let cfg_path = dir.join("config.json");
         let json = serde_json::to_string_pretty(&self.cfg.to_hf_json(self.dtype()))
             .expect("a JSON value serialises");
         std::fs::write(&cfg_path, json + "\n").map_err(|e| Error::io(&cfg_path, e))?;
-        weights::save_safetensors(&self.named_parameters(), &dir.join(weights::WEIGHTS_FILE))
+        weights::save_safetensors(named, &dir.join(weights::WEIGHTS_FILE))
     }
 
     pub fn config(&self) -> &ModelConfig {

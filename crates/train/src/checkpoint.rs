@@ -178,6 +178,9 @@ fn commit(tmp: tempfile::TempDir, dir: &Path, parent: &Path, name: &str) -> Resu
     fsync(parent)
 }
 
+/// Tensors under their checkpoint names.
+type Named = Vec<(String, Tensor)>;
+
 impl ColoTrainer {
     pub(crate) fn save(&self, dir: &Path) -> Result<()> {
         self.save_checkpoint_with(dir, None, |_| Ok::<(), Error>(()))
@@ -200,25 +203,23 @@ impl ColoTrainer {
             // Every peer takes part in the gathers; the first writes what
             // an unsharded trainer would.
             let opt = self.gathered_optimizer_tensors()?;
-            let mut written = Ok(());
-            self.with_gathered(|t| {
-                if t.writes_checkpoints() {
-                    written = t.write_checkpoint(dir, global_step, opt, extra);
-                }
-                Ok(())
-            })?;
-            return written;
+            let weights = self.gathered_host_weights()?;
+            if !self.writes_checkpoints() {
+                return Ok(());
+            }
+            return self.write_checkpoint(dir, global_step, (Some(weights), opt), extra);
         }
-        self.write_checkpoint(dir, global_step, self.optimizer_tensors(), extra)
+        self.write_checkpoint(dir, global_step, (None, self.optimizer_tensors()), extra)
     }
 
     /// [`Self::save_checkpoint_with`]'s files, with the optimizer's
-    /// tensors `opt`.
+    /// tensors `opt` and, when given, the model's weights (else the
+    /// model's own).
     fn write_checkpoint<E: From<Error>>(
         &self,
         dir: &Path,
         global_step: Option<u64>,
-        opt: Vec<(String, Tensor)>,
+        (weights, opt): (Option<Named>, Named),
         extra: impl FnOnce(&Path) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E> {
         let (parent, name) = split(dir)?;
@@ -226,7 +227,10 @@ impl ColoTrainer {
         // Removed on any early return below.
         let tmp = temp_sibling(&parent, &name, "tmp")?;
         let t = tmp.path();
-        self.write_model(t)?;
+        match &weights {
+            Some(w) => self.model.save_dir_with(t, w).map_err(Error::from)?,
+            None => self.write_model(t)?,
+        }
         if let Some(h) = &self.value_head {
             let w = [(VALUE_HEAD_WEIGHT.to_owned(), h.weight().detach())];
             save_tensors(&w, &t.join(VALUE_HEAD_FILE))?;

@@ -19,7 +19,7 @@ use crate::lanes::{self, Lane};
 use crate::scorer::{lane_parts, per_token_out, to_host};
 use crate::sharding::{flatten, units, Shards};
 use crate::trainer::{check_pool, ColoTrainer, TrainerConfig};
-use crate::value_head::{ValueHead, VALUE_HEAD_WEIGHT};
+use crate::value_head::VALUE_HEAD_WEIGHT;
 use crate::{buffers, AdamW, Error, Result};
 
 impl ColoTrainer {
@@ -41,6 +41,12 @@ impl ColoTrainer {
             return Err(Error::Unsupported {
                 what: "LoRA with sharded state",
                 found: "a sharded trainer trains every weight; build it without `lora`".into(),
+            });
+        }
+        if cfg.value_head.is_some() {
+            return Err(Error::Unsupported {
+                what: "value head with sharded state",
+                found: "a critic stays whole on every worker; build it without sharding".into(),
             });
         }
         let (kind, device) = (cfg.kind, cfg.device);
@@ -75,15 +81,6 @@ impl ColoTrainer {
         }
         drop(base);
         let model = Model::load(model_cfg, &Weights::from_tensors(full))?;
-        let value_head = cfg
-            .value_head
-            .as_ref()
-            .map(|h| ValueHead::new(&pool, model_cfg.hidden_size, h, kind, device))
-            .transpose()?;
-        if let Some(h) = &value_head {
-            names.push(VALUE_HEAD_WEIGHT.to_owned());
-            params.push(h.weight().shallow_clone());
-        }
         let shapes: Vec<Vec<i64>> = params.iter().map(Tensor::size).collect();
         let units = units(&names, &shapes, model_cfg.num_layers, world);
         let mut shard_params = Vec::with_capacity(units.len());
@@ -132,7 +129,7 @@ impl ColoTrainer {
         Ok(ColoTrainer {
             pool,
             model,
-            value_head,
+            value_head: None,
             names,
             params,
             grads,
@@ -190,7 +187,12 @@ impl ColoTrainer {
         let sh = self.shards.as_ref()?;
         let elt = self.kind.elt_size_in_bytes() as u64;
         let others = (sh.world - 1) as u64;
-        Some(sh.units.iter().map(|u| u.shard_len(sh.world) as u64 * others * elt).sum())
+        Some(
+            sh.units
+                .iter()
+                .map(|u| u.shard_len(sh.world) as u64 * others * elt)
+                .sum(),
+        )
     }
 
     /// Seconds a sharded trainer has spent in its gathers and
@@ -198,7 +200,11 @@ impl ColoTrainer {
     /// transport and whatever lies between, e.g. a call into Python);
     /// `None` when not sharded.
     pub fn collective_seconds(&self) -> Option<f64> {
-        let ns = self.shards.as_ref()?.spent_ns.load(std::sync::atomic::Ordering::Relaxed);
+        let ns = self
+            .shards
+            .as_ref()?
+            .spent_ns
+            .load(std::sync::atomic::Ordering::Relaxed);
         Some(ns as f64 * 1e-9)
     }
 
@@ -365,6 +371,28 @@ impl ColoTrainer {
             }
         }
         out
+    }
+
+    /// The model's weights gathered a unit at a time and copied to the
+    /// first peer's host (the others get none): what a checkpoint writes.
+    /// Every peer must call it.
+    pub(crate) fn gathered_host_weights(&self) -> Result<Vec<(String, Tensor)>> {
+        let keep = self.writes_checkpoints();
+        let mut out = Vec::new();
+        self.visit_units(&mut |named| {
+            if keep {
+                for (name, t) in named {
+                    // Its own memory: the gathered buffer goes after the call.
+                    let host = match t.device() {
+                        tch::Device::Cpu => t.f_contiguous()?.f_detach_copy()?,
+                        _ => t.f_to_device(tch::Device::Cpu)?,
+                    };
+                    out.push((name.clone(), host));
+                }
+            }
+            Ok(())
+        })?;
+        Ok(out)
     }
 
     /// The optimizer's float32 tensors under their checkpoint names

@@ -323,4 +323,20 @@ fn a_mismatched_collective_is_refused() {
     let err = e.set_collective(None).unwrap_err().to_string();
     assert!(err.contains("sharded trainer"), "{err}");
     drop(one.set_collective(None));
+    // A critic stays whole: a value head is refused, naming it.
+    let dir = fixture_dir("tiny-qwen2");
+    let with_head = TrainerConfig {
+        value_head: Some(Default::default()),
+        ..cfg
+    };
+    let err = ColoTrainer::from_dir_sharded(
+        Pool::host(PoolConfig::default()).unwrap(),
+        &dir,
+        &with_head,
+        Box::new(InProcess::group(1).pop().unwrap()),
+    )
+    .err()
+    .expect("refused")
+    .to_string();
+    assert!(err.contains("value head"), "{err}");
 }
