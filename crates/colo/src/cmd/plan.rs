@@ -521,8 +521,10 @@ fn map_table(maps: &[colo_plan::mapping::Mapping]) -> String {
     }
     let _ = writeln!(
         out,
-        "(colo train executes data-parallel layouts with every role colocated, 1-1-N; \
-         the others are plans: tensor/pipeline parallelism and split placements are not executed)"
+        "(colo train executes data-parallel layouts with every role colocated, 1-1-N, replicated \
+         or with [cluster] sharding = \"full\" (FSDP), and a rollout split over \
+         [rollout] tensor_model_parallel_size workers; the others are plans: tensor/pipeline \
+         parallelism in training and split placements are not executed)"
     );
     out
 }
