@@ -111,6 +111,7 @@ pub mod ops;
 mod param_lanes;
 pub mod schedule;
 mod scorer;
+mod sharded_checkpoint;
 mod sharded_pass;
 mod sharded_trainer;
 pub mod sharding;
