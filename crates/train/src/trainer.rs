@@ -306,6 +306,8 @@ impl ColoTrainer {
 
     /// Every trained tensor (the value head included) with its name;
     /// detached views of the parameters' storage.
+    ///
+    /// A sharded trainer's are empty outside [`Self::with_gathered`].
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
         self.names
             .iter()
@@ -318,36 +320,48 @@ impl ColoTrainer {
     /// place by the update (as PyTorch's `clip_grad_norm_` leaves them),
     /// by parameter name. Valid until the next step starts or
     /// the next offload of the gradients, which keeps no copy of them.
+    ///
+    /// A sharded trainer's gradients, moments and masters are this peer's
+    /// flat shards of its units, named for them ([`Self::state_names`]).
     pub fn gradients(&self) -> Vec<(String, Tensor)> {
-        self.names
-            .iter()
-            .cloned()
+        self.state_names()
+            .into_iter()
             .zip(self.grads.iter().map(Tensor::shallow_clone))
             .collect()
     }
 
+    /// The names [`Self::gradients`], [`Self::optimizer_state`] and
+    /// [`Self::master_weights`] give their tensors: the parameters', or a
+    /// sharded trainer's units' (`root`: everything outside the decoder
+    /// layers; `model.layers.N`).
+    pub fn state_names(&self) -> Vec<String> {
+        match &self.shards {
+            Some(sh) => (0..sh.units.len())
+                .map(|u| match u {
+                    0 => "root".to_owned(),
+                    _ => format!("model.layers.{}", u - 1),
+                })
+                .collect(),
+            None => self.names.clone(),
+        }
+    }
+
     /// The AdamW moments (float32), `(name, exp_avg, exp_avg_sq)`.
     pub fn optimizer_state(&self) -> Vec<(String, Tensor, Tensor)> {
-        self.names
-            .iter()
+        self.state_names()
+            .into_iter()
             .zip(&self.opt.moments)
-            .map(|(n, m)| {
-                (
-                    n.clone(),
-                    m.exp_avg.shallow_clone(),
-                    m.exp_avg_sq.shallow_clone(),
-                )
-            })
+            .map(|(n, m)| (n, m.exp_avg.shallow_clone(), m.exp_avg_sq.shallow_clone()))
             .collect()
     }
 
     /// The float32 master weights AdamW keeps for parameters of another
     /// kind (empty for a float32 engine).
     pub fn master_weights(&self) -> Vec<(String, Tensor)> {
-        self.names
-            .iter()
+        self.state_names()
+            .into_iter()
             .zip(&self.opt.moments)
-            .filter_map(|(n, m)| Some((n.clone(), m.master.as_ref()?.shallow_clone())))
+            .filter_map(|(n, m)| Some((n, m.master.as_ref()?.shallow_clone())))
             .collect()
     }
 

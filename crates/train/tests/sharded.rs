@@ -201,6 +201,11 @@ fn each_peer_keeps_its_share_of_the_state_bytes() {
             let peers = run_peers(world, &cfg, 1, |e, _| {
                 let held = [tags::TRAIN_PARAMS, tags::TRAIN_GRADS, tags::OPTIMIZER]
                     .map(|t| tag_bytes(e, t));
+                // The state's accessors name the units' shards.
+                let names: Vec<String> = e.gradients().into_iter().map(|(n, _)| n).collect();
+                assert_eq!(names, ["root", "model.layers.0", "model.layers.1"]);
+                assert_eq!(e.state_names(), names);
+                assert_eq!(e.optimizer_state().len(), 3);
                 // Between passes no gathered weight is left in use.
                 let gathered = e
                     .pool()

@@ -335,6 +335,16 @@ impl Rank {
         self.expect_train(OP)?;
         let actor = self.run.worker.actor(OP)?;
         Ok(match what {
+            // A sharded actor's weights exist only gathered, inside a pass.
+            "weights" if actor.is_sharded() => {
+                return Err(Error::Phase {
+                    op: OP,
+                    state: "the actor is sharded (cluster.sharding = \"full\"): its weights are \
+                            gathered only while a pass runs; \"grads\" and \"optimizer\" are \
+                            this rank's shards, by unit"
+                        .into(),
+                })
+            }
             "weights" => actor.parameters(),
             "grads" => actor.gradients(),
             "optimizer" => actor
