@@ -90,7 +90,12 @@ class ShardedAgainstOne(unittest.TestCase):
         with open(os.path.join(step, "config.json")) as f:
             self.assertIn("num_hidden_layers", json.load(f))
         self.assertTrue(os.path.isfile(os.path.join(step, "model.safetensors")))
-        self.assertTrue(os.path.isfile(os.path.join(step, "optimizer.safetensors")))
+        # The optimizer state stays sharded: a file a worker, and their layout.
+        for f in ("optimizer_shards.json", "optimizer-rank-0-of-2.safetensors", "optimizer-rank-1-of-2.safetensors"):
+            self.assertTrue(os.path.isfile(os.path.join(step, f)), f)
+        self.assertFalse(os.path.exists(os.path.join(step, "optimizer.safetensors")))
+        leftovers = [f for f in os.listdir(os.path.dirname(step)) if f.startswith(".")]
+        self.assertEqual(leftovers, [], "staged shards left beside the checkpoints")
 
 
 class ShardedResume(unittest.TestCase):

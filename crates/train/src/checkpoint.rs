@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 use crate::offload::{require_resident, OPTIMIZER, PARAMS};
+use crate::optimizer_shards::{read_optimizer, shard_file, ShardLayout, OPTIMIZER_SHARDS_FILE};
 use crate::trainer::ColoTrainer;
 use crate::value_head::VALUE_HEAD_WEIGHT;
 use crate::{Error, Result};
@@ -46,13 +47,10 @@ pub const STATE_FILE: &str = "trainer_state.json";
 const FORMAT: &str = "colo-train/1";
 
 /// The files every complete checkpoint has (a critic's also has
-/// [`VALUE_HEAD_FILE`]).
-pub const REQUIRED_FILES: &[&str] = &[
-    "config.json",
-    colo_model::weights::WEIGHTS_FILE,
-    OPTIMIZER_FILE,
-    STATE_FILE,
-];
+/// [`VALUE_HEAD_FILE`]), beside its optimizer state: [`OPTIMIZER_FILE`],
+/// or a sharded trainer's shards and their layout
+/// ([`crate::optimizer_shards`]).
+pub const REQUIRED_FILES: &[&str] = &["config.json", colo_model::weights::WEIGHTS_FILE, STATE_FILE];
 
 /// `trainer_state.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,8 +93,9 @@ pub fn check_complete(dir: &Path) -> Result<TrainerState> {
             reason: "not a directory".into(),
         });
     }
-    for name in REQUIRED_FILES {
-        let path = dir.join(name);
+    let optimizer = crate::optimizer_shards::optimizer_files(dir)?;
+    for path in REQUIRED_FILES.iter().map(|f| dir.join(f)).chain(optimizer) {
+        let name = path.to_string_lossy().into_owned();
         let reason = match std::fs::metadata(&path) {
             // A safetensors file holds what its header says (a copy cut
             // short is found here, and `--resume` passes over it).
@@ -181,6 +180,34 @@ fn commit(tmp: tempfile::TempDir, dir: &Path, parent: &Path, name: &str) -> Resu
 /// Tensors under their checkpoint names.
 type Named = Vec<(String, Tensor)>;
 
+/// A checkpoint's optimizer state as written: one file, or a sharded
+/// trainer's shards (staged beside the checkpoint by every peer).
+pub(crate) enum OptimizerOut {
+    Whole(Named),
+    Shards(ShardLayout),
+}
+
+/// Where peer `rank` of `world` stages its optimizer shard for the
+/// checkpoint `dir`: a hidden sibling, moved in by the writer.
+pub(crate) fn staged_shard(dir: &Path, rank: usize, world: usize) -> Result<PathBuf> {
+    let (parent, name) = split(dir)?;
+    Ok(parent.join(format!(".{name}.{}", shard_file(rank, world))))
+}
+
+/// Writes the layout into the temporary checkpoint `t` and moves every
+/// peer's staged shard in.
+fn move_shards_in(layout: &ShardLayout, dir: &Path, t: &Path) -> Result<()> {
+    let path = t.join(OPTIMIZER_SHARDS_FILE);
+    let json = serde_json::to_string_pretty(layout).expect("serialisable") + "\n";
+    std::fs::write(&path, json).map_err(io(&path))?;
+    for r in 0..layout.world {
+        let staged = staged_shard(dir, r, layout.world)?;
+        let to = t.join(shard_file(r, layout.world));
+        std::fs::rename(&staged, &to).map_err(io(&staged))?;
+    }
+    Ok(())
+}
+
 impl ColoTrainer {
     pub(crate) fn save(&self, dir: &Path) -> Result<()> {
         self.save_checkpoint_with(dir, None, |_| Ok::<(), Error>(()))
@@ -202,14 +229,19 @@ impl ColoTrainer {
         if self.is_sharded() {
             // Every peer takes part in the gathers; the first writes what
             // an unsharded trainer would.
-            let opt = self.gathered_optimizer_tensors()?;
+            // Each peer writes its optimizer shard beside `dir`; the
+            // gathers that follow are the barrier after which the first
+            // peer moves them in.
+            let layout = self.stage_optimizer_shard(dir)?;
             let weights = self.gathered_host_weights()?;
             if !self.writes_checkpoints() {
                 return Ok(());
             }
+            let opt = OptimizerOut::Shards(layout);
             return self.write_checkpoint(dir, global_step, (Some(weights), opt), extra);
         }
-        self.write_checkpoint(dir, global_step, (None, self.optimizer_tensors()), extra)
+        let opt = OptimizerOut::Whole(self.optimizer_tensors());
+        self.write_checkpoint(dir, global_step, (None, opt), extra)
     }
 
     /// [`Self::save_checkpoint_with`]'s files, with the optimizer's
@@ -219,7 +251,7 @@ impl ColoTrainer {
         &self,
         dir: &Path,
         global_step: Option<u64>,
-        (weights, opt): (Option<Named>, Named),
+        (weights, opt): (Option<Named>, OptimizerOut),
         extra: impl FnOnce(&Path) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E> {
         let (parent, name) = split(dir)?;
@@ -235,7 +267,10 @@ impl ColoTrainer {
             let w = [(VALUE_HEAD_WEIGHT.to_owned(), h.weight().detach())];
             save_tensors(&w, &t.join(VALUE_HEAD_FILE))?;
         }
-        save_tensors(&opt, &t.join(OPTIMIZER_FILE))?;
+        match opt {
+            OptimizerOut::Whole(opt) => save_tensors(&opt, &t.join(OPTIMIZER_FILE))?,
+            OptimizerOut::Shards(layout) => move_shards_in(&layout, dir, t)?,
+        }
         extra(t)?;
         let state = TrainerState {
             format: FORMAT.into(),
@@ -268,8 +303,7 @@ impl ColoTrainer {
             tensors.extend(read_named(&dir.join(VALUE_HEAD_FILE))?);
         }
         let params = take_matching(&mut tensors, &self.parameters(), dir, false)?;
-        let opt_path = dir.join(OPTIMIZER_FILE);
-        let mut moments = read_named(&opt_path)?;
+        let (mut moments, opt_path) = read_optimizer(dir)?;
         // A checkpoint without master weights (written by a float32
         // engine) gives the masters of a bf16 engine from its parameters.
         let masters = take_matching(&mut moments, &self.master_weights_named(), &opt_path, true)?;

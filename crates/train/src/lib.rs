@@ -108,6 +108,7 @@ pub mod lora;
 pub mod losses;
 pub mod offload;
 pub mod ops;
+pub mod optimizer_shards;
 mod param_lanes;
 pub mod schedule;
 mod scorer;

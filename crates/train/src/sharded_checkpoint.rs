@@ -6,6 +6,8 @@
 
 use tch::{Kind, Tensor};
 
+use crate::checkpoint::staged_shard;
+use crate::optimizer_shards::ShardLayout;
 use crate::sharding::flatten;
 use crate::trainer::ColoTrainer;
 use crate::{Error, Result};
@@ -33,41 +35,25 @@ impl ColoTrainer {
         Ok(out)
     }
 
-    /// The optimizer's float32 tensors under their checkpoint names
-    /// (moments, then masters), gathered from the peers a unit at a time:
-    /// what an unsharded trainer's checkpoint holds (FSDP's full state
-    /// dict, on the first peer only, on the host). Every peer must call
-    /// it; the others get nothing.
-    pub(crate) fn gathered_optimizer_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+    /// Writes this peer's optimizer shard (its flat shard of every unit's
+    /// moments and masters, see [`crate::optimizer_shards`]) where the
+    /// checkpoint `dir`'s writer moves it in from; the units' layout.
+    pub(crate) fn stage_optimizer_shard(&self, dir: &std::path::Path) -> Result<ShardLayout> {
         let sh = self.shards.as_ref().expect("sharded");
-        let mut out = Vec::new();
-        let mut masters = Vec::new();
-        for (u, unit) in sh.units.iter().enumerate() {
-            let m = &self.opt.moments[u];
-            let mut kinds = vec![("exp_avg", &m.exp_avg), ("exp_avg_sq", &m.exp_avg_sq)];
-            kinds.extend(m.master.as_ref().map(|t| ("master", t)));
-            for (what, shard) in kinds {
-                let full = Tensor::f_empty([unit.padded], (Kind::Float, self.device))?;
-                crate::sharding::lock(&sh.peers)?.all_gather(shard, &full)?;
-                // Only the writer keeps the unit's state, on the host: the
-                // device holds one unit's at a time.
-                if !self.writes_checkpoints() {
-                    continue;
-                }
-                let full = full.f_to_device(tch::Device::Cpu)?;
-                for ((&i, &at), shape) in unit.params.iter().zip(&unit.offsets).zip(&unit.shapes) {
-                    let n = shape.iter().product::<i64>();
-                    let t = full.f_narrow(0, at, n)?.f_reshape(shape.as_slice())?;
-                    let name = &self.names[i];
-                    match what {
-                        "master" => masters.push((format!("{name}.master"), t)),
-                        _ => out.push((format!("{name}.{what}"), t)),
-                    }
-                }
+        let mut tensors = Vec::new();
+        for (u, m) in self.opt.moments.iter().enumerate() {
+            tensors.push((format!("unit.{u}.exp_avg"), m.exp_avg.shallow_clone()));
+            tensors.push((format!("unit.{u}.exp_avg_sq"), m.exp_avg_sq.shallow_clone()));
+            if let Some(master) = &m.master {
+                tensors.push((format!("unit.{u}.master"), master.shallow_clone()));
             }
         }
-        out.extend(masters);
-        Ok(out)
+        let path = staged_shard(dir, sh.rank, sh.world)?;
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        }
+        Tensor::write_safetensors(&tensors, &path)?;
+        Ok(ShardLayout::of(&sh.units, &self.names, sh.world))
     }
 }
 
@@ -76,8 +62,8 @@ impl ColoTrainer {
     /// unsharded one (what every trainer writes), each peer keeps its
     /// elements of every unit, so it loads into any number of peers.
     pub(crate) fn sharded_load(&mut self, dir: &std::path::Path) -> Result<()> {
+        use crate::checkpoint::VALUE_HEAD_FILE;
         use crate::checkpoint::{read_named, read_state, take_matching, MASTER_SUFFIX};
-        use crate::checkpoint::{OPTIMIZER_FILE, VALUE_HEAD_FILE};
         let sh = self.shards.clone().expect("sharded");
         let state = read_state(dir)?;
         let mut tensors = read_named(&dir.join(colo_model::weights::WEIGHTS_FILE))?;
@@ -103,8 +89,7 @@ impl ColoTrainer {
             Ok(out)
         };
         let params = take_matching(&mut tensors, &like("")?, dir, false)?;
-        let opt_path = dir.join(OPTIMIZER_FILE);
-        let mut moments = read_named(&opt_path)?;
+        let (mut moments, opt_path) = crate::optimizer_shards::read_optimizer(dir)?;
         let masters = match self.kind == Kind::Float {
             true => self.names.iter().map(|_| None).collect(),
             false => take_matching(&mut moments, &like(MASTER_SUFFIX)?, &opt_path, true)?,

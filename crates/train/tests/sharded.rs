@@ -274,6 +274,18 @@ fn a_sharded_checkpoint_resumes_on_one_trainer_and_on_other_peer_counts() {
         weights_of(e)
     });
     let saved = &peers[0].1;
+    // The optimizer state stays sharded: one file a peer and their layout.
+    for f in [
+        "optimizer_shards.json",
+        "optimizer-rank-0-of-2.safetensors",
+        "optimizer-rank-1-of-2.safetensors",
+    ] {
+        assert!(dir.join(f).is_file(), "{f}");
+    }
+    assert!(!dir.join("optimizer.safetensors").exists());
+    let staged = dir.parent().unwrap().read_dir().unwrap().count();
+    assert_eq!(staged, 1, "only the checkpoint is left beside it");
+    colo_train::checkpoint::check_complete(dir).unwrap();
     // One unsharded trainer: the same weights, then the same next step as
     // four sharded peers loaded from the same checkpoint.
     let mut one = common::engine_with("tiny-qwen2", &cfg);
@@ -314,6 +326,12 @@ fn a_sharded_checkpoint_resumes_on_one_trainer_and_on_other_peer_counts() {
             "{name}: {d}"
         );
     }
+    // A shard missing: the checkpoint is incomplete, naming the file.
+    std::fs::remove_file(dir.join("optimizer-rank-1-of-2.safetensors")).unwrap();
+    let err = colo_train::checkpoint::check_complete(dir)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("optimizer-rank-1-of-2.safetensors"), "{err}");
     std::fs::remove_dir_all(dir.parent().unwrap()).ok();
 }
 
