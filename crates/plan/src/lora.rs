@@ -18,7 +18,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{out_of_range, PlanError, Result};
 use crate::model::ModelSpec;
 
-/// The projections of a decoder layer, in colo-model's order.
+/// The projections of a decoder layer, in colo-model's order (its
+/// `lora::PROJECTIONS`: colo-plan depends on no colo crate, so the list is
+/// written here too).
 pub const PROJECTIONS: [&str; 7] = [
     "q_proj",
     "k_proj",

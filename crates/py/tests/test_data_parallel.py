@@ -64,6 +64,24 @@ def quiet(*_):
     pass
 
 
+LOSSES = ("actor/pg_loss", "actor/grad_norm", "actor/entropy")
+SAME_SAMPLES = ("critic/score/mean", "response_length/mean")
+
+
+def assert_steps_agree(case, one, other, label, losses=LOSSES, exact=SAME_SAMPLES):
+    """Each step of `other` against `one` (1 worker): the `exact` keys
+    equal (the same samples: seeds are per run, step and prompt), the
+    `losses` within float32 summation order (1e-4 relative)."""
+    for step, (a, b) in enumerate(zip(one, other), 1):
+        for key in exact:
+            case.assertEqual(a[key], b[key], f"{label}, step {step}")
+        for key in losses:
+            case.assertTrue(
+                math.isclose(a[key], b[key], rel_tol=1e-4, abs_tol=1e-6),
+                f"step {step} {key}: 1 worker {a[key]} vs {label} {b[key]}",
+            )
+
+
 class Bf16(unittest.TestCase):
     """bf16 mixed precision, the default where the device multiplies bf16
     natively (`trainer.dtype = "auto"`): two workers keep identical weights
@@ -110,15 +128,7 @@ class Equivalence(unittest.TestCase):
         h1, h2 = self.one["history"], self.two["history"]
         self.assertEqual(len(h1), 3)
         self.assertEqual(len(h2), 3)
-        for step, (a, b) in enumerate(zip(h1, h2), 1):
-            # The same samples: seeds are per (run, step, prompt).
-            self.assertEqual(a["critic/score/mean"], b["critic/score/mean"], f"step {step}")
-            self.assertEqual(a["response_length/mean"], b["response_length/mean"], f"step {step}")
-            for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
-                self.assertTrue(
-                    math.isclose(a[key], b[key], rel_tol=1e-4, abs_tol=1e-6),
-                    f"step {step} {key}: 1 worker {a[key]} vs 2 workers {b[key]}",
-                )
+        assert_steps_agree(self, h1, h2, "2 workers")
         # A step whose groups all scored alike has no advantage (and at
         # step 1 no KL): at least one of the three must have moved.
         self.assertGreater(max(h["actor/grad_norm"] for h in h1), 0.0, "no update did anything")

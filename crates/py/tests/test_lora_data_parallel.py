@@ -9,7 +9,6 @@ crates/py/tests -k lora`).
 """
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -18,14 +17,10 @@ import unittest
 import ray
 
 from colo.controller import RunError, start_local_ray, train
-from test_data_parallel import ROOT, write_config
+from test_data_parallel import ROOT, assert_steps_agree, quiet, write_config
 
 RANK = 4
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def quiet(*_):
-    pass
 
 
 def lora_config(path, **overrides):
@@ -81,14 +76,7 @@ class LoraDataParallel(unittest.TestCase):
     def test_per_step_loss_grad_norm_and_scores_agree(self):
         h1, h2 = self.one["history"], self.two["history"]
         self.assertEqual((len(h1), len(h2)), (3, 3))
-        for step, (a, b) in enumerate(zip(h1, h2), 1):
-            self.assertEqual(a["critic/score/mean"], b["critic/score/mean"], f"step {step}")
-            self.assertEqual(a["response_length/mean"], b["response_length/mean"], f"step {step}")
-            for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
-                self.assertTrue(
-                    math.isclose(a[key], b[key], rel_tol=1e-4, abs_tol=1e-6),
-                    f"step {step} {key}: 1 worker {a[key]} vs 2 workers {b[key]}",
-                )
+        assert_steps_agree(self, h1, h2, "2 workers")
         self.assertGreater(max(h["actor/grad_norm"] for h in h1), 0.0, "no update did anything")
 
     def test_only_the_adapters_gradients_are_all_reduced(self):

@@ -25,19 +25,10 @@ import unittest
 import ray
 
 from colo.controller import RunError, start_local_ray, train
-from test_data_parallel import write_config
+from test_data_parallel import quiet, write_config
+from test_sharded import sharded
 
 FAULT = {"rank": 1, "step": 1, "how": "exit_in_gather", "gather": 7}  # step 1 is the second
-
-
-def quiet(*_):
-    pass
-
-
-def sharded(path):
-    with open(path, "a") as f:
-        f.write('\n[cluster]\nsharding = "full"\n')
-    return path
 
 
 def setUpModule():

@@ -151,13 +151,6 @@ impl<'a> Run<'a> {
         };
         let pad = tokenizer.special.pad.as_ref().map_or(eos, |t| t.id);
         let tp = config.rollout.tensor_model_parallel_size;
-        if tp > 1 && config.memory.colocation == crate::config::Colocation::Restart {
-            return Err(Error::Cluster(format!(
-                "rollout.tensor_model_parallel_size = {tp} cannot run with memory.colocation = \
-                 \"restart\", which rebuilds the engine whole from disk every step; expected \
-                 \"sleep\", \"staged\" or \"naive\""
-            )));
-        }
         if tp > 1 && peers.rollout.is_none() {
             return Err(Error::Cluster(format!(
                 "rollout.tensor_model_parallel_size = {tp}: a tensor-parallel rollout runs on \

@@ -1144,3 +1144,17 @@ fn an_unknown_dotted_header_names_the_unknown_part() {
         assert!(msg.contains("unknown field"), "{msg}");
     }
 }
+
+/// A tensor-parallel rollout with `restart` mode is refused before
+/// anything starts, naming the key.
+#[test]
+fn a_tensor_parallel_rollout_refuses_restart_mode() {
+    let (line, field, msg) = err(
+        "[memory]\ncolocation = \"restart\"\n[rollout]\ntensor_model_parallel_size = 2\n\
+         [cluster]\nworkers = 2\n",
+    );
+    assert_eq!((line, field.as_str()), (Some(2), "memory.colocation"));
+    assert!(msg.contains("tensor_model_parallel_size = 2"), "{msg}");
+    let ok = parse("[rollout]\ntensor_model_parallel_size = 2\n[cluster]\nworkers = 2\n").unwrap();
+    assert_eq!(ok.rollout.tensor_model_parallel_size, 2);
+}

@@ -3,6 +3,7 @@
 //! piece and its gradient reduce-scattered after, and the no-grad forward
 //! of scoring with the same gathers.
 
+use colo_model::Stages;
 use tch::Tensor;
 
 use crate::batch::Micro;
@@ -10,6 +11,10 @@ use crate::checkpointing::{add_into, surrogate};
 use crate::lanes::Lane;
 use crate::sharding::Shards;
 use crate::Result;
+
+/// A micro-batch's layers run forward: the micro-batch, its stages, the
+/// last layer's output and every layer's input.
+pub(crate) type Forwarded<'a, 's> = (&'a Micro, Stages<'s>, Tensor, Vec<Tensor>);
 
 impl Lane {
     fn shards(&self) -> &Shards {
@@ -54,7 +59,7 @@ impl Lane {
     ) -> Result<M> {
         let sh = self.shards();
         let layers = sh.units.len() - 1;
-        let Some((mb, top, mut inputs)) = self.sharded_forward(mb)? else {
+        let Some((mb, stages, top, mut inputs)) = self.sharded_forward(mb)? else {
             for l in (0..layers).rev() {
                 self.with_unit(l + 1, || sh.reduce_nothing(l + 1))?;
             }
@@ -74,7 +79,6 @@ impl Lane {
             None => (Vec::new(), None, M::default()),
         };
         drop((head, top));
-        let stages = self.stages(mb)?;
         for l in (0..layers).rev() {
             let x = inputs.pop().expect("one per layer");
             self.with_unit(l + 1, || {
@@ -104,13 +108,13 @@ impl Lane {
     }
 
     /// The layers' forward without a graph, each layer gathered around its
-    /// run: `mb`, the last layer's output and every layer's input; `None`
-    /// (after the same gathers) when `mb` is `None` or has no response
-    /// token.
+    /// run: `mb`, its stages (for the backward's recomputation), the last
+    /// layer's output and every layer's input; `None` (after the same
+    /// gathers) when `mb` is `None` or has no response token.
     pub(crate) fn sharded_forward<'a>(
         &self,
         mb: Option<&'a Micro>,
-    ) -> Result<Option<(&'a Micro, Tensor, Vec<Tensor>)>> {
+    ) -> Result<Option<Forwarded<'a, '_>>> {
         let layers = self.shards().units.len() - 1;
         let Some(mb) = mb.filter(|mb| mb.window.is_some()) else {
             for l in 0..layers {
@@ -125,6 +129,6 @@ impl Lane {
             let y = self.with_unit(l + 1, || tch::no_grad(|| Ok(stages.layer(l, &xs)?)))?;
             inputs.push(std::mem::replace(&mut xs, y));
         }
-        Ok(Some((mb, xs, inputs)))
+        Ok(Some((mb, stages, xs, inputs)))
     }
 }

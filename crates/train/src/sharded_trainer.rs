@@ -302,7 +302,7 @@ impl ColoTrainer {
                 let f = f.clone();
                 move |lane: &Lane, mb: Option<Micro>| {
                     let t = lane.with_unit(0, || {
-                        let Some((mb, top, _)) = lane.sharded_forward(mb.as_ref())? else {
+                        let Some((mb, _, top, _)) = lane.sharded_forward(mb.as_ref())? else {
                             return Ok(None);
                         };
                         let mut head = lane.clone();

@@ -85,6 +85,7 @@ pub(crate) fn validate(mut c: Config, written: &dyn Fn(&str) -> bool) -> Check<C
     trainer_section(&mut c.trainer)?;
     cluster_section(&mut c.cluster, &c.batch)?;
     sharding_fits(&mut c, written)?;
+    tensor_parallel_fits(&c)?;
     lora_fits(&c)?;
     schedule_fits(&c)?;
     dumps_fit(&c)?;
@@ -288,6 +289,26 @@ fn lora_fits(c: &Config) -> Check<()> {
                 "= {} cannot run with cluster.sharding = \"full\": a sharded trainer trains \
                  every weight; set model.lora_rank = 0 or cluster.sharding = \"none\"",
                 m.lora_rank
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// A tensor-parallel rollout (`rollout.tensor_model_parallel_size` > 1)
+/// is built over its group once; `restart` mode rebuilds the engine whole
+/// from disk every step, so it is refused. (Whether the workers and the
+/// model's heads divide is checked where they are known: the rank's
+/// config and the engine.)
+fn tensor_parallel_fits(c: &Config) -> Check<()> {
+    let tp = c.rollout.tensor_model_parallel_size;
+    if tp > 1 && c.memory.colocation == Colocation::Restart {
+        return bad(
+            "memory.colocation",
+            format!(
+                "= \"restart\" cannot run with rollout.tensor_model_parallel_size = {tp}: it \
+                 rebuilds the engine whole from disk every step; expected \"sleep\", \
+                 \"staged\" or \"naive\""
             ),
         );
     }
