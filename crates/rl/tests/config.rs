@@ -1041,7 +1041,7 @@ fn val_only_needs_held_out_prompts_and_one_process() {
     }
 }
 
-/// What the bad-input sweep of the session's keys found silently accepted.
+/// Settings that a sweep of bad inputs found silently accepted.
 #[test]
 fn settings_that_cannot_work_together_are_refused() {
     for (text, want_field, want) in [
