@@ -122,11 +122,15 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         KvBudget::Tokens(t) => (None, Some(t as u64)),
     };
     // A token budget (`actor.use_dynamic_bsz`) bounds a micro-batch's
-    // padded tokens whatever the samples' lengths.
+    // padded tokens whatever the samples' lengths; either way a
+    // micro-batch is cut from a mini-batch, which on a worker of a cluster
+    // run is its share (colo-train's micro-batch is the smaller of the two).
+    let mini_tokens = config.batch.mini_batch_samples as u64 * seq_len;
     let micro_tokens = match config.batch.micro_batch_max_tokens {
-        Some(t) => (t as u64).min(config.batch.mini_batch_samples as u64 * seq_len),
+        Some(t) => t as u64,
         None => config.batch.micro_batch_samples as u64 * seq_len,
-    };
+    }
+    .min(mini_tokens);
     let dtype = config.trainer.dtype.resolve(config.trainer.device);
     let engine = colo_rl::step::engine_config(config).validate()?;
     let input = PlanInput {
@@ -410,11 +414,15 @@ mod tests {
             i.tokens_per_micro_batch
         );
         assert_eq!(replicas.scope(), "per worker (4 workers, sharding none)");
-        // A worker's share of the step: a quarter of the KV cap's samples.
+        // A worker's share of the step: a quarter of the KV cap's samples,
+        // and of the micro-batch's tokens (the built-in micro-batch is a
+        // whole mini-batch, of which a worker has a quarter).
         let one = from_config(&Config::builtin()).unwrap();
         assert_eq!(one.scope(), "per device");
         let cap = |r: &RunPlan| r.input.kv_tokens_cap.unwrap();
         assert_eq!(cap(&replicas) * 4, cap(&one));
+        let micro = |r: &RunPlan| r.input.tokens_per_micro_batch;
+        assert_eq!(micro(&replicas) * 4, micro(&one));
     }
 
     /// A tensor-parallel rollout's worker holds its share of the layers'

@@ -14,8 +14,10 @@ trainer's state per worker) and adds, per run: the largest worker's peak
 memory (allocated and mapped: the controller keeps the largest of the
 workers' `memory/peak_*_bytes`; the largest step's here) against `colo
 plan --config`'s per-worker `peak_bytes` for the same config, where the
-planner gives one; the weight all-gathers and gradient reduce-scatters
-per step (bytes, seconds, calls, as `comm_record` counts them); and the
+planner gives one (these runs set `[memory] offload_policy = "always"`,
+the switch the plan models: with "as_needed" a worker keeps its training
+state through generation while the capacity has room); the weight
+all-gathers and gradient reduce-scatters per step (bytes, seconds, calls, as `comm_record` counts them); and the
 trainer → rollout weight sync's seconds and the bytes each worker
 received in it (`perf/reshard_bytes`) against the whole model's weight
 bytes (the run's final checkpoint), which is what every rank would
@@ -271,6 +273,13 @@ def run_all(args, tmp):
             name = f"w{w}-{sharding}"
             cluster = {"workers": w, "sharding": json.dumps(sharding)}
             cfg = run_config(args.config, args.steps, os.path.join(tmp, f"{name}.toml"), cluster)
+            # The plan's choreography: everything offloaded at each switch.
+            # ("as_needed" keeps state resident while the capacity has room,
+            # so its peak may rise toward the capacity, above the plan.)
+            with open(cfg) as f:
+                text = set_section(f.read(), "memory", {"offload_policy": '"always"'})
+            with open(cfg, "w") as f:
+                f.write(text)
             out = os.path.join(tmp, name)
             r, s = measure(cfg, w, args.steps, out)
             r["sharding"] = sharding
