@@ -2,7 +2,8 @@
 `colo bench mem --device cuda --json`'s and `colo bench rollout --model DIR
 --json`'s, against issue 36's goals on a GPU.
 
-Usage: python3 bench/gpu/real.py REAL.json [MEM.json [ROLLOUT.json]]
+Usage: python3 bench/gpu/real.py REAL.json [MEM.json [ROLLOUT.json [LORA.json]]]
+(LORA.json: `colo bench real --json` of the Qwen2.5-7B-shaped LoRA job.)
 """
 import json
 import sys
@@ -85,7 +86,7 @@ def rollout(r):
 
 
 if __name__ == "__main__":
-    for path, summary in zip(sys.argv[1:], [real, mem, rollout]):
+    for path, summary in zip(sys.argv[1:], [real, mem, rollout, real]):
         r = load(path)
         if r:
             summary(r)

@@ -2,7 +2,7 @@
 # There (the GPU machine, PyTorch 2.11 in its python3), after
 # bench/gpu/pack.sh here: `bash bench/gpu/real.sh` with .gpu/ carried.
 # Issue 36, item 6, in about 3-5 minutes on one H100/H200 (each part under
-# `timeout`; at most 9 minutes):
+# `timeout`; parts 1-4 at most 9 minutes, part 5 only within the first 8):
 #   1. `colo init-model --preset qwen2.5-1.5b`: the published shape, random
 #      bf16 weights, the small tokenizer;
 #   2. `colo bench real --model DIR --device cuda`: GRPO full fine-tuning on
@@ -19,9 +19,14 @@
 #      stops), both on the same weights in f32, 64 prompts x 8 samples x
 #      256 new tokens (no stop ids), 256 sequences a batch;
 #   4. `colo bench mem --device cuda`: pause and resume of colo-mem's CUDA
-#      backend against pageable and pinned device-host copies.
-# The reports go to $OUT (real.json, rollout.json, mem.json, their logs); the summary
-# (bench/gpu/real.py) is printed at the end.
+#      backend against pageable and pinned device-host copies;
+#   5. issue 38's Qwen2.5-7B-shaped LoRA run (rank 8, alpha 16, all-linear:
+#      the base frozen, the reference the base with the adapters off),
+#      `colo bench real` on 16 prompts x 8 samples x 128 new tokens, 4
+#      steps (3-4 timed), when parts 1-4 left it at least 200 s of the
+#      8 minutes (init-model writes 15 GB of weights first).
+# The reports go to $OUT (real.json, rollout.json, mem.json, lora7b.json,
+# their logs); the summary (bench/gpu/real.py) is printed at the end.
 source "$(dirname "$0")/lib.sh"
 model=/tmp/q15
 rm -rf "$model"
@@ -92,6 +97,23 @@ echo "== bench mem --device cuda"
 timeout 45 /tmp/colo bench mem --device cuda --json >"$OUT/mem.json" 2>"$OUT/mem.log" || echo "bench mem failed (rc $?)" | tee -a "$OUT/mem.log"
 rm -rf "$model"
 
-# Later, once colo has LoRA (issue 36, item 6): a Qwen2.5-7B-shaped LoRA run,
-# `colo init-model --preset qwen2.5-7b` and the same job with an adapter.
-python3 bench/gpu/real.py "$OUT/real.json" "$OUT/mem.json" "$OUT/rollout.json"
+left=$((480 - SECONDS))
+if [ "$left" -ge 200 ]; then
+    model=/tmp/q7
+    rm -rf "$model"
+    echo "== init-model qwen2.5-7b, then bench real with LoRA ($left s left)"
+    (time timeout 120 /tmp/colo init-model --preset qwen2.5-7b --out "$model") >"$OUT/lora7b.log" 2>&1
+    job 16 8 128
+    sed -i "s|^path = .*|&\nlora_rank = 8\nlora_alpha = 16\ntarget_modules = \"all-linear\"|" "$model/run.toml"
+    cp "$model/run.toml" "$OUT/lora7b.toml"
+    timeout 60 /tmp/colo plan --config "$model/run.toml" >>"$OUT/lora7b.log" 2>&1
+    left=$((480 - SECONDS))
+    (time timeout "$left" /tmp/colo bench real --model "$model" --device cuda --steps 4 --json \
+        >"$OUT/lora7b.json") 2>>"$OUT/lora7b.log"
+    echo "rc=$?" >>"$OUT/lora7b.log"
+    grep -v '^\[' "$OUT/lora7b.log" | tail -6
+    rm -rf "$model"
+else
+    echo "== LoRA 7B skipped: $left s of the 8 minutes left" | tee "$OUT/lora7b.log"
+fi
+python3 bench/gpu/real.py "$OUT/real.json" "$OUT/mem.json" "$OUT/rollout.json" "$OUT/lora7b.json"
