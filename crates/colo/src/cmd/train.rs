@@ -33,49 +33,13 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    // `--resume` without `--config` continues the run as its directory
-    // recorded it, not the built-in job (whose config replaced the record
-    // and then failed to load the run's checkpoint).
-    let recorded = match (&a.config, a.resume) {
-        (None, true) => {
-            let dir = (a.out.clone()).unwrap_or_else(|| colo_rl::config::DEFAULT_OUT_DIR.into());
-            Some(dir.join(colo_rl::run_config::FILE)).filter(|p| p.is_file())
-        }
-        _ => None,
-    };
-    let config_path = a.config.clone().or(recorded.clone());
-    let mut config = match (&config_path, &recorded) {
-        (Some(path), Some(_)) => Config::from_file(path).with_context(|| {
-            format!(
-                "colo train --resume: {} is the run's recorded configuration, which --resume \
-                 without --config continues; it does not read (--config names the run's \
-                 configuration instead)",
-                path.display()
-            )
-        })?,
-        (Some(path), None) => Config::from_file(path)?,
-        (None, _) => Config::builtin(),
-    };
+    let (mut config, config_path, recorded) = read_config(&a)?;
     if a.print_config {
         print!("{}", config.to_toml()?);
         return Ok(());
     }
-    let mut out = a.out.clone().unwrap_or_else(|| config.out_dir().to_owned());
     let resume = a.resume || config.trainer.resume;
-    // A run into a directory the user named refuses to overwrite an earlier
-    // run there (colo-rl); the default directory is numbered instead, so
-    // that `colo train` run again runs again.
-    if a.out.is_none() && out == Path::new(colo_rl::config::DEFAULT_OUT_DIR) && !resume {
-        let free = colo_rl::checkpoints::next_free_dir(&out)?;
-        if free != out {
-            eprintln!(
-                "{} holds an earlier run: this one writes into {} (--resume continues {0}; --out names the directory)",
-                out.display(),
-                free.display()
-            );
-            out = free;
-        }
-    }
+    let out = run_dir(&a, &config, resume)?;
     // The summary names the directory the run writes to, `--out` included.
     config.trainer.out_dir = Some(out.clone());
     eprintln!("{}", config.summary());
@@ -108,6 +72,61 @@ pub fn run(a: Args) -> Result<()> {
         Err(e) if stop.requested() => return Err(Stopped(format!("colo train: {e}")).into()),
         r => r.context("colo train")?,
     };
+    report(&a, &config, &s)
+}
+
+/// The run's config, the file it came from, and that file when it is the
+/// run directory's record (`--resume` without `--config`).
+fn read_config(a: &Args) -> Result<(Config, Option<PathBuf>, Option<PathBuf>)> {
+    // `--resume` without `--config` continues the run as its directory
+    // recorded it, not the built-in job (whose config replaced the record
+    // and then failed to load the run's checkpoint).
+    let recorded = match (&a.config, a.resume) {
+        (None, true) => {
+            let dir = (a.out.clone()).unwrap_or_else(|| colo_rl::config::DEFAULT_OUT_DIR.into());
+            Some(dir.join(colo_rl::run_config::FILE)).filter(|p| p.is_file())
+        }
+        _ => None,
+    };
+    let config_path = a.config.clone().or(recorded.clone());
+    let config = match (&config_path, &recorded) {
+        (Some(path), Some(_)) => Config::from_file(path).with_context(|| {
+            format!(
+                "colo train --resume: {} is the run's recorded configuration, which --resume \
+                 without --config continues; it does not read (--config names the run's \
+                 configuration instead)",
+                path.display()
+            )
+        })?,
+        (Some(path), None) => Config::from_file(path)?,
+        (None, _) => Config::builtin(),
+    };
+    Ok((config, config_path, recorded))
+}
+
+/// The run directory: `--out`, else the config's. A run into a directory
+/// the user named refuses to overwrite an earlier run there (colo-rl); the
+/// default directory is numbered instead, so that `colo train` run again
+/// runs again.
+fn run_dir(a: &Args, config: &Config, resume: bool) -> Result<PathBuf> {
+    let out = a.out.clone().unwrap_or_else(|| config.out_dir().to_owned());
+    if a.out.is_some() || out != Path::new(colo_rl::config::DEFAULT_OUT_DIR) || resume {
+        return Ok(out);
+    }
+    let free = colo_rl::checkpoints::next_free_dir(&out)?;
+    if free != out {
+        eprintln!(
+            "{} holds an earlier run: this one writes into {} (--resume continues {0}; --out names the directory)",
+            out.display(),
+            free.display()
+        );
+    }
+    Ok(free)
+}
+
+/// What the run did, on stdout; a run stopped before its last step is an
+/// error that says how to continue it.
+fn report(a: &Args, config: &Config, s: &colo_rl::step::RunSummary) -> Result<()> {
     if s.steps < s.total_steps {
         let again = match &a.config {
             Some(path) => format!("--config {} ", path.display()),
