@@ -72,22 +72,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.model.display()
         );
     }
-    let prompt = match (&a.prompt_ids, &a.prompt, &tokenizer) {
-        (Some(ids), _, _) => ids.clone(),
-        (None, Some(text), Some(tok)) if a.chat => {
-            let user = colo_model::ChatMessage {
-                role: "user".into(),
-                content: text.clone(),
-            };
-            tok.encode(&tok.render_chat(&[user], true)?, false)?
-        }
-        (None, Some(text), Some(tok)) => tok.encode(text, true)?,
-        (None, Some(_), None) => bail!(
-            "{} has no tokenizer.json; pass --prompt-ids",
-            a.model.display()
-        ),
-        (None, None, _) => unreachable!("clap requires --prompt-ids or --prompt"),
-    };
+    let prompt = prompt_ids(&a, tokenizer.as_ref())?;
     // The engine stops a sequence when the model's context is full.
     let room = cfg.max_position_embeddings.saturating_sub(prompt.len());
     if a.max_new_tokens > room && room > 0 {
@@ -99,24 +84,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             prompt.len()
         );
     }
-    let params = SamplingParams {
-        n: a.n,
-        max_new_tokens: a.max_new_tokens,
-        temperature: if a.greedy {
-            0.0
-        } else {
-            a.temperature.unwrap_or(1.0)
-        },
-        top_k: a.top_k,
-        top_p: a.top_p,
-        stop_token_ids: match (a.ignore_eos, &tokenizer) {
-            (true, _) => Vec::new(),
-            (false, Some(tok)) => colo_model::tokenizer::stop_token_ids(&a.model, tok)?,
-            (false, None) => cfg.eos_token_ids.clone(),
-        },
-        stop_strings: a.stop.clone(),
-        seed: a.seed,
-    };
+    let params = sampling(&a, &cfg, tokenizer.as_ref())?;
     // A KV pool that holds all n samples at full length, each in blocks of
     // its own (the engine's padding block too).
     let full = (prompt.len().saturating_add(a.max_new_tokens)).min(cfg.max_position_embeddings);
@@ -146,6 +114,65 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     {
         bail!("{}: {NOT_A_NUMBER}", a.model.display());
     }
+    print_completions(&a, &out, tokenizer.as_ref())
+}
+
+/// The prompt's token ids: `--prompt-ids`, or `--prompt` encoded by the
+/// checkpoint's tokenizer (in its chat template with `--chat`).
+fn prompt_ids(a: &Args, tokenizer: Option<&colo_model::Tokenizer>) -> anyhow::Result<Vec<u32>> {
+    Ok(match (&a.prompt_ids, &a.prompt, tokenizer) {
+        (Some(ids), _, _) => ids.clone(),
+        (None, Some(text), Some(tok)) if a.chat => {
+            let user = colo_model::ChatMessage {
+                role: "user".into(),
+                content: text.clone(),
+            };
+            tok.encode(&tok.render_chat(&[user], true)?, false)?
+        }
+        (None, Some(text), Some(tok)) => tok.encode(text, true)?,
+        (None, Some(_), None) => bail!(
+            "{} has no tokenizer.json; pass --prompt-ids",
+            a.model.display()
+        ),
+        (None, None, _) => unreachable!("clap requires --prompt-ids or --prompt"),
+    })
+}
+
+/// The sampling flags as the engine's parameters; the stop ids: none with
+/// `--ignore-eos`, else the checkpoint's (found with its tokenizer, or
+/// the model config's end-of-sequence ids without one).
+fn sampling(
+    a: &Args,
+    cfg: &colo_model::ModelConfig,
+    tokenizer: Option<&colo_model::Tokenizer>,
+) -> anyhow::Result<SamplingParams> {
+    Ok(SamplingParams {
+        n: a.n,
+        max_new_tokens: a.max_new_tokens,
+        temperature: if a.greedy {
+            0.0
+        } else {
+            a.temperature.unwrap_or(1.0)
+        },
+        top_k: a.top_k,
+        top_p: a.top_p,
+        stop_token_ids: match (a.ignore_eos, &tokenizer) {
+            (true, _) => Vec::new(),
+            (false, Some(tok)) => colo_model::tokenizer::stop_token_ids(&a.model, tok)?,
+            (false, None) => cfg.eos_token_ids.clone(),
+        },
+        stop_strings: a.stop.clone(),
+        seed: a.seed,
+    })
+}
+
+/// The completions on stdout: one JSON object with `--json`, else each
+/// with its length, finish reason and log-probability, then its text.
+fn print_completions(
+    a: &Args,
+    out: &colo_rollout::RequestOutput,
+    tokenizer: Option<&colo_model::Tokenizer>,
+) -> anyhow::Result<()> {
     if a.json {
         #[derive(serde::Serialize)]
         struct C<'a> {
