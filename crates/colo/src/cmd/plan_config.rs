@@ -108,29 +108,12 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
     let max_prompt_tokens = prompts.longest.min(config.data.max_prompt_length as u64);
     let seq_len = max_prompt_tokens + config.rollout.max_new_tokens as u64;
     let capacity = capacity(config)?;
-    let mem = &config.memory;
-    let naive = mem.colocation == Colocation::Naive;
-    let offload = Offload {
-        train_param: !naive && mem.offload_train_param,
-        train_grad: !naive && mem.offload_train_grad,
-        optimizer: !naive && mem.offload_train_optimizer,
-        // colo-rl's worker keeps the reference resident in naive too.
-        ref_param: !naive && mem.offload_ref,
-    };
+    let offload = offload(&config.memory);
     let (kv_free_fraction, kv_tokens) = match config.rollout.kv() {
         KvBudget::Fraction(f) => (Some(f), None),
         KvBudget::Tokens(t) => (None, Some(t as u64)),
     };
-    // A token budget (`actor.use_dynamic_bsz`) bounds a micro-batch's
-    // padded tokens whatever the samples' lengths; either way a
-    // micro-batch is cut from a mini-batch, which on a worker of a cluster
-    // run is its share (colo-train's micro-batch is the smaller of the two).
-    let mini_tokens = config.batch.mini_batch_samples as u64 * seq_len;
-    let micro_tokens = match config.batch.micro_batch_max_tokens {
-        Some(t) => t as u64,
-        None => config.batch.micro_batch_samples as u64 * seq_len,
-    }
-    .min(mini_tokens);
+    let micro_tokens = micro_batch_tokens(config, seq_len);
     let dtype = config.trainer.dtype.resolve(config.trainer.device);
     let engine = colo_rl::step::engine_config(config).validate()?;
     let input = PlanInput {
@@ -197,6 +180,32 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         workers,
         sharded: shards > 1,
     })
+}
+
+/// What a switch offloads: the `offload_*` flags, none in naive mode
+/// (colo-rl's worker keeps the reference resident in naive too).
+fn offload(mem: &colo_rl::config::MemoryConfig) -> Offload {
+    let naive = mem.colocation == Colocation::Naive;
+    Offload {
+        train_param: !naive && mem.offload_train_param,
+        train_grad: !naive && mem.offload_train_grad,
+        optimizer: !naive && mem.offload_train_optimizer,
+        ref_param: !naive && mem.offload_ref,
+    }
+}
+
+/// A micro-batch's padded tokens at sequences of `seq_len`. A token budget
+/// (`actor.use_dynamic_bsz`) bounds them whatever the samples' lengths;
+/// either way a micro-batch is cut from a mini-batch, which on a worker of
+/// a cluster run is its share (colo-train's micro-batch is the smaller of
+/// the two).
+fn micro_batch_tokens(config: &Config, seq_len: u64) -> u64 {
+    let mini_tokens = config.batch.mini_batch_samples as u64 * seq_len;
+    match config.batch.micro_batch_max_tokens {
+        Some(t) => t as u64,
+        None => config.batch.micro_batch_samples as u64 * seq_len,
+    }
+    .min(mini_tokens)
 }
 
 /// The actor's LoRA adapters (`[model] lora_rank`), which colo-plan counts
