@@ -333,29 +333,7 @@ impl Measure {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    ensure!(
-        a.seq >= 2,
-        "--seq {}: at least 2 tokens (the loss predicts each token after the first)",
-        a.seq
-    );
-    ensure!(
-        a.seq <= MAX_SEQ,
-        "--seq {}: the benchmark model has {MAX_SEQ} positions",
-        a.seq
-    );
-    ensure!(
-        a.micro_batch <= a.batch,
-        "--micro-batch {} is more rows than --batch {} has",
-        a.micro_batch,
-        a.batch
-    );
-    ensure!(
-        a.hidden >= 64 && a.hidden.is_multiple_of(64) && a.layers > 0,
-        "--hidden must be a positive multiple of 64 (heads of 64 dims) and --layers positive, \
-         got {} and {}",
-        a.hidden,
-        a.layers
-    );
+    check_args(&a)?;
     let cfg = model_config(a.hidden, a.layers);
     let kinds = a
         .dtype
@@ -406,6 +384,41 @@ pub fn run(a: Args) -> Result<()> {
         println!("{}", serde_json::to_string(&r)?);
         return Ok(());
     }
+    print_table(&a, &r);
+    Ok(())
+}
+
+/// The flags the benchmark's model and batch can be built from.
+fn check_args(a: &Args) -> Result<()> {
+    ensure!(
+        a.seq >= 2,
+        "--seq {}: at least 2 tokens (the loss predicts each token after the first)",
+        a.seq
+    );
+    ensure!(
+        a.seq <= MAX_SEQ,
+        "--seq {}: the benchmark model has {MAX_SEQ} positions",
+        a.seq
+    );
+    ensure!(
+        a.micro_batch <= a.batch,
+        "--micro-batch {} is more rows than --batch {} has",
+        a.micro_batch,
+        a.batch
+    );
+    ensure!(
+        a.hidden >= 64 && a.hidden.is_multiple_of(64) && a.layers > 0,
+        "--hidden must be a positive multiple of 64 (heads of 64 dims) and --layers positive, \
+         got {} and {}",
+        a.hidden,
+        a.layers
+    );
+    Ok(())
+}
+
+/// The report as a table: per dtype the step, the FLOP/s against a
+/// matmul's, the memory by tag; bf16's speed-up over f32.
+fn print_table(a: &Args, r: &Report) {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     let threads = match a.device {
         colo_rl::config::Device::Cpu => format!("{} threads", r.threads),
@@ -413,7 +426,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     println!(
         "model          {:.1} M parameters, {} × {} tokens per step (micro-batch {}), {threads}, load {:.2}",
-        params as f64 / 1e6,
+        r.parameters as f64 / 1e6,
         a.batch,
         a.seq,
         a.micro_batch,
@@ -450,5 +463,4 @@ pub fn run(a: Args) -> Result<()> {
             );
         }
     }
-    Ok(())
 }
