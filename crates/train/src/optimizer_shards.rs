@@ -6,11 +6,14 @@
 //! the number of peers). No peer ever holds more than its own shard while
 //! saving.
 //!
-//! Reading gives the per-parameter tensors an unsharded checkpoint's
-//! `optimizer.safetensors` holds (`<name>.exp_avg`, `<name>.exp_avg_sq`,
-//! `<name>.master`): every unit's shards concatenated in rank order, the
-//! padding cut, each parameter's slice reshaped. So a checkpoint written by
-//! N sharded peers loads into one trainer or into any number of peers.
+//! An unsharded trainer reads the per-parameter tensors an unsharded
+//! checkpoint's `optimizer.safetensors` holds (`<name>.exp_avg`,
+//! `<name>.exp_avg_sq`, `<name>.master`, [`read_optimizer`]): every unit's
+//! shards concatenated in rank order, the padding cut, each parameter's
+//! slice reshaped. A sharded trainer of any number of peers reads only the
+//! byte ranges of its own elements ([`crate::shard_read`]). So a
+//! checkpoint written by N sharded peers loads into one trainer or into
+//! any number of peers.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

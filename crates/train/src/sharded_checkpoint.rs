@@ -1,14 +1,20 @@
-//! A sharded trainer's checkpoints (see [`crate::sharding`]): written as
-//! an unsharded trainer writes them — the whole model and the whole
-//! optimizer state, gathered a unit at a time onto the first peer's host —
-//! and read back by slicing each peer's elements out, so a checkpoint
-//! resumes on any number of peers, sharded or not.
+//! A sharded trainer's checkpoints (see [`crate::sharding`]): the whole
+//! model, gathered a unit at a time onto the first peer's host, as an
+//! unsharded trainer writes it, and the optimizer state as each peer's
+//! flat shards ([`crate::optimizer_shards`]). Read back by each peer
+//! reading only its elements of every unit out of the files
+//! ([`crate::shard_read`]), so a checkpoint resumes on any number of
+//! peers, sharded or not.
 
-use tch::{Kind, Tensor};
+use std::path::Path;
 
-use crate::checkpoint::staged_shard;
+use tch::Tensor;
+
+use crate::buffers::done;
+use crate::checkpoint::{read_state, staged_shard};
+use crate::offload::{require_resident, OPTIMIZER, PARAMS};
 use crate::optimizer_shards::ShardLayout;
-use crate::sharding::flatten;
+use crate::shard_read::{ShardRead, SliceReader, Span};
 use crate::trainer::ColoTrainer;
 use crate::{Error, Result};
 
@@ -57,83 +63,112 @@ impl ColoTrainer {
     }
 }
 
+/// One parameter's elements in a peer's shard of unit `unit`: the
+/// parameter's elements `start..start + len`, at `to` in the shard.
+struct Piece {
+    unit: usize,
+    start: usize,
+    len: usize,
+    to: i64,
+}
+
+/// Where a piece's weight, moments and master lie in the checkpoint
+/// (`master`: `None` when the checkpoint has none, or the trainer keeps
+/// none).
+struct Located {
+    weight: Vec<Span>,
+    exp_avg: Vec<Span>,
+    exp_avg_sq: Vec<Span>,
+    master: Option<Vec<Span>>,
+}
+
 impl ColoTrainer {
-    /// A sharded trainer's [`ColoTrainer::load`]: the checkpoint is an
-    /// unsharded one (what every trainer writes), each peer keeps its
-    /// elements of every unit, so it loads into any number of peers.
-    pub(crate) fn sharded_load(&mut self, dir: &std::path::Path) -> Result<()> {
-        use crate::checkpoint::VALUE_HEAD_FILE;
-        use crate::checkpoint::{read_named, read_state, take_matching, MASTER_SUFFIX};
+    /// A sharded trainer's [`ColoTrainer::load`]: the checkpoint may be
+    /// one an unsharded trainer wrote or one a sharded trainer of any
+    /// number of peers wrote; each peer reads only its elements of every
+    /// unit (see [`crate::shard_read`]).
+    pub(crate) fn sharded_load(&mut self, dir: &Path) -> Result<()> {
+        self.read_shards(dir).map(drop)
+    }
+
+    /// [`crate::TrainEngine::load_checkpoint`] of a sharded trainer, and
+    /// what it read: this peer's byte ranges of the checkpoint's files, a
+    /// chunk at a time. An error for an unsharded trainer.
+    pub fn load_sharded_checkpoint(&mut self, dir: &Path) -> Result<ShardRead> {
+        if !self.is_sharded() {
+            return Err(Error::Unsupported {
+                what: "a sharded load",
+                found: "an unsharded trainer: use load_checkpoint".into(),
+            });
+        }
+        require_resident(&self.pool, "load a checkpoint", &[PARAMS, OPTIMIZER])?;
+        self.read_shards(dir)
+    }
+
+    fn read_shards(&mut self, dir: &Path) -> Result<ShardRead> {
         let sh = self.shards.clone().expect("sharded");
         let state = read_state(dir)?;
-        let mut tensors = read_named(&dir.join(colo_model::weights::WEIGHTS_FILE))?;
-        if self.value_head.is_some() {
-            tensors.extend(read_named(&dir.join(VALUE_HEAD_FILE))?);
-        }
-        // Shapes to match, without memory: a zero broadcast to each shape.
-        let zero = Tensor::f_zeros([1], (Kind::Float, tch::Device::Cpu))?;
-        let like = |suffix: &str| -> Result<Vec<(String, Tensor)>> {
-            let mut out: Vec<(String, Tensor)> = Vec::with_capacity(self.names.len());
-            let mut shapes = vec![Vec::new(); self.names.len()];
-            for u in sh.units.iter() {
-                for (&i, shape) in u.params.iter().zip(&u.shapes) {
-                    shapes[i] = shape.clone();
-                }
-            }
-            for (name, shape) in self.names.iter().zip(&shapes) {
-                out.push((
-                    format!("{name}{suffix}"),
-                    zero.f_expand(shape.as_slice(), false)?,
-                ));
-            }
-            Ok(out)
-        };
-        let params = take_matching(&mut tensors, &like("")?, dir, false)?;
-        let (mut moments, opt_path) = crate::optimizer_shards::read_optimizer(dir)?;
-        let masters = match self.kind == Kind::Float {
-            true => self.names.iter().map(|_| None).collect(),
-            false => take_matching(&mut moments, &like(MASTER_SUFFIX)?, &opt_path, true)?,
-        };
-        let avg = take_matching(&mut moments, &like(".exp_avg")?, &opt_path, true)?;
-        let avg_sq = take_matching(&mut moments, &like(".exp_avg_sq")?, &opt_path, false)?;
-        let get = |v: &[Option<Tensor>], i: usize| v[i].as_ref().map(Tensor::shallow_clone);
-        let _no_grad = tch::no_grad_guard();
+        let mut weights = SliceReader::weights(dir)?;
+        let mut opt = SliceReader::optimizer(dir)?;
+        // Every piece located and checked against the files' headers
+        // before anything changes.
+        let mut pieces = Vec::new();
         for (u, unit) in sh.units.iter().enumerate() {
             let n = unit.shard_len(sh.world);
-            let mine = |src: &dyn Fn(usize) -> Option<Tensor>, kind: Kind| -> Result<Tensor> {
-                let parts: Vec<Tensor> = unit
-                    .params
-                    .iter()
-                    .map(|&i| src(i).ok_or_else(|| missing(&opt_path, &self.names[i])))
-                    .collect::<Result<_>>()?;
-                Ok(flatten(&parts, unit.padded, kind)?.f_narrow(0, sh.rank as i64 * n, n)?)
-            };
-            let p = |i: usize| get(&params, i);
-            sh.params[u]
-                .shallow_clone()
-                .f_copy_(&mine(&p, self.kind)?)?;
-            let m = &self.opt.moments[u];
-            m.exp_avg
-                .shallow_clone()
-                .f_copy_(&mine(&|i| get(&avg, i), Kind::Float)?)?;
-            m.exp_avg_sq
-                .shallow_clone()
-                .f_copy_(&mine(&|i| get(&avg_sq, i), Kind::Float)?)?;
+            let lo = sh.rank as i64 * n;
+            for ((&i, &at), shape) in unit.params.iter().zip(&unit.offsets).zip(&unit.shapes) {
+                let (a, b) = (at.max(lo), (at + shape.iter().product::<i64>()).min(lo + n));
+                if a >= b {
+                    continue;
+                }
+                let piece = Piece {
+                    unit: u,
+                    start: (a - at) as usize,
+                    len: (b - a) as usize,
+                    to: a - lo,
+                };
+                let name = &self.names[i];
+                let at =
+                    |r: &SliceReader, what| r.locate(name, what, shape, piece.start, piece.len);
+                let master = self.opt.moments[u].master.is_some() && opt.has(name, "master");
+                let located = Located {
+                    weight: at(&weights, "")?,
+                    exp_avg: at(&opt, "exp_avg")?,
+                    exp_avg_sq: at(&opt, "exp_avg_sq")?,
+                    master: master.then(|| at(&opt, "master")).transpose()?,
+                };
+                pieces.push((piece, located));
+            }
+        }
+        let _no_grad = tch::no_grad_guard();
+        for (u, m) in self.opt.moments.iter().enumerate() {
+            // The padding after a unit's last parameter is zero.
+            let shards = [Some(&sh.params[u]), Some(&m.exp_avg), Some(&m.exp_avg_sq)];
+            for t in shards.into_iter().chain([m.master.as_ref()]).flatten() {
+                done(t.shallow_clone().f_zero_())?;
+            }
+        }
+        for (p, at) in &pieces {
+            let dst = |t: &Tensor| t.f_narrow(0, p.to, p.len as i64);
+            let param = dst(&sh.params[p.unit])?;
+            weights.copy(&at.weight, &param)?;
+            let m = &self.opt.moments[p.unit];
+            opt.copy(&at.exp_avg, &dst(&m.exp_avg)?)?;
+            opt.copy(&at.exp_avg_sq, &dst(&m.exp_avg_sq)?)?;
             if let Some(master) = &m.master {
-                // A checkpoint without masters gives them from the weights.
-                let src = |i: usize| get(&masters, i).or_else(|| get(&params, i));
-                master.shallow_clone().f_copy_(&mine(&src, Kind::Float)?)?;
+                match &at.master {
+                    Some(spans) => opt.copy(spans, &dst(master)?)?,
+                    // A checkpoint without masters (a float32 trainer's)
+                    // gives them from its weights, unrounded.
+                    None => weights.copy(&at.weight, &dst(master)?)?,
+                }
             }
         }
         self.opt.t = state.optimizer_steps;
-        Ok(())
-    }
-}
-
-/// The error for a tensor a checkpoint lacks.
-fn missing(path: &std::path::Path, name: &str) -> Error {
-    Error::CheckpointMissing {
-        path: path.to_owned(),
-        name: name.to_owned(),
+        Ok(ShardRead {
+            bytes_read: weights.read.bytes_read + opt.read.bytes_read,
+            file_bytes: weights.read.file_bytes + opt.read.file_bytes,
+            peak_bytes: weights.read.peak_bytes.max(opt.read.peak_bytes),
+        })
     }
 }
