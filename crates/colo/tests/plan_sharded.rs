@@ -137,3 +137,49 @@ fn a_capacity_only_the_sharded_plan_fits_refuses_the_replicated_run() {
     assert!(!out.exists(), "the run started");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `colo plan reshard --config`: a sharded run's reshard per worker and
+/// switch, the built-in model's units padded to the workers; the
+/// zero-redundancy ideal is colo's at `tg = 1`. A replicated run moves no
+/// weights between workers and is refused, saying so.
+#[test]
+fn a_sharded_runs_reshard_is_planned_from_its_config() {
+    let dir = common::tmp("plan-sharded", "reshard");
+    let reshard = |file: &Path| {
+        colo(&[
+            "plan",
+            "reshard",
+            "--json",
+            "--config",
+            file.to_str().unwrap(),
+        ])
+    };
+    for n in [2u64, 4] {
+        let o = reshard(&config(&dir, n as usize, "full", None));
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let p: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let m = p["model_bytes"].as_u64().unwrap();
+        assert_eq!(
+            (p["workers"].as_u64(), p["gen_tp"].as_u64()),
+            (Some(n), Some(1))
+        );
+        let got = p["executed"]["received_bytes"].as_u64().unwrap();
+        let units = p["shard_elements"].as_array().unwrap().len() as u64;
+        let elt = if p["dtype"] == "f32" { 4 } else { 2 };
+        let floor = m * (n - 1) / n;
+        assert!(
+            floor <= got && got <= floor + units * (n - 1) * elt,
+            "{n}: {got} against {floor}"
+        );
+        assert_eq!(p["executed"]["sent_bytes"].as_u64(), Some(got));
+        assert_eq!(p["zero_redundancy"]["received_bytes"].as_u64(), Some(got));
+    }
+    let o = reshard(&config(&dir, 2, "none", None));
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("moves no weights"),
+        "{}",
+        text(&o.stderr)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -13,7 +13,9 @@
 //!    costs of [`cost`].
 //! 3. **Resharding** ([`reshard::plan_reshard`]): the 3D-HybridEngine's
 //!    generation groups, micro-DP all-gathers and HybridFlow Table 2's
-//!    volumes and peaks.
+//!    volumes and peaks; [`reshard::plan_fsdp_reshard`]: the bytes each
+//!    worker of a sharded colo run sends and receives per switch, against
+//!    the zero-redundancy reshard of the same layout.
 //! 4. **Generation alone** ([`generate::estimate`]): what `colo generate`
 //!    holds for `n` samples decoded at once — the weights, the KV cache and
 //!    the decode step's buffers.

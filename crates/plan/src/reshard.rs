@@ -17,11 +17,22 @@
 //! training shards only when `pg | p` and `tg | t`; those are the valid
 //! generation layouts. With `pg = p` (always the case without training
 //! pipeline parallelism) the micro-DP groups are consecutive ranks.
+//!
+//! [`plan_fsdp_reshard`] is the reshard colo executes: training sharded
+//! FSDP-style over `N` workers (`[cluster] sharding = "full"`, layout
+//! `1-1-N`), generation tensor-parallel over `tg` of them. Each worker
+//! gathers every unit whole (colo-train's units: the root — everything
+//! outside the decoder layers — and one per layer, each flattened and
+//! padded to a multiple of `N`) and keeps its `1/tg` slice of it, against
+//! the 3D-HybridEngine's zero-redundancy ideal for the same layout, where
+//! a worker receives only the part of its generation shard it does not
+//! hold.
 
 use serde::Serialize;
 
 use crate::config::divisors;
 use crate::error::{PlanError, Result};
+use crate::model::{DType, ModelSpec};
 
 /// A block of the parameter space: layers `[pp_index/pp, (pp_index+1)/pp)`
 /// of the model, tensor slice `[tp_index/tp, (tp_index+1)/tp)` of each.
@@ -305,6 +316,161 @@ impl ReshardPlan {
     }
 }
 
+/// Bytes one worker moves in one train → rollout switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SwitchBytes {
+    /// Sent to the other workers (each all-gather's own shard, `N − 1`
+    /// times: the ring's count, gloo's and NCCL's, and a direct
+    /// exchange's).
+    pub sent_bytes: u64,
+    /// Received from the other workers.
+    pub received_bytes: u64,
+    /// The most gathered weight bytes held at once.
+    pub peak_bytes: u64,
+}
+
+/// The reshard of a run sharded over `workers` with a rollout
+/// tensor-parallel over `gen_tp` of them, per worker and switch (every
+/// worker moves the same bytes).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FsdpReshard {
+    pub model: String,
+    pub dtype: DType,
+    pub workers: u64,
+    pub gen_tp: u64,
+    /// The weights' bytes, unpadded.
+    pub model_bytes: u64,
+    /// Elements of each unit a worker keeps (root first, then the layers),
+    /// padded: `⌈unit / N⌉`.
+    pub shard_elements: Vec<u64>,
+    /// What colo executes: every unit gathered whole over the `N` workers,
+    /// one at a time, `(N − 1)` shards of each received.
+    pub executed: SwitchBytes,
+    /// The 3D-HybridEngine's zero-redundancy reshard of the same layout:
+    /// the `N` training shards nested in the `tg` generation shards, each
+    /// worker gathering only over its micro-DP group of `N / tg` workers
+    /// (HybridFlow Table 2's `(tp − tg)/(tg·tp)·M` with `tp = N`), each
+    /// unit's padding as colo's.
+    pub zero_redundancy: SwitchBytes,
+}
+
+/// Plans [`FsdpReshard`] for `model` in `dtype` on `workers` workers with
+/// a rollout tensor-parallel over `gen_tp`: `gen_tp` divides the workers
+/// and the model's attention and key/value heads, as colo's run config
+/// requires.
+pub fn plan_fsdp_reshard(
+    model: &ModelSpec,
+    dtype: DType,
+    workers: u64,
+    gen_tp: u64,
+) -> Result<FsdpReshard> {
+    if !(1..=MAX_RESHARD_DEVICES).contains(&workers) {
+        return Err(crate::error::out_of_range(
+            "workers",
+            workers,
+            format!("in 1..={MAX_RESHARD_DEVICES}"),
+        ));
+    }
+    let err = |reason: String| PlanError::InvalidLayout {
+        layout: format!("train 1-1-{workers} sharded → gen 1-{gen_tp}"),
+        devices: workers,
+        reason,
+    };
+    if gen_tp == 0 || !workers.is_multiple_of(gen_tp) {
+        return Err(err(format!(
+            "tg must divide the {workers} workers: one of {:?}",
+            divisors(workers)
+        )));
+    }
+    for (what, heads) in [
+        ("attention heads", model.heads),
+        ("key/value heads", model.kv_heads),
+    ] {
+        if heads % gen_tp != 0 {
+            return Err(err(format!(
+                "tg must divide the model's {heads} {what}: one of {:?}",
+                divisors(heads)
+            )));
+        }
+    }
+    let elt = dtype.bytes();
+    let units = std::iter::once(model.non_layer_params())
+        .chain((0..model.layers).map(|_| model.layer_params()));
+    let shard_elements: Vec<u64> = units.map(|n| n.div_ceil(workers)).collect();
+    let held: u64 = shard_elements.iter().sum();
+    let largest = shard_elements.iter().copied().max().unwrap_or(0);
+    let moved = |peers: u64| held * (peers - 1) * elt;
+    Ok(FsdpReshard {
+        model: model.name.clone(),
+        dtype,
+        workers,
+        gen_tp,
+        model_bytes: model.weight_bytes(dtype),
+        executed: SwitchBytes {
+            sent_bytes: moved(workers),
+            received_bytes: moved(workers),
+            peak_bytes: largest * workers * elt,
+        },
+        zero_redundancy: SwitchBytes {
+            sent_bytes: moved(workers / gen_tp),
+            received_bytes: moved(workers / gen_tp),
+            peak_bytes: held * (workers / gen_tp) * elt,
+        },
+        shard_elements,
+    })
+}
+
+impl FsdpReshard {
+    /// A readable description: the layout, and per worker the bytes each
+    /// reshard sends and receives.
+    pub fn describe(&self) -> String {
+        use std::fmt::Write as _;
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let (n, tg) = (self.workers, self.gen_tp);
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "training 1-1-{n} sharded (FSDP over {n} workers, {} units) → generation 1-{tg} \
+             ({} tensor-parallel group{} of {tg})",
+            self.shard_elements.len(),
+            n / tg,
+            if n / tg == 1 { "" } else { "s" },
+        );
+        let _ = writeln!(
+            out,
+            "model {:.3} MiB of {} weights; per worker and switch, every worker alike:\n",
+            mib(self.model_bytes),
+            format!("{:?}", self.dtype).to_lowercase()
+        );
+        let _ = writeln!(
+            out,
+            "{:<34} {:>12} {:>12} {:>12}",
+            "reshard", "sent MiB", "received MiB", "peak MiB"
+        );
+        for (name, b) in [
+            ("colo (each unit gathered whole)", self.executed),
+            ("3D-HybridEngine (zero redundancy)", self.zero_redundancy),
+        ] {
+            let _ = writeln!(
+                out,
+                "{name:<34} {:>12.3} {:>12.3} {:>12.3}",
+                mib(b.sent_bytes),
+                mib(b.received_bytes),
+                mib(b.peak_bytes)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nexact bytes: colo sends {} and receives {}; the ideal {} and {}",
+            self.executed.sent_bytes,
+            self.executed.received_bytes,
+            self.zero_redundancy.sent_bytes,
+            self.zero_redundancy.received_bytes
+        );
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,6 +488,91 @@ mod tests {
             .unwrap();
         assert!((hf.comm_bytes - received).abs() < 1.0);
         assert!((hf.peak_bytes - m as f64 / 2.0).abs() < 1.0);
+    }
+
+    /// colo's reshard receives `(N − 1)/N` of the weights, up to each
+    /// unit's padding; the zero-redundancy ideal as much at `tg = 1`,
+    /// nothing at `tg = N`, and HybridFlow's Table 2 volume between.
+    #[test]
+    fn fsdp_reshard_against_the_zero_redundancy_ideal() {
+        let m = crate::presets::preset("qwen2.5-0.5b").unwrap();
+        let model = m.weight_bytes(DType::Bf16);
+        for n in [1u64, 2, 4, 8] {
+            let one = plan_fsdp_reshard(&m, DType::Bf16, n, 1).unwrap();
+            let moved = |b: SwitchBytes| (b.sent_bytes, b.received_bytes);
+            assert_eq!(moved(one.executed), moved(one.zero_redundancy), "{n}, tg 1");
+            // One unit gathered at a time against the whole model at once.
+            assert_eq!(
+                one.zero_redundancy.peak_bytes,
+                one.shard_elements.iter().sum::<u64>() * n * 2
+            );
+            let units = 1 + m.layers;
+            assert_eq!(one.shard_elements.len() as u64, units);
+            let floor = model * (n - 1) / n;
+            let got = one.executed.received_bytes;
+            assert!(
+                got >= floor && got < floor + units * n * 2,
+                "{n}: {got} vs {floor}"
+            );
+            assert_eq!(one.executed.sent_bytes, got);
+            let largest = m.non_layer_params().div_ceil(n) * n * 2;
+            assert_eq!(one.executed.peak_bytes, largest);
+            for tg in [2u64, 4, 8]
+                .into_iter()
+                .filter(|tg| n % tg == 0 && 14 % tg == 0)
+            {
+                let p = plan_fsdp_reshard(&m, DType::Bf16, n, tg).unwrap();
+                assert_eq!(p.executed, one.executed, "colo's gathers ignore tg");
+                let hf = scheme_cost(Scheme::HybridFlow, model as f64, (1, n, 1), (1, tg));
+                let ideal = p.zero_redundancy.received_bytes as f64;
+                assert!(
+                    (ideal - hf.comm_bytes).abs() <= (units * n * 2) as f64,
+                    "{n}, {tg}"
+                );
+                if tg == n {
+                    assert_eq!(p.zero_redundancy.received_bytes, 0);
+                }
+            }
+        }
+        // The padding: units of 7 and 5 elements on 4 workers keep 2 each.
+        let tiny = crate::model::ModelSpec {
+            name: "t".into(),
+            hidden: 1,
+            intermediate: 1,
+            layers: 1,
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 1,
+            vocab: 2,
+            tie_embeddings: true,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: false,
+        };
+        let p = plan_fsdp_reshard(&tiny, DType::F32, 4, 1).unwrap();
+        assert_eq!((tiny.non_layer_params(), tiny.layer_params()), (3, 9));
+        assert_eq!(p.shard_elements, [1, 3]);
+        assert_eq!(p.executed.received_bytes, (1 + 3) * 3 * 4);
+    }
+
+    #[test]
+    fn fsdp_reshard_refuses_a_tg_that_does_not_divide() {
+        let m = crate::presets::preset("qwen2.5-0.5b").unwrap();
+        let e = plan_fsdp_reshard(&m, DType::Bf16, 4, 3)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tg must divide the 4 workers: one of [1, 2, 4]"),
+            "{e}"
+        );
+        let e = plan_fsdp_reshard(&m, DType::Bf16, 8, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tg must divide the model's 14 attention heads"),
+            "{e}"
+        );
+        assert!(plan_fsdp_reshard(&m, DType::Bf16, 0, 1).is_err());
     }
 
     #[test]

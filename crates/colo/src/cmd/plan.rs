@@ -203,19 +203,36 @@ struct MapArgs {
     json: bool,
 }
 
+/// `colo plan reshard`: HybridFlow's `p-t-d → pg-tg` plan, or with
+/// `--sharding full` (or a sharded run config) colo's executed reshard
+/// against the 3D-HybridEngine's.
 #[derive(ClapArgs)]
 struct ReshardArgs {
-    #[arg(long, default_value_t = 8)]
-    devices: u64,
-    /// Training layout p-t-d, e.g. 1-4-2.
-    #[arg(long)]
-    train: String,
+    /// Devices (default: p × t × d of --train).
+    #[arg(long, conflicts_with = "config")]
+    devices: Option<u64>,
+    /// Training layout p-t-d, e.g. 1-4-2; with --sharding full, 1-1-N.
+    #[arg(long, required_unless_present = "config", conflicts_with = "config")]
+    train: Option<String>,
     /// Generation layout pg-tg, e.g. 1-2.
-    #[arg(long)]
-    gen: String,
+    #[arg(long, required_unless_present = "config", conflicts_with = "config")]
+    gen: Option<String>,
+    /// `full`: training sharded FSDP-style over the N workers of a 1-1-N
+    /// layout (`[cluster] sharding = "full"`), as colo executes it: the
+    /// bytes each worker sends and receives per switch, colo's against
+    /// the 3D-HybridEngine's zero-redundancy reshard.
+    #[arg(long, default_value = "none", value_parser = ["none", "full"], conflicts_with = "config")]
+    sharding: String,
     /// Model preset, for the bytes moved.
-    #[arg(long, default_value = "qwen2.5-7b")]
+    #[arg(long, default_value = "qwen2.5-7b", conflicts_with = "config")]
     preset: String,
+    /// The weights' dtype (bf16, fp16, fp32).
+    #[arg(long, default_value = "bf16", conflicts_with = "config")]
+    param_dtype: String,
+    /// A sharded `colo train` run config (*.toml): its model, dtype,
+    /// `[cluster] workers` and `[rollout] tensor_model_parallel_size`.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
     #[arg(long)]
     json: bool,
 }
@@ -541,19 +558,88 @@ fn parse_dims<const N: usize>(s: &str, what: &str) -> Result<[u64; N]> {
 }
 
 fn reshard(a: ReshardArgs) -> Result<()> {
-    let [p, t, d] = parse_dims::<3>(&a.train, "--train p-t-d")?;
-    let [pg, tg] = parse_dims::<2>(&a.gen, "--gen pg-tg")?;
+    if let Some(path) = &a.config {
+        return fsdp_reshard_of_run(path, a.json);
+    }
+    let (train, gen) = (a.train.as_deref(), a.gen.as_deref());
+    let [p, t, d] = parse_dims::<3>(train.unwrap_or_default(), "--train p-t-d")?;
+    let [pg, tg] = parse_dims::<2>(gen.unwrap_or_default(), "--gen pg-tg")?;
     let m = preset(&a.preset)?;
-    let plan = plan_reshard(
-        a.devices,
-        (p, t, d),
-        (pg, tg),
-        m.weight_bytes(colo_plan::model::DType::Bf16),
-    )?;
+    let dtype = colo_plan::model::DType::parse(&a.param_dtype)?;
+    let devices = a.devices.unwrap_or(p.saturating_mul(t).saturating_mul(d));
+    if a.sharding == "full" {
+        if (p, t, pg) != (1, 1, 1) || devices != d {
+            bail!(
+                "--sharding full: --train {}-{}-{} --gen {}-{} on {} devices; expected --train \
+                 1-1-N (FSDP over N workers, no model parallelism in training) and --gen 1-tg \
+                 (colo's rollout has no pipeline), N the device count",
+                p,
+                t,
+                d,
+                pg,
+                tg,
+                devices
+            );
+        }
+        let plan = colo_plan::reshard::plan_fsdp_reshard(&m, dtype, d, tg)?;
+        return print_fsdp_reshard(&plan, a.json);
+    }
+    let plan = plan_reshard(devices, (p, t, d), (pg, tg), m.weight_bytes(dtype)).map_err(|e| {
+        let colos = (p, t, pg) == (1, 1, 1) && tg > 1 && d % tg == 0;
+        match colos {
+            true => anyhow::anyhow!(
+                "{e}; colo trains 1-1-{d} sharded (FSDP) with a tensor-parallel rollout: add \
+                 --sharding full"
+            ),
+            false => e.into(),
+        }
+    })?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&plan)?);
     } else {
-        println!("model {} (bf16 weights)", m.name);
+        println!("model {} ({} weights)", m.name, a.param_dtype);
+        print!("{}", plan.describe());
+    }
+    Ok(())
+}
+
+/// `colo plan reshard --config run.toml`: the sharded run's reshard.
+fn fsdp_reshard_of_run(path: &std::path::Path, json: bool) -> Result<()> {
+    if !path.is_file() {
+        bail!("--config `{}`: no such run config file", path.display());
+    }
+    if !is_run_config(&path.to_string_lossy()) {
+        bail!(
+            "--config `{}`: expected a colo train run config (*.toml); for a model's config.json \
+             use --train, --gen and --preset",
+            path.display()
+        );
+    }
+    let run = super::plan_config::from_file(path)?;
+    if !run.sharded {
+        bail!(
+            "--config `{}`: {}: every worker holds the whole model and a switch moves no weights \
+             between workers; the reshard is a sharded run's ([cluster] sharding = \"full\", \
+             workers > 1)",
+            path.display(),
+            run.scope()
+        );
+    }
+    let plan = run.input.validate()?;
+    let reshard = colo_plan::reshard::plan_fsdp_reshard(
+        &plan.model,
+        plan.param_dtype,
+        run.workers as u64,
+        plan.gen_tp,
+    )?;
+    print_fsdp_reshard(&reshard, json)
+}
+
+fn print_fsdp_reshard(plan: &colo_plan::reshard::FsdpReshard, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(plan)?);
+    } else {
+        println!("model {}", plan.model);
         print!("{}", plan.describe());
     }
     Ok(())
@@ -652,6 +738,56 @@ mod tests {
         assert!(
             row.trim_start().starts_with("1 ") && row.contains(" GiB)"),
             "{t}"
+        );
+    }
+
+    /// `--sharding full` is colo's FSDP layout, 1-1-N with a 1-tg
+    /// rollout: a model-parallel training layout is refused, naming the
+    /// one expected; a run config describes the whole layout, so the
+    /// layout flags are refused beside it.
+    #[test]
+    fn a_sharded_reshard_takes_colos_layout() {
+        for (train, gen) in [("1-2-1", "1-1"), ("1-1-2", "2-1")] {
+            let e = plan(&[
+                "plan",
+                "reshard",
+                "--sharding",
+                "full",
+                "--train",
+                train,
+                "--gen",
+                gen,
+            ]);
+            assert!(e.contains("expected --train 1-1-N"), "{train} {gen}: {e}");
+        }
+        let e = plan(&[
+            "plan",
+            "reshard",
+            "--sharding",
+            "full",
+            "--train",
+            "1-1-4",
+            "--gen",
+            "1-2",
+            "--devices",
+            "8",
+        ]);
+        assert!(e.contains("on 8 devices"), "{e}");
+        let e = matches(&[
+            "plan", "reshard", "--config", "run.toml", "--train", "1-1-2",
+        ]);
+        assert_eq!(
+            e.unwrap_err().kind(),
+            clap::error::ErrorKind::ArgumentConflict
+        );
+        let e = plan(&["plan", "reshard", "--config", "/nonexistent/run.toml"]);
+        assert!(e.contains("no such run config file"), "{e}");
+        assert!(matches(&["plan", "reshard", "--train", "1-1-2"]).is_err());
+        // HybridFlow's plan refuses tg > t; the message points at colo's.
+        let e = plan(&["plan", "reshard", "--train", "1-1-2", "--gen", "1-2"]);
+        assert!(
+            e.contains("tg must divide t = 1") && e.ends_with("add --sharding full"),
+            "{e}"
         );
     }
 
