@@ -509,6 +509,12 @@ fn rollout_tensor_parallel(config: Option<String>) -> PyResult<usize> {
         .tensor_model_parallel_size)
 }
 
+/// `n` bytes as colo prints them elsewhere, in binary units ("1.5 MiB").
+#[pyfunction]
+fn fmt_bytes(n: u64) -> String {
+    colo_mem::fmt_bytes(n)
+}
+
 /// The newest complete checkpoint of the run `config` writes into `out`,
 /// as colo-rl judges it: (its step or `None`, the newer directories it
 /// skipped, each with the reason).
@@ -610,5 +616,6 @@ fn _colo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_layout, m)?)?;
     m.add_function(wrap_pyfunction!(rollout_tensor_parallel, m)?)?;
     m.add_function(wrap_pyfunction!(eval_record, m)?)?;
+    m.add_function(wrap_pyfunction!(fmt_bytes, m)?)?;
     Ok(())
 }

@@ -67,13 +67,30 @@ class ShardedAgainstOne(unittest.TestCase):
             self.assertTrue(keys, f"no gather or reduce-scatter figures in {sorted(record)}")
             self.assertTrue(any(record[k] > 0 for k in keys if k.endswith("bytes")), keys)
 
-    def test_each_worker_receives_half_the_weights_per_sync(self):
-        # tiny-qwen2's float32 weights, (N - 1)/N of them per worker, up to
-        # each unit's padding to a multiple of N.
-        model = 111_168 * 4
+    def test_each_worker_moves_what_the_plan_says_per_switch(self):
+        # `colo plan reshard` of the same config on its 2 workers: colo-train's
+        # units (the root, one per layer), each padded to a multiple of 2 and
+        # gathered once in the switch to rollout. The records count what the
+        # gathers were handed, per call, on every worker (the largest kept).
+        cfg = os.path.join(self.tmp, "two-planned.toml")
+        with open(os.path.join(self.tmp, "two.toml")) as f:
+            text = f.read()
+        with open(cfg, "w") as f:
+            f.write(text.replace("[cluster]\n", "[cluster]\nworkers = 2\n"))
+        r = subprocess.run([colo_binary(), "plan", "reshard", "--json", "--config", cfg], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        plan = json.loads(r.stdout)
+        self.assertEqual((plan["workers"], plan["gen_tp"], plan["dtype"]), (2, 1, "f32"), plan)
         for record in self.two["history"]:
-            self.assertLessEqual(abs(record["perf/reshard_bytes"] - model / 2), 4 * 8, record["perf/reshard_bytes"])
-        self.assertNotIn("perf/reshard_bytes", self.one["history"][0])
+            measured = (record["perf/reshard_sent_bytes"], record["perf/reshard_recv_bytes"])
+            self.assertEqual(measured, (plan["executed"]["sent_bytes"], plan["executed"]["received_bytes"]))
+        # tiny-qwen2's float32 weights, (N - 1)/N of them per worker, up to
+        # each unit's padding (3 units, at most 1 element each).
+        model = 111_168 * 4
+        self.assertEqual(plan["model_bytes"], model)
+        self.assertLessEqual(abs(plan["executed"]["received_bytes"] - model / 2), 3 * 4)
+        self.assertNotIn("perf/reshard_sent_bytes", self.one["history"][0])
+        self.assertNotIn("perf/reshard_recv_bytes", self.one["history"][0])
 
     def test_the_checkpoint_is_a_whole_model(self):
         step = os.path.join(self.tmp, "two", "checkpoints", "step-3")

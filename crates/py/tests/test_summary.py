@@ -9,7 +9,7 @@ import os
 import tempfile
 import unittest
 
-from colo.controller import StoppedNow, stopped_now_line, summary_lines
+from colo.controller import StoppedNow, aggregate, step_line, stopped_now_line, summary_lines
 
 
 def finished(out, **over):
@@ -65,6 +65,17 @@ class StoppedAtOnce(unittest.TestCase):
         during = stopped_now_line(StoppedNow(23, under_way=24), resume)
         self.assertTrue(during.startswith("colo train: stopped now; step 24, under way, is lost; the checkpoint of step 23"), during)
         self.assertEqual(stopped_now_line(StoppedNow(None, 1), resume), "colo train: stopped now; step 1, under way, is lost; no checkpoint was written")
+
+
+class StepLine(unittest.TestCase):
+    def test_a_sharded_steps_line_shows_its_reshard_in_binary_units(self):
+        record = {"critic/score/mean": 0.5, "actor/pg_loss": 0.25}
+        plain = step_line(2, 3, record, 1.5)
+        self.assertEqual(plain, "step 2/3: score 0.500, loss 0.2500, 1.50 s")
+        workers = [dict(record, **{"perf/reshard_sent_bytes": 222_336, "perf/reshard_recv_bytes": b}) for b in (222_336, 222_340)]
+        merged = aggregate(workers)
+        self.assertEqual(merged["perf/reshard_recv_bytes"], 222_340)  # the largest worker's, a whole count
+        self.assertEqual(step_line(2, 3, merged, 1.5), plain + ", reshard 217.1 KiB sent / 217.1 KiB received per worker")
 
 
 if __name__ == "__main__":

@@ -144,15 +144,26 @@ pub struct StepMetrics {
     /// included (`max_memory_allocated`); 0 in records of earlier versions.
     #[serde(rename = "memory/peak_allocated_bytes", default)]
     pub peak_allocated_bytes: u64,
-    /// A sharded actor's bytes this worker received per trainer → rollout
-    /// weight sync (the 3D-HybridEngine's resharding: every unit gathered
-    /// once, `(N − 1)/N` of the weights); absent unsharded.
+    /// The bytes a sharded actor's all-gathers on this worker sent to and
+    /// received from the other workers in the step's trainer → rollout
+    /// switch (the reshard: every unit gathered once, `(N − 1)/N` of the
+    /// weights each way, each unit padded to a multiple of `N`), counted
+    /// per call (colo-train's `Traffic`); what `colo plan reshard` plans.
+    /// Absent unsharded. (Records of earlier versions had the received
+    /// bytes alone, as a formula, under `perf/reshard_bytes`.)
     #[serde(
-        rename = "perf/reshard_bytes",
+        rename = "perf/reshard_sent_bytes",
         default,
         skip_serializing_if = "Option::is_none"
     )]
-    pub reshard_bytes: Option<u64>,
+    pub reshard_sent_bytes: Option<u64>,
+    #[serde(
+        rename = "perf/reshard_recv_bytes",
+        alias = "perf/reshard_bytes",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub reshard_recv_bytes: Option<u64>,
     /// A sharded actor's seconds this step in its gathers and
     /// reduce-scatters as the trainer sees them: the transport's time
     /// (`timing_s/all_gather`, `timing_s/reduce_scatter` and their waits,

@@ -832,7 +832,8 @@ impl Run<'_> {
             throughput: tokens as f64 / step_s,
             peak_device_bytes: pool_stats.peak_resident_bytes,
             peak_allocated_bytes: pool_stats.peak_allocated_bytes,
-            reshard_bytes: self.worker.actor("read the metrics")?.gather_bytes(),
+            reshard_sent_bytes: sampling.to_rollout.reshard.map(|t| t.sent),
+            reshard_recv_bytes: sampling.to_rollout.reshard.map(|t| t.received),
             shard_collectives_s: self
                 .worker
                 .actor("read the metrics")?

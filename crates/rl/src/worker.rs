@@ -106,6 +106,10 @@ pub struct SwitchTiming {
     /// Of which, the trainer → rollout weight sync (or the disk round trip
     /// in `restart` mode).
     pub sync_s: f64,
+    /// Bytes a sharded actor's all-gathers sent and received during a
+    /// switch to rollout (the weight sync's, or `restart` mode's save):
+    /// the reshard. `None` for an actor that gathers nothing.
+    pub reshard: Option<colo_train::Traffic>,
 }
 
 /// The peers a worker's engines compute with, when its run spans workers.
@@ -527,6 +531,7 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
     pub fn to_rollout(&mut self) -> Result<SwitchTiming> {
         self.expect("switch to rollout", Phase::Train)?;
         let start = Instant::now();
+        let gathered = self.actor.gathered_traffic();
         let sync_s = match self.mode {
             Colocation::Naive => {
                 self.pool.set_phase("sync_weights");
@@ -575,9 +580,12 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
         };
         self.pool.set_phase("generate");
         self.phase = Phase::Rollout;
+        let reshard =
+            (self.actor.gathered_traffic().zip(gathered)).map(|(now, was)| now.since(was));
         Ok(SwitchTiming {
             total_s: start.elapsed().as_secs_f64(),
             sync_s,
+            reshard,
         })
     }
 
@@ -629,6 +637,7 @@ impl<T: TrainEngine, R: RolloutEngine> HybridWorker<T, R> {
         Ok(SwitchTiming {
             total_s: start.elapsed().as_secs_f64(),
             sync_s: 0.0,
+            reshard: None,
         })
     }
 

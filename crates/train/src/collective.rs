@@ -25,6 +25,30 @@ use tch::Tensor;
 
 use crate::Result;
 
+/// Bytes one peer sent to and received from the others in some collective
+/// calls, counted per call from the buffers handed to the transport.
+///
+/// The convention is the ring's, which gloo's and NCCL's all-gathers use
+/// (and a direct exchange moves the same): an all-gather of a shard of `s`
+/// bytes over `N` peers has each peer send `s·(N − 1)` bytes (its own
+/// shard, then the ones it forwards) and receive `s·(N − 1)` (every other
+/// peer's shard); one peer alone moves nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub sent: u64,
+    pub received: u64,
+}
+
+impl Traffic {
+    /// `self` less what had been counted at `earlier` (counters only grow).
+    pub fn since(self, earlier: Traffic) -> Traffic {
+        Traffic {
+            sent: self.sent.saturating_sub(earlier.sent),
+            received: self.received.saturating_sub(earlier.received),
+        }
+    }
+}
+
 /// How values are combined over the peers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReduceOp {

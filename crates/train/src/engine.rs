@@ -128,6 +128,14 @@ pub trait TrainEngine {
         visit(&self.named_parameters())
     }
 
+    /// The bytes this engine's all-gathers have sent to and received from
+    /// its peers since it was built (a sharded engine's; `None` for one
+    /// that gathers nothing). Read around [`TrainEngine::visit_parameters`]
+    /// it is what a weight sync moved.
+    fn gathered_traffic(&self) -> Option<crate::Traffic> {
+        None
+    }
+
     /// Moves the chosen parts of the state to host memory. Cached
     /// activation blocks stay mapped: [`TrainEngine::release_cache`] returns
     /// them, when something else needs the room.

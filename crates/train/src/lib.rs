@@ -123,7 +123,7 @@ pub mod value_head;
 pub use adamw::{AdamW, AdamWParams};
 pub use batch::{CriticBatch, PolicyBatch, SeqBatch};
 pub use buffers::storage_addr;
-pub use collective::{Collective, ReduceOp, Solo};
+pub use collective::{Collective, ReduceOp, Solo, Traffic};
 pub use config::{
     check_target, device_name, kind_name, parse_device, parse_kind, MicroBatchConfig, MicroBatches,
     Optim, OptimConfig, Split,

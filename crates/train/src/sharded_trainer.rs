@@ -120,6 +120,7 @@ impl ColoTrainer {
             peers: peers.clone(),
             fresh: Arc::new(Mutex::new(vec![true; units.len()])),
             spent_ns: Default::default(),
+            gathered: Default::default(),
             units: Arc::new(units),
             world,
             rank,
@@ -179,20 +180,14 @@ impl ColoTrainer {
         Ok(())
     }
 
-    /// A sharded trainer's bytes received from its peers in one gather
-    /// of every unit (`(N − 1)/N` of the weights, padding included): what
-    /// the rollout engine's weight sync moves to this peer. `None` when
+    /// The bytes a sharded trainer's all-gathers have sent to and received
+    /// from its peers since it was built, counted per call (see
+    /// [`crate::Traffic`]): the training passes' gathers and every whole-model
+    /// visit's (the rollout engine's weight sync, checkpoints). The
+    /// difference around a weight sync is what the sync moved. `None` when
     /// not sharded.
-    pub fn gather_bytes(&self) -> Option<u64> {
-        let sh = self.shards.as_ref()?;
-        let elt = self.kind.elt_size_in_bytes() as u64;
-        let others = (sh.world - 1) as u64;
-        Some(
-            sh.units
-                .iter()
-                .map(|u| u.shard_len(sh.world) as u64 * others * elt)
-                .sum(),
-        )
+    pub fn gathered_traffic(&self) -> Option<crate::Traffic> {
+        Some(self.shards.as_ref()?.gathered())
     }
 
     /// Seconds a sharded trainer has spent in its gathers and

@@ -51,7 +51,7 @@ use colo_mem::{tags, Pool};
 use tch::{Device, Kind, Tensor};
 
 use crate::buffers::done;
-use crate::collective::Collective;
+use crate::collective::{Collective, Traffic};
 use crate::{Error, Result};
 
 /// The peers of a trainer, shared by its passes and its update.
@@ -163,6 +163,8 @@ pub(crate) struct Shards {
     /// as this side sees them (the transport's own work and any layers
     /// between, such as colo-py's call into Python).
     pub(crate) spent_ns: Arc<AtomicU64>,
+    /// Bytes sent and received in this peer's gathers (see [`Traffic`]).
+    pub(crate) gathered: Arc<[AtomicU64; 2]>,
 }
 
 impl Clone for Shards {
@@ -178,6 +180,7 @@ impl Clone for Shards {
             grads: shallow(&self.grads),
             fresh: self.fresh.clone(),
             spent_ns: self.spent_ns.clone(),
+            gathered: self.gathered.clone(),
         }
     }
 }
@@ -193,6 +196,13 @@ impl Shards {
         guard.finish()?;
         let buf = buf?;
         self.timed(|| lock(&self.peers)?.all_gather(shard, &buf))?;
+        // Counted from the buffers the transport was handed: this peer's
+        // shard went to each of the others, the rest of `buf` came in.
+        let elt = shard.kind().elt_size_in_bytes() as u64;
+        let (mine, all) = (shard.numel() as u64 * elt, buf.numel() as u64 * elt);
+        let [sent, received] = &*self.gathered;
+        sent.fetch_add(mine * (self.world as u64 - 1), Ordering::Relaxed);
+        received.fetch_add(all - mine, Ordering::Relaxed);
         let _no_grad = tch::no_grad_guard();
         for ((&i, &at), shape) in unit.params.iter().zip(&unit.offsets).zip(&unit.shapes) {
             let mut p = full[i].shallow_clone();
@@ -213,6 +223,16 @@ impl Shards {
         let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.spent_ns.fetch_add(ns, Ordering::Relaxed);
         out
+    }
+
+    /// The bytes this peer's gathers have sent and received since the
+    /// trainer was built.
+    pub(crate) fn gathered(&self) -> Traffic {
+        let [sent, received] = &*self.gathered;
+        Traffic {
+            sent: sent.load(Ordering::Relaxed),
+            received: received.load(Ordering::Relaxed),
+        }
     }
 
     /// Lets unit `u`'s gathered weights go: its parameters become empty.

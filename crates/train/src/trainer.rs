@@ -658,6 +658,10 @@ impl crate::TrainEngine for ColoTrainer {
         }
     }
 
+    fn gathered_traffic(&self) -> Option<crate::Traffic> {
+        ColoTrainer::gathered_traffic(self)
+    }
+
     fn save_checkpoint(&self, dir: &Path) -> Result<()> {
         self.save(dir)
     }

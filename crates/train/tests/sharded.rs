@@ -233,6 +233,48 @@ fn each_peer_keeps_its_share_of_the_state_bytes() {
     }
 }
 
+/// A weight sync's visit gathers every unit once: each peer sends its
+/// shard of each unit to the `N − 1` others and receives theirs, each
+/// unit padded to a multiple of `N` (the count from the buffers the
+/// collective was handed, against the units recomputed from the names and
+/// shapes here). The training passes' gathers are counted too, before it.
+#[test]
+fn a_weight_sync_moves_every_units_shards_once() {
+    for kind in [Kind::Float, Kind::BFloat16] {
+        let cfg = trainer_config(kind);
+        let one = common::engine_with("tiny-qwen2", &cfg);
+        let mut units: std::collections::BTreeMap<String, u64> = Default::default();
+        for (name, p) in TrainEngine::named_parameters(&one) {
+            let unit = match name.strip_prefix("model.layers.") {
+                Some(rest) => rest.split('.').next().unwrap().to_owned(),
+                None => "root".into(),
+            };
+            *units.entry(unit).or_default() += p.numel() as u64;
+        }
+        assert_eq!(units.len(), 3, "{units:?}");
+        let elt = kind.elt_size_in_bytes() as u64;
+        for world in [2u64, 4] {
+            let per_peer: u64 = units.values().map(|n| n.div_ceil(world)).sum();
+            let want = per_peer * (world - 1) * elt;
+            let peers = run_peers(world as usize, &cfg, 1, |e, _| {
+                let before = e.gathered_traffic().unwrap();
+                e.visit_parameters(&mut |_| Ok(())).unwrap();
+                (before, e.gathered_traffic().unwrap().since(before))
+            });
+            for (_, (trained, sync)) in &peers {
+                assert!(trained.received > want, "{kind:?}, {world}: {trained:?}");
+                assert_eq!(
+                    (sync.sent, sync.received),
+                    (want, want),
+                    "{kind:?}, {world} peers"
+                );
+            }
+        }
+    }
+    let one = common::engine_with("tiny-qwen2", &trainer_config(Kind::Float));
+    assert_eq!(one.gathered_traffic(), None);
+}
+
 #[test]
 fn sharded_scores_equal_one_trainers() {
     let cfg = trainer_config(Kind::Float);

@@ -18,11 +18,14 @@ planner gives one (these runs set `[memory] offload_policy = "always"`,
 the switch the plan models: with "as_needed" a worker keeps its training
 state through generation while the capacity has room); the weight
 all-gathers and gradient reduce-scatters per step (bytes, seconds, calls, as `comm_record` counts them); and the
-trainer → rollout weight sync's seconds and the bytes each worker
-received in it (`perf/reshard_bytes`) against the whole model's weight
-bytes (the run's final checkpoint), which is what every rank would
-receive if each gathered the whole model from elsewhere. The sync's
-gathers are among the step's all-gathers. A sharded config resolves
+trainer → rollout weight sync's seconds and the bytes each worker sent
+and received in its gathers (`perf/reshard_sent_bytes`,
+`perf/reshard_recv_bytes`, counted per call) against `colo plan reshard
+--config`'s figure for the same config (colo's reshard, and the
+3D-HybridEngine's zero-redundancy one for the same layout) and against
+the whole model's weight bytes (the run's final checkpoint), which is
+what every rank would receive if each gathered the whole model from
+elsewhere. The sync's gathers are among the step's all-gathers. A sharded config resolves
 activation checkpointing to on (each layer gathered again for its
 backward), so its update recomputes every layer's forward. On one worker
 `full` is one shard: the trainer keeps its whole state, as a replicated
@@ -142,13 +145,14 @@ def sharding_figures(s, out, steps):
         out_figures[f"{op}_wait_s"] = mean(f"timing_s/{op}_wait")
         out_figures[f"{op}_calls"] = mean(f"perf/{op}_calls")
     out_figures["sync_s"] = mean("timing_s/update_weights")
-    reshard = [r["perf/reshard_bytes"] for r in rows if r.get("perf/reshard_bytes") is not None]
-    out_figures["reshard_bytes"] = statistics.mean(reshard) if reshard else None
+    for way in ("sent", "recv"):
+        # Every step's switch moves the same bytes: the largest is kept.
+        seen = [r[f"perf/reshard_{way}_bytes"] for r in s["history"] if r.get(f"perf/reshard_{way}_bytes") is not None]
+        out_figures[f"reshard_{way}_bytes"] = max(seen) if seen else None
     model = model_bytes(os.path.join(out, "checkpoints", f"step-{steps}"))
     out_figures["model_bytes"] = model
-    out_figures["reshard_vs_model"] = (
-        out_figures["reshard_bytes"] / model if out_figures["reshard_bytes"] is not None and model else None
-    )
+    received = out_figures["reshard_recv_bytes"]
+    out_figures["reshard_vs_model"] = received / model if received is not None and model else None
     return out_figures
 
 
@@ -197,27 +201,55 @@ def colo_binary():
     return shutil.which("colo")
 
 
-def plan_peak(config, colo):
-    """`colo plan --config config --json`'s `peak_bytes` (per worker for a
-    config with `[cluster] workers`): (bytes, None), or (None, why not)."""
+def plan_json(args, colo):
+    """`colo <args> --json`'s object: (dict, None), or (None, why not)."""
     if colo is None:
         return None, "no colo binary (set COLO_BIN)"
     try:
-        r = subprocess.run(
-            [colo, "plan", "--config", config, "--json"], capture_output=True, text=True, timeout=300
-        )
+        r = subprocess.run([colo, *args, "--json"], capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"{colo} plan: {e}"
+        return None, f"{colo} {args[0]}: {e}"
     if r.returncode != 0:
         said = (r.stderr.strip().splitlines() or [f"status {r.returncode}"])[-1]
-        return None, f"{colo} plan: {said}"
+        return None, f"{colo} {' '.join(args[:2])}: {said}"
     try:
-        peak = json.loads(r.stdout).get("peak_bytes")
-    except (ValueError, AttributeError):
-        return None, f"{colo} plan --json: not a JSON object"
+        out = json.loads(r.stdout)
+    except ValueError:
+        out = None
+    if not isinstance(out, dict):
+        return None, f"{colo} {' '.join(args[:2])} --json: not a JSON object"
+    return out, None
+
+
+def plan_peak(config, colo):
+    """`colo plan --config config --json`'s `peak_bytes` (per worker for a
+    config with `[cluster] workers`): (bytes, None), or (None, why not)."""
+    plan, why = plan_json(["plan", "--config", config], colo)
+    if plan is None:
+        return None, why
+    peak = plan.get("peak_bytes")
     if not isinstance(peak, int):
         return None, f"{colo} plan --json: no peak_bytes"
     return peak, None
+
+
+def plan_reshard(config, colo):
+    """`colo plan reshard --config config --json`'s per-worker bytes of a
+    switch: {"sent", "received", "ideal_sent", "ideal_received"} (colo's
+    reshard and the zero-redundancy one), or (None, why not)."""
+    plan, why = plan_json(["plan", "reshard", "--config", config], colo)
+    if plan is None:
+        return None, why
+    try:
+        executed, ideal = plan["executed"], plan["zero_redundancy"]
+        return {
+            "sent": executed["sent_bytes"],
+            "received": executed["received_bytes"],
+            "ideal_sent": ideal["sent_bytes"],
+            "ideal_received": ideal["received_bytes"],
+        }, None
+    except (KeyError, TypeError):
+        return None, f"{colo} plan reshard --json: no executed / zero_redundancy bytes"
 
 
 def positive(text):
@@ -288,6 +320,9 @@ def run_all(args, tmp):
             r["plan_peak_bytes"], r["plan_error"] = plan, why
             for kind in ("allocated", "mapped"):
                 r[f"{kind}_vs_plan"] = (r[f"peak_{kind}_bytes"] - plan) / plan if plan else None
+            # A replicated run (or one worker) moves no weights between workers.
+            reshard, why = plan_reshard(cfg, colo) if sharding == "full" and w > 1 else (None, None)
+            r["plan_reshard"], r["plan_reshard_error"] = reshard, why
             results.append(r)
             shutil.rmtree(out, ignore_errors=True)  # (its checkpoint read for the model bytes)
     return results
@@ -364,23 +399,45 @@ def print_sharding(results):
             f"{r['peak_mapped_bytes'] / mib:>7.2f} {opt(plan and plan / mib, '.2f', 7)} "
             f"{opt(r['allocated_vs_plan'], '+.1%', 10)} {opt(r['mapped_vs_plan'], '+.1%', 11)}"
         )
-    errors = sorted({r["plan_error"] for r in results if r["plan_error"]})
+    errors = sorted({e for r in results for e in (r["plan_error"], r["plan_reshard_error"]) if e})
     for e in errors:
         print(f"no plan: {e}")
     print()
     print(
         f"{'workers':>7} {'shard':>5} {'gather MB':>9} {'s':>6} {'wait':>6} {'calls':>5} "
-        f"{'r-s MB':>7} {'s':>6} {'wait':>6} {'calls':>5} {'sync s':>6} {'reshard MB':>10} {'model MB':>8} {'/model':>6}"
+        f"{'r-s MB':>7} {'s':>6} {'wait':>6} {'calls':>5} {'sync s':>6} {'model MB':>8}"
     )
     for r in results:
-        reshard = r["reshard_bytes"]
         model = r["model_bytes"]
         print(
             f"{r['workers']:>7} {r['sharding']:>5} {r['all_gather_bytes'] / 1e6:>9.2f} {r['all_gather_s']:>6.3f} "
             f"{r['all_gather_wait_s']:>6.3f} {r['all_gather_calls']:>5.0f} {r['reduce_scatter_bytes'] / 1e6:>7.2f} "
             f"{r['reduce_scatter_s']:>6.3f} {r['reduce_scatter_wait_s']:>6.3f} {r['reduce_scatter_calls']:>5.0f} "
-            f"{r['sync_s']:>6.3f} {opt(reshard and reshard / 1e6, '.3f', 10)} {opt(model and model / 1e6, '.3f', 8)} "
-            f"{opt(r['reshard_vs_model'], '.3f', 6)}"
+            f"{r['sync_s']:>6.3f} {opt(model and model / 1e6, '.3f', 8)}"
+        )
+    print_reshard(results)
+
+
+def print_reshard(results):
+    """Each sharded run's reshard per worker and switch: the bytes its
+    gathers sent and received, against `colo plan reshard`'s for colo's
+    reshard (exact bytes) and the 3D-HybridEngine's zero-redundancy one."""
+    rows = [r for r in results if r["reshard_recv_bytes"] is not None]
+    if not rows:
+        return
+    print()
+    print(
+        f"{'workers':>7} {'sent B':>10} {'recv B':>10} {'plan sent':>10} {'plan recv':>10} {'=plan':>5} "
+        f"{'ideal recv':>10} {'recv/model':>10}"
+    )
+    for r in rows:
+        plan = r["plan_reshard"] or {}
+        measured = (r["reshard_sent_bytes"], r["reshard_recv_bytes"])
+        same = "yes" if plan and measured == (plan["sent"], plan["received"]) else ("-" if not plan else "NO")
+        print(
+            f"{r['workers']:>7} {measured[0]:>10} {measured[1]:>10} {opt(plan.get('sent'), 'd', 10)} "
+            f"{opt(plan.get('received'), 'd', 10)} {same:>5} {opt(plan.get('ideal_received'), 'd', 10)} "
+            f"{opt(r['reshard_vs_model'], '.3f', 10)}"
         )
 
 

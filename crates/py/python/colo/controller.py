@@ -34,8 +34,10 @@ Metric aggregation over workers (each worker's step records its own
 prompts): `timing_s/*` the slowest worker (the step waits for it);
 `*/max`, `*/min` the extreme; `actor/*` rank 0's (the trainer already
 reduced them over the global batch); `reward/failures`, `perf/throughput`
-the sum; `memory/peak_device_bytes`, `memory/peak_allocated_bytes` the
-largest; everything else the mean
+the sum; `memory/peak_device_bytes`, `memory/peak_allocated_bytes` and a
+sharded run's `perf/reshard_sent_bytes`, `perf/reshard_recv_bytes` (the
+bytes a worker's all-gathers moved in the step's switch to rollout, every
+worker's alike) the largest; everything else the mean
 (shards are of equal size). Added: `timing_s/controller` (the step's wall
 time beyond the slowest worker), `timing_s/all_reduce` (the time inside
 gradient all-reduces: the transfer, as the worker that
@@ -78,6 +80,7 @@ from colo._colo import (
     check_layout,
     draw_workers,
     eval_record,
+    fmt_bytes,
     latest_checkpoint,
     resume_notes,
     truncate_metrics,
@@ -271,6 +274,26 @@ class WorkerActor:
 # ---- aggregation -------------------------------------------------------------
 
 
+# Figures of each worker whose record is the largest worker's.
+PER_WORKER_MAX = (
+    "memory/peak_device_bytes",
+    "memory/peak_allocated_bytes",
+    "perf/reshard_sent_bytes",
+    "perf/reshard_recv_bytes",
+)
+
+
+def step_line(done, total, record, wall):
+    """The console line of a finished step: score, loss, wall time, and a
+    sharded run's reshard (the bytes a worker sent and received in the
+    step's switch to rollout)."""
+    line = f"step {done}/{total}: score {record['critic/score/mean']:.3f}, loss {record['actor/pg_loss']:.4f}, {wall:.2f} s"
+    sent, received = record.get("perf/reshard_sent_bytes"), record.get("perf/reshard_recv_bytes")
+    if sent is not None and received is not None:
+        line += f", reshard {fmt_bytes(sent)} sent / {fmt_bytes(received)} received per worker"
+    return line
+
+
 def aggregate(per_worker):
     """One record from the workers' step records (rules in the module doc)."""
     out = {}
@@ -286,7 +309,7 @@ def aggregate(per_worker):
             out[key] = per_worker[0][key]
         elif key in ("reward/failures", "perf/throughput"):
             out[key] = sum(values)
-        elif key in ("memory/peak_device_bytes", "memory/peak_allocated_bytes"):
+        elif key in PER_WORKER_MAX:
             out[key] = max(values)
         else:
             out[key] = sum(values) / len(values)
@@ -714,10 +737,7 @@ def _steps(actors, out, schedule, latest, digest_every, timeout, log, stop):
         stop.under_way = None
         if test_freq and done % test_freq == 0 and done < total:
             last_accuracy = evaluate(done)
-        log(
-            f"step {done}/{total}: score {record['critic/score/mean']:.3f}, "
-            f"loss {record['actor/pg_loss']:.4f}, {wall:.2f} s"
-        )
+        log(step_line(done, total, record, wall))
         if stop.requested and done < total:
             if not saved:  # (the end of the run saves anyway)
                 save(done)
