@@ -178,7 +178,7 @@ fn report(a: &Args, config: &Config, s: &colo_rl::step::RunSummary) -> Result<()
         if s.steps == 1 { "" } else { "s" },
         peak_text(s.peak_device_bytes, s.peak_allocated_bytes)
     );
-    println!("wrote {}", wrote(&s.run_dir, &config).join(", "));
+    println!("wrote {}", wrote(&s.run_dir, config).join(", "));
     Ok(())
 }
 
