@@ -11,7 +11,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use crate::lora::Adapter;
+use crate::lora::{Adapter, StackedAdapter};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -55,12 +55,14 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
 }
 
 /// `y = x Wᵀ + b`, weight stored (out, in) as in PyTorch; with a LoRA
-/// adapter ([`crate::lora`]) `+ (x Aᵀ) Bᵀ · scale`.
+/// adapter ([`crate::lora`]) `+ (x Aᵀ) Bᵀ · scale`, and with an inference
+/// engine's stacked adapters ([`StackedAdapter`]) their low-rank paths.
 #[derive(Debug)]
 pub struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
     lora: Option<Adapter>,
+    stacked: Option<StackedAdapter>,
 }
 
 impl Clone for Linear {
@@ -70,6 +72,7 @@ impl Clone for Linear {
             weight: self.weight.shallow_clone(),
             bias: self.bias.as_ref().map(Tensor::shallow_clone),
             lora: self.lora.clone(),
+            stacked: self.stacked.clone(),
         }
     }
 }
@@ -92,6 +95,7 @@ impl Linear {
             weight,
             bias,
             lora: None,
+            stacked: None,
         })
     }
 
@@ -101,6 +105,7 @@ impl Linear {
             weight,
             bias,
             lora: None,
+            stacked: None,
         }
     }
 
@@ -108,10 +113,23 @@ impl Linear {
     /// rows ([`linear`]), plus the adapter's low-rank path if it has one.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = linear(x, &self.weight, self.bias.as_ref())?;
-        match &self.lora {
+        let y = match &self.lora {
+            None => y,
+            Some(lora) => lora.add_to(x, y)?,
+        };
+        match &self.stacked {
             None => Ok(y),
-            Some(lora) => lora.add_to(x, y),
+            Some(s) => s.add_to(x, y),
         }
+    }
+
+    /// The stacked adapters an inference engine applies at decode, if any.
+    pub fn stacked_adapter(&self) -> Option<&StackedAdapter> {
+        self.stacked.as_ref()
+    }
+
+    pub(crate) fn set_stacked_adapter(&mut self, stacked: Option<StackedAdapter>) {
+        self.stacked = stacked;
     }
 
     /// The LoRA adapter, if the layer has one.

@@ -112,6 +112,137 @@ impl Adapter {
     }
 }
 
+/// Adapters on the projections one product computes, as an inference
+/// engine applies them at decode without merging (vLLM's "shrink" and
+/// "expand" of punica): the parts' `A`s stacked in one matrix (Σ rank, in),
+/// one product `x Aᵀ` for all of them, then per part `(x Aᵀ)[its ranks]
+/// (scale · B)ᵀ` added into its output columns. On a fused q/k/v product
+/// the parts are q, k and v (whichever have adapters); on a single
+/// projection, one part. `B` is held already scaled, so a part costs two
+/// small products and an add; the additions are in place, for a model run
+/// without gradients (an engine's).
+#[derive(Debug)]
+pub struct StackedAdapter {
+    a: Tensor,
+    parts: Vec<StackedPart>,
+}
+
+/// One projection's share of a [`StackedAdapter`]: its first output column
+/// in the product, its first row of the stacked `A`, and `scale · B`
+/// (out rows, rank).
+#[derive(Debug)]
+pub struct StackedPart {
+    pub out_start: i64,
+    pub rank_start: i64,
+    pub scaled_b: Tensor,
+}
+
+impl Clone for StackedAdapter {
+    /// Shares the tensors.
+    fn clone(&self) -> Self {
+        StackedAdapter {
+            a: self.a.shallow_clone(),
+            parts: (self.parts.iter())
+                .map(|p| StackedPart {
+                    out_start: p.out_start,
+                    rank_start: p.rank_start,
+                    scaled_b: p.scaled_b.shallow_clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl StackedAdapter {
+    /// `a` (Σ rank, in) and the parts (shared, not copied); a part whose
+    /// `B` is not a matrix or whose ranks fall outside `a` is an error.
+    pub fn new(a: Tensor, parts: Vec<StackedPart>) -> Result<Self> {
+        let stacked = match a.size()[..] {
+            [r, _] => r,
+            _ => {
+                return Err(Error::Input(format!(
+                    "stacked LoRA A has shape {:?}, expected [ranks, in]",
+                    a.size()
+                )))
+            }
+        };
+        for p in &parts {
+            let ok = matches!(p.scaled_b.size()[..], [_, r] if p.rank_start >= 0 && p.rank_start + r <= stacked);
+            if !ok {
+                return Err(Error::Input(format!(
+                    "stacked LoRA B of shape {:?} at rank {} does not fit A's {stacked} ranks",
+                    p.scaled_b.size(),
+                    p.rank_start
+                )));
+            }
+        }
+        Ok(StackedAdapter { a, parts })
+    }
+
+    /// The stacked `A`, (Σ rank, in).
+    pub fn a(&self) -> &Tensor {
+        &self.a
+    }
+
+    pub fn parts(&self) -> &[StackedPart] {
+        &self.parts
+    }
+
+    /// Adds every part's low-rank path of `x` into its columns of `y`.
+    ///
+    /// Each product is one kernel on the calling thread: colo-kernels'
+    /// `skinny_linear` for a few bfloat16 rows on the CPU (then an add),
+    /// else an `addmm_` into the part's columns. Not [`linear`], whose
+    /// split of a wide pass's columns over its lanes costs more in
+    /// hand-offs than these products of rank columns take.
+    pub(crate) fn add_to(&self, x: &Tensor, y: Tensor) -> Result<Tensor> {
+        let small = |x: &Tensor, w: &Tensor| -> Result<Tensor> {
+            Ok(match colo_kernels::skinny_linear_fits(x, w, None) {
+                true => colo_kernels::skinny_linear(x, w, None)?,
+                false => x.f_linear::<&Tensor>(w, None)?,
+            })
+        };
+        let low = small(x, &self.a)?;
+        for p in &self.parts {
+            let (rows, rank) = (p.scaled_b.size()[0], p.scaled_b.size()[1]);
+            let part = low.f_narrow(-1, p.rank_start, rank)?;
+            let mut cols = y.f_narrow(-1, p.out_start, rows)?;
+            if colo_kernels::skinny_linear_fits(&part, &p.scaled_b, None) {
+                let up = colo_kernels::skinny_linear(&part, &p.scaled_b, None)?;
+                drop(cols.f_add_(&up)?);
+            } else {
+                // Rows of `y` (the leading sizes) flatten into a view.
+                let mut cols = cols.f_view([-1, rows])?;
+                let part = part.f_reshape([-1, rank])?;
+                drop(cols.f_addmm_(&part, &p.scaled_b.f_transpose(0, 1)?)?);
+            }
+        }
+        Ok(y)
+    }
+
+    /// Whether it fits a product of weight (out, in).
+    fn check_fits(&self, product: &str, w: &Tensor) -> Result<()> {
+        let (out, inp) = (w.size()[0], w.size()[1]);
+        if self.a.size()[1] != inp {
+            return Err(Error::Input(format!(
+                "stacked LoRA A of `{product}` has shape {:?}, expected [ranks, {inp}]",
+                self.a.size()
+            )));
+        }
+        for p in &self.parts {
+            let rows = p.scaled_b.size()[0];
+            if p.out_start < 0 || p.out_start + rows > out {
+                return Err(Error::Input(format!(
+                    "stacked LoRA B of `{product}` covers output columns {}..{}, the product has {out}",
+                    p.out_start,
+                    p.out_start + rows
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Model {
     /// The projections whose module names are in `targets` (a subset of
     /// [`PROJECTIONS`]), in the model's order: each one's path (e.g.
@@ -160,6 +291,39 @@ impl Model {
             )));
         }
         Ok(model)
+    }
+
+    /// Puts `adapter` (or none) on the product `product` of layer `layer`,
+    /// one of the names the layer's forward computes: `self_attn.qkv_proj`
+    /// and `mlp.gate_up_proj` when the projections are fused
+    /// ([`Model::fuse_projections`]), else `self_attn.q_proj` etc., and
+    /// `self_attn.o_proj`, `mlp.down_proj`. An unknown product or an
+    /// adapter that does not fit it is an error naming it.
+    pub fn set_stacked_adapter(
+        &mut self,
+        layer: usize,
+        product: &str,
+        adapter: Option<StackedAdapter>,
+    ) -> Result<()> {
+        let layers = self.layers().len();
+        let block = self
+            .layers_mut()
+            .get_mut(layer)
+            .ok_or_else(|| Error::Input(format!("layer {layer} of a model of {layers} layers")))?;
+        let mut products = block.products_mut();
+        let names: Vec<&str> = products.iter().map(|(n, _)| *n).collect();
+        let names = names.join(", ");
+        let Some((_, linear)) = products.iter_mut().find(|(n, _)| *n == product) else {
+            return Err(Error::Input(format!(
+                "LoRA adapter for `model.layers.{layer}.{product}`, which this model does not \
+                 compute (its products: {names})"
+            )));
+        };
+        if let Some(a) = &adapter {
+            a.check_fits(&format!("model.layers.{layer}.{product}"), linear.weight())?;
+        }
+        linear.set_stacked_adapter(adapter);
+        Ok(())
     }
 
     /// A clone of this model over the same weights with no adapters: the
@@ -261,6 +425,7 @@ fn check_fits(path: &str, a: &Adapter, w: &Tensor) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layers::Linear;
     use crate::ModelConfig;
     use tch::{Device, Kind};
 
@@ -336,6 +501,75 @@ mod tests {
             .forward(&ids())
             .unwrap()
             .equal(&base.forward(&ids()).unwrap()));
+    }
+
+    /// A fused q/k/v product with stacked adapters on q and v computes
+    /// the separate projections' adapted outputs, in float32 (`addmm_`)
+    /// and in bfloat16 for a few rows (colo-kernels' kernel where the CPU
+    /// has it) within a bfloat16 rounding.
+    #[test]
+    fn stacked_adapters_on_a_fused_product_equal_the_separate_ones() {
+        let base = tiny();
+        let mut adapters = random_adapters(&base, &["q_proj", "v_proj"], 3);
+        for a in adapters.values_mut() {
+            a.b = &a.b * 3.0;
+        }
+        let projections = base.layers()[0].projections();
+        let (lq, lk, lv) = (projections[0].1, projections[1].1, projections[2].1);
+        let x = Tensor::randn([2, 3, 64], (Kind::Float, Device::Cpu));
+        let path = |p: &str| format!("model.layers.0.self_attn.{p}");
+        let (q, v) = (&adapters[&path("q_proj")], &adapters[&path("v_proj")]);
+        let want = |lin: &Linear, a: Option<&Adapter>| {
+            let y = lin.forward(&x).unwrap();
+            a.map_or(y.shallow_clone(), |a| a.add_to(&x, y).unwrap())
+        };
+        let want = Tensor::cat(&[want(lq, Some(q)), want(lk, None), want(lv, Some(v))], -1);
+        let (qr, kvr) = (lq.weight().size()[0], lk.weight().size()[0]);
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let w = Tensor::cat(&[lq.weight(), lk.weight(), lv.weight()], 0);
+            let bias = ["q_proj", "k_proj", "v_proj"].map(|p| {
+                base.named_parameters()
+                    .into_iter()
+                    .find(|(n, _)| *n == format!("{}.bias", path(p)))
+                    .unwrap()
+                    .1
+            });
+            let mut fused =
+                Linear::from_parts(w.to_kind(kind), Some(Tensor::cat(&bias, 0).to_kind(kind)));
+            let part = |a: &Adapter, out_start, rank_start| StackedPart {
+                out_start,
+                rank_start,
+                scaled_b: (a.b() * a.scale()).to_kind(kind),
+            };
+            let stacked = StackedAdapter::new(
+                Tensor::cat(&[q.a(), v.a()], 0).to_kind(kind),
+                vec![part(q, 0, 0), part(v, qr + kvr, 3)],
+            )
+            .unwrap();
+            stacked.check_fits("qkv", fused.weight()).unwrap();
+            fused.set_stacked_adapter(Some(stacked));
+            let _no_grad = tch::no_grad_guard();
+            let got = fused
+                .forward(&x.to_kind(kind))
+                .unwrap()
+                .to_kind(Kind::Float);
+            let scale = want.abs().max().double_value(&[]);
+            let diff = (&got - &want).abs().max().double_value(&[]) / scale;
+            let tol = if kind == Kind::Float { 1e-5 } else { 2e-2 };
+            assert!(diff < tol, "{kind:?}: relative difference {diff}");
+        }
+        // Columns past the product's are refused, naming it.
+        let bad = StackedAdapter::new(
+            Tensor::zeros([2, 64], (Kind::Float, Device::Cpu)),
+            vec![StackedPart {
+                out_start: 100,
+                rank_start: 0,
+                scaled_b: Tensor::zeros([64, 2], (Kind::Float, Device::Cpu)),
+            }],
+        )
+        .unwrap();
+        let e = bad.check_fits("qkv", lq.weight()).unwrap_err();
+        assert!(e.to_string().contains("`qkv`"), "{e}");
     }
 
     #[test]

@@ -546,6 +546,33 @@ impl Block {
         ])
     }
 
+    /// The products the layer's forward computes, under their names in it:
+    /// `self_attn.qkv_proj` and `mlp.gate_up_proj` when fused
+    /// ([`Model::fuse_projections`]), else the separate projections; and
+    /// `self_attn.o_proj`, `mlp.down_proj`.
+    pub(crate) fn products_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        let (a, m) = (&mut self.self_attn, &mut self.mlp);
+        let mut out: Vec<(&'static str, &mut Linear)> = Vec::with_capacity(7);
+        match &mut a.qkv_proj {
+            Some(qkv) => out.push(("self_attn.qkv_proj", qkv)),
+            None => out.extend([
+                ("self_attn.q_proj", &mut a.q_proj),
+                ("self_attn.k_proj", &mut a.k_proj),
+                ("self_attn.v_proj", &mut a.v_proj),
+            ]),
+        }
+        out.push(("self_attn.o_proj", &mut a.o_proj));
+        match &mut m.gate_up_proj {
+            Some(gate_up) => out.push(("mlp.gate_up_proj", gate_up)),
+            None => out.extend([
+                ("mlp.gate_proj", &mut m.gate_proj),
+                ("mlp.up_proj", &mut m.up_proj),
+            ]),
+        }
+        out.push(("mlp.down_proj", &mut m.down_proj));
+        out
+    }
+
     pub(crate) fn push_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
         self.input_layernorm
             .push_params(&format!("{prefix}.input_layernorm"), out);

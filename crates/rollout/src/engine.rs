@@ -743,6 +743,9 @@ impl Engine {
     pub(crate) fn weights_mut(&mut self) -> &mut PooledWeights {
         &mut self.weights
     }
+    pub(crate) fn model_mut(&mut self) -> &mut Model {
+        &mut self.model
+    }
     pub(crate) fn scratch_mut(&mut self) -> &mut [Scratch] {
         &mut self.scratch
     }

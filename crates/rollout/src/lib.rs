@@ -36,7 +36,8 @@
 //! batch's keys and values from the pages) · `forward` (prefill and batched decode from colo-model's
 //! pieces) · `scheduler` (admission, copy on write, preemption) ·
 //! [`Engine`] (`engine.rs`: generation; `memory.rs`: release, resume,
-//! update_weights) · [`tensor_parallel`] (one rank's slice of the model,
+//! update_weights) · [`lora`] (LoRA adapters applied at decode rather than
+//! merged at the switch) · [`tensor_parallel`] (one rank's slice of the model,
 //! [`TensorParallel`], the group it sums over) · [`RolloutEngine`], the
 //! trait the RL loop uses.
 //!
@@ -106,6 +107,7 @@ mod error;
 mod forward;
 pub mod graphs;
 pub mod kv_cache;
+pub mod lora;
 mod memory;
 pub mod request;
 pub mod sampling;
@@ -118,6 +120,7 @@ use tch::Tensor;
 pub use config::{EngineConfig, KvBudget, ValidConfig};
 pub use engine::{Engine, EngineStats};
 pub use error::{Error, Result};
+pub use lora::DecodeLora;
 pub use request::{Completion, FinishReason, Request, RequestOutput, SamplingParams};
 pub use tensor_parallel::{LocalGroup, Shard, TensorParallel};
 pub use weights::{data_address, WeightUpdate};

@@ -78,6 +78,9 @@ pub(crate) struct PooledWeights {
     pub bytes: usize,
     /// Of `bytes`, the parameters held whole on every rank.
     pub replicated_bytes: usize,
+    /// LoRA `B`s applied at decode ([`crate::lora`]), by name, with the
+    /// scale an update multiplies them by after the copy.
+    scaled: HashMap<String, f64>,
 }
 
 fn bytes_of(t: &Tensor) -> usize {
@@ -167,6 +170,7 @@ impl PooledWeights {
             stale: BTreeSet::new(),
             bytes,
             replicated_bytes,
+            scaled: HashMap::new(),
         };
         Ok((model, pooled))
     }
@@ -177,6 +181,26 @@ impl PooledWeights {
             .iter()
             .map(|n| (n.clone(), data_address(&self.by_name[n])))
             .collect()
+    }
+
+    /// Adds `t` (already in the `weights` tag, held whole) under `name`,
+    /// e.g. a LoRA adapter's tensor; updates then write it by that name,
+    /// and multiply it by `scale` after the copy when there is one.
+    pub fn add(&mut self, name: String, t: Tensor, scale: Option<f64>) {
+        let b = bytes_of(&t);
+        self.bytes += b;
+        self.replicated_bytes += b;
+        self.full_shapes.insert(name.clone(), t.size());
+        if let Some(s) = scale {
+            self.scaled.insert(name.clone(), s);
+        }
+        self.by_name.insert(name.clone(), t);
+        self.names.push(name);
+    }
+
+    /// Whether a tensor is held under `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
     }
 
     pub fn mark_all_stale(&mut self) {
@@ -241,6 +265,9 @@ impl PooledWeights {
                 // The trainer may hand over the engine's own buffers.
                 if data_address(&src) != data_address(&dst) {
                     dst.f_copy_(&src)?;
+                }
+                if let Some(&scale) = self.scaled.get(name.as_str()) {
+                    drop(dst.f_mul_scalar_(scale)?);
                 }
                 self.stale.remove(name);
             }

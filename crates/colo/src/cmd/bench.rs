@@ -13,6 +13,8 @@ pub enum Bench {
     },
     /// The same RL step in each colocation mode: peak and wake-peak memory, switch times, and a capacity where sleep runs out and staged fits.
     Colocate(super::bench_colocate::Args),
+    /// LoRA adapters merged into the rollout engine's weights at each switch against applied at decode: the switch's cost, the rollout's, and the rollout tokens per switch above which merging wins.
+    Lora(super::bench_lora::Args),
     /// Pause/resume bandwidth of the memory layer against plain copies.
     Mem(super::bench_mem::Args),
     /// Issue 36's job at a real size (Qwen2.5-0.5B by default): each phase's time and share of the step, the weight sync against memcpy, the plan against the measured peak; `--trl` against TRL's GRPOTrainer.
@@ -27,6 +29,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
         Bench::Cluster { args } => super::cluster::python_module("colo.bench", &args),
         Bench::Colocate(a) => super::bench_colocate::run(a),
+        Bench::Lora(a) => super::bench_lora::run(a),
         Bench::Mem(a) => super::bench_mem::run(a),
         Bench::Real(a) => super::bench_real::run(a),
         Bench::Rollout(a) => super::bench_rollout::run(a),

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_colocate;
+pub mod bench_lora;
 pub mod bench_mem;
 pub mod bench_real;
 pub mod bench_rollout;
