@@ -7,7 +7,8 @@
 //! |---|---|
 //! | `config.json`, `model.safetensors` | the model, loadable by transformers (colo-model's save) |
 //! | `value_head.safetensors` | `v_head.weight`, for a critic |
-//! | `optimizer.safetensors` | `{name}.exp_avg`, `{name}.exp_avg_sq` per parameter (PyTorch's state names, float32), and `{name}.master` (the float32 master weights) for a bf16 engine |
+//! | `optimizer.safetensors` | an unsharded trainer's: `{name}.exp_avg`, `{name}.exp_avg_sq` per parameter (PyTorch's state names, float32), and `{name}.master` (the float32 master weights) for a bf16 engine |
+//! | `optimizer_shards.json`, `optimizer-rank-R-of-N.safetensors` | a sharded trainer's, in place of `optimizer.safetensors`: the units' layout and each peer's flat shards of them ([`crate::optimizer_shards`]) |
 //! | `trainer_state.json` | format, `optimizer_steps` taken, the caller's `global_step` (colo-rl: RL steps) when it gives one, the next learning rate; written last |
 //!
 //! Atomicity: everything is written into a temporary sibling directory
@@ -19,11 +20,12 @@
 //! checkpoint under the final name.
 //!
 //! A directory is a *complete* checkpoint ([`check_complete`]) when its
-//! `trainer_state.json` reads in this format and `config.json`,
-//! `model.safetensors` and `optimizer.safetensors` are non-empty files. The
-//! state file is written last, so a directory made some other way (by
-//! hand, copied half-way, left by an older version) is recognised as
-//! incomplete.
+//! `trainer_state.json` reads in this format, `config.json` is a non-empty
+//! file, and `model.safetensors` and the optimizer state's files
+//! (`optimizer.safetensors`, or else every shard `optimizer_shards.json`
+//! names) hold what their headers describe. The state file is written
+//! last, so a directory made some other way (by hand, copied half-way,
+//! left by an older version) is recognised as incomplete.
 //!
 //! The scheduler needs no state of its own: the learning rate is a function
 //! of the step and the (config-given) schedule.

@@ -150,7 +150,9 @@ pub(crate) struct Span {
 
 /// Where a parameter's elements lie in a checkpoint's files.
 enum Layout {
-    /// One tensor a parameter, in the one file: `{name}` or `{name}.{what}`.
+    /// One tensor a parameter, `{name}` or `{name}.{what}`, in whichever
+    /// of the files holds it (one file, or the shards a
+    /// `model.safetensors.index.json` names).
     Named,
     /// A sharded optimizer state: each parameter's saved unit, its offset
     /// in it and its shape; `shard` elements of each unit a file.
@@ -170,10 +172,27 @@ pub(crate) struct SliceReader {
 }
 
 impl SliceReader {
-    /// The weights of the checkpoint in `dir` (`model.safetensors`).
+    /// The weights of the checkpoint in `dir`: `model.safetensors`, or
+    /// the files `model.safetensors.index.json` names when there is no
+    /// such file (a Hugging Face checkpoint saved in shards).
     pub(crate) fn weights(dir: &Path) -> Result<Self> {
-        let path = dir.join(colo_model::weights::WEIGHTS_FILE);
-        Self::named(&path)
+        use colo_model::weights::{WEIGHTS_FILE, WEIGHTS_INDEX_FILE};
+        let (single, index) = (dir.join(WEIGHTS_FILE), dir.join(WEIGHTS_INDEX_FILE));
+        if single.exists() || !index.exists() {
+            return Self::named(&single);
+        }
+        let files = (index_files(&index)?.iter())
+            .map(|f| Ranged::open(&dir.join(f)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(SliceReader {
+            read: ShardRead {
+                file_bytes: files.iter().map(Ranged::data_bytes).sum(),
+                ..Default::default()
+            },
+            files,
+            layout: Layout::Named,
+            layout_path: index,
+        })
     }
 
     /// The optimizer state of the checkpoint in `dir`: an unsharded
@@ -227,7 +246,7 @@ impl SliceReader {
     /// `exp_avg`, `exp_avg_sq`, `master`) of parameter `name`.
     pub(crate) fn has(&self, name: &str, what: &str) -> bool {
         match &self.layout {
-            Layout::Named => self.files[0].meta.info(&named_key(name, what)).is_some(),
+            Layout::Named => self.holder(&named_key(name, what)).is_some(),
             Layout::Flat { at, .. } => at.get(name).is_some_and(|(u, _, _)| {
                 let key = format!("unit.{u}.{what}");
                 self.files.iter().any(|f| f.meta.info(&key).is_some())
@@ -255,12 +274,16 @@ impl SliceReader {
         match &self.layout {
             Layout::Named => {
                 let key = named_key(name, what);
-                let (kind, found, at) = self.files[0].tensor(&key)?;
+                let file = self.holder(&key).ok_or_else(|| Error::CheckpointMissing {
+                    path: self.layout_path.clone(),
+                    name: key.clone(),
+                })?;
+                let (kind, found, at) = self.files[file].tensor(&key)?;
                 if found != expected {
-                    return Err(wrong_shape(&self.files[0].path, found));
+                    return Err(wrong_shape(&self.files[file].path, found));
                 }
                 Ok(vec![Span {
-                    file: 0,
+                    file,
                     key,
                     kind,
                     at,
@@ -311,6 +334,11 @@ impl SliceReader {
         }
     }
 
+    /// The first of the files that holds tensor `key`.
+    fn holder(&self, key: &str) -> Option<usize> {
+        (self.files.iter()).position(|f| f.meta.info(key).is_some())
+    }
+
     /// Reads `spans` one after the other into `dst` (1-D, as many elements
     /// as the spans hold), a chunk at a time, converting to `dst`'s kind.
     /// A non-finite value is an error naming the tensor: training never
@@ -350,6 +378,20 @@ impl SliceReader {
         }
         Ok(())
     }
+}
+
+/// The distinct files a safetensors index's `weight_map` names, sorted.
+fn index_files(index: &Path) -> Result<std::collections::BTreeSet<String>> {
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: HashMap<String, String>,
+    }
+    let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
+    let parsed: Index = serde_json::from_str(&text).map_err(|e| Error::CheckpointState {
+        path: index.to_owned(),
+        reason: format!("not a safetensors index (a `weight_map` of names to files): {e}"),
+    })?;
+    Ok(parsed.weight_map.into_values().collect())
 }
 
 /// Parameter `name`'s tensor of `what` under its unsharded name.

@@ -4,7 +4,8 @@
 //! flat shards ([`crate::optimizer_shards`]). Read back by each peer
 //! reading only its elements of every unit out of the files
 //! ([`crate::shard_read`]), so a checkpoint resumes on any number of
-//! peers, sharded or not.
+//! peers, sharded or not. A new sharded trainer's weight shards are read
+//! from a Hugging Face directory the same way ([`read_weight_shards`]).
 
 use std::path::Path;
 
@@ -15,6 +16,7 @@ use crate::checkpoint::{read_state, staged_shard};
 use crate::offload::{require_resident, OPTIMIZER, PARAMS};
 use crate::optimizer_shards::ShardLayout;
 use crate::shard_read::{ShardRead, SliceReader, Span};
+use crate::sharding::Unit;
 use crate::trainer::ColoTrainer;
 use crate::{Error, Result};
 
@@ -72,6 +74,64 @@ struct Piece {
     to: i64,
 }
 
+/// Peer `rank` of `world`'s pieces of every unit: each with the index and
+/// shape of the parameter it is of, for the parameters with elements in
+/// the peer's shard (the padding after a unit's last one is nobody's).
+fn pieces(units: &[Unit], rank: usize, world: usize) -> Vec<(usize, &[i64], Piece)> {
+    let mut out = Vec::new();
+    for (u, unit) in units.iter().enumerate() {
+        let n = unit.shard_len(world);
+        let lo = rank as i64 * n;
+        for ((&i, &at), shape) in unit.params.iter().zip(&unit.offsets).zip(&unit.shapes) {
+            let (a, b) = (at.max(lo), (at + shape.iter().product::<i64>()).min(lo + n));
+            if a < b {
+                let piece = Piece {
+                    unit: u,
+                    start: (a - at) as usize,
+                    len: (b - a) as usize,
+                    to: a - lo,
+                };
+                out.push((i, shape.as_slice(), piece));
+            }
+        }
+    }
+    out
+}
+
+/// Fills a new sharded trainer's weight shards (`shards`, one a unit of
+/// `units`, zero) with peer `rank` of `world`'s elements of the weights of
+/// the checkpoint in `dir`, reading only their byte ranges (see
+/// [`crate::shard_read`]) and converting them to the shards' kind; what it
+/// read. Every parameter (named `names`) is looked up and its shape
+/// checked in the files' headers before anything is read, on every peer,
+/// so a bad checkpoint fails all of them alike.
+pub(crate) fn read_weight_shards(
+    dir: &Path,
+    names: &[String],
+    units: &[Unit],
+    rank: usize,
+    world: usize,
+    shards: &[Tensor],
+) -> Result<ShardRead> {
+    let mut weights = SliceReader::weights(dir)?;
+    for unit in units {
+        for (&i, shape) in unit.params.iter().zip(&unit.shapes) {
+            weights.locate(&names[i], "", shape, 0, 0)?;
+        }
+    }
+    let located = (pieces(units, rank, world).into_iter())
+        .map(|(i, shape, p)| {
+            let spans = weights.locate(&names[i], "", shape, p.start, p.len)?;
+            Ok((p, spans))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let _no_grad = tch::no_grad_guard();
+    for (p, spans) in &located {
+        weights.copy(spans, &shards[p.unit].f_narrow(0, p.to, p.len as i64)?)?;
+    }
+    Ok(weights.read)
+}
+
 /// Where a piece's weight, moments and master lie in the checkpoint
 /// (`master`: `None` when the checkpoint has none, or the trainer keeps
 /// none).
@@ -112,33 +172,18 @@ impl ColoTrainer {
         let mut opt = SliceReader::optimizer(dir)?;
         // Every piece located and checked against the files' headers
         // before anything changes.
-        let mut pieces = Vec::new();
-        for (u, unit) in sh.units.iter().enumerate() {
-            let n = unit.shard_len(sh.world);
-            let lo = sh.rank as i64 * n;
-            for ((&i, &at), shape) in unit.params.iter().zip(&unit.offsets).zip(&unit.shapes) {
-                let (a, b) = (at.max(lo), (at + shape.iter().product::<i64>()).min(lo + n));
-                if a >= b {
-                    continue;
-                }
-                let piece = Piece {
-                    unit: u,
-                    start: (a - at) as usize,
-                    len: (b - a) as usize,
-                    to: a - lo,
-                };
-                let name = &self.names[i];
-                let at =
-                    |r: &SliceReader, what| r.locate(name, what, shape, piece.start, piece.len);
-                let master = self.opt.moments[u].master.is_some() && opt.has(name, "master");
-                let located = Located {
-                    weight: at(&weights, "")?,
-                    exp_avg: at(&opt, "exp_avg")?,
-                    exp_avg_sq: at(&opt, "exp_avg_sq")?,
-                    master: master.then(|| at(&opt, "master")).transpose()?,
-                };
-                pieces.push((piece, located));
-            }
+        let mut located = Vec::new();
+        for (i, shape, piece) in pieces(&sh.units, sh.rank, sh.world) {
+            let name = &self.names[i];
+            let at = |r: &SliceReader, what| r.locate(name, what, shape, piece.start, piece.len);
+            let master = self.opt.moments[piece.unit].master.is_some() && opt.has(name, "master");
+            let spans = Located {
+                weight: at(&weights, "")?,
+                exp_avg: at(&opt, "exp_avg")?,
+                exp_avg_sq: at(&opt, "exp_avg_sq")?,
+                master: master.then(|| at(&opt, "master")).transpose()?,
+            };
+            located.push((piece, spans));
         }
         let _no_grad = tch::no_grad_guard();
         for (u, m) in self.opt.moments.iter().enumerate() {
@@ -148,7 +193,7 @@ impl ColoTrainer {
                 done(t.shallow_clone().f_zero_())?;
             }
         }
-        for (p, at) in &pieces {
+        for (p, at) in &located {
             let dst = |t: &Tensor| t.f_narrow(0, p.to, p.len as i64);
             let param = dst(&sh.params[p.unit])?;
             weights.copy(&at.weight, &param)?;

@@ -1,9 +1,11 @@
 //! [`ColoTrainer`] with sharded state (see [`crate::sharding`]): building
-//! it from full weights, its micro-batch loop, its scoring loop, and
+//! it from each peer's byte ranges of a checkpoint or from whole weights in
+//! memory, its micro-batch loop, its scoring loop, and
 //! whole-model gathers for what needs every weight at once (checkpoints,
 //! the rollout engine's weights).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use colo_mem::{tags, Policy, Pool};
@@ -17,7 +19,9 @@ use crate::engine::{ParamVisitor, Scores};
 use crate::forward::Entropy;
 use crate::lanes::{self, Lane};
 use crate::scorer::{lane_parts, per_token_out, to_host};
-use crate::sharding::{flatten, units, Shards};
+use crate::shard_read::ShardRead;
+use crate::sharded_checkpoint::read_weight_shards;
+use crate::sharding::{flatten, units, Shards, Unit};
 use crate::trainer::{check_pool, ColoTrainer, TrainerConfig};
 use crate::value_head::VALUE_HEAD_WEIGHT;
 use crate::{buffers, AdamW, Error, Result};
@@ -26,14 +30,81 @@ impl ColoTrainer {
     /// A trainer holding `1/world` of the parameters, gradients and AdamW
     /// state of the model (see [`crate::sharding`]), joined to its peers by
     /// `collective`, which must make the same calls on every peer.
-    /// `weights` are the whole model's (every peer reads them, keeps its
-    /// shard); activation checkpointing is always on.
+    /// `weights` are the whole model's, already in memory (each peer cuts
+    /// its shard from them); [`ColoTrainer::from_dir_sharded`] reads only
+    /// each peer's part of a checkpoint. Activation checkpointing is always
+    /// on.
     pub fn new_sharded(
         pool: Arc<Pool>,
         model_cfg: &ModelConfig,
         weights: &Weights,
         cfg: &TrainerConfig,
         collective: Box<dyn Collective>,
+    ) -> Result<Self> {
+        let fill =
+            |names: &[String], units: &[Unit], rank: usize, world: usize, shards: &[Tensor]| {
+                // Checked against the config; each unit flattened, its shard
+                // cut from it in the shard's kind.
+                let whole = Model::load(model_cfg, weights)?;
+                let whole: HashMap<String, Tensor> = whole.named_parameters().into_iter().collect();
+                let _no_grad = tch::no_grad_guard();
+                for (unit, shard) in units.iter().zip(shards) {
+                    let n = unit.shard_len(world);
+                    let members: Vec<Tensor> = (unit.params.iter())
+                        .map(|&i| whole[&names[i]].shallow_clone())
+                        .collect();
+                    let flat = flatten(&members, unit.padded, shard.kind())?;
+                    shard
+                        .shallow_clone()
+                        .f_copy_(&flat.f_narrow(0, rank as i64 * n, n)?)?;
+                }
+                Ok(())
+            };
+        ColoTrainer::sharded_with(pool, model_cfg, cfg, collective, fill)
+    }
+
+    /// [`ColoTrainer::new_sharded`] from a Hugging Face checkpoint
+    /// directory, each peer reading only its elements of the weights'
+    /// files (see [`crate::shard_read`]): no peer holds the whole model.
+    pub fn from_dir_sharded(
+        pool: Arc<Pool>,
+        dir: &Path,
+        cfg: &TrainerConfig,
+        collective: Box<dyn Collective>,
+    ) -> Result<Self> {
+        Ok(ColoTrainer::from_dir_sharded_read(pool, dir, cfg, collective)?.0)
+    }
+
+    /// [`ColoTrainer::from_dir_sharded`], and what it read of the
+    /// checkpoint's files. A missing or wrongly shaped tensor is an error
+    /// naming it and its file, on every peer, before anything is read.
+    pub fn from_dir_sharded_read(
+        pool: Arc<Pool>,
+        dir: &Path,
+        cfg: &TrainerConfig,
+        collective: Box<dyn Collective>,
+    ) -> Result<(Self, ShardRead)> {
+        check_target(cfg.kind, cfg.device)?;
+        let model_cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+        let mut read = ShardRead::default();
+        let fill =
+            |names: &[String], units: &[Unit], rank: usize, world: usize, shards: &[Tensor]| {
+                read = read_weight_shards(dir, names, units, rank, world, shards)?;
+                Ok(())
+            };
+        let e = ColoTrainer::sharded_with(pool, &model_cfg, cfg, collective, fill)?;
+        Ok((e, read))
+    }
+
+    /// A sharded trainer whose weight shards (one a unit, zero, the
+    /// engine's kind on its device) `fill(names, units, rank, world,
+    /// shards)` fills; the AdamW masters are copies of them.
+    fn sharded_with(
+        pool: Arc<Pool>,
+        model_cfg: &ModelConfig,
+        cfg: &TrainerConfig,
+        collective: Box<dyn Collective>,
+        fill: impl FnOnce(&[String], &[Unit], usize, usize, &[Tensor]) -> Result<()>,
     ) -> Result<Self> {
         let optim = cfg.optim.validate()?;
         let micro = cfg.micro_batch.validate()?;
@@ -65,38 +136,18 @@ impl ColoTrainer {
                 found: format!("rank {rank} of {world} peers"),
             });
         }
-        // The full weights, in the engine's kind, outside the pool: each
-        // unit's shard is cut from them, then they go.
-        let base = Model::load(model_cfg, weights)?;
-        let mut full: HashMap<String, Tensor> = HashMap::new();
-        let (mut names, mut params) = (Vec::new(), Vec::new());
-        for (name, t) in base.named_parameters() {
-            let p = t
-                .f_to_kind(kind)?
-                .f_to_device(device)?
-                .f_set_requires_grad(true)?;
-            full.insert(name.clone(), p.shallow_clone());
-            names.push(name);
-            params.push(p);
-        }
-        drop(base);
-        let model = Model::load(model_cfg, &Weights::from_tensors(full))?;
-        let shapes: Vec<Vec<i64>> = params.iter().map(Tensor::size).collect();
+        let (model, names, shapes, params) = unfilled(model_cfg, kind, device)?;
         let units = units(&names, &shapes, model_cfg.num_layers, world);
         let mut shard_params = Vec::with_capacity(units.len());
         let mut grads = Vec::with_capacity(units.len());
         for u in &units {
             let n = u.shard_len(world);
-            let members: Vec<Tensor> = u.params.iter().map(|&i| params[i].detach()).collect();
-            let flat = flatten(&members, u.padded, kind)?;
-            let mine = flat.f_narrow(0, rank as i64 * n, n)?;
-            shard_params.push(buffers::copy_in(
+            shard_params.push(buffers::zeros_in(
                 &pool,
                 tags::TRAIN_PARAMS,
-                &mine,
+                &[n],
                 kind,
                 device,
-                false,
             )?);
             grads.push(buffers::zeros_in(
                 &pool,
@@ -106,13 +157,7 @@ impl ColoTrainer {
                 device,
             )?);
         }
-        // The full parameters go: from now on they exist only gathered.
-        tch::no_grad(|| -> Result<()> {
-            for p in &params {
-                buffers::done(p.shallow_clone().f_set_())?;
-            }
-            Ok(())
-        })?;
+        fill(&names, &units, rank, world, &shard_params)?;
         let opt = AdamW::new(&pool, optim.adamw, &shard_params)?;
         let peers = Arc::new(Mutex::new(collective));
         let shards = Shards {
@@ -146,20 +191,6 @@ impl ColoTrainer {
             shards: Some(shards),
             lora: None,
         })
-    }
-
-    /// [`ColoTrainer::new_sharded`] from a Hugging Face checkpoint
-    /// directory (read on the CPU in float32, as [`ColoTrainer::from_dir`]).
-    pub fn from_dir_sharded(
-        pool: Arc<Pool>,
-        dir: &std::path::Path,
-        cfg: &TrainerConfig,
-        collective: Box<dyn Collective>,
-    ) -> Result<Self> {
-        check_target(cfg.kind, cfg.device)?;
-        let model_cfg = ModelConfig::from_file(&dir.join("config.json"))?;
-        let weights = Weights::from_dir(dir, Kind::Float, tch::Device::Cpu)?;
-        ColoTrainer::new_sharded(pool, &model_cfg, &weights, cfg, collective)
     }
 
     /// [`crate::TrainEngine::visit_parameters`] of a sharded trainer: one
@@ -367,4 +398,32 @@ impl ColoTrainer {
         }
         out
     }
+}
+
+/// A model, its parameters' names and shapes, and the parameters.
+type Unfilled = (Model, Vec<String>, Vec<Vec<i64>>, Vec<Tensor>);
+
+/// A model of `cfg` whose parameters (`kind` on `device`, requiring
+/// gradients) hold no values, with their names and shapes in the model's
+/// order: each is made one element strided over its shape (the shape is
+/// what building the model checks), then emptied. A gather points them at
+/// their unit's gathered weights.
+fn unfilled(cfg: &ModelConfig, kind: Kind, device: tch::Device) -> Result<Unfilled> {
+    let mut empty = HashMap::new();
+    for (name, shape) in cfg.parameter_shapes() {
+        let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        let strides = vec![0i64; shape.len()];
+        let p = Tensor::f_empty_strided(&shape, &strides, (kind, device))?;
+        empty.insert(name, p.f_set_requires_grad(true)?);
+    }
+    let model = Model::load(cfg, &Weights::from_tensors(empty))?;
+    let (names, params): (Vec<String>, Vec<Tensor>) = model.named_parameters().into_iter().unzip();
+    let shapes = params.iter().map(Tensor::size).collect();
+    tch::no_grad(|| -> Result<()> {
+        for p in &params {
+            buffers::done(p.shallow_clone().f_set_())?;
+        }
+        Ok(())
+    })?;
+    Ok((model, names, shapes, params))
 }

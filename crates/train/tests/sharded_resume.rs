@@ -13,7 +13,7 @@ use colo_model::{ModelConfig, Weights};
 use colo_train::optimizer_shards::ShardLayout;
 use colo_train::{ColoTrainer, LossConfig, ShardRead, TrainEngine, TrainerConfig};
 use common::in_process::InProcess;
-use common::{fixture_dir, scratch_dir};
+use common::{fixture_dir, peak_resident, resident, scratch_dir};
 use tch::{Device, Kind, Tensor};
 
 fn trainer_config() -> TrainerConfig {
@@ -244,33 +244,6 @@ fn a_checkpoint_without_masters_gives_a_peers_masters_from_its_float32_weights()
         at[u] += n;
     }
     std::fs::remove_dir_all(dir.parent().unwrap()).ok();
-}
-
-/// This process's resident bytes (`VmRSS`).
-fn resident() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kb << 10
-}
-
-/// `work`'s result and the most resident bytes seen while it ran
-/// (sampled every millisecond).
-fn peak_resident<T>(work: impl FnOnce() -> T) -> (T, u64) {
-    let done = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|s| {
-        let sampler = s.spawn(|| {
-            let mut peak = resident();
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(resident());
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            peak.max(resident())
-        });
-        let out = work();
-        done.store(true, std::sync::atomic::Ordering::Relaxed);
-        (out, sampler.join().unwrap())
-    })
 }
 
 /// The resident set while each of two sharded peers of the model in

@@ -190,3 +190,30 @@ pub fn update_peak_above_state(mut cfg: TrainerConfig, seqs: &SeqBatch) -> u64 {
         .unwrap();
     e.pool().stats().peak_allocated_bytes - state
 }
+
+/// This process's resident bytes (`VmRSS`).
+pub fn resident() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kb << 10
+}
+
+/// `work`'s result and the most resident bytes seen while it ran
+/// (sampled every millisecond).
+pub fn peak_resident<T>(work: impl FnOnce() -> T) -> (T, u64) {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut peak = resident();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(resident());
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            peak.max(resident())
+        });
+        let out = work();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (out, sampler.join().unwrap())
+    })
+}
