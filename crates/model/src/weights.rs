@@ -84,32 +84,8 @@ impl Weights {
     /// converting every tensor to `kind` on `device`.
     pub fn from_dir(dir: &Path, kind: Kind, device: Device) -> Result<Self> {
         check_device(device)?;
-        let single = dir.join(WEIGHTS_FILE);
-        let index = dir.join(WEIGHTS_INDEX_FILE);
-        let files = if single.is_file() {
-            vec![single]
-        } else if index.is_file() {
-            shard_files(&index)?
-                .into_iter()
-                .map(|f| dir.join(f))
-                .collect()
-        } else if dir.join("pytorch_model.bin").is_file() {
-            return Err(Error::Safetensors {
-                path: single,
-                tensor: None,
-                reason: format!(
-                    "missing: {} has PyTorch's pytorch_model.bin, which colo does not read; \
-                     save it as safetensors (transformers: model.save_pretrained(dir, safe_serialization=True))",
-                    dir.display()
-                ),
-            });
-        } else if !dir.is_dir() {
-            return Err(Error::io(&single, std::io::ErrorKind::NotFound.into()));
-        } else {
-            return Err(Error::MissingFile { path: single });
-        };
         let (mut tensors, mut not_float) = (HashMap::new(), HashMap::new());
-        for file in files {
+        for file in weight_files(dir)? {
             read_safetensors(&file, kind, device, &mut tensors, &mut not_float)?;
         }
         Ok(Weights {
@@ -387,6 +363,37 @@ fn dtype_bytes(dtype: &str) -> Option<usize> {
         "I8" | "U8" | "BOOL" | "F8_E4M3" | "F8_E5M2" => 1,
         _ => return None,
     })
+}
+
+/// The weight files of the checkpoint in `dir`: `model.safetensors`, or
+/// every shard `model.safetensors.index.json` names (sorted). A directory
+/// with only PyTorch's `pytorch_model.bin`, or with neither, is an error
+/// that says so.
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join(WEIGHTS_FILE);
+    let index = dir.join(WEIGHTS_INDEX_FILE);
+    if single.is_file() {
+        Ok(vec![single])
+    } else if index.is_file() {
+        Ok(shard_files(&index)?
+            .into_iter()
+            .map(|f| dir.join(f))
+            .collect())
+    } else if dir.join("pytorch_model.bin").is_file() {
+        Err(Error::Safetensors {
+            path: single,
+            tensor: None,
+            reason: format!(
+                "missing: {} has PyTorch's pytorch_model.bin, which colo does not read; \
+                 save it as safetensors (transformers: model.save_pretrained(dir, safe_serialization=True))",
+                dir.display()
+            ),
+        })
+    } else if !dir.is_dir() {
+        Err(Error::io(&single, std::io::ErrorKind::NotFound.into()))
+    } else {
+        Err(Error::MissingFile { path: single })
+    }
 }
 
 /// The distinct shard file names in a safetensors index, in sorted order.

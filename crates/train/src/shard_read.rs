@@ -176,13 +176,14 @@ impl SliceReader {
     /// the files `model.safetensors.index.json` names when there is no
     /// such file (a Hugging Face checkpoint saved in shards).
     pub(crate) fn weights(dir: &Path) -> Result<Self> {
-        use colo_model::weights::{WEIGHTS_FILE, WEIGHTS_INDEX_FILE};
-        let (single, index) = (dir.join(WEIGHTS_FILE), dir.join(WEIGHTS_INDEX_FILE));
-        if single.exists() || !index.exists() {
-            return Self::named(&single);
+        use colo_model::weights::{weight_files, WEIGHTS_FILE, WEIGHTS_INDEX_FILE};
+        let paths = weight_files(dir)?;
+        if paths == [dir.join(WEIGHTS_FILE)] {
+            return Self::named(&paths[0]);
         }
-        let files = (index_files(&index)?.iter())
-            .map(|f| Ranged::open(&dir.join(f)))
+        let index = dir.join(WEIGHTS_INDEX_FILE);
+        let files = (paths.iter())
+            .map(|f| Ranged::open(f))
             .collect::<Result<Vec<_>>>()?;
         Ok(SliceReader {
             read: ShardRead {
@@ -380,20 +381,6 @@ impl SliceReader {
     }
 }
 
-/// The distinct files a safetensors index's `weight_map` names, sorted.
-fn index_files(index: &Path) -> Result<std::collections::BTreeSet<String>> {
-    #[derive(serde::Deserialize)]
-    struct Index {
-        weight_map: HashMap<String, String>,
-    }
-    let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
-    let parsed: Index = serde_json::from_str(&text).map_err(|e| Error::CheckpointState {
-        path: index.to_owned(),
-        reason: format!("not a safetensors index (a `weight_map` of names to files): {e}"),
-    })?;
-    Ok(parsed.weight_map.into_values().collect())
-}
-
 /// Parameter `name`'s tensor of `what` under its unsharded name.
 fn named_key(name: &str, what: &str) -> String {
     match what {
@@ -435,6 +422,22 @@ mod tests {
         assert!(err.contains("`a`"), "{err}");
         let err = r.locate("a", "exp_avg", &[2, 3], 0, 1).unwrap_err();
         assert!(err.to_string().contains("`a.exp_avg`"), "{err}");
+    }
+
+    /// The weight files are found as colo-model finds them: PyTorch's
+    /// `pytorch_model.bin` alone is named, as is an empty directory's
+    /// missing `model.safetensors`.
+    #[test]
+    fn weights_without_safetensors_are_refused_saying_what_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = SliceReader::weights(dir.path()).err().unwrap().to_string();
+        assert!(err.contains("model.safetensors"), "{err}");
+        std::fs::write(dir.path().join("pytorch_model.bin"), b"").unwrap();
+        let err = SliceReader::weights(dir.path()).err().unwrap().to_string();
+        assert!(
+            err.contains("pytorch_model.bin") && err.contains("safe_serialization"),
+            "{err}"
+        );
     }
 
     #[test]
