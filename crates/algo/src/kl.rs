@@ -179,19 +179,20 @@ pub enum KlControlType {
 /// verl's `algorithm.kl_ctrl` section, as written in the config file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, colo_keys::Keys)]
 #[serde(default, deny_unknown_fields)]
+#[key(verl = "algorithm.kl_ctrl")]
 pub struct KlControlConfig {
     /// β controller of the reward penalty
     #[serde(rename = "type")]
-    #[key(unit = "\"fixed\" or \"adaptive\"", verl = "algorithm.kl_ctrl.type")]
+    #[key(unit = "\"fixed\" or \"adaptive\"")]
     pub kind: KlControlType,
     /// β, or its initial value when adaptive
-    #[key(range = "≥ 0", verl = "algorithm.kl_ctrl.kl_coef")]
+    #[key(range = "≥ 0")]
     pub kl_coef: f64,
     /// adaptive controller: the KL it aims for
-    #[key(unit = "nats", verl = "algorithm.kl_ctrl.target_kl")]
+    #[key(unit = "nats")]
     pub target_kl: f64,
     /// adaptive controller: its horizon
-    #[key(unit = "samples", verl = "algorithm.kl_ctrl.horizon")]
+    #[key(unit = "samples")]
     pub horizon: f64,
 }
 

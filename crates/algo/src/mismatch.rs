@@ -139,19 +139,13 @@ pub enum IsLevel {
 /// file: `rollout_is = "token"` enables TIS; absent (or `None`) disables it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, colo_keys::Keys)]
 #[serde(default, deny_unknown_fields)]
+#[key(verl = "algorithm.rollout_correction")]
 pub struct RolloutCorrectionConfig {
     /// truncated importance sampling between rollout and trainer probabilities
-    #[key(
-        unit = "\"token\" or \"sequence\"",
-        verl = "algorithm.rollout_correction.rollout_is",
-        unset = "off"
-    )]
+    #[key(unit = "\"token\" or \"sequence\"", unset = "off")]
     pub rollout_is: Option<IsLevel>,
     /// the importance-weight cap C
-    #[key(
-        range = "> 0",
-        verl = "algorithm.rollout_correction.rollout_is_threshold"
-    )]
+    #[key(range = "> 0")]
     pub rollout_is_threshold: f64,
 }
 

@@ -33,7 +33,10 @@
 //! ```
 //!
 //! - `unit`: the unit or the accepted values (`bool` for a `bool`);
-//! - `verl`: verl's name for the key;
+//! - `verl`: verl's name for the key. On the struct, verl's name of its
+//!   table: a key's is then the table's and its own (`actor.ppo_epochs`),
+//!   unless the key says `verl = ".optim.lr"` (within the table's), an
+//!   absolute name, or `no_verl` (verl has none);
 //! - `unset`: for an optional key, what leaving it out means;
 //! - `table`: the field is a table whose keys are its type's [`Keys`];
 //! - `range`: the values the key accepts, `> 0`, `≥ 1`, `[0, 1]`, `(0, 1]`

@@ -138,3 +138,41 @@ fn a_range_is_the_unit_and_checks_the_value_tables_included() {
     });
     assert_eq!(inner, ("inner.p".into(), 0.0, false, "(0, 1]"));
 }
+
+#[allow(dead_code)]
+#[derive(Deserialize, Keys)]
+#[key(verl = "top.actor")]
+struct Prefixed {
+    ppo_epochs: usize,
+    #[serde(rename = "clip")]
+    clip_ratio: f64,
+    #[key(verl = ".optim.lr")]
+    lr: f64,
+    #[key(verl = "data.max_response_length")]
+    max_new_tokens: usize,
+    #[key(no_verl)]
+    cpu_threads: usize,
+    #[key(table)]
+    inner: Inner,
+}
+
+#[test]
+fn a_struct_verl_name_is_its_keys_prefix() {
+    let verl: Vec<(&str, &str)> = Prefixed::keys().iter().map(|k| (k.name, k.verl)).collect();
+    assert_eq!(
+        verl,
+        [
+            ("ppo_epochs", "top.actor.ppo_epochs"),
+            ("clip", "top.actor.clip"),
+            ("lr", "top.actor.optim.lr"),
+            ("max_new_tokens", "data.max_response_length"),
+            ("cpu_threads", ""),
+            ("inner", ""),
+        ]
+    );
+    assert_eq!(
+        find(&Section::keys(), "type").verl,
+        "",
+        "none without the struct's"
+    );
+}

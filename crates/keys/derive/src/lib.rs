@@ -30,6 +30,7 @@ struct Notes {
     unset: String,
     range: String,
     table: bool,
+    no_verl: bool,
     tag_doc: String,
     tag_unit: String,
     tag_verl: String,
@@ -137,6 +138,8 @@ fn fields(fields: &Fields, container: &Notes, kind: Option<&str>) -> Result<Vec<
             None => renamed(&ident.to_string(), container.rename_all.as_deref())
                 .map_err(|m| Error::new_spanned(ident, m))?,
         };
+        notes.verl =
+            verl_name(&container.verl, &notes, &name).map_err(|m| Error::new_spanned(ident, m))?;
         out.push(KeyOut {
             name,
             ty: notes.table.then(|| f.ty.clone()),
@@ -146,6 +149,21 @@ fn fields(fields: &Fields, container: &Notes, kind: Option<&str>) -> Result<Vec<
         });
     }
     Ok(out)
+}
+
+/// A field's verl name: its `verl`, `.x` relative to the struct's
+/// `#[key(verl = "…")]`; without one, the struct's and the field's name
+/// (none for a table, with `no_verl`, or in a struct without a verl name).
+fn verl_name(prefix: &str, n: &Notes, name: &str) -> std::result::Result<String, &'static str> {
+    match (n.verl.strip_prefix('.'), prefix) {
+        (Some(_), "") => {
+            Err("a relative verl name (\".x\") needs the struct's #[key(verl = \"…\")]")
+        }
+        (Some(rest), p) => Ok(format!("{p}.{rest}")),
+        (None, _) if !n.verl.is_empty() => Ok(n.verl.clone()),
+        _ if n.no_verl || n.table || prefix.is_empty() => Ok(String::new()),
+        _ => Ok(format!("{prefix}.{name}")),
+    }
 }
 
 fn key_tokens(k: &KeyOut) -> Tokens {
@@ -320,6 +338,9 @@ fn key_meta(n: &mut Notes, meta: ParseNestedMeta) -> Result<()> {
     let slot = if p.is_ident("table") {
         n.table = true;
         return Ok(());
+    } else if p.is_ident("no_verl") {
+        n.no_verl = true;
+        return Ok(());
     } else if p.is_ident("unit") {
         &mut n.unit
     } else if p.is_ident("verl") {
@@ -339,9 +360,9 @@ fn key_meta(n: &mut Notes, meta: ParseNestedMeta) -> Result<()> {
     } else if p.is_ident("tag_verl") {
         &mut n.tag_verl
     } else {
-        return Err(
-            meta.error("expected unit, verl, unset, range, table, tag_doc, tag_unit or tag_verl")
-        );
+        return Err(meta.error(
+            "expected unit, verl, no_verl, unset, range, table, tag_doc, tag_unit or tag_verl",
+        ));
     };
     *slot = string(&meta)?;
     Ok(())

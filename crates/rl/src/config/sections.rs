@@ -54,26 +54,28 @@ impl Files {
 /// `[data]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
+#[key(verl = "data")]
 pub struct DataConfig {
     /// training prompts: JSONL files (one object per line) or parquet files
     /// (verl's, as they are; README: "The data schema"); none means the
     /// built-in arithmetic task
-    #[key(unit = "paths (one or a list)", verl = "data.train_files")]
+    #[key(unit = "paths (one or a list)")]
     pub train_files: Files,
     /// held-out prompts for eval/accuracy: JSONL or parquet files; with neither
     /// these nor val_fraction the run does not evaluate
-    #[key(unit = "paths (one or a list)", verl = "data.val_files")]
+    #[key(unit = "paths (one or a list)")]
     pub val_files: Files,
     /// instead of val_files: hold out this fraction of the training prompts
     /// (seeded split)
     #[key(
         unit = "fraction in (0, 1)",
-        unset = "val_files are the held-out set (none: no evaluation)"
+        unset = "val_files are the held-out set (none: no evaluation)",
+        no_verl
     )]
     pub val_fraction: Option<f64>,
     /// field holding the prompt: a string, or a chat (a list of {role, content}
     /// messages rendered with the tokenizer's chat template)
-    #[key(unit = "JSON key", verl = "data.prompt_key")]
+    #[key(unit = "JSON key")]
     #[default = "prompt"]
     pub prompt_key: String,
     /// field holding the ground truth the reward compares with; a dotted path
@@ -85,17 +87,12 @@ pub struct DataConfig {
     #[default = "answer"]
     pub answer_key: String,
     /// prompts per RL step (each sampled rollout.n times)
-    #[key(range = "≥ 1", unit = "prompts", verl = "data.train_batch_size")]
+    #[key(range = "≥ 1", unit = "prompts")]
     #[default = 32]
     pub train_batch_size: usize,
     /// prompts per generation batch with dynamic sampling
     /// (algorithm.filter_groups); DAPO draws 3 × train_batch_size
-    #[key(
-        range = "≥ 1",
-        unit = "prompts",
-        verl = "data.gen_batch_size",
-        unset = "data.train_batch_size"
-    )]
+    #[key(range = "≥ 1", unit = "prompts", unset = "data.train_batch_size")]
     pub gen_batch_size: Option<usize>,
     /// longest prompt, as the run encodes it (chat template and special tokens
     /// included); a longer one is an error when the data are read, or is left
@@ -103,19 +100,17 @@ pub struct DataConfig {
     #[key(
         range = "≥ 1",
         unit = "tokens",
-        verl = "data.max_prompt_length (with truncation = \"error\")"
+        verl = ".max_prompt_length (with truncation = \"error\")"
     )]
     #[default = 64]
     pub max_prompt_length: usize,
     /// leave out prompts longer than max_prompt_length (counted on stderr when
     /// the data are read) instead of stopping at the first
-    #[key(verl = "data.filter_overlong_prompts")]
     pub filter_overlong_prompts: bool,
     /// seed of the epoch shuffles and of the held-out split
-    #[key(unit = "integer", verl = "data.seed", unset = "trainer.seed")]
+    #[key(unit = "integer", unset = "trainer.seed")]
     pub seed: Option<u64>,
     /// shuffle the prompts each epoch (else file order)
-    #[key(verl = "data.shuffle")]
     #[default = true]
     pub shuffle: bool,
     /// The built-in task (used when `train_files` is empty).
@@ -150,19 +145,18 @@ impl DataConfig {
 /// `[model]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
+#[key(verl = "actor_rollout_ref.model")]
 pub struct ModelConfig {
     /// Hugging Face checkpoint directory (config.json, *.safetensors,
     /// tokenizer.json)
     #[key(
         unit = "path",
-        verl = "actor_rollout_ref.model.path",
         unset = "the built-in 0.8M-parameter model and its committed SFT checkpoint"
     )]
     pub path: Option<PathBuf>,
     /// activation checkpointing in the actor's and critic's updates: keep each
     /// decoder layer's input, recompute the layer for the backward (less
     /// activation memory, one more forward); on with cluster.sharding = "full"
-    #[key(verl = "actor_rollout_ref.model.enable_gradient_checkpointing")]
     pub enable_gradient_checkpointing: bool,
     /// rank of the LoRA adapters the actor trains instead of its weights: the
     /// weights stay frozen (no gradients, optimizer state or master copies), the
@@ -170,22 +164,19 @@ pub struct ModelConfig {
     /// engine gets the adapters merged in; checkpoints hold the merged model and
     /// lora_adapter/ in PEFT's format. 0: no adapters, every weight trains. The
     /// critic (GAE) trains all its weights either way
-    #[key(unit = "rank (0: off)", verl = "actor_rollout_ref.model.lora_rank")]
+    #[key(unit = "rank (0: off)")]
     pub lora_rank: usize,
     /// LoRA's alpha: the adapters' output is scaled by lora_alpha / lora_rank
-    #[key(range = "> 0", verl = "actor_rollout_ref.model.lora_alpha")]
+    #[key(range = "> 0")]
     #[default = 16.0]
     pub lora_alpha: f64,
     /// the projections that get adapters: "all-linear" (every projection of the
     /// decoder layers, not the LM head) or a list of q_proj, k_proj, v_proj,
     /// o_proj, gate_proj, up_proj, down_proj
-    #[key(
-        unit = "\"all-linear\" or a list of projection names",
-        verl = "actor_rollout_ref.model.target_modules"
-    )]
+    #[key(unit = "\"all-linear\" or a list of projection names")]
     pub target_modules: colo_train::TargetModules,
     /// dropout on the adapters' input in training; only 0 is implemented
-    #[key(unit = "fraction (0 only)")]
+    #[key(unit = "fraction (0 only)", no_verl)]
     pub lora_dropout: f64,
     /// start the adapters from a saved PEFT adapter (a directory with
     /// adapter_config.json and adapter_model.safetensors, e.g. a checkpoint's
@@ -193,7 +184,6 @@ pub struct ModelConfig {
     /// must be the keys above
     #[key(
         unit = "path",
-        verl = "actor_rollout_ref.model.lora_adapter_path",
         unset = "fresh adapters (PEFT's initialisation: B = 0, the model starts as the base)"
     )]
     pub lora_adapter_path: Option<PathBuf>,
@@ -226,26 +216,23 @@ impl ModelConfig {
 /// `[rollout]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
+#[key(verl = "actor_rollout_ref.rollout")]
 pub struct RolloutConfig {
     /// samples generated per prompt
-    #[key(range = "≥ 1", unit = "samples", verl = "actor_rollout_ref.rollout.n")]
+    #[key(range = "≥ 1", unit = "samples")]
     #[default = 8]
     pub n: usize,
     /// sampling temperature; 0 is greedy
-    #[key(
-        range = "[0, 100]",
-        unit = "≥ 0",
-        verl = "actor_rollout_ref.rollout.temperature"
-    )]
+    #[key(range = "[0, 100]", unit = "≥ 0")]
     #[default = 1.0]
     pub temperature: f64,
     /// nucleus sampling: keep the smallest set of tokens with this much
     /// probability
-    #[key(range = "(0, 1]", verl = "actor_rollout_ref.rollout.top_p")]
+    #[key(range = "(0, 1]")]
     #[default = 1.0]
     pub top_p: f64,
     /// keep the k most likely tokens; -1 or 0: off
-    #[key(unit = "tokens", verl = "actor_rollout_ref.rollout.top_k")]
+    #[key(unit = "tokens")]
     #[default(-1)]
     pub top_k: i64,
     /// longest response; with data.max_prompt_length at most the model's
@@ -260,7 +247,7 @@ pub struct RolloutConfig {
     #[key(
         range = "(0, 1]",
         unit = "fraction in (0, 1]",
-        verl = "actor_rollout_ref.rollout.gpu_memory_utilization"
+        verl = ".gpu_memory_utilization"
     )]
     #[default = 0.5]
     pub mem_fraction: f64,
@@ -268,41 +255,33 @@ pub struct RolloutConfig {
     #[key(
         range = "≥ 1",
         unit = "tokens",
-        unset = "the cache is sized by mem_fraction"
+        unset = "the cache is sized by mem_fraction",
+        no_verl
     )]
     pub max_kv_tokens: Option<usize>,
     /// most sequences generated at once (fewer when the KV cache's blocks run
     /// short); the cache is sized for a step's samples at full length, and
     /// evaluation fits more of its short answers in it
-    #[key(
-        range = "≥ 1",
-        unit = "sequences",
-        verl = "actor_rollout_ref.rollout.max_num_seqs"
-    )]
+    #[key(range = "≥ 1", unit = "sequences")]
     #[default = 1024]
     pub max_num_seqs: usize,
     /// on the CPU, threads each prefill and decode step splits its rows over,
     /// each running libtorch with one intra-op thread (decoding is many small
     /// ops: lanes beat intra-op threads); 0: OMP_NUM_THREADS if set, else one
     /// per core
-    #[key(unit = "threads")]
+    #[key(unit = "threads", no_verl)]
     pub cpu_threads: usize,
     /// on CUDA, run every decode step eagerly instead of replaying captured
     /// CUDA graphs (graphs: a small model's step is bound by launching its
     /// kernels; their memory is tag cuda_graph, released and resumed with the
     /// KV cache)
-    #[key(verl = "actor_rollout_ref.rollout.enforce_eager")]
     pub enforce_eager: bool,
     /// workers whose rollout engines generate as one, Megatron-style: each keeps
     /// 1/tg of the attention heads (its KV cache too) and of the MLP, with an
     /// all-reduce after the output and down projections; the group's ranks are
     /// consecutive and generate their prompts together; must divide
     /// cluster.workers and the model's heads
-    #[key(
-        range = "≥ 1",
-        unit = "workers",
-        verl = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-    )]
+    #[key(range = "≥ 1", unit = "workers")]
     #[default = 1]
     pub tensor_model_parallel_size: usize,
     /// Sampling for evaluation.
@@ -351,29 +330,22 @@ impl Sampling {
 /// `[rollout.val_kwargs]`: greedy by default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
+#[key(verl = "actor_rollout_ref.rollout.val_kwargs")]
 pub struct ValKwargs {
     /// evaluation: samples per held-out prompt (pass@n)
-    #[key(
-        range = "≥ 1",
-        unit = "samples",
-        verl = "actor_rollout_ref.rollout.val_kwargs.n"
-    )]
+    #[key(range = "≥ 1", unit = "samples")]
     #[default = 1]
     pub n: usize,
     /// evaluation: temperature; 0 is greedy
-    #[key(
-        range = "[0, 100]",
-        unit = "≥ 0",
-        verl = "actor_rollout_ref.rollout.val_kwargs.temperature"
-    )]
+    #[key(range = "[0, 100]", unit = "≥ 0")]
     #[default = 0.0]
     pub temperature: f64,
     /// evaluation: nucleus sampling
-    #[key(range = "(0, 1]", verl = "actor_rollout_ref.rollout.val_kwargs.top_p")]
+    #[key(range = "(0, 1]")]
     #[default = 1.0]
     pub top_p: f64,
     /// evaluation: top-k; -1 or 0: off
-    #[key(unit = "tokens", verl = "actor_rollout_ref.rollout.val_kwargs.top_k")]
+    #[key(unit = "tokens")]
     #[default(-1)]
     pub top_k: i64,
 }
@@ -400,44 +372,36 @@ pub fn default_micro_batch_samples(longest: usize, token_budget: usize) -> usize
 /// `[actor]`: optimiser, PPO batching and the actor loss.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
+#[key(verl = "actor_rollout_ref.actor")]
 pub struct ActorConfig {
     /// AdamW learning rate
-    #[key(range = "> 0", verl = "actor_rollout_ref.actor.optim.lr")]
+    #[key(range = "> 0", verl = ".optim.lr")]
     #[default = 1e-4]
     pub lr: f64,
     /// linear learning-rate warmup
     #[serde(alias = "warmup", alias = "lr_warmup_steps")]
-    #[key(
-        unit = "optimiser steps",
-        verl = "actor_rollout_ref.actor.optim.lr_warmup_steps"
-    )]
+    #[key(unit = "optimiser steps", verl = ".optim.lr_warmup_steps")]
     #[default = 5]
     pub warmup_steps: usize,
     /// AdamW weight decay
-    #[key(range = "[0, 1]", verl = "actor_rollout_ref.actor.optim.weight_decay")]
+    #[key(range = "[0, 1]", verl = ".optim.weight_decay")]
     #[default = 0.01]
     pub weight_decay: f64,
     /// gradient-norm clip
-    #[key(range = "> 0", verl = "actor_rollout_ref.actor.grad_clip")]
+    #[key(range = "> 0")]
     #[default = 1.0]
     pub grad_clip: f64,
     /// the learning rate after warmup: constant, or a half cosine that reaches
     /// min_lr_ratio × lr as the run ends
     #[serde(alias = "lr_scheduler_type")]
-    #[key(
-        unit = "\"constant\" or \"cosine\"",
-        verl = "actor_rollout_ref.actor.optim.warmup_style"
-    )]
+    #[key(unit = "\"constant\" or \"cosine\"", verl = ".optim.warmup_style")]
     pub warmup_style: colo_train::ScheduleKind,
     /// the cosine's floor as a fraction of lr
-    #[key(range = "[0, 1]", verl = "actor_rollout_ref.actor.optim.min_lr_ratio")]
+    #[key(range = "[0, 1]", verl = ".optim.min_lr_ratio")]
     #[default = 0.0]
     pub min_lr_ratio: f64,
     /// AdamW's (β₁, β₂)
-    #[key(
-        unit = "two numbers in [0, 1)",
-        verl = "actor_rollout_ref.actor.optim.betas"
-    )]
+    #[key(unit = "two numbers in [0, 1)", verl = ".optim.betas")]
     #[default(_code = "vec![0.9, 0.999]")]
     pub betas: Vec<f64>,
     /// prompts per optimiser step (× rollout.n samples); must divide
@@ -445,7 +409,6 @@ pub struct ActorConfig {
     #[key(
         range = "≥ 1",
         unit = "prompts",
-        verl = "actor_rollout_ref.actor.ppo_mini_batch_size",
         unset = "the largest divisor of data.train_batch_size up to 16"
     )]
     pub ppo_mini_batch_size: Option<usize>,
@@ -455,135 +418,99 @@ pub struct ActorConfig {
     #[key(
         range = "≥ 1",
         unit = "samples",
-        verl = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        verl = ".ppo_micro_batch_size_per_gpu",
         unset = "the largest divisor of ppo_mini_batch_size × rollout.n up to ppo_max_token_len_per_gpu / (data.max_prompt_length + rollout.max_new_tokens)"
     )]
     pub ppo_micro_batch_size: Option<usize>,
     /// cut micro-batches by a token budget (ppo_max_token_len_per_gpu) instead
     /// of ppo_micro_batch_size: consecutive samples while samples × the longest
     /// stay within it; bounds activation memory as responses grow
-    #[key(verl = "actor_rollout_ref.actor.use_dynamic_bsz")]
     pub use_dynamic_bsz: bool,
     /// the budget of use_dynamic_bsz: padded tokens per forward/backward (the
     /// reference's too; the old-policy pass: twice it); at least
     /// max_prompt_length + max_new_tokens
-    #[key(
-        unit = "tokens",
-        verl = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
-    )]
+    #[key(unit = "tokens")]
     #[default = 16384]
     pub ppo_max_token_len_per_gpu: usize,
     /// passes over each step's samples
-    #[key(
-        range = "≥ 1",
-        unit = "epochs",
-        verl = "actor_rollout_ref.actor.ppo_epochs"
-    )]
+    #[key(range = "≥ 1", unit = "epochs")]
     #[default = 1]
     pub ppo_epochs: usize,
     /// policy loss
     #[key(
         unit = "\"vanilla\" (PPO clip), \"gspo\", \"gpg\" (no ratio, no clip), \"cispo\" (clipped, stopped IS weight), \"kl_cov\" (no clip; a KL penalty on the tokens of largest covariance), \"clip_cov\" (PPO clip; a few tokens of large covariance lose their gradient), \"geo_mean\" (GMPO: the geometric mean of the token ratios, clipped in log space) or \"sapo\" (a soft gate of the ratio instead of the clip)",
-        verl = "actor_rollout_ref.actor.policy_loss.loss_mode"
+        verl = ".policy_loss.loss_mode"
     )]
     #[default(PolicyLossMode::Vanilla)]
     pub loss_mode: PolicyLossMode,
     /// PPO clip ε (both sides unless clip_ratio_low/high are set)
-    #[key(unit = "ratio", verl = "actor_rollout_ref.actor.clip_ratio")]
+    #[key(unit = "ratio")]
     #[default = 0.2]
     pub clip_ratio: f64,
     /// ε_low: the ratio floor is 1 − ε_low
-    #[key(
-        unit = "ratio",
-        verl = "actor_rollout_ref.actor.clip_ratio_low",
-        unset = "clip_ratio"
-    )]
+    #[key(unit = "ratio", unset = "clip_ratio")]
     pub clip_ratio_low: Option<f64>,
     /// ε_high: the ratio ceiling is 1 + ε_high (DAPO: 0.28)
-    #[key(
-        unit = "ratio",
-        verl = "actor_rollout_ref.actor.clip_ratio_high",
-        unset = "clip_ratio"
-    )]
+    #[key(unit = "ratio", unset = "clip_ratio")]
     pub clip_ratio_high: Option<f64>,
     /// dual-clip bound c: for negative advantages the loss is at most −c·A
-    #[key(unit = "> 1", verl = "actor_rollout_ref.actor.clip_ratio_c")]
+    #[key(unit = "> 1")]
     #[default = 3.0]
     pub clip_ratio_c: f64,
     /// how per-token losses become a scalar (gspo and sapo always use
     /// seq-mean-token-mean, geo_mean a mean over sequences, as verl)
     #[key(
-        unit = "\"token-mean\", \"seq-mean-token-sum\", \"seq-mean-token-mean\", \"seq-mean-token-sum-norm\"",
-        verl = "actor_rollout_ref.actor.loss_agg_mode"
+        unit = "\"token-mean\", \"seq-mean-token-sum\", \"seq-mean-token-mean\", \"seq-mean-token-sum-norm\""
     )]
     #[default(LossAggMode::TokenMean)]
     pub loss_agg_mode: LossAggMode,
     /// loss_mode = "kl_cov": the share of a micro-batch's response tokens,
     /// those of largest covariance between advantage and log-probability, that
     /// pay the KL penalty
-    #[key(
-        unit = "(0, 1]",
-        verl = "actor_rollout_ref.actor.policy_loss.kl_cov_ratio"
-    )]
+    #[key(unit = "(0, 1]", verl = ".policy_loss.kl_cov_ratio")]
     #[default = 0.0002]
     pub kl_cov_ratio: f64,
     /// loss_mode = "kl_cov": the penalty's coefficient on |log π_θ − log π_old|
-    #[key(
-        range = "≥ 0",
-        verl = "actor_rollout_ref.actor.policy_loss.ppo_kl_coef"
-    )]
+    #[key(range = "≥ 0", verl = ".policy_loss.ppo_kl_coef")]
     #[default = 0.1]
     pub ppo_kl_coef: f64,
     /// loss_mode = "clip_cov": the share of a micro-batch's response tokens
     /// that lose their gradient (at least one per micro-batch, as in verl),
     /// drawn (seeded by the optimizer step) among those whose
     /// advantage/log-probability covariance lies in (clip_cov_lb, clip_cov_ub)
-    #[key(
-        unit = "(0, 1]",
-        verl = "actor_rollout_ref.actor.policy_loss.clip_cov_ratio"
-    )]
+    #[key(unit = "(0, 1]", verl = ".policy_loss.clip_cov_ratio")]
     #[default = 0.0002]
     pub clip_cov_ratio: f64,
     /// loss_mode = "clip_cov": the covariance range's lower end
-    #[key(
-        unit = "< clip_cov_ub",
-        verl = "actor_rollout_ref.actor.policy_loss.clip_cov_lb"
-    )]
+    #[key(unit = "< clip_cov_ub", verl = ".policy_loss.clip_cov_lb")]
     #[default = 1.0]
     pub clip_cov_lb: f64,
     /// loss_mode = "clip_cov": the covariance range's upper end
-    #[key(
-        unit = "> clip_cov_lb",
-        verl = "actor_rollout_ref.actor.policy_loss.clip_cov_ub"
-    )]
+    #[key(unit = "> clip_cov_lb", verl = ".policy_loss.clip_cov_ub")]
     #[default = 5.0]
     pub clip_cov_ub: f64,
     /// loss_mode = "sapo": the gate's temperature for tokens of positive
     /// advantage
-    #[key(unit = "[1e-6, 1e6]", verl = "actor_rollout_ref.actor.tau_pos")]
+    #[key(unit = "[1e-6, 1e6]")]
     #[default = 1.0]
     pub tau_pos: f64,
     /// loss_mode = "sapo": the gate's temperature for the others
-    #[key(unit = "[1e-6, 1e6]", verl = "actor_rollout_ref.actor.tau_neg")]
+    #[key(unit = "[1e-6, 1e6]")]
     #[default = 1.05]
     pub tau_neg: f64,
     /// entropy bonus coefficient
-    #[key(range = "[-1, 1]", verl = "actor_rollout_ref.actor.entropy_coeff")]
+    #[key(range = "[-1, 1]")]
     #[default = 0.0]
     pub entropy_coeff: f64,
     /// add a KL(actor ‖ reference) term to the loss (loads the reference model)
-    #[key(verl = "actor_rollout_ref.actor.use_kl_loss")]
     #[default = true]
     pub use_kl_loss: bool,
     /// coefficient of the KL loss
-    #[key(range = "≥ 0", verl = "actor_rollout_ref.actor.kl_loss_coef")]
+    #[key(range = "≥ 0")]
     #[default = 0.001]
     pub kl_loss_coef: f64,
     /// KL estimator of the loss
-    #[key(
-        unit = "\"k1\" (kl), \"abs\", \"k2\" (mse), \"k3\" (low_var_kl)",
-        verl = "actor_rollout_ref.actor.kl_loss_type"
-    )]
+    #[key(unit = "\"k1\" (kl), \"abs\", \"k2\" (mse), \"k3\" (low_var_kl)")]
     #[default(KlEstimator::K3)]
     pub kl_loss_type: KlEstimator,
 }
@@ -628,74 +555,66 @@ impl ActorConfig {
 /// shape and the betas are the actor's too. The clip is verl's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
+#[key(verl = "critic")]
 pub struct CriticConfig {
     /// the value model's learning rate (PPO with algorithm.adv_estimator =
     /// "gae"; verl's default is 10× its actor's)
-    #[key(range = "> 0", verl = "critic.optim.lr", unset = "actor.lr")]
+    #[key(range = "> 0", verl = ".optim.lr", unset = "actor.lr")]
     pub lr: Option<f64>,
     /// its linear warmup (the schedule's shape and the betas are the actor's)
     #[serde(alias = "lr_warmup_steps")]
     #[key(
         unit = "optimiser steps",
-        verl = "critic.optim.lr_warmup_steps",
+        verl = ".optim.lr_warmup_steps",
         unset = "actor.warmup_steps"
     )]
     pub warmup_steps: Option<usize>,
     /// its AdamW weight decay
     #[key(
         range = "[0, 1]",
-        verl = "critic.optim.weight_decay",
+        verl = ".optim.weight_decay",
         unset = "actor.weight_decay"
     )]
     pub weight_decay: Option<f64>,
     /// its gradient-norm clip
-    #[key(range = "> 0", verl = "critic.grad_clip", unset = "actor.grad_clip")]
+    #[key(range = "> 0", unset = "actor.grad_clip")]
     pub grad_clip: Option<f64>,
     /// the value loss's clip around the values the step started from
-    #[key(range = "> 0", verl = "critic.cliprange_value")]
+    #[key(range = "> 0")]
     #[default = 0.5]
     pub cliprange_value: f64,
     /// how the value loss is averaged over tokens
-    #[key(
-        unit = "as actor.loss_agg_mode",
-        verl = "critic.loss_agg_mode",
-        unset = "actor.loss_agg_mode"
-    )]
+    #[key(unit = "as actor.loss_agg_mode", unset = "actor.loss_agg_mode")]
     pub loss_agg_mode: Option<LossAggMode>,
 }
 
 /// `[algorithm]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
+#[key(verl = "algorithm")]
 pub struct AlgorithmConfig {
     /// advantage estimator
     #[key(
-        unit = "\"grpo\", \"rloo\", \"reinforce_plus_plus\", \"reinforce_plus_plus_baseline\", \"remax\", \"opo\", \"grpo_passk\", \"gpg\", \"gae\" (trains a critic)",
-        verl = "algorithm.adv_estimator"
+        unit = "\"grpo\", \"rloo\", \"reinforce_plus_plus\", \"reinforce_plus_plus_baseline\", \"remax\", \"opo\", \"grpo_passk\", \"gpg\", \"gae\" (trains a critic)"
     )]
     #[default(AdvEstimator::Grpo)]
     pub adv_estimator: AdvEstimator,
     /// discount (GAE, REINFORCE++)
-    #[key(range = "[0, 1]", verl = "algorithm.gamma")]
+    #[key(range = "[0, 1]")]
     #[default = 1.0]
     pub gamma: f64,
     /// GAE λ
-    #[key(range = "[0, 1]", verl = "algorithm.lam")]
+    #[key(range = "[0, 1]")]
     #[default = 1.0]
     pub lam: f64,
     /// divide GRPO advantages by the group's std (false: Dr. GRPO)
-    #[key(verl = "algorithm.norm_adv_by_std_in_grpo")]
     #[default = true]
     pub norm_adv_by_std_in_grpo: bool,
     /// subtract β·KL(actor ‖ reference) from the reward (loads the reference
     /// model)
-    #[key(verl = "algorithm.use_kl_in_reward")]
     pub use_kl_in_reward: bool,
     /// KL estimator of the reward penalty
-    #[key(
-        unit = "\"k1\", \"abs\", \"k2\", \"k3\"",
-        verl = "algorithm.kl_penalty"
-    )]
+    #[key(unit = "\"k1\", \"abs\", \"k2\", \"k3\"")]
     #[default(KlEstimator::K1)]
     pub kl_penalty: KlEstimator,
     #[key(table)]
@@ -734,21 +653,18 @@ impl AlgorithmConfig {
 /// default, with DAPO's factor (verl's default is 0, which punishes nothing).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
+#[key(verl = "reward_model.overlong_buffer")]
 pub struct OverlongBufferConfig {
     /// DAPO's soft overlong punishment of the training rewards: a response in
     /// the last `len` tokens before rollout.max_new_tokens loses up to
     /// penalty_factor, linearly (evaluations are not punished)
-    #[key(verl = "reward_model.overlong_buffer.enable")]
     pub enable: bool,
     /// tokens before the limit over which the punishment grows
-    #[key(
-        unit = "1 to rollout.max_new_tokens",
-        verl = "reward_model.overlong_buffer.len"
-    )]
+    #[key(unit = "1 to rollout.max_new_tokens")]
     pub len: usize,
     /// the punishment at the limit (DAPO: 1.0; verl's default 0 punishes
     /// nothing)
-    #[key(range = "≥ 0", verl = "reward_model.overlong_buffer.penalty_factor")]
+    #[key(range = "≥ 0")]
     #[default = 1.0]
     pub penalty_factor: f64,
 }
@@ -758,29 +674,25 @@ pub struct OverlongBufferConfig {
 /// DAPO's metric (verl has none by default).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
+#[key(verl = "algorithm.filter_groups")]
 pub struct FilterGroupsConfig {
     /// DAPO's dynamic sampling: a step trains only on prompts whose samples'
     /// metric varies (a group that all scored the same has no advantage),
     /// drawing generation batches of data.gen_batch_size prompts until it has
     /// data.train_batch_size of them
-    #[key(verl = "algorithm.filter_groups.enable")]
     pub enable: bool,
     /// what must vary within a group: acc (right or not: the reward's `acc`,
     /// else score ≥ 1), score (before the overlong punishment), seq_reward
     /// (after it), seq_final_reward (after the KL penalty; not with
     /// use_kl_in_reward), or a number the reward returns beside its score
     #[key(
-        unit = "\"acc\", \"score\", \"seq_reward\", \"seq_final_reward\" or a reward extra's name",
-        verl = "algorithm.filter_groups.metric"
+        unit = "\"acc\", \"score\", \"seq_reward\", \"seq_final_reward\" or a reward extra's name"
     )]
     #[default(FilterMetric::Acc)]
     pub metric: FilterMetric,
     /// the most generation batches a step may draw before the run stops with an
     /// error (the data are too hard or too easy)
-    #[key(
-        unit = "batches; ≤ 0 no limit",
-        verl = "algorithm.filter_groups.max_num_gen_batches"
-    )]
+    #[key(unit = "batches; ≤ 0 no limit")]
     pub max_num_gen_batches: i64,
 }
 
@@ -961,75 +873,65 @@ pub enum Loggers {
 /// `[trainer]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
+#[key(verl = "trainer")]
 pub struct TrainerConfig {
     /// length of the run; wins over total_epochs
     #[serde(alias = "total_training_steps")]
     #[key(
         range = "≥ 1",
         unit = "RL steps",
-        verl = "trainer.total_training_steps",
+        verl = ".total_training_steps",
         unset = "total_epochs, or 100 steps when neither is set"
     )]
     pub total_steps: Option<usize>,
     /// length of the run in passes over the training prompts (used when
     /// total_steps is unset)
-    #[key(
-        range = "≥ 1",
-        unit = "epochs",
-        verl = "trainer.total_epochs",
-        unset = "total_steps decides"
-    )]
+    #[key(range = "≥ 1", unit = "epochs", unset = "total_steps decides")]
     pub total_epochs: Option<usize>,
     /// checkpoint every this many steps; -1 or 0: only at the end
-    #[key(unit = "steps", verl = "trainer.save_freq")]
+    #[key(unit = "steps")]
     #[default = 50]
     pub save_freq: i64,
     /// evaluate every this many steps; -1 or 0: only before (val_before_train)
     /// and at the end
-    #[key(unit = "steps", verl = "trainer.test_freq")]
+    #[key(unit = "steps")]
     #[default = 10]
     pub test_freq: i64,
     /// evaluate the starting checkpoint
-    #[key(verl = "trainer.val_before_train")]
     #[default = true]
     pub val_before_train: bool,
     /// evaluate model.path on the held-out prompts (an eval record in
     /// metrics.jsonl, the generations in validation_data_dir if set) and train
     /// nothing; to evaluate a run's checkpoint, set model.path to
     /// checkpoints/step-N
-    #[key(verl = "trainer.val_only (verl loads a resumed checkpoint; colo reads model.path)")]
+    #[key(verl = ".val_only (verl loads a resumed checkpoint; colo reads model.path)")]
     pub val_only: bool,
     /// continue from the latest checkpoint in out_dir (also: colo train
     /// --resume)
-    #[key(verl = "trainer.resume_mode = \"auto\"")]
+    #[key(verl = ".resume_mode = \"auto\"")]
     pub resume: bool,
     /// run directory: metrics.jsonl, pictures, checkpoints/ (colo train --out
     /// wins)
     #[serde(alias = "default_local_dir", skip_serializing_if = "Option::is_none")]
     #[key(
         unit = "path",
-        verl = "trainer.default_local_dir",
+        verl = ".default_local_dir",
         unset = "runs/{project_name}/{experiment_name} when either is set, else runs/colo"
     )]
     pub out_dir: Option<PathBuf>,
     /// the project's name; names the run directory when out_dir is not written
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[key(unit = "path component", verl = "trainer.project_name", unset = "none")]
+    #[key(unit = "path component", unset = "none")]
     pub project_name: Option<String>,
     /// the run's name; names the run directory when out_dir is not written
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[key(
-        unit = "path component",
-        verl = "trainer.experiment_name",
-        unset = "none"
-    )]
+    #[key(unit = "path component", unset = "none")]
     pub experiment_name: Option<String>,
     /// where metrics go: colo always writes the console and metrics.jsonl, so
     /// only these two are accepted (other backends are an error)
     #[serde(skip_serializing_if = "Option::is_none")]
     #[key(
         unit = "\"console\", \"file\" or a list of them",
-        verl = "trainer.logger",
         unset = "both, always"
     )]
     pub logger: Option<Loggers>,
@@ -1037,7 +939,7 @@ pub struct TrainerConfig {
     /// update has learnt values (GAE)
     #[key(
         unit = "RL steps",
-        verl = "trainer.critic_warmup (verl updates the actor from step critic_warmup; colo after critic_warmup steps)"
+        verl = ".critic_warmup (verl updates the actor from step critic_warmup; colo after critic_warmup steps)"
     )]
     pub critic_warmup: usize,
     /// every step's generations as {step}.jsonl in this directory (a relative
@@ -1045,27 +947,19 @@ pub struct TrainerConfig {
     /// prompt as the model saw it), output, gts, score (the training reward),
     /// step and the reward's other numbers
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[key(
-        unit = "path",
-        verl = "trainer.rollout_data_dir",
-        unset = "not written"
-    )]
+    #[key(unit = "path", unset = "not written")]
     pub rollout_data_dir: Option<PathBuf>,
     /// every evaluation's greedy generations as {step}.jsonl in this directory
     /// (a relative path is in the run directory), as rollout_data_dir's
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[key(
-        unit = "path",
-        verl = "trainer.validation_data_dir",
-        unset = "not written"
-    )]
+    #[key(unit = "path", unset = "not written")]
     pub validation_data_dir: Option<PathBuf>,
     /// seed of sampling and initialisation; data.seed defaults to it
     #[key(unit = "integer", verl = "data.seed, actor_rollout_ref.rollout.seed")]
     #[default = 1]
     pub seed: u64,
     /// where the run computes
-    #[key(unit = "\"cpu\" or \"cuda\"")]
+    #[key(unit = "\"cpu\" or \"cuda\"", no_verl)]
     pub device: Device,
     /// dtype of weights and compute; bf16 is mixed precision (gradients,
     /// optimiser moments and master weights stay f32); auto: bf16 where the
@@ -1081,7 +975,7 @@ pub struct TrainerConfig {
     /// over, each running libtorch with one intra-op thread (many small ops:
     /// lanes beat intra-op threads); 0: OMP_NUM_THREADS if set, else one per
     /// core
-    #[key(unit = "threads")]
+    #[key(unit = "threads", no_verl)]
     pub cpu_threads: usize,
 }
 
