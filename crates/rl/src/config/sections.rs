@@ -68,6 +68,7 @@ pub struct DataConfig {
     /// instead of val_files: hold out this fraction of the training prompts
     /// (seeded split)
     #[key(
+        range = "(0, 1)",
         unit = "fraction in (0, 1)",
         unset = "val_files are the held-out set (none: no evaluation)",
         no_verl
@@ -467,7 +468,7 @@ pub struct ActorConfig {
     /// loss_mode = "kl_cov": the share of a micro-batch's response tokens,
     /// those of largest covariance between advantage and log-probability, that
     /// pay the KL penalty
-    #[key(unit = "(0, 1]", verl = ".policy_loss.kl_cov_ratio")]
+    #[key(range = "(0, 1]", verl = ".policy_loss.kl_cov_ratio")]
     #[default = 0.0002]
     pub kl_cov_ratio: f64,
     /// loss_mode = "kl_cov": the penalty's coefficient on |log π_θ − log π_old|
@@ -478,7 +479,7 @@ pub struct ActorConfig {
     /// that lose their gradient (at least one per micro-batch, as in verl),
     /// drawn (seeded by the optimizer step) among those whose
     /// advantage/log-probability covariance lies in (clip_cov_lb, clip_cov_ub)
-    #[key(unit = "(0, 1]", verl = ".policy_loss.clip_cov_ratio")]
+    #[key(range = "(0, 1]", verl = ".policy_loss.clip_cov_ratio")]
     #[default = 0.0002]
     pub clip_cov_ratio: f64,
     /// loss_mode = "clip_cov": the covariance range's lower end

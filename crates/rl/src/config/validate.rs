@@ -31,14 +31,6 @@ fn ranges(c: &Config) -> Check<()> {
     bad(&e.key, message)
 }
 
-/// A share in (0, 1].
-fn share(field: &str, v: f64, what: &str) -> Check<()> {
-    match v > 0.0 && v <= 1.0 {
-        true => Ok(()),
-        false => bad(field, format!("{what}in (0, 1], got {v}")),
-    }
-}
-
 /// SAPO's gate temperature: within [1e-6, 1e6], so that the gate
 /// σ(τ(r − 1))·4/τ, computed in float32, stays finite and nonzero.
 fn gate_temperature(field: &str, v: f64) -> Check<()> {
@@ -367,9 +359,6 @@ fn data_section(data: &DataConfig) -> Check<()> {
                 "give val_files or val_fraction, not both",
             )
         }
-        (true, false, Some(f)) if !(f > 0.0 && f < 1.0) => {
-            return bad("data.val_fraction", format!("must be in (0, 1), got {f}"))
-        }
         _ => {}
     }
     for (field, v) in [
@@ -540,13 +529,8 @@ fn clip_range(actor: &ActorConfig) -> Check<()> {
     bad(&format!("actor.{field}"), format!("{reason}, got {value}"))
 }
 
-/// Clip-Cov's and KL-Cov's shares of tokens and covariance range.
+/// Clip-Cov's covariance range.
 fn covariance_settings(actor: &ActorConfig) -> Check<()> {
-    share(
-        "actor.clip_cov_ratio",
-        actor.clip_cov_ratio,
-        "is the share of tokens Clip-Cov drops: ",
-    )?;
     let (lb, ub) = (actor.clip_cov_lb, actor.clip_cov_ub);
     if !lb.is_finite() {
         return bad(
@@ -577,11 +561,7 @@ fn covariance_settings(actor: &ActorConfig) -> Check<()> {
             ),
         );
     }
-    share(
-        "actor.kl_cov_ratio",
-        actor.kl_cov_ratio,
-        "is the share of tokens KL-Cov penalises: ",
-    )
+    Ok(())
 }
 
 fn algorithm_section(algorithm: &AlgorithmConfig, max_new_tokens: usize) -> Check<()> {
