@@ -290,6 +290,22 @@ pub fn schedule_error(
         })
 }
 
+/// The error of `field` in the file `text` read from `path`, at the key's
+/// line; a key the file does not set is said to be the default.
+fn key_error(text: &str, path: &Path, field: &str, message: impl Into<String>) -> Error {
+    let line = locate::key_line(text, field);
+    let message = match line {
+        Some(_) => message.into(),
+        None => format!("{} (not set in the file: the default)", message.into()),
+    };
+    Error::Config {
+        path: path.to_owned(),
+        line,
+        field: field.into(),
+        message,
+    }
+}
+
 impl Config {
     /// Reads and validates a TOML file for a run on this machine: a CUDA
     /// device must be present if the file asks for one.
@@ -334,34 +350,17 @@ impl Config {
         if self.trainer.device != Device::Cuda || tch::Cuda::is_available() {
             return Ok(());
         }
-        let field = "trainer.device";
-        Err(Error::Config {
-            path: path.to_owned(),
-            line: locate::key_line(text, field),
-            field: field.into(),
-            message: "is \"cuda\", but libtorch sees no CUDA device on this machine (use \"cpu\"; \
-                      `colo plan --config` plans such a run anywhere)"
-                .into(),
-        })
+        let message = "is \"cuda\", but libtorch sees no CUDA device on this machine \
+                       (use \"cpu\"; `colo plan --config` plans such a run anywhere)";
+        Err(key_error(text, path, "trainer.device", message))
     }
 
     /// Parses and validates TOML text, whatever this machine's devices.
     fn parse(text: &str, path: &Path) -> Result<Self> {
         let raw: Config = toml::from_str(text).map_err(|e| locate::toml_error(&e, text, path))?;
         let written = |field: &str| locate::key_line(text, field).is_some();
-        validate::validate(raw, &written).map_err(|(field, message)| {
-            let line = locate::key_line(text, &field);
-            let message = match line {
-                Some(_) => message,
-                None => format!("{message} (not set in the file: the default)"),
-            };
-            Error::Config {
-                path: path.to_owned(),
-                line,
-                field,
-                message,
-            }
-        })
+        validate::validate(raw, &written)
+            .map_err(|(field, message)| key_error(text, path, &field, message))
     }
 
     /// The built-in task's run (an empty file).

@@ -24,30 +24,33 @@ use super::{FilterMetric, KvBudget, RunLength, Sampling};
 use crate::data::Overlong;
 use crate::task::ArithmeticTask;
 
-/// One path or a list of them (verl accepts both).
+/// One value or a list of them, as verl writes either.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum Files {
-    One(PathBuf),
-    Many(Vec<PathBuf>),
+pub enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
 }
 
-impl Default for Files {
+/// Paths: `data.train_files`, `data.val_files`.
+pub type Files = OneOrMany<PathBuf>;
+/// `trainer.logger`'s backends.
+pub type Loggers = OneOrMany<String>;
+
+impl<T> Default for OneOrMany<T> {
     fn default() -> Self {
-        Files::Many(Vec::new())
+        OneOrMany::Many(Vec::new())
     }
 }
 
-impl Files {
-    pub fn to_vec(&self) -> Vec<PathBuf> {
+/// The values, one or many.
+impl<T> std::ops::Deref for OneOrMany<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
         match self {
-            Files::One(p) => vec![p.clone()],
-            Files::Many(v) => v.clone(),
+            OneOrMany::One(v) => std::slice::from_ref(v),
+            OneOrMany::Many(v) => v,
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        matches!(self, Files::Many(v) if v.is_empty())
     }
 }
 
@@ -319,11 +322,10 @@ impl RolloutConfig {
 impl Sampling {
     /// `top_k` -1 or 0 is off.
     fn new(temperature: f64, top_p: f64, top_k: i64) -> Self {
-        let top_k = usize::try_from(top_k).ok().filter(|&k| k > 0);
         Sampling {
             temperature,
             top_p,
-            top_k,
+            top_k: positive(top_k),
         }
     }
 }
@@ -700,9 +702,7 @@ pub struct FilterGroupsConfig {
 impl FilterGroupsConfig {
     /// The most generation batches a step may draw (`None`: no limit).
     pub fn max_gen_batches(&self) -> Option<usize> {
-        usize::try_from(self.max_num_gen_batches)
-            .ok()
-            .filter(|&m| m > 0)
+        positive(self.max_num_gen_batches)
     }
 }
 
@@ -863,14 +863,6 @@ fn native_bf16(device: Device) -> bool {
     }
 }
 
-/// `trainer.logger`: one backend or a list, as verl writes either.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum Loggers {
-    One(String),
-    Many(Vec<String>),
-}
-
 /// `[trainer]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Keys, SmartDefault)]
 #[serde(default, deny_unknown_fields)]
@@ -980,9 +972,10 @@ pub struct TrainerConfig {
     pub cpu_threads: usize,
 }
 
-/// `-1` / `0` → `None` (verl's "never" for frequencies).
-fn every(freq: i64) -> Option<usize> {
-    usize::try_from(freq).ok().filter(|&f| f > 0)
+/// `-1` / `0` (any `≤ 0`) → `None`: verl's "off" for `top_k`, "never"
+/// for frequencies, "no limit" for `max_num_gen_batches`.
+fn positive(v: i64) -> Option<usize> {
+    usize::try_from(v).ok().filter(|&v| v > 0)
 }
 
 impl TrainerConfig {
@@ -998,13 +991,13 @@ impl TrainerConfig {
 
     /// Steps between checkpoints (`None`: only at the end).
     pub fn save_every(&self) -> Option<usize> {
-        every(self.save_freq)
+        positive(self.save_freq)
     }
 
     /// Steps between evaluations (`None`: only before, if
     /// `val_before_train`, and at the end).
     pub fn test_every(&self) -> Option<usize> {
-        every(self.test_freq)
+        positive(self.test_freq)
     }
 
     /// The trainer's CPU lanes (`None`: `OMP_NUM_THREADS`, else one per

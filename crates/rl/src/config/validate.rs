@@ -651,11 +651,7 @@ fn default_out_dir(project: Option<&str>, experiment: Option<&str>) -> Check<Pat
 /// backend colo does not have is an error: a run the user expects in wandb
 /// must not go silently unrecorded there.
 fn loggers(raw: &Loggers) -> Check<()> {
-    let names = match raw {
-        Loggers::One(name) => std::slice::from_ref(name),
-        Loggers::Many(names) => &names[..],
-    };
-    for name in names {
+    for name in raw.iter() {
         if !matches!(name.as_str(), "console" | "file") {
             return bad(
                 "trainer.logger",
