@@ -16,6 +16,13 @@ fn bad<T>(field: &str, message: impl Into<String>) -> Check<T> {
     Err((field.to_owned(), message.into()))
 }
 
+/// `return bad(field, format!(…))`.
+macro_rules! bail {
+    ($field:expr, $($message:tt)+) => {
+        return Err(($field.to_string(), format!($($message)+)))
+    };
+}
+
 /// The first key outside the range its declaration gives
 /// (`#[key(range = "> 0")]`, checked by colo-keys).
 fn ranges(c: &Config) -> Check<()> {
@@ -35,13 +42,11 @@ fn ranges(c: &Config) -> Check<()> {
 /// σ(τ(r − 1))·4/τ, computed in float32, stays finite and nonzero.
 fn gate_temperature(field: &str, v: f64) -> Check<()> {
     if !(v.is_finite() && (1e-6..=1e6).contains(&v)) {
-        return bad(
+        bail!(
             field,
-            format!(
-                "must be a number in [1e-6, 1e6] (SAPO's gate temperature; verl's are 1.0 \
-                 and 1.05), got {}",
-                Num(v)
-            ),
+            "must be a number in [1e-6, 1e6] (SAPO's gate temperature; verl's are 1.0 \
+             and 1.05), got {}",
+            Num(v)
         );
     }
     Ok(())
@@ -52,7 +57,7 @@ fn gate_temperature(field: &str, v: f64) -> Check<()> {
 fn frequency(field: &str, v: i64) -> Check<()> {
     match v {
         v if v >= -1 => Ok(()),
-        v => bad(field, format!("must be -1 (off) or positive, got {v}")),
+        v => bail!(field, "must be -1 (off) or positive, got {v}"),
     }
 }
 
@@ -85,10 +90,10 @@ pub(crate) fn validate(mut c: Config, written: &dyn Fn(&str) -> bool) -> Check<C
     val_only_fits(&c)?;
     let s = c.rollout.sampling();
     if c.algorithm.filter_groups.enable && (s.temperature == 0.0 || s.top_k == Some(1)) {
-        return bad(
+        bail!(
             "algorithm.filter_groups.enable",
             "greedy sampling (rollout.temperature = 0 or rollout.top_k = 1) gives all of a \
-             prompt's samples one completion, so no group varies and no step could finish",
+             prompt's samples one completion, so no group varies and no step could finish"
         );
     }
     Ok(c)
@@ -113,18 +118,18 @@ fn schedule_fits(c: &Config) -> Check<()> {
 fn dumps_fit(c: &Config) -> Check<()> {
     let t = &c.trainer;
     if t.rollout_data_dir.is_some() && t.rollout_data_dir == t.validation_data_dir {
-        return bad(
+        bail!(
             "trainer.validation_data_dir",
             "is trainer.rollout_data_dir too, where a step's samples and an evaluation's \
-             generations of the same step would overwrite each other's {step}.jsonl; name \
-             another directory",
+             generations of the same step would overwrite each other's {{step}}.jsonl; name \
+             another directory"
         );
     }
     if t.validation_data_dir.is_some() && !c.evaluates() {
-        return bad(
+        bail!(
             "trainer.validation_data_dir",
             "would hold the evaluations' generations, and the run has no held-out prompts \
-             (data.val_files or data.val_fraction); set one, or leave the key out",
+             (data.val_files or data.val_fraction); set one, or leave the key out"
         );
     }
     Ok(())
@@ -136,22 +141,18 @@ fn critic_warmup_fits(c: &Config) -> Check<()> {
     let gae = c.algorithm.adv_estimator == AdvEstimator::Gae;
     if let (true, RunLength::Steps(steps)) = (gae, c.trainer.length()) {
         if warmup >= steps {
-            return bad(
+            bail!(
                 "trainer.critic_warmup",
-                format!(
-                    "{warmup} steps of critic-only updates leave the actor none of the run's \
-                     {steps} (trainer.total_steps)"
-                ),
+                "{warmup} steps of critic-only updates leave the actor none of the run's \
+                 {steps} (trainer.total_steps)"
             );
         }
     }
     if warmup > 0 && !gae {
-        return bad(
+        bail!(
             "trainer.critic_warmup",
-            format!(
-                "{warmup} steps of critic-only updates need a critic, which only \
-                 algorithm.adv_estimator = \"gae\" trains"
-            ),
+            "{warmup} steps of critic-only updates need a critic, which only \
+             algorithm.adv_estimator = \"gae\" trains"
         );
     }
     Ok(())
@@ -185,9 +186,9 @@ fn cluster_section(cluster: &mut ClusterConfig, batch: &BatchPlan) -> Check<()> 
     };
     let w = match (cluster.workers, from_layout) {
         (Some(w), Some(d)) if w != d => {
-            return bad(
+            bail!(
                 "cluster.layout",
-                format!("uses {d} devices, but cluster.workers = {w}"),
+                "uses {d} devices, but cluster.workers = {w}"
             )
         }
         (Some(w), _) => w,
@@ -203,14 +204,11 @@ fn cluster_section(cluster: &mut ClusterConfig, batch: &BatchPlan) -> Check<()> 
                 Some(_) => "cluster.workers",
                 None => "cluster.layout",
             };
-            return bad(
-                field,
-                format!("= {w} workers do not divide {key} = {prompts} prompts: each worker takes whole prompts of every step and mini-batch"),
-            );
+            bail!(field, "= {w} workers do not divide {key} = {prompts} prompts: each worker takes whole prompts of every step and mini-batch");
         }
     }
     if (cluster.address.as_deref()).is_some_and(|a| a != "auto" && !a.contains(':')) {
-        return bad("cluster.address", "expected \"auto\" or host:port");
+        bail!("cluster.address", "expected \"auto\" or host:port");
     }
     cluster.workers = Some(w);
     Ok(())
@@ -228,19 +226,19 @@ fn sharding_fits(c: &mut Config, written: &dyn Fn(&str) -> bool) -> Check<()> {
     }
     let checkpointing = "model.enable_gradient_checkpointing";
     if !c.model.enable_gradient_checkpointing && written(checkpointing) {
-        return bad(
+        bail!(
             checkpointing,
             "is false, and cluster.sharding = \"full\" needs it true: a sharded trainer frees \
              each decoder layer's gathered weights after its forward and gathers them again to \
-             recompute the layer for its backward; set it to true or leave it out",
+             recompute the layer for its backward; set it to true or leave it out"
         );
     }
     if c.memory.colocation == Colocation::Restart {
-        return bad(
+        bail!(
             "memory.colocation",
             "= \"restart\" cannot run with cluster.sharding = \"full\": it rebuilds each \
              worker's rollout engine from the whole actor written to disk every step, and colo \
-             plan cannot check its per-worker memory; expected \"sleep\", \"staged\" or \"naive\"",
+             plan cannot check its per-worker memory; expected \"sleep\", \"staged\" or \"naive\""
         );
     }
     c.model.enable_gradient_checkpointing = true;
@@ -254,34 +252,30 @@ fn lora_fits(c: &Config) -> Check<()> {
     let m = &c.model;
     if m.lora_rank == 0 {
         if m.lora_adapter_path.is_some() {
-            return bad(
+            bail!(
                 "model.lora_adapter_path",
                 "is set and model.lora_rank is 0 (no adapters): set model.lora_rank (and \
-                 lora_alpha, target_modules) to the adapter's r, lora_alpha and target_modules",
+                 lora_alpha, target_modules) to the adapter's r, lora_alpha and target_modules"
             );
         }
         return Ok(());
     }
     if m.lora_dropout != 0.0 {
-        return bad(
+        bail!(
             "model.lora_dropout",
-            format!(
-                "= {}: only 0 is implemented (no dropout on the adapters' input)",
-                Num(m.lora_dropout)
-            ),
+            "= {}: only 0 is implemented (no dropout on the adapters' input)",
+            Num(m.lora_dropout)
         );
     }
     if let Err(why) = m.target_modules.resolve() {
         return bad("model.target_modules", why);
     }
     if c.cluster.sharding == Sharding::Full {
-        return bad(
+        bail!(
             "model.lora_rank",
-            format!(
-                "= {} cannot run with cluster.sharding = \"full\": a sharded trainer trains \
-                 every weight; set model.lora_rank = 0 or cluster.sharding = \"none\"",
-                m.lora_rank
-            ),
+            "= {} cannot run with cluster.sharding = \"full\": a sharded trainer trains \
+             every weight; set model.lora_rank = 0 or cluster.sharding = \"none\"",
+            m.lora_rank
         );
     }
     Ok(())
@@ -295,13 +289,11 @@ fn lora_fits(c: &Config) -> Check<()> {
 fn tensor_parallel_fits(c: &Config) -> Check<()> {
     let tp = c.rollout.tensor_model_parallel_size;
     if tp > 1 && c.memory.colocation == Colocation::Restart {
-        return bad(
+        bail!(
             "memory.colocation",
-            format!(
-                "= \"restart\" cannot run with rollout.tensor_model_parallel_size = {tp}: it \
-                 rebuilds the engine whole from disk every step; expected \"sleep\", \
-                 \"staged\" or \"naive\""
-            ),
+            "= \"restart\" cannot run with rollout.tensor_model_parallel_size = {tp}: it \
+             rebuilds the engine whole from disk every step; expected \"sleep\", \
+             \"staged\" or \"naive\""
         );
     }
     Ok(())
@@ -323,10 +315,7 @@ fn layout_devices(layout: &str) -> Check<usize> {
         })?;
     match dims[..] {
         [1, 1, d] => Ok(d),
-        [p, t, _] => bad(
-            "cluster.layout",
-            format!("{layout:?} has pipeline × tensor parallelism {p} × {t}: colo plan plans it, colo train executes data-parallel layouts \"1-1-N\" only"),
-        ),
+        [p, t, _] => bail!("cluster.layout", "{layout:?} has pipeline × tensor parallelism {p} × {t}: colo plan plans it, colo train executes data-parallel layouts \"1-1-N\" only"),
         _ => unreachable!("three dimensions"),
     }
 }
@@ -337,26 +326,24 @@ fn data_section(data: &DataConfig) -> Check<()> {
         (false, false, None) => {
             let t = &data.builtin;
             if t.train_size + t.val_size > t.space() {
-                return bad(
+                bail!(
                     "data.builtin.train_size",
-                    format!(
-                        "train_size + val_size exceed the task's {} distinct problems",
-                        t.space()
-                    ),
+                    "train_size + val_size exceed the task's {} distinct problems",
+                    t.space()
                 );
             }
             if t.ops.is_empty() {
-                return bad("data.builtin.ops", "needs at least one of \"+\", \"-\"");
+                bail!("data.builtin.ops", "needs at least one of \"+\", \"-\"");
             }
         }
-        (false, ..) => return bad(
+        (false, ..) => bail!(
             "data.train_files",
-            "held-out data are given but no training files (leave both out for the built-in task)",
+            "held-out data are given but no training files (leave both out for the built-in task)"
         ),
         (true, true, Some(_)) => {
-            return bad(
+            bail!(
                 "data.val_fraction",
-                "give val_files or val_fraction, not both",
+                "give val_files or val_fraction, not both"
             )
         }
         _ => {}
@@ -366,7 +353,7 @@ fn data_section(data: &DataConfig) -> Check<()> {
         ("data.answer_key", &data.answer_key),
     ] {
         if v.is_empty() {
-            return bad(field, "must not be empty");
+            bail!(field, "must not be empty");
         }
     }
     Ok(())
@@ -384,12 +371,10 @@ fn rollout_section(rollout: &RolloutConfig, estimator: AdvEstimator) -> Check<()
             | AdvEstimator::Gpg
     );
     if group && n < 2 {
-        return bad(
+        bail!(
             "rollout.n",
-            format!(
-                "adv_estimator `{}` compares samples of a prompt: n must be at least 2",
-                estimator.name()
-            ),
+            "adv_estimator `{}` compares samples of a prompt: n must be at least 2",
+            estimator.name()
         );
     }
     frequency("rollout.top_k", rollout.top_k)?;
@@ -416,9 +401,9 @@ fn batch_plan(data: &DataConfig, n: usize, longest: usize, a: &ActorConfig) -> C
         None => fitting(DEFAULT_MINI_BATCH_PROMPTS, prompts),
     };
     if !prompts.is_multiple_of(mini) {
-        return bad(
+        bail!(
             "actor.ppo_mini_batch_size",
-            format!("{mini} prompts must divide data.train_batch_size ({prompts} prompts)"),
+            "{mini} prompts must divide data.train_batch_size ({prompts} prompts)"
         );
     }
     let micro = match a.ppo_micro_batch_size {
@@ -431,25 +416,13 @@ fn batch_plan(data: &DataConfig, n: usize, longest: usize, a: &ActorConfig) -> C
     let max_tokens = match a.use_dynamic_bsz {
         false => None,
         true if a.ppo_max_token_len_per_gpu < longest => {
-            return bad(
-                "actor.ppo_max_token_len_per_gpu",
-                format!(
-                    "{} tokens cannot hold the longest sample: data.max_prompt_length + rollout.max_new_tokens = {longest} tokens",
-                    a.ppo_max_token_len_per_gpu
-                ),
-            )
+            bail!("actor.ppo_max_token_len_per_gpu", "{} tokens cannot hold the longest sample: data.max_prompt_length + rollout.max_new_tokens = {longest} tokens", a.ppo_max_token_len_per_gpu)
         }
         true => Some(a.ppo_max_token_len_per_gpu),
     };
     // With a token budget the sample count is not used (as in verl).
     if max_tokens.is_none() && !(mini * n).is_multiple_of(micro) {
-        return bad(
-            "actor.ppo_micro_batch_size",
-            format!(
-                "{micro} samples must divide a mini-batch: ppo_mini_batch_size {mini} × rollout.n {n} = {} samples",
-                mini * n
-            ),
-        );
+        bail!("actor.ppo_micro_batch_size", "{micro} samples must divide a mini-batch: ppo_mini_batch_size {mini} × rollout.n {n} = {} samples", mini * n);
     }
     let ppo_epochs = a.ppo_epochs;
     Ok(BatchPlan {
@@ -489,17 +462,15 @@ fn critic_section(c: &mut Config) {
 
 fn actor_section(actor: &ActorConfig) -> Check<()> {
     let [b1, b2] = actor.betas[..] else {
-        return bad(
+        bail!(
             "actor.betas",
-            format!("must be two numbers [β₁, β₂], got {:?}", actor.betas),
+            "must be two numbers [β₁, β₂], got {:?}",
+            actor.betas
         );
     };
     for b in [b1, b2] {
         if !(0.0..1.0).contains(&b) {
-            return bad(
-                "actor.betas",
-                format!("each must be in [0, 1), got {}", Num(b)),
-            );
+            bail!("actor.betas", "each must be in [0, 1), got {}", Num(b));
         }
     }
     gate_temperature("actor.tau_pos", actor.tau_pos)?;
@@ -526,39 +497,36 @@ fn clip_range(actor: &ActorConfig) -> Check<()> {
     };
     // colo-algo writes the value with `{}`: every digit of 1e300.
     let value = value.parse().map_or(value, |v: f64| Num(v).to_string());
-    bad(&format!("actor.{field}"), format!("{reason}, got {value}"))
+    bail!(&format!("actor.{field}"), "{reason}, got {value}")
 }
 
 /// Clip-Cov's covariance range.
 fn covariance_settings(actor: &ActorConfig) -> Check<()> {
     let (lb, ub) = (actor.clip_cov_lb, actor.clip_cov_ub);
     if !lb.is_finite() {
-        return bad(
+        bail!(
             "actor.clip_cov_lb",
-            format!("must be a finite number, got {}", Num(lb)),
+            "must be a finite number, got {}",
+            Num(lb)
         );
     }
     if ub.is_finite() && ub <= lb && ub == ActorConfig::default().clip_cov_ub {
         // The file moved the lower bound past the default upper one.
-        return bad(
+        bail!(
             "actor.clip_cov_lb",
-            format!(
-                "must be below actor.clip_cov_ub = {} (Clip-Cov draws tokens whose \
-                 covariance lies between them; set clip_cov_ub too), got {}",
-                Num(ub),
-                Num(lb)
-            ),
+            "must be below actor.clip_cov_ub = {} (Clip-Cov draws tokens whose \
+             covariance lies between them; set clip_cov_ub too), got {}",
+            Num(ub),
+            Num(lb)
         );
     }
     if !(ub.is_finite() && ub > lb) {
-        return bad(
+        bail!(
             "actor.clip_cov_ub",
-            format!(
-                "must be a finite number above actor.clip_cov_lb = {} (Clip-Cov draws tokens \
-                 whose covariance lies between them), got {}",
-                Num(lb),
-                Num(ub)
-            ),
+            "must be a finite number above actor.clip_cov_lb = {} (Clip-Cov draws tokens \
+             whose covariance lies between them), got {}",
+            Num(lb),
+            Num(ub)
         );
     }
     Ok(())
@@ -567,32 +535,30 @@ fn covariance_settings(actor: &ActorConfig) -> Check<()> {
 fn algorithm_section(algorithm: &AlgorithmConfig, max_new_tokens: usize) -> Check<()> {
     let ob = &algorithm.overlong_buffer;
     if ob.enable && (ob.len == 0 || ob.len > max_new_tokens) {
-        return bad(
+        bail!(
             "algorithm.overlong_buffer.len",
-            format!(
-                "must be 1 to rollout.max_new_tokens = {max_new_tokens} (the tokens before \
-                 the limit over which the punishment grows), got {}",
-                ob.len
-            ),
+            "must be 1 to rollout.max_new_tokens = {max_new_tokens} (the tokens before \
+             the limit over which the punishment grows), got {}",
+            ob.len
         );
     }
     if algorithm.filter_groups.enable {
         match &algorithm.filter_groups.metric {
             FilterMetric::Extra(name) if name.trim().is_empty() => {
-                return bad(
+                bail!(
                     "algorithm.filter_groups.metric",
                     "must name what varies within a group: \"acc\", \"score\", \"seq_reward\", \
-                     \"seq_final_reward\", or a number the reward returns beside its score",
+                     \"seq_final_reward\", or a number the reward returns beside its score"
                 )
             }
             // verl filters after the KL penalty of the generation batch;
             // colo computes that penalty on the kept samples only.
             FilterMetric::SeqFinalReward if algorithm.use_kl_in_reward => {
-                return bad(
+                bail!(
                     "algorithm.filter_groups.metric",
                     "\"seq_final_reward\" with algorithm.use_kl_in_reward needs the KL penalty \
                      before the filter, and colo computes it on the kept samples: filter on \
-                     \"seq_reward\" (the rewards before the penalty) or \"acc\"",
+                     \"seq_reward\" (the rewards before the penalty) or \"acc\""
                 )
             }
             _ => {}
@@ -609,13 +575,11 @@ fn gen_batch(c: &Config) -> Check<usize> {
         (None, _) => Ok(prompts),
         (Some(g), true) => Ok(g),
         (Some(g), false) if g == prompts => Ok(g),
-        (Some(g), false) => bad(
+        (Some(g), false) => bail!(
             "data.gen_batch_size",
-            format!(
-                "= {g} prompts differs from data.train_batch_size = {prompts}, and only dynamic \
-                 sampling (algorithm.filter_groups.enable) generates more than it trains on; \
-                 enable it, or leave gen_batch_size out"
-            ),
+            "= {g} prompts differs from data.train_batch_size = {prompts}, and only dynamic \
+             sampling (algorithm.filter_groups.enable) generates more than it trains on; \
+             enable it, or leave gen_batch_size out"
         ),
     }
 }
@@ -630,12 +594,10 @@ fn default_out_dir(project: Option<&str>, experiment: Option<&str>) -> Check<Pat
     ] {
         let Some(name) = name else { continue };
         if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\\']) {
-            return bad(
+            bail!(
                 field,
-                format!(
-                    "{name:?} names the run directory runs/{{project_name}}/{{experiment_name}}: \
-                     it must be one non-empty path component (or set trainer.out_dir)"
-                ),
+                "{name:?} names the run directory runs/{{project_name}}/{{experiment_name}}: \
+                 it must be one non-empty path component (or set trainer.out_dir)"
             );
         }
         dir.push(name);
@@ -653,13 +615,11 @@ fn default_out_dir(project: Option<&str>, experiment: Option<&str>) -> Check<Pat
 fn loggers(raw: &Loggers) -> Check<()> {
     for name in raw.iter() {
         if !matches!(name.as_str(), "console" | "file") {
-            return bad(
+            bail!(
                 "trainer.logger",
-                format!(
-                    "{name:?} is not a logger colo has: it writes the console and metrics.jsonl \
-                     in the run directory (verl's \"console\" and \"file\"), always; \
-                     remove {name:?}, or read metrics.jsonl into {name} after the run"
-                ),
+                "{name:?} is not a logger colo has: it writes the console and metrics.jsonl \
+                 in the run directory (verl's \"console\" and \"file\"), always; \
+                 remove {name:?}, or read metrics.jsonl into {name} after the run"
             );
         }
     }
@@ -684,7 +644,7 @@ fn trainer_section(t: &mut TrainerConfig) -> Check<()> {
         ("trainer.validation_data_dir", &t.validation_data_dir),
     ] {
         if dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
-            return bad(field, "must name a directory, got \"\"");
+            bail!(field, "must name a directory, got \"\"");
         }
     }
     Ok(())
