@@ -95,54 +95,35 @@ fn write_table(
 ) -> std::result::Result<(), String> {
     let _ = writeln!(out, "\n[{path}]");
     let prefix = format!("{path}.");
-    // `(index in docs(), the line "key = value")`; `None` for an unset key.
-    let mut rows: Vec<(usize, Option<String>)> = Vec::new();
-    for (k, v) in t {
-        if matches!(v, Value::Table(_)) {
-            continue;
+    let mut leaves = t.iter().filter(|(_, v)| !v.is_table());
+    if free_form(path) {
+        for (k, v) in leaves {
+            let _ = writeln!(out, "{k} = {}", value_text(v));
         }
-        let full = format!("{prefix}{k}");
-        if free_form(path) {
-            rows.push((usize::MAX, Some(format!("{k} = {}", value_text(v)))));
-            continue;
-        }
-        let i = (docs().iter())
-            .position(|d| d.key == full)
-            .ok_or_else(|| format!("`{full}` is not a key of the config's structs"))?;
-        rows.push((i, Some(format!("{k} = {}", value_text(v)))));
+    } else if let Some((k, _)) = leaves.find(|(k, _)| {
+        !docs()
+            .iter()
+            .any(|d| d.key.strip_prefix(&prefix) == Some(k))
+    }) {
+        return Err(format!(
+            "`{prefix}{k}` is not a key of the config's structs"
+        ));
     }
-    // Optional keys that are unset, at their place in docs() order.
-    rows.extend(
-        (docs().iter())
-            .enumerate()
-            .filter(|(_, d)| {
-                d.key
-                    .strip_prefix(&prefix)
-                    .is_some_and(|k| !k.contains('.') && !t.contains_key(k))
-                    && !d.k.unset.is_empty()
-                    && relevant(d, t)
-            })
-            .map(|(i, _)| (i, None)),
-    );
-    rows.sort_by_key(|r| r.0);
-    for (i, line) in rows {
-        let Some(d) = docs().get(i) else {
-            let _ = writeln!(out, "{}", line.unwrap_or_default());
+    for d in docs() {
+        let Some(k) = d.key.strip_prefix(&prefix).filter(|k| !k.contains('.')) else {
             continue;
+        };
+        let line = match t.get(k) {
+            Some(Value::Table(_)) => continue,
+            Some(v) => format!("{k} = {}", value_text(v)),
+            // An optional key that is unset (for a reward key: of this kind).
+            None if !d.k.unset.is_empty() && relevant(d, t) => format!("# {k} = …  (unset)"),
+            None => continue,
         };
         let default = lookup(defaults, &d.key)
             .map(value_text)
             .or_else(|| reward_default(&d.key));
-        let _ = writeln!(out, "# {}", comment(d, default.as_deref()));
-        match line {
-            Some(line) => {
-                let _ = writeln!(out, "{line}");
-            }
-            None => {
-                let k = &d.key[prefix.len()..];
-                let _ = writeln!(out, "# {k} = …  (unset)");
-            }
-        }
+        let _ = writeln!(out, "# {}\n{line}", comment(d, default.as_deref()));
     }
     for (k, v) in t {
         if let Value::Table(sub) = v {
