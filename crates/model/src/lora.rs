@@ -192,9 +192,9 @@ impl StackedAdapter {
     ///
     /// Each product is one kernel on the calling thread: colo-kernels'
     /// `skinny_linear` for a few bfloat16 rows on the CPU (then an add),
-    /// else an `addmm_` into the part's columns. Not [`linear`], whose
-    /// split of a wide pass's columns over its lanes costs more in
-    /// hand-offs than these products of rank columns take.
+    /// else an `addmm_` into the part's columns. Not [`linear`], which
+    /// inside a wide pass would hand each of these rank-sized products to
+    /// the pass's lanes.
     pub(crate) fn add_to(&self, x: &Tensor, y: Tensor) -> Result<Tensor> {
         let small = |x: &Tensor, w: &Tensor| -> Result<Tensor> {
             Ok(match colo_kernels::skinny_linear_fits(x, w, None) {

@@ -16,7 +16,7 @@
 //! two small products and an add per part per forward. `colo bench lora`
 //! measures both (BENCHMARKS.md, "LoRA"): at Qwen2.5-0.5B's shape in
 //! bfloat16 on 2 cores, all-linear, the merge adds 0.06 s (rank 8) to
-//! 0.15 s (rank 64) to a switch, the adapters 9–17% to a rollout of 16
+//! 0.15 s (rank 64) to a switch, the adapters 15–23% to a rollout of 16
 //! rows and 3–8% to one of 64, so merging wins above 150–770 rollout
 //! tokens per switch, fewer than any RL step generates. colo-rl therefore
 //! merges (colo-train's `visit_parameters`); this is the engine's side of

@@ -162,10 +162,15 @@ struct LoadReport {
     /// Rollout tokens per switch above which merging wins (infinite, or
     /// `null` in JSON, when the adapters cost nothing at decode).
     break_even_tokens: f64,
-    /// The same two in CPU seconds.
+    /// The same two in CPU seconds; the break-even `None` for a merged
+    /// switch under [`CPU_RESOLUTION_S`] of CPU time.
     extra_cpu_per_token_s: f64,
-    break_even_cpu_tokens: f64,
+    break_even_cpu_tokens: Option<f64>,
 }
+
+/// How stale a running thread's CPU time in `schedstat` may be: the kernel
+/// adds a thread's current slice at its next tick (4 ms at 250 Hz).
+const CPU_RESOLUTION_S: f64 = 0.01;
 
 #[derive(Debug, serde::Serialize)]
 struct Report {
@@ -484,7 +489,8 @@ fn measure(
                 extra_per_token_s: extra,
                 break_even_tokens: even(m.seconds - d.seconds, extra),
                 extra_cpu_per_token_s: extra_cpu,
-                break_even_cpu_tokens: even(m.cpu_seconds - d.cpu_seconds, extra_cpu),
+                break_even_cpu_tokens: (m.cpu_seconds >= CPU_RESOLUTION_S)
+                    .then(|| even(m.cpu_seconds - d.cpu_seconds, extra_cpu)),
                 decode: r,
             });
         }
@@ -542,11 +548,14 @@ fn print_report(r: &Report) {
                 d.decode_step_s * 1e3,
                 100.0 * (d.decode_step_s / m.decode_step_s - 1.0),
             );
+            let by_cpu = match lr.break_even_cpu_tokens {
+                Some(t) => format!("{t:.0} by CPU time"),
+                None => "the switch's CPU time is below the counters' resolution".into(),
+            };
             println!(
-                "  {:>10} merging wins above {:.0} rollout tokens per switch ({:.0} by CPU time)",
+                "  {:>10} merging wins above {:.0} rollout tokens per switch ({by_cpu})",
                 shape(&lr.load),
                 lr.break_even_tokens,
-                lr.break_even_cpu_tokens
             );
         }
     }
