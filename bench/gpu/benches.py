@@ -1,5 +1,6 @@
-"""One line per run of bench/gpu/benches.sh's JSON (`colo bench train` and
-`colo bench rollout` reports, each with the name the script gave it)."""
+"""One line per run of bench/gpu/benches.sh's JSON (`colo bench train`,
+`colo bench rollout` and `colo bench lora` reports, each with the name the
+script gave it)."""
 
 import json
 import sys
@@ -26,10 +27,30 @@ def rollout(r):
     )
 
 
+def lora(r):
+    def wins(x):
+        load = "{prompts}x{n}x{max_new_tokens}".format(**x["load"])
+        if x["break_even_tokens"] is None:
+            return f"{load}: the adapters cost nothing at decode, merging never wins"
+        return f"{load}: merging wins above {x['break_even_tokens']:.0f} rollout tokens a switch"
+
+    return "; ".join(
+        f"rank {k['rank']}: switch merged {k['merged_switch']['seconds'] * 1e3:.1f} ms, adapters only "
+        f"{k['adapters_switch']['seconds'] * 1e3:.1f} ms; " + ", ".join(map(wins, k["loads"]))
+        for k in r["ranks"]
+    )
+
+
+def summary(r):
+    if "ranks" in r:
+        return lora(r)
+    return train(r) if "runs" in r else rollout(r)
+
+
 for line in open(sys.argv[1]):
     try:
         r = json.loads(line)
     except json.JSONDecodeError:
         print(line.strip())
         continue
-    print(f"{r.get('name', '')}: {train(r) if 'runs' in r else rollout(r)}")
+    print(f"{r.get('name', '')}: {summary(r)}")
