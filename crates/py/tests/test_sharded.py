@@ -126,7 +126,8 @@ class ShardedResume(unittest.TestCase):
         whole = train(self.config("whole", 4, True), os.path.join(self.tmp, "whole"), 2, log=quiet)["history"]
         first = os.path.join(self.tmp, "first")
         train(self.config("first", 2, True), first, 2, log=quiet)
-        for workers, shard in ((1, False), (2, False), (2, True)):
+        # (1, True): a sharded rank alone, its gathers at world size 1.
+        for workers, shard in ((1, False), (1, True), (2, False), (2, True)):
             out = os.path.join(self.tmp, f"resumed-{workers}-{shard}")
             shutil.copytree(first, out)
             cfg = self.config(f"rest-{workers}-{shard}", 4, shard)

@@ -157,6 +157,13 @@ impl<'a> Run<'a> {
                  Ray workers; set cluster.workers to a multiple of {tp}"
             )));
         }
+        // A sharded run on one device (no Ray): the sharded actor alone,
+        // its gathers and reduce-scatters copies, as a sharded rank of
+        // one runs on Ray.
+        let mut peers = peers;
+        if config.cluster.sharding == crate::config::Sharding::Full && peers.actor.is_none() {
+            peers.actor = Some(Box::new(colo_train::Solo));
+        }
         let spec = WorkerSpec {
             model_dir: model_dir.clone(),
             actor: trainer_config(config, total_steps),

@@ -72,7 +72,8 @@ impl RunPlan {
     /// or "per device" for a run in one process.
     pub fn scope(&self) -> String {
         match (self.workers, self.sharded) {
-            (1, _) => "per device".into(),
+            (1, false) => "per device".into(),
+            (1, true) => "per device (sharding full: one shard)".into(),
             (w, true) => format!("per worker ({w} workers, sharding full)"),
             (w, false) => format!("per worker ({w} workers, sharding none)"),
         }
@@ -92,6 +93,8 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
     let workers = config.cluster.workers();
     let config = &colo_rl::data_parallel::rank_config(config, workers)?;
     let shards = config.cluster.shards() as u64;
+    // A sharded actor, on one worker too (its gathers are copies).
+    let sharded = config.cluster.sharding == colo_rl::config::Sharding::Full;
     let tg = config.rollout.tensor_model_parallel_size.max(1) as u64;
     let mode = match config.memory.colocation {
         Colocation::Naive => "naive",
@@ -137,7 +140,7 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         }
         .into(),
         // (A sharded config has it on: validation resolves it so.)
-        activation_checkpointing: config.model.enable_gradient_checkpointing || shards > 1,
+        activation_checkpointing: config.model.enable_gradient_checkpointing || sharded,
         tokens_per_micro_batch: micro_tokens,
         logprob_tokens_per_micro_batch: Some(micro_tokens),
         kv_free_fraction,
@@ -163,7 +166,7 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         fused_loss_head: Some(config.trainer.device == Device::Cpu),
         mode: mode.into(),
         offload,
-        weight_sync: match (shards > 1, offload.train_param) {
+        weight_sync: match (sharded, offload.train_param) {
             (true, _) => WeightSync::Gather,
             (false, true) => WeightSync::Full,
             (false, false) => WeightSync::InPlace,
@@ -178,7 +181,7 @@ pub fn from_config(config: &Config) -> Result<RunPlan> {
         capacity,
         max_prompt_tokens,
         workers,
-        sharded: shards > 1,
+        sharded,
     })
 }
 

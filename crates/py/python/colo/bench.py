@@ -28,8 +28,8 @@ what every rank would receive if each gathered the whole model from
 elsewhere. The sync's gathers are among the step's all-gathers. A sharded config resolves
 activation checkpointing to on (each layer gathered again for its
 backward), so its update recomputes every layer's forward. On one worker
-`full` is one shard: the trainer keeps its whole state, as a replicated
-one does, and all-reduces (with itself) instead of gathering.
+`full` is one shard: the sharded trainer keeps its whole state, and its
+gathers and reduce-scatters are copies (world size 1).
 """
 
 import argparse

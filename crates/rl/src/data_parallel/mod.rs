@@ -160,8 +160,9 @@ impl Rank {
         let total = global.total_steps(train.len());
         let mut collective = collective;
         // `[cluster] sharding = "full"`: the actor keeps 1/world of its
-        // state, joined to the other ranks from the start.
-        let sharded = global.cluster.sharding == Sharding::Full && world > 1;
+        // state, joined to the other ranks from the start (one rank alone
+        // too, as FSDP at world size 1: its gathers are copies).
+        let sharded = global.cluster.sharding == Sharding::Full;
         let peers = WorkerPeers {
             actor: sharded.then(&mut collective),
             rollout: check_group(global, rank, rollout_group)?,
