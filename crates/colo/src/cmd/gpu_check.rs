@@ -19,7 +19,10 @@
 //! 6. the built-in `colo train` on CUDA (a few steps, or all with `--full`),
 //!    and two steps with `offload_policy = "always"` whose every emptied
 //!    activations cache must hold nothing (no cuBLAS workspace, no kept
-//!    MemPool pinning a segment of it).
+//!    MemPool pinning a segment of it);
+//! 7. the sharded trainer with one shard (`[cluster] sharding = "full"` on
+//!    one device, `gpu_sharded.rs`): three steps whose collectives are
+//!    counted and whose first matches the unsharded actor's.
 //!
 //! Each check prints its figures; the summary lists pass/fail and the exit
 //! status is 1 if any failed.
@@ -67,6 +70,10 @@ pub fn run(a: Args) -> Result<()> {
             super::bench_colocate::check_on(colo_rl::config::Device::Cuda),
         ));
         results.push(("train", train(&a)));
+        results.push((
+            "sharded",
+            super::gpu_sharded::check(colo_rl::config::Device::Cuda, &a.out.join("sharded")),
+        ));
     }
     println!("\n== colo gpu-check summary");
     let mut failed = 0;

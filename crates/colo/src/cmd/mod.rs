@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod generate;
 pub mod gpu_check;
 mod gpu_graphs;
+mod gpu_sharded;
 pub mod init_model;
 pub mod plan;
 pub mod plan_config;
