@@ -31,9 +31,12 @@ fn config(device: Device, sharding: Sharding) -> colo_rl::Config {
     c
 }
 
-/// Each step record's `(actor/grad_norm, perf/reshard_sent_bytes,
-/// timing_s/shard_collectives)`.
-fn steps(run: &Path) -> Result<Vec<(f64, Option<u64>, Option<f64>)>> {
+/// A step record's `actor/grad_norm`, `perf/reshard_sent_bytes` and
+/// `timing_s/shard_collectives`.
+type Step = (f64, Option<u64>, Option<f64>);
+
+/// Each step record of the run in `run`.
+fn steps(run: &Path) -> Result<Vec<Step>> {
     let path = run.join("metrics.jsonl");
     let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
     let mut out = vec![];
