@@ -185,6 +185,22 @@ impl SliceReader {
         let files = (paths.iter())
             .map(|f| Ranged::open(f))
             .collect::<Result<Vec<_>>>()?;
+        // A tensor in two shards is refused, as colo-model's whole load
+        // refuses it: which one holds it would be a guess.
+        let mut holder: HashMap<String, &Path> = HashMap::new();
+        for f in &files {
+            for name in f.meta.tensors().into_keys() {
+                if let Some(first) = holder.insert(name.clone(), &f.path) {
+                    return Err(Error::CheckpointState {
+                        path: f.path.clone(),
+                        reason: format!(
+                            "`{name}` is also in {}: which shard holds it is ambiguous",
+                            first.display()
+                        ),
+                    });
+                }
+            }
+        }
         Ok(SliceReader {
             read: ShardRead {
                 file_bytes: files.iter().map(Ranged::data_bytes).sum(),
@@ -436,6 +452,24 @@ mod tests {
         let err = SliceReader::weights(dir.path()).err().unwrap().to_string();
         assert!(
             err.contains("pytorch_model.bin") && err.contains("safe_serialization"),
+            "{err}"
+        );
+    }
+
+    /// A tensor two shards of a split checkpoint both hold is refused,
+    /// naming it and both files.
+    #[test]
+    fn a_tensor_in_two_shards_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = || Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
+        let (a, b) = ("model-1.safetensors", "model-2.safetensors");
+        Tensor::write_safetensors(&[("x", t()), ("y", t())], dir.path().join(a)).unwrap();
+        Tensor::write_safetensors(&[("y", t())], dir.path().join(b)).unwrap();
+        let index = format!(r#"{{"weight_map": {{"x": "{a}", "y": "{b}"}}}}"#);
+        std::fs::write(dir.path().join("model.safetensors.index.json"), index).unwrap();
+        let err = SliceReader::weights(dir.path()).err().unwrap().to_string();
+        assert!(
+            err.contains("`y`") && err.contains(a) && err.contains(b),
             "{err}"
         );
     }
