@@ -173,37 +173,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     tch::manual_seed(a.seed as i64);
     let (pool, device) = super::bench::pool_on(a.device)?;
     let (cfg, weights) = load_model(a.model.as_deref(), device)?;
-    let vocab = u32::try_from(cfg.vocab_size).unwrap_or(u32::MAX);
-    anyhow::ensure!(
-        a.stop_tokens < vocab,
-        "--stop-tokens {}: the model's vocabulary has {vocab} ids, and prompts need some \
-         that are not stop tokens (expected fewer than {vocab})",
-        a.stop_tokens
-    );
-    let prompts: Vec<Vec<u32>> = (0..a.prompts)
-        .map(|i| prompt(i, vocab, a.stop_tokens))
-        .collect();
-    let params = SamplingParams {
-        n: a.n,
-        max_new_tokens: a.max_new_tokens,
-        temperature: 1.0,
-        stop_token_ids: (0..a.stop_tokens).collect(),
-        seed: a.seed,
-        ..SamplingParams::default()
-    };
+    let (prompts, params) = job(&a, cfg.vocab_size)?;
 
-    // colo's engine. The KV pool holds every sequence at full length, so
-    // the run measures batching and paging, not preemption.
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + a.max_new_tokens;
-    let colo_threads = a
-        .threads
-        .unwrap_or(colo_rl::Config::builtin().rollout.cpu_threads);
-    let ecfg = EngineConfig {
-        max_batch: a.batch,
-        cpu_threads: colo_threads,
-        enforce_eager: a.enforce_eager,
-        ..EngineConfig::with_kv_tokens(a.batch.max(a.n) * longest)
-    };
+    let (ecfg, longest) = engine_config(&a, &prompts);
+    let colo_threads = ecfg.cpu_threads;
     let mut engine = Engine::new(&cfg, &weights, None, pool, &ecfg)?;
     let reqs: Vec<Request> = prompts
         .iter()
@@ -252,13 +225,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
     // The baseline, on a heap copy of the same weights.
     let model = Model::load(&cfg, &weights)?;
-    tch::set_num_threads(base_threads);
-    baseline(&model, &prompts[..1], &warm, a.batch).context("baseline warm-up")?;
-    let t = Instant::now();
-    let base = baseline(&model, &prompts, &params, a.batch).context("baseline");
-    let baseline_seconds = t.elapsed().as_secs_f64();
-    tch::set_num_threads(all);
-    let (base_tokens, base_kv) = base?;
+    let (base_tokens, base_kv, baseline_seconds) =
+        timed_baseline(&model, &prompts, [&warm, &params], a.batch, base_threads)?;
 
     let tokens_per_s = stats.generated_tokens as f64 / seconds;
     let baseline_tokens_per_s = base_tokens as f64 / baseline_seconds;
@@ -288,47 +256,117 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         baseline_threads: base_threads,
         cuda_graphs: engine.cuda_graphs(),
     };
-    if a.json {
-        println!("{}", serde_json::to_string(&r)?);
-    } else {
-        let named = match &a.model {
-            Some(_) => format!(" {} ({})", r.model, r.dtype),
-            None => String::new(),
-        };
-        println!(
-            "{} prompts × n={} × ≤{} new tokens, {} M-parameter model{named}, batch {}",
-            r.prompts,
-            r.n,
-            r.max_new_tokens,
-            r.model_parameters as f64 / 1e6,
-            r.batch
-        );
-        println!(
-            "colo-rollout  {:>8} tokens in {:>7.2} s = {:>9.1} tokens/s, peak KV {}",
-            r.generated_tokens,
-            r.seconds,
-            r.tokens_per_s,
-            colo_mem::fmt_bytes(r.kv_peak_bytes as u64)
-        );
-        println!(
-            "baseline      {:>8} tokens in {:>7.2} s = {:>9.1} tokens/s, peak KV {}",
-            r.baseline_generated_tokens,
-            r.baseline_seconds,
-            r.baseline_tokens_per_s,
-            colo_mem::fmt_bytes(r.baseline_kv_peak_bytes as u64)
-        );
-        match a.device {
-            colo_rl::config::Device::Cpu => println!(
-                "speedup {:.2}× (threads: colo {} lanes of one, baseline {} intra-op)",
-                r.speedup, r.threads, r.baseline_threads
-            ),
-            colo_rl::config::Device::Cuda => println!(
-                "speedup {:.2}× (both on CUDA; colo replays {} CUDA graphs)",
-                r.speedup, r.cuda_graphs
-            ),
-        }
+    match a.json {
+        true => println!("{}", serde_json::to_string(&r)?),
+        false => print_table(&a, &r),
     }
     Ok(())
+}
+
+/// The job's prompts (ids past the stop tokens, as [`prompt`] makes them)
+/// and its sampling: temperature 1, the first `--stop-tokens` ids stop.
+fn job(a: &Args, vocab_size: usize) -> anyhow::Result<(Vec<Vec<u32>>, SamplingParams)> {
+    let vocab = u32::try_from(vocab_size).unwrap_or(u32::MAX);
+    anyhow::ensure!(
+        a.stop_tokens < vocab,
+        "--stop-tokens {}: the model's vocabulary has {vocab} ids, and prompts need some \
+         that are not stop tokens (expected fewer than {vocab})",
+        a.stop_tokens
+    );
+    let prompts: Vec<Vec<u32>> = (0..a.prompts)
+        .map(|i| prompt(i, vocab, a.stop_tokens))
+        .collect();
+    let params = SamplingParams {
+        n: a.n,
+        max_new_tokens: a.max_new_tokens,
+        temperature: 1.0,
+        stop_token_ids: (0..a.stop_tokens).collect(),
+        seed: a.seed,
+        ..SamplingParams::default()
+    };
+    Ok((prompts, params))
+}
+
+/// The report as a few lines: the job, each engine's tokens/s and KV peak,
+/// the speed-up.
+fn print_table(a: &Args, r: &Report) {
+    let named = match &a.model {
+        Some(_) => format!(" {} ({})", r.model, r.dtype),
+        None => String::new(),
+    };
+    println!(
+        "{} prompts × n={} × ≤{} new tokens, {} M-parameter model{named}, batch {}",
+        r.prompts,
+        r.n,
+        r.max_new_tokens,
+        r.model_parameters as f64 / 1e6,
+        r.batch
+    );
+    println!(
+        "colo-rollout  {:>8} tokens in {:>7.2} s = {:>9.1} tokens/s, peak KV {}",
+        r.generated_tokens,
+        r.seconds,
+        r.tokens_per_s,
+        colo_mem::fmt_bytes(r.kv_peak_bytes as u64)
+    );
+    println!(
+        "baseline      {:>8} tokens in {:>7.2} s = {:>9.1} tokens/s, peak KV {}",
+        r.baseline_generated_tokens,
+        r.baseline_seconds,
+        r.baseline_tokens_per_s,
+        colo_mem::fmt_bytes(r.baseline_kv_peak_bytes as u64)
+    );
+    match a.device {
+        colo_rl::config::Device::Cpu => println!(
+            "speedup {:.2}× (threads: colo {} lanes of one, baseline {} intra-op)",
+            r.speedup, r.threads, r.baseline_threads
+        ),
+        colo_rl::config::Device::Cuda => println!(
+            "speedup {:.2}× (both on CUDA; colo replays {} CUDA graphs)",
+            r.speedup, r.cuda_graphs
+        ),
+    }
+}
+
+/// colo's engine for the job, and its longest sequence. The KV pool holds
+/// every sequence at full length, so the run measures batching and
+/// paging, not preemption.
+fn engine_config(a: &Args, prompts: &[Vec<u32>]) -> (EngineConfig, usize) {
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + a.max_new_tokens;
+    let colo_threads = a
+        .threads
+        .unwrap_or(colo_rl::Config::builtin().rollout.cpu_threads);
+    let ecfg = EngineConfig {
+        max_batch: a.batch,
+        cpu_threads: colo_threads,
+        enforce_eager: a.enforce_eager,
+        ..EngineConfig::with_kv_tokens(a.batch.max(a.n) * longest)
+    };
+    (ecfg, longest)
+}
+
+/// The baseline's warm-up (`sampling[0]` on the first prompt) and its
+/// timed run (`sampling[1]` on all) with `threads` intra-op threads, the
+/// process's count put back after: the real tokens, the contiguous cache's
+/// peak bytes and the run's seconds.
+fn timed_baseline(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    sampling: [&SamplingParams; 2],
+    batch: usize,
+    threads: i32,
+) -> anyhow::Result<(u64, usize, f64)> {
+    let all = tch::get_num_threads();
+    tch::set_num_threads(threads);
+    let run = || -> anyhow::Result<(u64, usize, f64)> {
+        baseline(model, &prompts[..1], sampling[0], batch).context("baseline warm-up")?;
+        let t = Instant::now();
+        let (tokens, kv) = baseline(model, prompts, sampling[1], batch).context("baseline")?;
+        Ok((tokens, kv, t.elapsed().as_secs_f64()))
+    };
+    let out = run();
+    tch::set_num_threads(all);
+    out
 }
 
 /// Static batches of `batch` sequences (each sample a row of its own, with
