@@ -339,25 +339,7 @@ fn memory(a: MemoryArgs, matches: Option<&clap::ArgMatches>) -> Result<()> {
         }
     }
     if let Some(run) = run_config(&a)? {
-        let plan = run.input.validate()?;
-        let report = estimate(&plan)?;
-        if a.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
-        } else {
-            let m = &plan.model;
-            println!(
-                "colo train run, {}: {:.2}M params ({}), capacity {}, mode {}, longest prompt {} tokens, {} KV tokens\n",
-                run.scope(),
-                m.params() as f64 / 1e6,
-                run.input.param_dtype,
-                colo_mem::fmt_bytes(run.capacity),
-                run.input.mode,
-                run.max_prompt_tokens,
-                report.kv_tokens,
-            );
-            print!("{}", report.table());
-        }
-        return Ok(());
+        return print_run_plan(&run, a.json);
     }
     let input = PlanInput {
         model: match a.config {
@@ -428,6 +410,29 @@ fn memory(a: MemoryArgs, matches: Option<&clap::ArgMatches>) -> Result<()> {
         );
         print!("{}", report.table());
     }
+    Ok(())
+}
+
+/// A `colo train` run config's plan: JSON, or its header line and table.
+fn print_run_plan(run: &super::plan_config::RunPlan, json: bool) -> Result<()> {
+    let plan = run.input.validate()?;
+    let report = estimate(&plan)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    let m = &plan.model;
+    println!(
+        "colo train run, {}: {:.2}M params ({}), capacity {}, mode {}, longest prompt {} tokens, {} KV tokens\n",
+        run.scope(),
+        m.params() as f64 / 1e6,
+        run.input.param_dtype,
+        colo_mem::fmt_bytes(run.capacity),
+        run.input.mode,
+        run.max_prompt_tokens,
+        report.kv_tokens,
+    );
+    print!("{}", report.table());
     Ok(())
 }
 
