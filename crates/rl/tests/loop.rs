@@ -23,12 +23,8 @@ fn config(dir: &Path, steps: usize, mode: &str) -> Config {
 /// 16 arithmetic prompts, a quarter held out, 2 a step; the parity
 /// reward; a checkpoint every step, an evaluation every 2.
 fn run_toml(dir: &Path, steps: usize, mode: &str, estimator: &str) -> RunToml {
-    let data = common::write_arith_data(dir, 16);
-    let script = common::write_parity_reward(dir, None);
-    common::fixture_run(&data, 2)
-        .with(&common::python_reward(&script))
-        .with(&format!(
-            r#"
+    common::parity_run(dir).with(&format!(
+        r#"
 [algorithm]
 adv_estimator = "{estimator}"
 
@@ -42,7 +38,7 @@ total_steps = {steps}
 save_freq = 1
 test_freq = 2
 "#
-        ))
+    ))
 }
 
 /// The metrics that must not depend on wall time.

@@ -13,10 +13,7 @@ mod common;
 use common::steps_of;
 
 fn config(dir: &Path, steps: usize) -> Config {
-    let data = common::write_arith_data(dir, 16);
-    let script = common::write_parity_reward(dir, None);
-    common::fixture_run(&data, 2)
-        .with(&common::python_reward(&script))
+    common::parity_run(dir)
         .with(&format!(
             r#"
 [model]

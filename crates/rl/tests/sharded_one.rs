@@ -12,10 +12,7 @@ mod common;
 use common::steps_of;
 
 fn config(dir: &Path, sharding: &str) -> Config {
-    let data = common::write_arith_data(dir, 16);
-    let script = common::write_parity_reward(dir, None);
-    common::fixture_run(&data, 2)
-        .with(&common::python_reward(&script))
+    common::parity_run(dir)
         .with(&format!(
             r#"
 [model]

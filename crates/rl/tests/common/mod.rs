@@ -143,6 +143,14 @@ impl RunToml {
     }
 }
 
+/// [`fixture_run`] over 16 arithmetic prompts in `dir`, micro-batches of
+/// 2, scored by the parity reward (an external python3 script).
+pub fn parity_run(dir: &Path) -> RunToml {
+    let data = write_arith_data(dir, 16);
+    let script = write_parity_reward(dir, None);
+    fixture_run(&data, 2).with(&python_reward(&script))
+}
+
 /// `[reward]`: `script` run with python3 (an external reward).
 pub fn python_reward(script: &Path) -> String {
     format!(
