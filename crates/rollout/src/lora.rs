@@ -140,6 +140,15 @@ impl Engine {
         let pool = self.pool().clone();
         let cfg = self.model()?.config().clone();
         let rank = lora.rank as i64;
+        // Refused before anything is allocated: a second set (other
+        // targets, or the same) would replace the first's stacked adapters
+        // while their A and B stayed among the weights, written and unused.
+        if let Some(name) = (self.weights().names()).find(|n| n.ends_with(".lora_A.weight")) {
+            return Err(Error::Unsupported(format!(
+                "the engine already has LoRA adapters (`{name}`); add them once, before the \
+                 first weight update"
+            )));
+        }
         let before = self.weights().bytes;
         for l in 0..cfg.num_layers {
             for p in products(&cfg) {
@@ -162,12 +171,6 @@ impl Engine {
                 for (k, (module, out_start, rows)) in targeted.into_iter().enumerate() {
                     let prefix = p.name.split_once('.').map_or("", |(s, _)| s);
                     let path = format!("model.layers.{l}.{prefix}.{module}");
-                    if self.weights().contains(&a_name(&path)) {
-                        return Err(Error::Unsupported(format!(
-                            "the engine already has LoRA adapters (`{}`)",
-                            a_name(&path)
-                        )));
-                    }
                     let rank_start = k as i64 * rank;
                     let a_part = a.f_narrow(0, rank_start, rank)?;
                     let b = zeros(&[rows, rank])?;

@@ -198,9 +198,9 @@ impl PooledWeights {
         self.names.push(name);
     }
 
-    /// Whether a tensor is held under `name`.
-    pub fn contains(&self, name: &str) -> bool {
-        self.by_name.contains_key(name)
+    /// Every weight's name, in the order they were added.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.names.iter()
     }
 
     pub fn mark_all_stale(&mut self) {
@@ -262,12 +262,14 @@ impl PooledWeights {
                 .collect::<Result<Vec<_>>>()?;
             for (name, src) in staged {
                 let mut dst = self.by_name[name].shallow_clone();
-                // The trainer may hand over the engine's own buffers.
+                // The trainer may hand over the engine's own buffers: they
+                // hold the value already (a scaled one included), so they
+                // are neither copied nor scaled again.
                 if data_address(&src) != data_address(&dst) {
                     dst.f_copy_(&src)?;
-                }
-                if let Some(&scale) = self.scaled.get(name.as_str()) {
-                    drop(dst.f_mul_scalar_(scale)?);
+                    if let Some(&scale) = self.scaled.get(name.as_str()) {
+                        drop(dst.f_mul_scalar_(scale)?);
+                    }
                 }
                 self.stale.remove(name);
             }

@@ -187,9 +187,20 @@ fn bad_adapter_settings_are_refused_naming_them() {
     let err = e.add_lora_adapters(&lora(0, &["q_proj"])).unwrap_err();
     assert!(err.to_string().contains("rank 0"), "{err}");
     e.add_lora_adapters(&lora(4, &["q_proj"])).unwrap();
-    let err = e.add_lora_adapters(&lora(4, &["q_proj"])).unwrap_err();
-    assert!(
-        err.to_string().contains("already has LoRA adapters"),
-        "{err}"
-    );
+    let count = e.weight_addresses().len();
+    // A second set, the same targets or others (which would replace the
+    // stacked q/k/v adapter and leave q's unused), is refused before
+    // anything is added.
+    for targets in [&["q_proj"][..], &["k_proj"], &["down_proj"]] {
+        let err = e.add_lora_adapters(&lora(4, targets)).unwrap_err();
+        assert!(
+            err.to_string().contains("already has LoRA adapters"),
+            "{targets:?}: {err}"
+        );
+        assert_eq!(
+            e.weight_addresses().len(),
+            count,
+            "{targets:?}: nothing added"
+        );
+    }
 }
