@@ -186,29 +186,42 @@ impl ColoTrainer {
             located.push((piece, spans));
         }
         let _no_grad = tch::no_grad_guard();
-        for (u, m) in self.opt.moments.iter().enumerate() {
-            // The padding after a unit's last parameter is zero.
-            let shards = [Some(&sh.params[u]), Some(&m.exp_avg), Some(&m.exp_avg_sq)];
-            for t in shards.into_iter().chain([m.master.as_ref()]).flatten() {
-                done(t.shallow_clone().f_zero_())?;
-            }
-        }
-        for (p, at) in &located {
-            let dst = |t: &Tensor| t.f_narrow(0, p.to, p.len as i64);
-            let param = dst(&sh.params[p.unit])?;
-            weights.copy(&at.weight, &param)?;
-            let m = &self.opt.moments[p.unit];
-            opt.copy(&at.exp_avg, &dst(&m.exp_avg)?)?;
-            opt.copy(&at.exp_avg_sq, &dst(&m.exp_avg_sq)?)?;
-            if let Some(master) = &m.master {
-                match &at.master {
-                    Some(spans) => opt.copy(spans, &dst(master)?)?,
-                    // A checkpoint without masters (a float32 trainer's)
-                    // gives them from its weights, unrounded.
-                    None => weights.copy(&at.weight, &dst(master)?)?,
+        // A value found non-finite, or a read failing, part-way leaves
+        // this peer's shards partly loaded: the error says so (the files
+        // are not changed; colo-rl ends the run on a failed load).
+        let mut fill = || -> Result<()> {
+            for (u, m) in self.opt.moments.iter().enumerate() {
+                // The padding after a unit's last parameter is zero.
+                let shards = [Some(&sh.params[u]), Some(&m.exp_avg), Some(&m.exp_avg_sq)];
+                for t in shards.into_iter().chain([m.master.as_ref()]).flatten() {
+                    done(t.shallow_clone().f_zero_())?;
                 }
             }
-        }
+            for (p, at) in &located {
+                let dst = |t: &Tensor| t.f_narrow(0, p.to, p.len as i64);
+                let param = dst(&sh.params[p.unit])?;
+                weights.copy(&at.weight, &param)?;
+                let m = &self.opt.moments[p.unit];
+                opt.copy(&at.exp_avg, &dst(&m.exp_avg)?)?;
+                opt.copy(&at.exp_avg_sq, &dst(&m.exp_avg_sq)?)?;
+                if let Some(master) = &m.master {
+                    match &at.master {
+                        Some(spans) => opt.copy(spans, &dst(master)?)?,
+                        // A checkpoint without masters (a float32 trainer's)
+                        // gives them from its weights, unrounded.
+                        None => weights.copy(&at.weight, &dst(master)?)?,
+                    }
+                }
+            }
+            Ok(())
+        };
+        fill().map_err(|e| Error::CheckpointState {
+            path: dir.to_owned(),
+            reason: format!(
+                "{e}; this trainer's shards are now partly loaded from it: build the trainer \
+                 again before using it"
+            ),
+        })?;
         self.opt.t = state.optimizer_steps;
         Ok(ShardRead {
             bytes_read: weights.read.bytes_read + opt.read.bytes_read,

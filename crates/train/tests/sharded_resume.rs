@@ -246,6 +246,35 @@ fn a_checkpoint_without_masters_gives_a_peers_masters_from_its_float32_weights()
     std::fs::remove_dir_all(dir.parent().unwrap()).ok();
 }
 
+/// A non-finite value found part-way through a load is an error naming
+/// the tensor, which says the peer's shards are now partly loaded.
+#[test]
+fn a_value_found_non_finite_part_way_says_the_shards_are_partly_loaded() {
+    let dir = scratch_dir("slices-nan").join("step-1");
+    let mut one = common::engine_with("tiny-qwen2", &trainer_config());
+    train_and_save(&mut one, &dir);
+    let path = dir.join("optimizer.safetensors");
+    let mut tensors = Tensor::read_safetensors(&path).unwrap();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let (name, t) = tensors
+        .iter_mut()
+        .rev()
+        .find(|(n, _)| n.ends_with(".exp_avg"))
+        .unwrap();
+    let name = name.clone();
+    let _ = t.view(-1).get(0).fill_(f64::NAN);
+    Tensor::write_safetensors(&tensors, &path).unwrap();
+    let errors = on_peers(1, |mut e| {
+        e.load_sharded_checkpoint(&dir).unwrap_err().to_string()
+    });
+    assert!(
+        errors[0].contains(&name) && errors[0].contains("partly loaded"),
+        "{}",
+        errors[0]
+    );
+    std::fs::remove_dir_all(dir.parent().unwrap()).ok();
+}
+
 /// The resident set while each of two sharded peers of the model in
 /// `COLO_LOAD_MODEL` (e.g. `colo init-model --preset qwen2.5-0.5b`) loads
 /// the checkpoint they saved, one peer at a time: it rises by the loader's
