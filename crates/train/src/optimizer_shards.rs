@@ -75,15 +75,24 @@ impl ShardLayout {
         let layout: ShardLayout = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         let w = layout.world as i64;
         for (u, unit) in layout.units.iter().enumerate() {
+            // (A negative dimension or length is refused here: every
+            // offset computed from the layout is then a valid usize.)
             let numel: Option<i64> = (unit.shapes.iter())
-                .map(|s| s.iter().try_fold(1i64, |a, &d| a.checked_mul(d)))
+                .map(|s| {
+                    (s.iter()).try_fold(1i64, |a, &d| (d >= 0).then(|| a.checked_mul(d)).flatten())
+                })
                 .try_fold(0i64, |a, n| a.checked_add(n?));
             let fits = numel.is_some_and(|n| n <= unit.padded);
-            if w < 1 || unit.padded % w != 0 || !fits || unit.params.len() != unit.shapes.len() {
+            if w < 1
+                || unit.padded < 0
+                || unit.padded % w != 0
+                || !fits
+                || unit.params.len() != unit.shapes.len()
+            {
                 return Err(bad(format!(
                     "unit {u}: {} parameters, {} shapes, padded length {} over {} peers: \
-                     expected one shape a parameter, their elements within the padded length, \
-                     a multiple of the peers",
+                     expected one shape a parameter (no negative dimension), their elements \
+                     within the padded length, a non-negative multiple of the peers",
                     unit.params.len(),
                     unit.shapes.len(),
                     unit.padded,
@@ -184,7 +193,13 @@ mod tests {
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names[2], "optimizer-rank-2-of-3.safetensors");
-        for bad in [unit(8), unit(10)] {
+        // Too short, not a multiple of the peers, negative; a negative
+        // dimension whose product would fit.
+        let negative = UnitLayout {
+            shapes: vec![vec![-2, -3], vec![3]],
+            ..unit(9)
+        };
+        for bad in [unit(8), unit(10), unit(-3), negative] {
             write(&ShardLayout {
                 world: 3,
                 units: vec![unit(9), bad],
