@@ -624,8 +624,8 @@ fn fsdp_reshard_of_run(path: &std::path::Path, json: bool) -> Result<()> {
     if !run.sharded {
         bail!(
             "--config `{}`: {}: every worker holds the whole model and a switch moves no weights \
-             between workers; the reshard is a sharded run's ([cluster] sharding = \"full\", \
-             workers > 1)",
+             between workers; the reshard is a sharded run's ([cluster] sharding = \"full\"; \
+             on one worker it moves nothing)",
             path.display(),
             run.scope()
         );
