@@ -170,8 +170,18 @@ impl ColoTrainer {
         let state = read_state(dir)?;
         let mut weights = SliceReader::weights(dir)?;
         let mut opt = SliceReader::optimizer(dir)?;
-        // Every piece located and checked against the files' headers
-        // before anything changes.
+        // Every parameter looked up and its shape checked in the headers
+        // on every peer (as a build does), so a bad checkpoint fails all
+        // peers alike; then this peer's pieces located, before anything
+        // changes.
+        for unit in sh.units.iter() {
+            for (&i, shape) in unit.params.iter().zip(&unit.shapes) {
+                let name = &self.names[i];
+                weights.locate(name, "", shape, 0, 0)?;
+                opt.locate(name, "exp_avg", shape, 0, 0)?;
+                opt.locate(name, "exp_avg_sq", shape, 0, 0)?;
+            }
+        }
         let mut located = Vec::new();
         for (i, shape, piece) in pieces(&sh.units, sh.rank, sh.world) {
             let name = &self.names[i];
