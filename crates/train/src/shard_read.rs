@@ -92,7 +92,8 @@ impl Ranged {
             .map_err(|e| Error::io(path, e))?;
         let meta: Metadata = serde_json::from_slice(&header)
             .map_err(|e| bad(format!("unreadable safetensors header: {e}")))?;
-        let want = data_start + meta.data_len() as u64;
+        let want = (data_start.checked_add(meta.data_len() as u64))
+            .ok_or_else(|| bad("its header describes more bytes than a file can hold".into()))?;
         if want != len {
             return Err(bad(format!(
                 "its header describes {want} bytes, the file holds {len}: cut short or damaged"
@@ -229,10 +230,14 @@ impl SliceReader {
         for (u, unit) in layout.units.iter().enumerate() {
             let mut offset = 0usize;
             for (name, shape) in unit.params.iter().zip(&unit.shapes) {
+                // (`ShardLayout::read` refused negative dimensions and sizes
+                // past i64; the sums are checked all the same.)
                 let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
-                let numel: usize = shape.iter().product();
+                let numel = (shape.iter()).try_fold(1usize, |a, &d| a.checked_mul(d));
                 at.insert(name.clone(), (u, offset, shape));
-                offset += numel;
+                offset = numel
+                    .and_then(|n| offset.checked_add(n))
+                    .ok_or_else(|| too_large(&dir.join(OPTIMIZER_SHARDS_FILE)))?;
             }
             shard.push((unit.padded / layout.world as i64) as usize);
         }
@@ -320,7 +325,9 @@ impl SliceReader {
                 }
                 let (s, key) = (shard[*u], format!("unit.{u}.{what}"));
                 let mut spans = Vec::new();
-                let (mut q, end) = (offset + start, offset + start + len);
+                let q_end =
+                    (offset.checked_add(start)).and_then(|q| Some((q, q.checked_add(len)?)));
+                let (mut q, end) = q_end.ok_or_else(|| too_large(&self.layout_path))?;
                 while q < end {
                     let (file, elem) = (q / s, q % s);
                     let take = (s - elem).min(end - q);
@@ -368,8 +375,12 @@ impl SliceReader {
             let mut done = 0usize;
             while done < span.len {
                 let take = (span.len - done).min(CHUNK);
-                let mut buf = vec![0u8; take * elt];
-                let offset = f.data_start + span.at + ((span.elem + done) * elt) as u64;
+                let bytes = take.checked_mul(elt).ok_or_else(|| too_large(&f.path))?;
+                let mut buf = vec![0u8; bytes];
+                let offset = (span.elem.checked_add(done))
+                    .and_then(|e| e.checked_mul(elt))
+                    .and_then(|e| f.data_start.checked_add(span.at)?.checked_add(e as u64))
+                    .ok_or_else(|| too_large(&f.path))?;
                 f.file
                     .read_exact_at(&mut buf, offset)
                     .map_err(|e| Error::io(&f.path, e))?;
@@ -394,6 +405,15 @@ impl SliceReader {
             }
         }
         Ok(())
+    }
+}
+
+/// An offset or size past the integers' range: a damaged file or layout.
+fn too_large(path: &Path) -> Error {
+    Error::CheckpointState {
+        path: path.to_owned(),
+        reason: "an offset or size past what this machine's integers hold: the file is damaged"
+            .into(),
     }
 }
 
