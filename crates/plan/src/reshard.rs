@@ -397,9 +397,14 @@ pub fn plan_fsdp_reshard(
     let units = std::iter::once(model.non_layer_params())
         .chain((0..model.layers).map(|_| model.layer_params()));
     let shard_elements: Vec<u64> = units.map(|n| n.div_ceil(workers)).collect();
-    let held: u64 = shard_elements.iter().sum();
     let largest = shard_elements.iter().copied().max().unwrap_or(0);
-    let moved = |peers: u64| held * (peers - 1) * elt;
+    let too_large = || err("the bytes moved exceed 2^64".into());
+    let held = (shard_elements.iter()).try_fold(0u64, |a, &n| a.checked_add(n));
+    let held = held.ok_or_else(too_large)?;
+    // `held` elements a peer, gathered over `peers` peers, `elt` bytes each.
+    let bytes = |elements: u64, peers: u64| elements.checked_mul(peers)?.checked_mul(elt);
+    let moved = |peers: u64| bytes(held, peers.saturating_sub(1)).ok_or_else(too_large);
+    let micro_dp = workers / gen_tp;
     Ok(FsdpReshard {
         model: model.name.clone(),
         dtype,
@@ -407,14 +412,14 @@ pub fn plan_fsdp_reshard(
         gen_tp,
         model_bytes: model.weight_bytes(dtype),
         executed: SwitchBytes {
-            sent_bytes: moved(workers),
-            received_bytes: moved(workers),
-            peak_bytes: largest * workers * elt,
+            sent_bytes: moved(workers)?,
+            received_bytes: moved(workers)?,
+            peak_bytes: bytes(largest, workers).ok_or_else(too_large)?,
         },
         zero_redundancy: SwitchBytes {
-            sent_bytes: moved(workers / gen_tp),
-            received_bytes: moved(workers / gen_tp),
-            peak_bytes: held * (workers / gen_tp) * elt,
+            sent_bytes: moved(micro_dp)?,
+            received_bytes: moved(micro_dp)?,
+            peak_bytes: bytes(held, micro_dp).ok_or_else(too_large)?,
         },
         shard_elements,
     })

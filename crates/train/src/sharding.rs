@@ -199,10 +199,13 @@ impl Shards {
         // Counted from the buffers the transport was handed: this peer's
         // shard went to each of the others, the rest of `buf` came in.
         let elt = shard.kind().elt_size_in_bytes() as u64;
-        let (mine, all) = (shard.numel() as u64 * elt, buf.numel() as u64 * elt);
+        // (Counters: saturating, not checked, as they only report.)
+        let bytes = |t: &Tensor| (t.numel() as u64).saturating_mul(elt);
+        let (mine, all) = (bytes(shard), bytes(&buf));
         let [sent, received] = &*self.gathered;
-        sent.fetch_add(mine * (self.world as u64 - 1), Ordering::Relaxed);
-        received.fetch_add(all - mine, Ordering::Relaxed);
+        let others = (self.world as u64).saturating_sub(1);
+        sent.fetch_add(mine.saturating_mul(others), Ordering::Relaxed);
+        received.fetch_add(all.saturating_sub(mine), Ordering::Relaxed);
         let _no_grad = tch::no_grad_guard();
         for ((&i, &at), shape) in unit.params.iter().zip(&unit.offsets).zip(&unit.shapes) {
             let mut p = full[i].shallow_clone();
