@@ -64,6 +64,16 @@ def quiet(*_):
     pass
 
 
+def one_and_two(tmp, one, two):
+    """Config `one` on 1 worker and `two` on 2 (the workers' weight digests
+    compared after every step: the controller stops a run whose workers
+    differ), into `tmp/one` and `tmp/two`, weights kept: their summaries."""
+    return (
+        train(one, os.path.join(tmp, "one"), 1, keep_parameters=True, log=quiet),
+        train(two, os.path.join(tmp, "two"), 2, keep_parameters=True, digest_every=1, log=quiet),
+    )
+
+
 LOSSES = ("actor/pg_loss", "actor/grad_norm", "actor/entropy")
 SAME_SAMPLES = ("critic/score/mean", "response_length/mean")
 

@@ -17,7 +17,7 @@ import unittest
 import ray
 
 from colo.controller import RunError, start_local_ray, train
-from test_data_parallel import ROOT, assert_steps_agree, quiet, write_config
+from test_data_parallel import ROOT, assert_steps_agree, one_and_two, quiet, write_config
 
 RANK = 4
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -64,10 +64,7 @@ class LoraDataParallel(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="colo-lora-dp-")
         cls.cfg = lora_config(os.path.join(cls.tmp, "run.toml"))
-        cls.one = train(cls.cfg, os.path.join(cls.tmp, "one"), 1, keep_parameters=True, log=quiet)
-        # digest_every=1: the controller compares the workers' weight
-        # digests after every step and stops the run if they differ.
-        cls.two = train(cls.cfg, os.path.join(cls.tmp, "two"), 2, keep_parameters=True, digest_every=1, log=quiet)
+        cls.one, cls.two = one_and_two(cls.tmp, cls.cfg, cls.cfg)
 
     @classmethod
     def tearDownClass(cls):

@@ -18,7 +18,7 @@ import unittest
 import ray
 
 from colo.controller import start_local_ray, train
-from test_data_parallel import assert_steps_agree, colo_binary, quiet, write_config
+from test_data_parallel import assert_steps_agree, colo_binary, one_and_two, quiet, write_config
 
 
 def sharded(path):
@@ -40,9 +40,8 @@ class ShardedAgainstOne(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="colo-sharded-")
         one = write_config(os.path.join(cls.tmp, "one.toml"))
-        cls.one = train(one, os.path.join(cls.tmp, "one"), 1, keep_parameters=True, log=quiet)
         two = sharded(write_config(os.path.join(cls.tmp, "two.toml")))
-        cls.two = train(two, os.path.join(cls.tmp, "two"), 2, keep_parameters=True, digest_every=1, log=quiet)
+        cls.one, cls.two = one_and_two(cls.tmp, one, two)
 
     @classmethod
     def tearDownClass(cls):

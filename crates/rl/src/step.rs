@@ -138,7 +138,7 @@ impl<'a> Run<'a> {
         val: Dataset,
         metrics: MetricsWriter,
         total_steps: usize,
-        peers: crate::worker::WorkerPeers,
+        mut peers: crate::worker::WorkerPeers,
     ) -> Result<Self> {
         let stop = colo_model::tokenizer::stop_token_ids(&model_dir, &tokenizer)?;
         let Some(&eos) = stop.first() else {
@@ -160,7 +160,6 @@ impl<'a> Run<'a> {
         // A sharded run on one device (no Ray): the sharded actor alone,
         // its gathers and reduce-scatters copies, as a sharded rank of
         // one runs on Ray.
-        let mut peers = peers;
         if config.cluster.sharding == crate::config::Sharding::Full && peers.actor.is_none() {
             peers.actor = Some(Box::new(colo_train::Solo));
         }

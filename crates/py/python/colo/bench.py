@@ -76,18 +76,18 @@ def memcpy_gib_s(nbytes, repeats=20, rounds=5):
     return nbytes * repeats / best / 2**30
 
 
-def run_config(base, steps, path, cluster=None):
+def run_config(base, steps, path, sections=None):
     """The run's config: `base` (or the built-in job) for `steps` steps,
-    no evaluation, a checkpoint only at the end; `cluster` ({key: TOML
-    value}) set in its `[cluster]` section."""
+    no evaluation, a checkpoint only at the end; `sections` ({section:
+    {key: TOML value}}) set in it."""
     text = open(base).read() if base else ""
     trainer = f"total_steps = {steps}\nval_before_train = false\ntest_freq = -1\nsave_freq = -1\n"
     if "[trainer]" in text:
         text = text.replace("[trainer]\n", "[trainer]\n" + trainer, 1)
     else:
         text += "\n[trainer]\n" + trainer
-    if cluster:
-        text = set_section(text, "cluster", cluster)
+    for section, keys in (sections or {}).items():
+        text = set_section(text, section, keys)
     with open(path, "w") as f:
         f.write(text)
     return path
@@ -303,15 +303,15 @@ def run_all(args, tmp):
     for w in args.workers:
         for sharding in args.sharding:
             name = f"w{w}-{sharding}"
-            cluster = {"workers": w, "sharding": json.dumps(sharding)}
-            cfg = run_config(args.config, args.steps, os.path.join(tmp, f"{name}.toml"), cluster)
-            # The plan's choreography: everything offloaded at each switch.
-            # ("as_needed" keeps state resident while the capacity has room,
-            # so its peak may rise toward the capacity, above the plan.)
-            with open(cfg) as f:
-                text = set_section(f.read(), "memory", {"offload_policy": '"always"'})
-            with open(cfg, "w") as f:
-                f.write(text)
+            sections = {
+                "cluster": {"workers": w, "sharding": json.dumps(sharding)},
+                # The plan's choreography: everything offloaded at each
+                # switch. ("as_needed" keeps state resident while the
+                # capacity has room, so its peak may rise toward the
+                # capacity, above the plan.)
+                "memory": {"offload_policy": '"always"'},
+            }
+            cfg = run_config(args.config, args.steps, os.path.join(tmp, f"{name}.toml"), sections)
             out = os.path.join(tmp, name)
             r, s = measure(cfg, w, args.steps, out)
             r["sharding"] = sharding
